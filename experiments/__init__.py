@@ -1,0 +1,1 @@
+"""Experiment runners, each a `python -m experiments.<name>` entry point."""

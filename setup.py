@@ -1,0 +1,32 @@
+"""grpo_jax: reinforcement-learning post-training of language models in JAX."""
+
+import pathlib
+
+import setuptools
+
+_HERE = pathlib.Path(__file__).parent
+
+
+def _requirements():
+  lines = (_HERE / "requirements.txt").read_text().splitlines()
+  return [l.strip() for l in lines if l.strip() and not l.startswith("#")]
+
+
+setuptools.setup(
+    name="grpo_jax",
+    version="0.1.0",
+    description="GRPO, PPO and Flow-GRPO post-training of language models in JAX/Flax.",
+    long_description=(_HERE / "README.md").read_text(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=setuptools.find_packages(include=["grpo_jax", "grpo_jax.*", "experiments", "experiments.*"]),
+    package_data={"experiments": ["configs/*.cfg"]},
+    install_requires=_requirements(),
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "rlax>=0.1.6",  # oracle for GAE parity
+            "torch==2.13.0",  # CPU wheel; oracle for model-logit parity
+        ],
+    },
+)
