@@ -1,0 +1,69 @@
+"""Pure-functional RL losses for language models: arrays in, arrays out.
+
+  from grpo_jax import losses
+  adv = losses.group_advantages(rewards)                  # [P, G]
+  loss, metrics = losses.grpo_loss(logp, old_logp, ref_logp, adv.reshape(-1), mask,
+                                   epsilon=0.2, beta=0.04)
+
+Every function is jit- and vmap-compatible, checks shapes first, and computes in float32.
+"""
+
+from grpo_jax.losses.advantages import group_advantages
+from grpo_jax.losses.advantages import process_advantages
+from grpo_jax.losses.advantages import reinforce_pp_advantages
+from grpo_jax.losses.advantages import rloo_advantages
+from grpo_jax.losses.advantages import whiten
+from grpo_jax.losses.aggregation import aggregate
+from grpo_jax.losses.aggregation import aggregation_weights
+from grpo_jax.losses.dpo import dpo_loss
+from grpo_jax.losses.gae import discounted_returns
+from grpo_jax.losses.gae import gae
+from grpo_jax.losses.grpo import grpo_loss
+from grpo_jax.losses.kl import exact_kl
+from grpo_jax.losses.kl import kl_divergence
+from grpo_jax.losses.paradigm import dpo_coefficient
+from grpo_jax.losses.paradigm import grpo_coefficient
+from grpo_jax.losses.paradigm import online_rft_coefficient
+from grpo_jax.losses.paradigm import paradigm_loss
+from grpo_jax.losses.paradigm import ppo_coefficient
+from grpo_jax.losses.paradigm import rft_coefficient
+from grpo_jax.losses.paradigm import sft_coefficient
+from grpo_jax.losses.ppo import kl_penalized_rewards
+from grpo_jax.losses.ppo import last_token_mask
+from grpo_jax.losses.ppo import ppo_loss
+from grpo_jax.losses.shaping import overlong_penalty
+from grpo_jax.losses.surrogate import clip_fractions
+from grpo_jax.losses.surrogate import clipped_surrogate
+from grpo_jax.losses.surrogate import log_importance_ratios
+from grpo_jax.losses.value import value_loss
+
+__all__ = (
+    "aggregate",
+    "aggregation_weights",
+    "clip_fractions",
+    "clipped_surrogate",
+    "discounted_returns",
+    "dpo_coefficient",
+    "dpo_loss",
+    "exact_kl",
+    "gae",
+    "group_advantages",
+    "grpo_coefficient",
+    "grpo_loss",
+    "kl_divergence",
+    "kl_penalized_rewards",
+    "last_token_mask",
+    "log_importance_ratios",
+    "online_rft_coefficient",
+    "overlong_penalty",
+    "paradigm_loss",
+    "ppo_coefficient",
+    "ppo_loss",
+    "process_advantages",
+    "reinforce_pp_advantages",
+    "rft_coefficient",
+    "rloo_advantages",
+    "sft_coefficient",
+    "value_loss",
+    "whiten",
+)

@@ -1,0 +1,42 @@
+"""Direct preference optimisation."""
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.losses import _checks
+
+
+def dpo_loss(
+    chosen_logp: chex.Array,
+    rejected_logp: chex.Array,
+    ref_chosen_logp: chex.Array,
+    ref_rejected_logp: chex.Array,
+    beta: float = 0.1,
+) -> tuple[chex.Array, dict[str, chex.Array]]:
+  """DPO loss (Rafailov et al., 2023, arXiv 2305.18290), mean over pairs:
+
+    ℓ = −log σ(β [log π_θ/π_ref (o⁺) − log π_θ/π_ref (o⁻)]).
+
+  Its gradient on each token of o⁺ (o⁻) is −β·GC (+β·GC) with GC the DPO coefficient of
+  DeepSeekMath Table 10 (`dpo_coefficient`).
+
+  Args:
+    chosen_logp: `[B]` Σ_t log π_θ over the preferred output o⁺.
+    rejected_logp: `[B]` the same over the dispreferred output o⁻.
+    ref_chosen_logp: `[B]` Σ_t log π_ref over o⁺.
+    ref_rejected_logp: `[B]` Σ_t log π_ref over o⁻.
+    beta: β.
+
+  Returns:
+    `(loss, metrics)` with "reward_margin" (mean β-scaled margin) and "accuracy" (margin > 0).
+  """
+  chex.assert_rank([chosen_logp, rejected_logp, ref_chosen_logp, ref_rejected_logp], 1)
+  chex.assert_equal_shape([chosen_logp, rejected_logp, ref_chosen_logp, ref_rejected_logp])
+  chosen = _checks.f32(chosen_logp) - _checks.f32(ref_chosen_logp)
+  rejected = _checks.f32(rejected_logp) - _checks.f32(ref_rejected_logp)
+  margin = beta * (chosen - rejected)
+  loss = -jnp.mean(jax.nn.log_sigmoid(margin))
+  margin = jax.lax.stop_gradient(margin)
+  return loss, {"loss": jax.lax.stop_gradient(loss), "reward_margin": jnp.mean(margin),
+                "accuracy": jnp.mean((margin > 0).astype(jnp.float32))}

@@ -1,0 +1,80 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import losses
+
+
+def _batch(key, batch=4, length=6):
+  k1, k2, k3 = jax.random.split(key, 3)
+  logp = -jax.random.uniform(k1, (batch, length), minval=0.1, maxval=3.0)
+  ref_logp = logp + 0.3 * jax.random.normal(k2, (batch, length))
+  adv = jax.random.normal(k3, (batch,))
+  lengths = jnp.array([6, 3, 1, 5])[:batch]
+  mask = jnp.arange(length)[None] < lengths[:, None]
+  return logp, ref_logp, adv, mask
+
+
+@pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("kl", ["k3", "k1"])
+def test_gradient_at_ratio_one_is_grpo_coefficient(aggregation, kl):
+  logp, ref_logp, adv, mask = _batch(jax.random.PRNGKey(0))
+  beta = 0.04
+
+  def loss_fn(lp):
+    return losses.grpo_loss(lp, jax.lax.stop_gradient(lp), ref_logp, adv, mask, epsilon=0.2, beta=beta,
+                            kl=kl, aggregation=aggregation)[0]
+
+  grad = jax.grad(loss_fn)(logp)
+  weights = losses.aggregation_weights(mask, aggregation)
+  if kl == "k3":  # DeepSeekMath §5.2.1: GC = Â + β(π_ref/π − 1)
+    coefficient = losses.grpo_coefficient(adv, logp, ref_logp, beta)
+  else:  # ∂k1/∂logp = 1
+    coefficient = adv[:, None] - beta
+  np.testing.assert_allclose(grad, -weights * coefficient * mask, atol=1e-6)
+
+
+def test_hand_computed_loss_and_metrics(variant):
+  # One sequence, two tokens, ratios (1.5, 1.0), A = 1, β = 0.5, k3 with π_ref/π = (1, 0.5).
+  old = jnp.array([[-1.0, -1.0]])
+  logp = old + jnp.log(jnp.array([[1.5, 1.0]]))
+  ref = jnp.array([[logp[0, 0], logp[0, 1] + jnp.log(0.5)]])
+  loss, metrics = variant(losses.grpo_loss, epsilon=0.2, beta=0.5)(logp, old, ref, jnp.array([1.0]), jnp.ones((1, 2)))
+  k3 = 0.5 + np.log(2) - 1
+  pg = -(1.2 + 1.0) / 2
+  np.testing.assert_allclose(metrics["pg_loss"], pg, rtol=1e-6)
+  np.testing.assert_allclose(metrics["kl"], k3 / 2, rtol=1e-6)
+  np.testing.assert_allclose(metrics["kl_loss"], 0.5 * k3 / 2, rtol=1e-6)
+  np.testing.assert_allclose(loss, pg + 0.5 * k3 / 2, rtol=1e-6)
+  np.testing.assert_allclose(metrics["clip_frac_high"], 0.5)
+  np.testing.assert_allclose(metrics["clip_frac_low"], 0.0)
+
+
+def test_per_token_advantages_equal_broadcast_per_sequence():
+  logp, ref_logp, adv, mask = _batch(jax.random.PRNGKey(1))
+  old = logp - 0.1
+  a, _ = losses.grpo_loss(logp, old, ref_logp, adv, mask, epsilon=0.2, beta=0.1)
+  b, _ = losses.grpo_loss(logp, old, ref_logp, jnp.broadcast_to(adv[:, None], logp.shape), mask, epsilon=0.2, beta=0.1)
+  np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_no_reference_means_no_kl_term():
+  logp, ref_logp, adv, mask = _batch(jax.random.PRNGKey(2))
+  with_ref, _ = losses.grpo_loss(logp, logp, ref_logp, adv, mask, epsilon=0.2, beta=0.0)
+  without, metrics = losses.grpo_loss(logp, logp, None, adv, mask, epsilon=0.2, beta=0.04)
+  np.testing.assert_allclose(with_ref, without, rtol=1e-6)
+  assert float(metrics["kl"]) == 0.0
+
+
+def test_bfloat16_and_vmap():
+  logp, ref_logp, adv, mask = _batch(jax.random.PRNGKey(3))
+  f32, _ = losses.grpo_loss(logp, logp - 0.05, ref_logp, adv, mask, epsilon=0.2, beta=0.04)
+  bf16, _ = losses.grpo_loss(logp.astype(jnp.bfloat16), (logp - 0.05).astype(jnp.bfloat16),
+                             ref_logp.astype(jnp.bfloat16), adv, mask, epsilon=0.2, beta=0.04)
+  assert bf16.dtype == jnp.float32
+  np.testing.assert_allclose(bf16, f32, atol=2e-2)
+  stacked = jnp.stack([logp, logp + 0.1])
+  out = jax.vmap(lambda lp: losses.grpo_loss(lp, logp, ref_logp, adv, mask, epsilon=0.2, beta=0.04)[0])(stacked)
+  np.testing.assert_allclose(out[1], losses.grpo_loss(logp + 0.1, logp, ref_logp, adv, mask, epsilon=0.2, beta=0.04)[0],
+                             rtol=1e-6)
