@@ -1,0 +1,173 @@
+"""Hugging Face checkpoints (config.json + *.safetensors) <-> params dicts, without torch."""
+
+import dataclasses
+import json
+import pathlib
+from collections.abc import Callable
+
+import jax
+import numpy as np
+import safetensors
+import safetensors.numpy
+
+from grpo_jax.models.config import CheckpointError, ModelConfig
+from grpo_jax.models.transformer import Params
+
+_INDEX = "model.safetensors.index.json"
+_SINGLE = "model.safetensors"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tensor:
+  """One HF tensor: its name, torch-layout shape, our params path and the two layout maps."""
+  hf_name: str
+  path: tuple[str, ...]
+  hf_shape: tuple[int, ...]
+  to_ours: Callable[[np.ndarray], np.ndarray]
+  to_hf: Callable[[np.ndarray], np.ndarray]
+
+
+def _linear(hf_name, path, out_shape, in_shape):
+  """torch Linear weight [prod(out), prod(in)] <-> kernel [*in, *out]."""
+  n_out, n_in = int(np.prod(out_shape)), int(np.prod(in_shape))
+  return _Tensor(hf_name, path + ("kernel",), (n_out, n_in),
+                 lambda w: w.T.reshape(*in_shape, *out_shape),
+                 lambda k: k.reshape(n_in, n_out).T)
+
+
+def _vector(hf_name, path, shape):
+  n = int(np.prod(shape))
+  return _Tensor(hf_name, path, (n,), lambda w: w.reshape(shape), lambda p: p.reshape(n))
+
+
+def _tensor_specs(config: ModelConfig) -> list[_Tensor]:
+  """Every tensor of the HF checkpoint for `config`, in a stable order."""
+  e, m, v = config.hidden_size, config.intermediate_size, config.vocab_size
+  h, k, d = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+  specs = [_Tensor("model.embed_tokens.weight", ("embed", "embedding"), (v, e), lambda w: w, lambda p: p)]
+  for i in range(config.num_hidden_layers):
+    hf, ours = f"model.layers.{i}.", (f"layers_{i}",)
+    attn, mlp = ours + ("attn",), ours + ("mlp",)
+    for name, heads in (("q_proj", h), ("k_proj", k), ("v_proj", k)):
+      specs.append(_linear(f"{hf}self_attn.{name}.weight", attn + (name,), (heads, d), (e,)))
+      if config.qkv_bias:
+        specs.append(_vector(f"{hf}self_attn.{name}.bias", attn + (name, "bias"), (heads, d)))
+    specs.append(_linear(f"{hf}self_attn.o_proj.weight", attn + ("o_proj",), (e,), (h, d)))
+    if config.o_bias:
+      specs.append(_vector(f"{hf}self_attn.o_proj.bias", attn + ("o_proj", "bias"), (e,)))
+    if config.qk_norm:
+      specs.append(_vector(f"{hf}self_attn.q_norm.weight", attn + ("q_norm", "scale"), (d,)))
+      specs.append(_vector(f"{hf}self_attn.k_norm.weight", attn + ("k_norm", "scale"), (d,)))
+    for name, out_dim, in_dim in (("gate_proj", m, e), ("up_proj", m, e), ("down_proj", e, m)):
+      specs.append(_linear(f"{hf}mlp.{name}.weight", mlp + (name,), (out_dim,), (in_dim,)))
+      if config.mlp_bias:
+        specs.append(_vector(f"{hf}mlp.{name}.bias", mlp + (name, "bias"), (out_dim,)))
+    specs.append(_vector(f"{hf}input_layernorm.weight", ours + ("input_norm", "scale"), (e,)))
+    specs.append(_vector(f"{hf}post_attention_layernorm.weight", ours + ("post_attn_norm", "scale"), (e,)))
+  specs.append(_vector("model.norm.weight", ("final_norm", "scale"), (e,)))
+  if not config.tie_word_embeddings:
+    specs.append(_linear("lm_head.weight", ("lm_head",), (v,), (e,)))
+  return specs
+
+
+def read_config(path: str | pathlib.Path, **runtime) -> ModelConfig:
+  """Reads `path/config.json` into a ModelConfig (runtime: dtype, param_dtype, remat)."""
+  path = pathlib.Path(path)
+  if not path.is_dir():
+    raise CheckpointError(f"checkpoint directory does not exist: {path}")
+  config_file = path / "config.json"
+  if not config_file.is_file():
+    raise CheckpointError(f"missing config.json in checkpoint directory {path}")
+  try:
+    d = json.loads(config_file.read_text())
+  except json.JSONDecodeError as err:
+    raise CheckpointError(f"{config_file}: not valid JSON ({err})") from None
+  return ModelConfig.from_hf_dict(d, source=str(config_file), **runtime)
+
+
+def _tensor_files(path: pathlib.Path) -> dict[str, pathlib.Path]:
+  """HF tensor name -> safetensors file holding it."""
+  index = path / _INDEX
+  if index.is_file():
+    weight_map = json.loads(index.read_text())["weight_map"]
+    return {name: path / f for name, f in weight_map.items()}
+  files = sorted(path.glob("*.safetensors"))
+  if not files:
+    raise CheckpointError(f"no *.safetensors files in checkpoint directory {path}")
+  where = {}
+  for f in files:
+    with safetensors.safe_open(f, framework="np") as st:
+      where.update({name: f for name in st.keys()})
+  return where
+
+
+def load_hf(path: str | pathlib.Path, *, dtype="float32", param_dtype=None, remat: bool = False
+            ) -> tuple[Params, ModelConfig]:
+  """Loads a Qwen2/Qwen2.5, Qwen3 or Llama 3.x checkpoint straight into a params dict.
+
+  Args:
+    path: directory with config.json and model.safetensors, or sharded files with
+      model.safetensors.index.json.
+    dtype: activation dtype of the returned config.
+    param_dtype: dtype of the returned params (default: `dtype`).
+    remat: rematerialise each layer in the backward pass.
+
+  Returns:
+    (params, config).
+
+  Raises:
+    CheckpointError: missing directory, config.json or safetensors files; unsupported
+      architecture; a missing or mis-shaped tensor.
+  """
+  path = pathlib.Path(path)
+  config = read_config(path, dtype=dtype, param_dtype=param_dtype or dtype, remat=remat)
+  where = _tensor_files(path)
+  specs = _tensor_specs(config)
+  for spec in specs:
+    if spec.hf_name not in where:
+      raise CheckpointError(f"{path}: missing tensor {spec.hf_name}")
+  by_file: dict[pathlib.Path, list[_Tensor]] = {}
+  for spec in specs:
+    by_file.setdefault(where[spec.hf_name], []).append(spec)
+  params: Params = {}
+  for f, file_specs in by_file.items():
+    if not f.is_file():
+      raise CheckpointError(f"{path}: missing safetensors file {f.name} named by {_INDEX}")
+    with safetensors.safe_open(f, framework="np") as st:
+      for spec in file_specs:
+        shape = tuple(st.get_slice(spec.hf_name).get_shape())
+        if shape != spec.hf_shape:
+          raise CheckpointError(f"{f}: tensor {spec.hf_name} has shape {shape}, expected {spec.hf_shape}")
+        value = spec.to_ours(st.get_tensor(spec.hf_name)).astype(jax.numpy.dtype(config.param_dtype))
+        node = params
+        for key in spec.path[:-1]:
+          node = node.setdefault(key, {})
+        node[spec.path[-1]] = jax.numpy.asarray(value)
+  return params, config
+
+
+def save_hf(params: Params, config: ModelConfig, path: str | pathlib.Path) -> pathlib.Path:
+  """Writes config.json + model.safetensors (HF names, torch layouts, `config.param_dtype`).
+
+  The result loads with `transformers.AutoModelForCausalLM.from_pretrained(path)`;
+  `lm_head.weight` is absent when embeddings are tied. A stale sharded index in
+  `path` is removed so that the new single file is the one that loads.
+  """
+  path = pathlib.Path(path)
+  path.mkdir(parents=True, exist_ok=True)
+  tensors = {}
+  for spec in _tensor_specs(config):
+    node = params
+    for key in spec.path:
+      node = node[key]
+    value = spec.to_hf(np.asarray(jax.device_get(node)))
+    if value.shape != spec.hf_shape:
+      raise CheckpointError(f"params at {'/'.join(spec.path)} give {spec.hf_name} shape {value.shape}, "
+                            f"expected {spec.hf_shape}")
+    tensors[spec.hf_name] = np.ascontiguousarray(value.astype(jax.numpy.dtype(config.param_dtype)))
+  (path / _INDEX).unlink(missing_ok=True)
+  for stale in path.glob("model-*-of-*.safetensors"):
+    stale.unlink()
+  safetensors.numpy.save_file(tensors, str(path / _SINGLE), metadata={"format": "pt"})
+  (path / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2) + "\n")
+  return path

@@ -1,0 +1,82 @@
+"""Tokenizers: the Hugging Face loader and the project's character-level tokenizer."""
+
+import json
+import pathlib
+import string
+
+import tokenizers
+import transformers
+from tokenizers import decoders, models
+
+from grpo_jax.models.config import CheckpointError
+
+PAD = "<|pad|>"
+EOS = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+UNK = "<|unk|>"
+SPECIAL_TOKENS = (PAD, EOS, IM_START, IM_END, UNK)
+# Printable ASCII (space to tilde) and the newline.
+CHARACTERS = tuple(chr(c) for c in range(32, 127)) + ("\n",)
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def load_tokenizer(path: str | pathlib.Path) -> transformers.PreTrainedTokenizerBase:
+  """`transformers.AutoTokenizer.from_pretrained(path)` (chat template included), with a clear error."""
+  path = pathlib.Path(path)
+  if not path.is_dir():
+    raise CheckpointError(f"tokenizer directory does not exist: {path}")
+  if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
+    raise CheckpointError(f"no tokenizer files (tokenizer.json / tokenizer_config.json) in {path}")
+  return transformers.AutoTokenizer.from_pretrained(str(path))
+
+
+def char_vocab() -> dict[str, int]:
+  """Token -> id: the special tokens first (pad = 0, eos = 1), then one id per character."""
+  return {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARACTERS)}
+
+
+def build_char_tokenizer() -> tokenizers.Tokenizer:
+  """A character-level `tokenizers.Tokenizer`: one token per character, no BOS, exact round trip.
+
+  A BPE model without merges and without pre-tokenizer splits text into single
+  characters; characters outside the vocabulary map to `<|unk|>`. The special
+  tokens are added tokens, so `<|im_end|>` in text is one token.
+  """
+  tok = tokenizers.Tokenizer(models.BPE(vocab=char_vocab(), merges=[], unk_token=UNK, fuse_unk=False))
+  tok.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+  tok.decoder = decoders.Fuse()
+  return tok
+
+
+def save_char_tokenizer(path: str | pathlib.Path) -> pathlib.Path:
+  """Writes tokenizer.json + tokenizer_config.json that `AutoTokenizer.from_pretrained` loads (fast)."""
+  path = pathlib.Path(path)
+  path.mkdir(parents=True, exist_ok=True)
+  build_char_tokenizer().save(str(path / "tokenizer.json"))
+  vocab = char_vocab()
+  tokenizer_config = {
+      "tokenizer_class": "PreTrainedTokenizerFast",
+      "bos_token": None,
+      "eos_token": EOS,
+      "pad_token": PAD,
+      "unk_token": UNK,
+      "add_bos_token": False,
+      "add_eos_token": False,
+      "clean_up_tokenization_spaces": False,
+      "padding_side": "left",
+      "model_max_length": 1 << 20,
+      "chat_template": CHAT_TEMPLATE,
+      "added_tokens_decoder": {
+          str(vocab[t]): {"content": t, "special": True, "lstrip": False, "rstrip": False,
+                          "normalized": False, "single_word": False} for t in SPECIAL_TOKENS},
+  }
+  (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+  special = {"eos_token": EOS, "pad_token": PAD, "unk_token": UNK}
+  (path / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
+  return path

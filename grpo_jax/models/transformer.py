@@ -1,0 +1,404 @@
+"""Decoder-only transformer for Qwen2/Qwen2.5, Qwen3 and Llama 3.x, in Flax NNX.
+
+Grouped-query attention with RoPE (Llama 3 frequency scaling optional), RMSNorm,
+SwiGLU MLP, optional q/k/v(/o) bias, optional per-head q/k RMSNorm (Qwen3), tied
+or untied embeddings, optional per-layer rematerialisation.
+
+The trainers hold parameters as plain nested dicts, so the public entry points
+are functional: `init_params(config, key)`, `apply(params, config, tokens, ...)`
+and `hidden_states(...)` merge the dict into the NNX module inside the trace.
+
+Parameter layout (leaves of the params dict, logical axis names in brackets):
+  embed/embedding                   [vocab, embed]
+  layers_{i}/attn/q_proj/kernel     [embed, heads, None]      bias [heads, None]
+  layers_{i}/attn/k_proj/kernel     [embed, kv_heads, None]   bias [kv_heads, None]
+  layers_{i}/attn/v_proj/kernel     [embed, kv_heads, None]   bias [kv_heads, None]
+  layers_{i}/attn/o_proj/kernel     [heads, None, embed]      bias [embed]
+  layers_{i}/attn/{q,k}_norm/scale  [None]                    (Qwen3)
+  layers_{i}/mlp/{gate,up}_proj/kernel [embed, mlp]           bias [mlp]
+  layers_{i}/mlp/down_proj/kernel   [mlp, embed]              bias [embed]
+  layers_{i}/{input,post_attn}_norm/scale [embed]
+  final_norm/scale                  [embed]
+  lm_head/kernel                    [embed, vocab]            (untied only)
+"""
+
+import functools
+from typing import Any, NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.sharding import constrain
+
+Params = dict[str, Any]
+
+_BTE = ("batch", "length", "embed")
+
+
+class KVCache(NamedTuple):
+  """Static-shape key/value cache.
+
+  Attributes:
+    k: per layer, keys [B, S, kv_heads, head_dim].
+    v: per layer, values [B, S, kv_heads, head_dim].
+    mask: [B, S] bool, True where the slot holds a real (non-padding) token.
+    index: [] int32, the next slot to write (the same for every row).
+  """
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
+  mask: jax.Array
+  index: jax.Array
+
+
+def init_cache(config: ModelConfig, batch_size: int, max_length: int) -> KVCache:
+  """An empty cache of `max_length` slots, in the activation dtype."""
+  shape = (batch_size, max_length, config.num_key_value_heads, config.head_dim)
+  zeros = tuple(jnp.zeros(shape, config.dtype) for _ in range(config.num_hidden_layers))
+  return KVCache(k=zeros, v=tuple(jnp.zeros(shape, config.dtype) for _ in zeros),
+                 mask=jnp.zeros((batch_size, max_length), bool), index=jnp.zeros((), jnp.int32))
+
+
+def rope_inv_freq(config: ModelConfig) -> np.ndarray:
+  """RoPE inverse frequencies [head_dim // 2] (float32, as transformers computes them)."""
+  dim = config.head_dim
+  inv_freq = (1.0 / (np.float32(config.rope_theta) ** (np.arange(0, dim, 2).astype(np.float32) / dim))).astype(
+      np.float32)
+  s = config.rope_scaling
+  if s is None:
+    return inv_freq
+  low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+  high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+  wavelen = 2 * np.pi / inv_freq
+  scaled = np.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
+  smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+      s.high_freq_factor - s.low_freq_factor)
+  smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+  is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+  return np.where(is_medium, smoothed, scaled).astype(np.float32)
+
+
+def _rope_tables(config: ModelConfig, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """cos, sin [B, L, head_dim] for integer positions [B, L] (rotate-half layout)."""
+  angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(rope_inv_freq(config))
+  angles = jnp.concatenate([angles, angles], axis=-1)
+  return jnp.cos(angles), jnp.sin(angles)
+
+
+def _apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """Rotates x [B, L, N, D] by the tables [B, L, D]."""
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  cos, sin = cos[:, :, None].astype(x.dtype), sin[:, :, None].astype(x.dtype)
+  return x * cos + rotated * sin
+
+
+def _normal(rngs: nnx.Rngs, shape, dtype) -> nnx.Param:
+  return nnx.Param(0.02 * jax.random.normal(rngs.params(), shape, jnp.float32).astype(dtype))
+
+
+class RMSNorm(nnx.Module):
+  """y = scale * x / sqrt(mean(x²) + eps), the statistics in float32."""
+
+  def __init__(self, dim: int, *, eps: float, param_dtype: str):
+    self.scale = nnx.Param(jnp.ones((dim,), param_dtype))
+    self.eps = eps
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return self.scale[...].astype(x.dtype) * y.astype(x.dtype)
+
+
+class Proj(nnx.Module):
+  """A linear map `einsum(spec, x, kernel) + bias` with a multi-dimensional kernel."""
+
+  def __init__(self, spec: str, kernel_shape, bias_shape, *, use_bias: bool, config: ModelConfig, rngs: nnx.Rngs):
+    self.kernel = _normal(rngs, kernel_shape, config.param_dtype)
+    self.bias = nnx.Param(jnp.zeros(bias_shape, config.param_dtype)) if use_bias else None
+    self.spec = spec
+    self.dtype = config.dtype
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    y = jnp.einsum(self.spec, x, self.kernel[...].astype(self.dtype))
+    if self.bias is not None:
+      y = y + self.bias[...].astype(self.dtype)
+    return y
+
+
+class Attention(nnx.Module):
+  """Grouped-query self-attention with RoPE and an optional static-shape KV cache."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    c = config
+    e, h, k, d = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    self.q_proj = Proj("ble,ehd->blhd", (e, h, d), (h, d), use_bias=c.qkv_bias, config=c, rngs=rngs)
+    self.k_proj = Proj("ble,ekd->blkd", (e, k, d), (k, d), use_bias=c.qkv_bias, config=c, rngs=rngs)
+    self.v_proj = Proj("ble,ekd->blkd", (e, k, d), (k, d), use_bias=c.qkv_bias, config=c, rngs=rngs)
+    self.o_proj = Proj("blhd,hde->ble", (h, d, e), (e,), use_bias=c.o_bias, config=c, rngs=rngs)
+    if c.qk_norm:
+      self.q_norm = RMSNorm(d, eps=c.rms_norm_eps, param_dtype=c.param_dtype)
+      self.k_norm = RMSNorm(d, eps=c.rms_norm_eps, param_dtype=c.param_dtype)
+    else:
+      self.q_norm = self.k_norm = None
+    self.num_kv_heads, self.num_groups, self.head_dim = k, c.num_groups, d
+
+  def __call__(self, x, cos, sin, allowed, kv, index):
+    """x [B, L, E]; allowed [B, L, S] bool; kv: (k, v) cache [B, S, K, D] each, or None (S = L)."""
+    q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+    if self.q_norm is not None:
+      q, k = self.q_norm(q), self.k_norm(k)
+    q = constrain(_apply_rope(q, cos, sin), ("batch", "length", "heads", None))
+    k = constrain(_apply_rope(k, cos, sin), ("batch", "length", "kv_heads", None))
+    v = constrain(v, ("batch", "length", "kv_heads", None))
+    if kv is not None:
+      k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), (0, index, 0, 0))
+      v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), (0, index, 0, 0))
+      kv = (k, v)
+    b, l = q.shape[:2]
+    q = q.reshape(b, l, self.num_kv_heads, self.num_groups, self.head_dim)
+    scores = jnp.einsum("blkgd,bskd->bkgls", q, k.astype(q.dtype), preferred_element_type=jnp.float32)
+    scores = scores * (self.head_dim ** -0.5)
+    scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+    out = jnp.einsum("bkgls,bskd->blkgd", probs, v.astype(q.dtype)).reshape(b, l, -1, self.head_dim)
+    return self.o_proj(constrain(out, ("batch", "length", "heads", None))), kv
+
+
+class MLP(nnx.Module):
+  """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    e, m, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+    self.gate_proj = Proj("ble,em->blm", (e, m), (m,), use_bias=bias, config=config, rngs=rngs)
+    self.up_proj = Proj("ble,em->blm", (e, m), (m,), use_bias=bias, config=config, rngs=rngs)
+    self.down_proj = Proj("blm,me->ble", (m, e), (e,), use_bias=bias, config=config, rngs=rngs)
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    h = jax.nn.silu(self.gate_proj(x)) * self.up_proj(x)
+    return self.down_proj(constrain(h, ("batch", "length", "mlp")))
+
+
+class DecoderLayer(nnx.Module):
+  """Pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    kw = dict(eps=config.rms_norm_eps, param_dtype=config.param_dtype)
+    self.input_norm = RMSNorm(config.hidden_size, **kw)
+    self.attn = Attention(config, rngs=rngs)
+    self.post_attn_norm = RMSNorm(config.hidden_size, **kw)
+    self.mlp = MLP(config, rngs=rngs)
+
+  def __call__(self, x, cos, sin, allowed, kv, index):
+    h, kv = self.attn(self.input_norm(x), cos, sin, allowed, kv, index)
+    x = x + h
+    x = x + self.mlp(self.post_attn_norm(x))
+    return constrain(x, _BTE), kv
+
+
+def _call_layer(layer, *args):
+  return layer(*args)
+
+
+class Embed(nnx.Module):
+  """Token embedding table [vocab, embed]."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    self.embedding = _normal(rngs, (config.vocab_size, config.hidden_size), config.param_dtype)
+
+  def __call__(self, tokens: jax.Array) -> jax.Array:
+    return jnp.take(self.embedding[...], tokens, axis=0)
+
+
+class Decoder(nnx.Module):
+  """Embedding, `num_hidden_layers` decoder layers and the final norm: tokens -> hidden states."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    self.config = config
+    self.embed = Embed(config, rngs=rngs)
+    for i in range(config.num_hidden_layers):
+      setattr(self, f"layers_{i}", DecoderLayer(config, rngs=rngs))
+    self.final_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, param_dtype=config.param_dtype)
+
+  def __call__(self, tokens, *, positions=None, attention_mask=None, cache: KVCache | None = None):
+    """Returns final-normed hidden states [B, L, E] and the updated cache (None without one)."""
+    c = self.config
+    b, l = tokens.shape
+    mask = jnp.ones((b, l), bool) if attention_mask is None else attention_mask.astype(bool)
+    steps = jnp.cumsum(mask, axis=-1, dtype=jnp.int32) - 1
+    if cache is None:
+      index = None
+      key_mask = mask
+      causal = jnp.tril(jnp.ones((l, l), bool))
+      offset = jnp.zeros((b, 1), jnp.int32)
+    else:
+      index = cache.index
+      key_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, index))
+      q_slot = index + jnp.arange(l)
+      causal = jnp.arange(key_mask.shape[1])[None, :] <= q_slot[:, None]
+      offset = jnp.sum(cache.mask, axis=-1, keepdims=True, dtype=jnp.int32)
+    if positions is None:
+      positions = jnp.maximum(offset + steps, 0)
+    allowed = key_mask[:, None, :] & causal[None]
+    cos, sin = _rope_tables(c, positions)
+
+    x = constrain(self.embed(tokens).astype(c.dtype), _BTE)
+    new_k, new_v = [], []
+    for i in range(c.num_hidden_layers):
+      layer = getattr(self, f"layers_{i}")
+      kv = None if cache is None else (cache.k[i], cache.v[i])
+      call = nnx.remat(_call_layer) if c.remat else _call_layer
+      x, kv = call(layer, x, cos, sin, allowed, kv, index)
+      if kv is not None:
+        new_k.append(kv[0])
+        new_v.append(kv[1])
+    x = self.final_norm(x)
+    if cache is not None:
+      cache = KVCache(k=tuple(new_k), v=tuple(new_v), mask=key_mask, index=index + l)
+    return x, cache
+
+
+class LMHead(nnx.Module):
+  """Untied output projection, kernel [embed, vocab]."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    self.kernel = _normal(rngs, (config.hidden_size, config.vocab_size), config.param_dtype)
+
+
+class CausalLM(Decoder):
+  """Decoder plus the output projection (the embedding itself when tied)."""
+
+  def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
+    super().__init__(config, rngs=rngs)
+    if not config.tie_word_embeddings:
+      self.lm_head = LMHead(config, rngs=rngs)
+
+
+@functools.lru_cache(maxsize=32)
+def _abstract(cls: type, config: ModelConfig):
+  return nnx.split(nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0))))
+
+
+def _merge(cls: type, config: ModelConfig, params: Params) -> nnx.Module:
+  graphdef, abstract_state = _abstract(cls, config)
+  state = jax.tree.map(lambda x: x, abstract_state)
+  nnx.replace_by_pure_dict(state, params)
+  return nnx.merge(graphdef, state)
+
+
+def backbone(params: Params) -> Params:
+  """The decoder part of a params dict (everything but `lm_head`)."""
+  return {k: v for k, v in params.items() if k != "lm_head"}
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def init_params(config: ModelConfig, key: jax.Array) -> Params:
+  """Random parameters (normal(0, 0.02) weights, zero biases, unit norms) as a plain nested dict."""
+  model = CausalLM(config, rngs=nnx.Rngs(params=key))
+  return nnx.split(model)[1].to_pure_dict()
+
+
+def hidden_states(params: Params, config: ModelConfig, tokens: jax.Array, *, positions: jax.Array | None = None,
+                  attention_mask: jax.Array | None = None, cache: KVCache | None = None):
+  """Final-normed hidden states.
+
+  Args:
+    params: policy params (an `lm_head` entry is ignored) or backbone params.
+    config: the model config.
+    tokens: [B, L] int token ids.
+    positions: [B, L] int RoPE positions; default: from the mask, `offset + cumsum(mask) - 1`,
+      where offset counts the real tokens already in the cache, so left padding is invisible.
+    attention_mask: [B, L] bool, False at padding; default all True.
+    cache: a `KVCache`; the new keys/values are written at `cache.index`.
+
+  Returns:
+    (hidden [B, L, E] in `config.dtype`, updated cache or None).
+  """
+  chex.assert_rank(tokens, 2)
+  if attention_mask is not None:
+    chex.assert_equal_shape([tokens, attention_mask])
+  if positions is not None:
+    chex.assert_equal_shape([tokens, positions])
+  model = _merge(Decoder, config, backbone(params))
+  return model(tokens, positions=positions, attention_mask=attention_mask, cache=cache)
+
+
+def unembedding(params: Params, config: ModelConfig) -> jax.Array:
+  """The output projection as [vocab, embed] (the input embedding when tied)."""
+  if config.tie_word_embeddings:
+    return params["embed"]["embedding"]
+  return params["lm_head"]["kernel"].T
+
+
+def logits_from_hidden(params: Params, config: ModelConfig, hidden: jax.Array) -> jax.Array:
+  """Float32 logits [..., V] from hidden states [..., E]."""
+  w = unembedding(params, config).astype(hidden.dtype)
+  return jnp.einsum("...e,ve->...v", hidden, w, preferred_element_type=jnp.float32)
+
+
+def apply(params: Params, config: ModelConfig, tokens: jax.Array, *, positions: jax.Array | None = None,
+          attention_mask: jax.Array | None = None, cache: KVCache | None = None, return_hidden: bool = False):
+  """Forward pass: params + token ids -> (float32 logits [B, L, V] or hidden [B, L, E], cache).
+
+  See `hidden_states` for the arguments. The cache is None when none is given.
+  """
+  hidden, cache = hidden_states(params, config, tokens, positions=positions, attention_mask=attention_mask,
+                                cache=cache)
+  if return_hidden:
+    return hidden, cache
+  logits = logits_from_hidden(params, config, hidden)
+  return constrain(logits, ("batch", "length", "vocab")), cache
+
+
+_LEAF_AXES = {
+    ("embed", "embedding"): ("vocab", "embed"),
+    ("q_proj", "kernel"): ("embed", "heads", None),
+    ("q_proj", "bias"): ("heads", None),
+    ("k_proj", "kernel"): ("embed", "kv_heads", None),
+    ("k_proj", "bias"): ("kv_heads", None),
+    ("v_proj", "kernel"): ("embed", "kv_heads", None),
+    ("v_proj", "bias"): ("kv_heads", None),
+    ("o_proj", "kernel"): ("heads", None, "embed"),
+    ("o_proj", "bias"): ("embed",),
+    ("q_norm", "scale"): (None,),
+    ("k_norm", "scale"): (None,),
+    ("gate_proj", "kernel"): ("embed", "mlp"),
+    ("gate_proj", "bias"): ("mlp",),
+    ("up_proj", "kernel"): ("embed", "mlp"),
+    ("up_proj", "bias"): ("mlp",),
+    ("down_proj", "kernel"): ("mlp", "embed"),
+    ("down_proj", "bias"): ("embed",),
+    ("input_norm", "scale"): ("embed",),
+    ("post_attn_norm", "scale"): ("embed",),
+    ("final_norm", "scale"): ("embed",),
+    ("lm_head", "kernel"): ("embed", "vocab"),
+    ("head", "kernel"): ("embed",),
+    ("head", "bias"): (),
+}
+
+
+def logical_axes_of(params_shapes: Params) -> Params:
+  """Logical axis names for every leaf of a params (or params-shaped) dict."""
+
+  def names(path, leaf):
+    key = tuple(p.key for p in path[-2:])
+    axes = _LEAF_AXES[key]
+    if len(axes) != len(leaf.shape):
+      raise ValueError(f"logical axes {axes} do not match shape {leaf.shape} at {jax.tree_util.keystr(path)}")
+    return axes
+
+  return jax.tree_util.tree_map_with_path(names, params_shapes)
+
+
+def param_logical_axes(config: ModelConfig) -> Params:
+  """A dict shaped like `init_params(config, key)` whose leaves are tuples of logical axis names.
+
+  Tuples are pytree nodes, so map with the params first, e.g.
+  `jax.tree.map(lambda p, names: ..., params, axes)`, or pass
+  `is_leaf=lambda x: isinstance(x, tuple)`.
+  """
+  shapes = jax.eval_shape(init_params, config, jax.random.key(0))
+  return logical_axes_of(shapes)

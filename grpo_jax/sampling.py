@@ -1,0 +1,179 @@
+"""Batched autoregressive sampling with a static-shape KV cache, jitted end to end.
+
+Prefill each (left-padded) prompt once, repeat its cache for the G samples,
+then decode one token per step inside a `jax.lax.while_loop` that exits as
+soon as every row has produced an end token (EOS or an extra stop id).
+"""
+
+import functools
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.models import transformer
+from grpo_jax.models.config import ModelConfig
+
+
+class SampleOutput(NamedTuple):
+  """Samples, rows prompt-major: row p * G + g is sample g of prompt p.
+
+  Attributes:
+    prompt_tokens: [N, P] int32 prompt ids (left padded).
+    prompt_mask: [N, P] bool, False at left padding.
+    tokens: [N, T] int32 completion ids, pad id after the end.
+    logprobs: [N, T] float32 log π(o_t | ...) under the raw (temperature 1,
+      unfiltered) policy distribution; 0 where `mask` is False.
+    mask: [N, T] bool, True for generated tokens including the end token.
+    lengths: [N] int32 number of generated tokens (= mask.sum(-1)).
+    truncated: [N] bool, True when no end token came within T tokens.
+  """
+  prompt_tokens: jax.Array
+  prompt_mask: jax.Array
+  tokens: jax.Array
+  logprobs: jax.Array
+  mask: jax.Array
+  lengths: jax.Array
+  truncated: jax.Array
+
+
+def filter_logits(logits: jax.Array, *, top_k: int = 0, top_p: float = 1.0) -> jax.Array:
+  """Sets logits outside the top-k and outside the top-p nucleus to -inf.
+
+  The nucleus is the smallest set of most probable tokens whose probability mass
+  reaches `top_p` (a token is kept when the mass of the tokens ranked above it is
+  below `top_p`; the most probable token is always kept). Top-k applies first.
+
+  Args:
+    logits: [..., V].
+    top_k: keep the k largest logits (ties at the k-th value are kept); 0 disables.
+    top_p: nucleus mass in (0, 1]; 1 disables.
+
+  Returns:
+    [..., V] logits with the removed entries at -inf.
+  """
+  if top_k <= 0 and top_p >= 1.0:
+    return logits
+  if top_k > 0:
+    ranked = jax.lax.top_k(logits, min(top_k, logits.shape[-1]))[0]  # Descending.
+  else:
+    ranked = -jnp.sort(-logits, axis=-1)
+  threshold = ranked[..., -1:]
+  if top_p < 1.0:
+    probs = jax.nn.softmax(ranked, axis=-1)
+    mass_above = jnp.cumsum(probs, axis=-1) - probs
+    n_keep = jnp.maximum(jnp.sum(mass_above < top_p, axis=-1, keepdims=True), 1)
+    threshold = jnp.take_along_axis(ranked, n_keep - 1, axis=-1)
+  return jnp.where(logits >= threshold, logits, -jnp.inf)
+
+
+def _choose(logits, key, temperature, *, top_k, top_p, greedy):
+  """Next token [N] from float32 logits [N, V]."""
+  if greedy:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  z = filter_logits(logits / temperature, top_k=top_k, top_p=top_p)
+  return jax.random.categorical(key, z, axis=-1).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "config", "num_samples", "max_new_tokens", "top_k", "top_p", "greedy", "stop_ids", "pad_id"))
+def _sample(params, prompt_tokens, prompt_mask, key, temperature, *, config: ModelConfig, num_samples: int,
+            max_new_tokens: int, top_k: int, top_p: float, greedy: bool, stop_ids: tuple[int, ...], pad_id: int):
+  n_prompts, prompt_len = prompt_tokens.shape
+  n, steps = n_prompts * num_samples, max_new_tokens
+  choose = functools.partial(_choose, top_k=top_k, top_p=top_p, greedy=greedy)
+
+  # PREFILL: once per prompt, then repeat the cache for the G samples.
+  cache = transformer.init_cache(config, n_prompts, prompt_len + steps)
+  hidden, cache = transformer.hidden_states(params, config, prompt_tokens, attention_mask=prompt_mask, cache=cache)
+  logits = transformer.logits_from_hidden(params, config, hidden[:, -1])
+  repeat = lambda x: jnp.repeat(x, num_samples, axis=0) if x.ndim else x
+  cache, logits = jax.tree.map(repeat, (cache, logits))
+  prompt_tokens, prompt_mask = repeat(prompt_tokens), repeat(prompt_mask)
+  n_prompt_tokens = jnp.sum(prompt_mask, axis=-1, dtype=jnp.int32)
+  stop_ids = jnp.asarray(stop_ids, jnp.int32)
+
+  def record(t, logits, done, tokens, logprobs, lengths):
+    """Chooses token t of every row from `logits` and writes it down."""
+    tok = choose(logits, jax.random.fold_in(key, t), temperature)
+    logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tok[:, None], axis=-1)[:, 0]
+    alive = ~done
+    tok = jnp.where(alive, tok, pad_id)
+    tokens = jax.lax.dynamic_update_slice(tokens, tok[:, None], (0, t))
+    logprobs = jax.lax.dynamic_update_slice(logprobs, jnp.where(alive, logp, 0.0)[:, None], (0, t))
+    done = done | (alive & jnp.isin(tok, stop_ids))
+    return tok, done, tokens, logprobs, lengths + alive.astype(jnp.int32)
+
+  done = jnp.zeros((n,), bool)
+  tokens = jnp.full((n, steps), pad_id, jnp.int32)
+  logprobs = jnp.zeros((n, steps), jnp.float32)
+  lengths = jnp.zeros((n,), jnp.int32)
+  tok, done, tokens, logprobs, lengths = record(0, logits, done, tokens, logprobs, lengths)
+
+  # DECODE: one token per step until every row is done or T tokens are out.
+  def cond(carry):
+    t, _, _, done, *_ = carry
+    return (t < steps) & ~jnp.all(done)
+
+  def body(carry):
+    t, cache, tok, done, tokens, logprobs, lengths = carry
+    positions = (n_prompt_tokens + t - 1)[:, None]
+    hidden, cache = transformer.hidden_states(params, config, tok[:, None], positions=positions, cache=cache)
+    logits = transformer.logits_from_hidden(params, config, hidden[:, 0])
+    tok, done, tokens, logprobs, lengths = record(t, logits, done, tokens, logprobs, lengths)
+    return t + 1, cache, tok, done, tokens, logprobs, lengths
+
+  carry = (jnp.ones((), jnp.int32), cache, tok, done, tokens, logprobs, lengths)
+  _, _, _, done, tokens, logprobs, lengths = jax.lax.while_loop(cond, body, carry)
+  mask = jnp.arange(steps)[None, :] < lengths[:, None]
+  return SampleOutput(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens, logprobs=logprobs,
+                      mask=mask, lengths=lengths, truncated=~done)
+
+
+def sample(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: jax.Array, key: jax.Array, *,
+           num_samples: int = 1, max_new_tokens: int = 64, temperature: float = 1.0, top_k: int = 0,
+           top_p: float = 1.0, greedy: bool = False, eos_token_ids: Sequence[int] | None = None,
+           stop_token_ids: Sequence[int] = (), pad_id: int | None = None) -> SampleOutput:
+  """Samples `num_samples` completions for each left-padded prompt.
+
+  Compiles once per (shapes, config, num_samples, max_new_tokens, top_k, top_p,
+  greedy, stop ids, pad id); `temperature` and `key` are traced, so changing
+  them does not recompile. Deterministic for a given key.
+
+  Args:
+    params: policy params.
+    config: its ModelConfig (static).
+    prompt_tokens: [B, P] int prompt ids, left padded.
+    prompt_mask: [B, P] bool, False at padding; every prompt needs a real token.
+    key: PRNG key.
+    num_samples: G, samples per prompt.
+    max_new_tokens: T, the completion budget.
+    temperature: divides the logits before filtering (> 0).
+    top_k: keep the k most likely tokens (0: off).
+    top_p: nucleus mass (1: off).
+    greedy: argmax instead of sampling (ignores temperature/top_k/top_p).
+    eos_token_ids: end tokens; default `config.eos_token_ids`.
+    stop_token_ids: extra end tokens.
+    pad_id: fills `tokens` after the end; default `config.pad_token_id` or 0.
+
+  Returns:
+    A SampleOutput with N = B * num_samples rows, prompt-major.
+  """
+  chex.assert_rank([prompt_tokens, prompt_mask], 2)
+  chex.assert_equal_shape([prompt_tokens, prompt_mask])
+  if not greedy and not temperature > 0:
+    raise ValueError(f"temperature must be > 0 (use greedy=True for argmax), got {temperature}")
+  if not 0.0 < top_p <= 1.0:
+    raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+  if max_new_tokens < 1 or num_samples < 1:
+    raise ValueError(f"max_new_tokens and num_samples must be >= 1, got {max_new_tokens}, {num_samples}")
+  eos = config.eos_token_ids if eos_token_ids is None else tuple(eos_token_ids)
+  stop_ids = tuple(sorted({int(i) for i in (*eos, *stop_token_ids)}))
+  if pad_id is None:
+    pad_id = 0 if config.pad_token_id is None else config.pad_token_id
+  return _sample(params, jnp.asarray(prompt_tokens, jnp.int32), jnp.asarray(prompt_mask, bool), key,
+                 jnp.asarray(temperature, jnp.float32), config=config, num_samples=int(num_samples),
+                 max_new_tokens=int(max_new_tokens), top_k=int(top_k), top_p=float(top_p), greedy=bool(greedy),
+                 stop_ids=stop_ids, pad_id=int(pad_id))
