@@ -23,6 +23,7 @@ F = fractions.Fraction
     ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
     ("\\boxed{\\frac{\\sqrt{3}}{\\left(2\\right)}} end", "\\frac{\\sqrt{3}}{\\left(2\\right)}"),
     ("\\boxed{\\{1,2\\}}", "\\{1,2\\}"),  # escaped braces are literal
+    ("\\boxed{a\\}b}", "a\\}b"),
     ("\\boxed{3} and an unclosed \\boxed{4", "3"),  # an unclosed box is skipped
     ("\\boxed{4", None),
     ("#### 9 beats \\boxed{3}", "9 beats \\boxed{3}"),
