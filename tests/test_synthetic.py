@@ -130,3 +130,7 @@ def test_stream_excludes_and_is_deterministic():
   assert not {e.question for e in first} & excluded
   assert len({e.question for e in first}) == 81 - 30
   assert first == list(itertools.islice(stream(7, config, excluded), 300))
+  everything = {e.question for e in itertools.islice(stream(0, config), 2000)}
+  assert len(everything) == 81
+  with pytest.raises(ValueError, match="covers the problem space"):
+    next(stream(0, config, everything))

@@ -23,6 +23,7 @@ from grpo_jax.data.steps import FINAL_MARKER, OPS, Step, apply_op
 
 _MAX_TRIES_PER_STEP = 32
 _MAX_TRIES_PER_PROBLEM = 1000
+_MAX_STREAM_MISSES = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,10 +169,19 @@ def stream(seed: int = 0, config: SyntheticConfig = SyntheticConfig(),
 
   Pass the test questions as `exclude` to train on fresh problems every step
   without leaking the test set. Questions may repeat within the stream.
+
+  Raises:
+    ValueError: after `_MAX_STREAM_MISSES` excluded draws in a row (the
+      exclusion covers all or nearly all of the problem space).
   """
   excluded = set(exclude)
   rng = random.Random(f"synthetic/{seed}/stream")
+  misses = 0
   while True:
     example = sample_example(rng, config)
     if example.question not in excluded:
+      misses = 0
       yield example
+    elif (misses := misses + 1) > _MAX_STREAM_MISSES:
+      raise ValueError(f"{misses} excluded problems in a row under {config}; "
+                       "the exclusion covers the problem space")
