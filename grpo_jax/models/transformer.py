@@ -294,11 +294,34 @@ def backbone(params: Params) -> Params:
   return {k: v for k, v in params.items() if k != "lm_head"}
 
 
+def _pure_dict(state) -> Params:
+  return nnx.to_pure_dict(state) if hasattr(nnx, "to_pure_dict") else state.to_pure_dict()
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def init_params(config: ModelConfig, key: jax.Array) -> Params:
-  """Random parameters (normal(0, 0.02) weights, zero biases, unit norms) as a plain nested dict."""
-  model = CausalLM(config, rngs=nnx.Rngs(params=key))
-  return nnx.split(model)[1].to_pure_dict()
+  """Random parameters as a plain nested dict, distributed as `CausalLM(config, rngs)` initialises them.
+
+  Kernels and embeddings are normal(0, 0.02), biases zero, norm scales one. All
+  weights are cut from a single normal draw (one threefry program instead of
+  one per weight, which keeps compilation fast).
+  """
+  shapes = _pure_dict(_abstract(CausalLM, config)[1])
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+  sizes = [int(np.prod(leaf.shape)) for path, leaf in leaves if path[-1].key in ("kernel", "embedding")]
+  flat = 0.02 * jax.random.normal(key, (sum(sizes),), jnp.float32)
+  out, start = [], 0
+  for path, leaf in leaves:
+    name = path[-1].key
+    if name in ("kernel", "embedding"):
+      size = int(np.prod(leaf.shape))
+      out.append(flat[start:start + size].reshape(leaf.shape).astype(config.param_dtype))
+      start += size
+    elif name == "bias":
+      out.append(jnp.zeros(leaf.shape, config.param_dtype))
+    else:
+      out.append(jnp.ones(leaf.shape, config.param_dtype))
+  return jax.tree_util.tree_unflatten(treedef, out)
 
 
 def hidden_states(params: Params, config: ModelConfig, tokens: jax.Array, *, positions: jax.Array | None = None,
@@ -400,5 +423,4 @@ def param_logical_axes(config: ModelConfig) -> Params:
   `jax.tree.map(lambda p, names: ..., params, axes)`, or pass
   `is_leaf=lambda x: isinstance(x, tuple)`.
   """
-  shapes = jax.eval_shape(init_params, config, jax.random.key(0))
-  return logical_axes_of(shapes)
+  return logical_axes_of(_pure_dict(_abstract(CausalLM, config)[1]))

@@ -1,0 +1,84 @@
+"""Chunked per-token log-probs (logprobs.py) against the naive full log-softmax."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import logprobs, models, sampling
+
+CONFIG = models.ModelConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=8, qkv_bias=True,
+                            tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="module")
+def params():
+  p = models.init_params(CONFIG, jax.random.key(0))
+  return jax.tree.map(lambda x: 6.0 * x if x.ndim > 1 else x, p)
+
+
+@pytest.fixture(scope="module")
+def batch():
+  tokens = jax.random.randint(jax.random.key(1), (3, 12), 0, CONFIG.vocab_size)
+  prompt = jnp.arange(12)[None] >= jnp.array([[0], [2], [4]])  # Left padding.
+  completion = jnp.arange(12)[None] < jnp.array([[12], [9], [12]])  # Right padding.
+  return tokens, prompt & completion
+
+
+def naive(params, tokens, mask, temperature=1.0):
+  """Full [B, L, V] log-softmax, gathered."""
+  logits, _ = models.apply(params, CONFIG, tokens, attention_mask=mask)
+  logp_all = jax.nn.log_softmax(logits[:, :-1] / temperature)
+  logp = jnp.take_along_axis(logp_all, tokens[:, 1:, None], axis=-1)[..., 0]
+  entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)
+  valid = mask[:, 1:] & mask[:, :-1]
+  pad = lambda x: jnp.pad(jnp.where(valid, x, 0.0), ((0, 0), (1, 0)))
+  return pad(logp), pad(entropy)
+
+
+@pytest.mark.parametrize("chunk_size", [5, 64])
+def test_values_and_entropy_equal_naive(params, batch, chunk_size):
+  chunked = jax.jit(lambda p, t, m: logprobs.token_logprobs(p, CONFIG, t, m, chunk_size=chunk_size,
+                                                            return_entropy=True, temperature=0.8))
+  logp, entropy = chunked(params, *batch)
+  ref_logp, ref_entropy = jax.jit(lambda p, t, m: naive(p, t, m, 0.8))(params, *batch)
+  assert logp.shape == entropy.shape == (3, 12)
+  np.testing.assert_allclose(logp, ref_logp, atol=1e-5)
+  np.testing.assert_allclose(entropy, ref_entropy, atol=1e-5)
+  np.testing.assert_array_equal(logp[:, 0], 0.0)
+  np.testing.assert_array_equal(logp[1, :3], 0.0)  # Padding, and the first prompt token (no context).
+  np.testing.assert_array_equal(logp[1, 9:], 0.0)
+  assert float(logp[1, 3]) < -0.1 and float(jnp.abs(ref_logp).max()) > 1.0
+
+
+def test_gradients_equal_naive(params, batch):
+  weights = jax.random.normal(jax.random.key(2), batch[0].shape)
+  loss = lambda p: jnp.sum(weights * logprobs.token_logprobs(p, CONFIG, *batch, chunk_size=4))
+  ref_loss = lambda p: jnp.sum(weights * naive(p, *batch)[0])
+  grads = jax.jit(jax.grad(loss))(params)
+  ref = jax.jit(jax.grad(ref_loss))(params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), grads, ref)
+  assert float(jnp.abs(grads["lm_head"]["kernel"]).max()) > 1e-3
+
+
+def test_uniform_policy_by_hand():
+  config = CONFIG.replace(tie_word_embeddings=True)
+  p = models.init_params(config, jax.random.key(0))
+  p["embed"]["embedding"] = jnp.zeros_like(p["embed"]["embedding"])  # Zero logits: a uniform policy.
+  tokens = jnp.array([[3, 9, 27, 1, 60]])
+  fn = jax.jit(lambda p, t: logprobs.token_logprobs(p, config, t, jnp.ones((1, 5), bool), chunk_size=2,
+                                                     return_entropy=True))
+  logp, entropy = fn(p, tokens)
+  np.testing.assert_allclose(logp, [[0.0] + [-np.log(61.0)] * 4], rtol=1e-6)
+  np.testing.assert_allclose(entropy, [[0.0] + [np.log(61.0)] * 4], rtol=1e-6)
+
+
+def test_sequences_from_samples():
+  samples = sampling.SampleOutput(
+      prompt_tokens=jnp.array([[0, 5, 6]]), prompt_mask=jnp.array([[False, True, True]]),
+      tokens=jnp.array([[7, 1, 0]]), logprobs=jnp.zeros((1, 3)), mask=jnp.array([[True, True, False]]),
+      lengths=jnp.array([2]), truncated=jnp.array([False]))
+  tokens, mask = logprobs.sequences_from_samples(samples)
+  np.testing.assert_array_equal(tokens, [[0, 5, 6, 7, 1, 0]])
+  np.testing.assert_array_equal(mask, [[False, True, True, True, True, False]])

@@ -1,0 +1,122 @@
+"""The KV-cache sampler (sampling.py)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import logprobs, models, sampling
+
+CONFIG = models.tiny_config(hidden_size=64, intermediate_size=128)
+T = 8
+_forward = jax.jit(models.apply, static_argnums=1)
+_completion_logprobs = jax.jit(logprobs.completion_logprobs, static_argnums=1)
+
+
+@pytest.fixture(scope="module")
+def params():
+  p = models.init_params(CONFIG, jax.random.key(0))
+  return jax.tree.map(lambda x: 4.0 * x if x.ndim > 1 else x, p)  # Peaked, non-uniform distributions.
+
+
+@pytest.fixture(scope="module")
+def prompts():
+  tokens = jnp.array([[10, 11, 12, 13, 14, 15], [0, 0, 0, 40, 41, 42], [0, 0, 0, 0, 0, 70]], jnp.int32)
+  return tokens, tokens != 0
+
+
+@pytest.fixture(scope="module")
+def greedy(params, prompts):
+  return sampling.sample(params, CONFIG, *prompts, jax.random.key(0), max_new_tokens=T, greedy=True,
+                         eos_token_ids=())
+
+
+def test_greedy_equals_uncached_forward(params, prompts, greedy):
+  assert greedy.tokens.shape == (3, T) and greedy.prompt_tokens.shape == (3, 6)
+  assert bool(greedy.mask.all()) and bool(greedy.truncated.all())
+  np.testing.assert_array_equal(greedy.lengths, T)
+  tokens = jnp.concatenate([prompts[0], greedy.tokens], axis=1)
+  mask = jnp.concatenate([prompts[1], greedy.mask], axis=1)
+  logits, _ = _forward(params, CONFIG, tokens, attention_mask=mask)
+  predicted = logits[:, 5:-1]  # Position 5 + t predicts completion token t.
+  np.testing.assert_array_equal(jnp.argmax(predicted, axis=-1), greedy.tokens)
+  logp = jnp.take_along_axis(jax.nn.log_softmax(predicted), greedy.tokens[..., None], axis=-1)[..., 0]
+  np.testing.assert_allclose(greedy.logprobs, logp, atol=1e-5)
+  assert float(jnp.min(logp)) < -0.01  # Not a degenerate one-hot policy.
+
+
+def test_left_padded_prompt_equals_unpadded(params, greedy):
+  alone = sampling.sample(params, CONFIG, jnp.array([[40, 41, 42]]), jnp.ones((1, 3), bool), jax.random.key(5),
+                          max_new_tokens=T, greedy=True, eos_token_ids=())
+  np.testing.assert_array_equal(alone.tokens[0], greedy.tokens[1])
+  np.testing.assert_allclose(alone.logprobs[0], greedy.logprobs[1], atol=1e-5)
+
+
+def test_stop_tokens_end_rows_and_pad(params, prompts, greedy):
+  g = np.asarray(greedy.tokens)
+  stop = int(g[0, 2])
+  out = sampling.sample(params, CONFIG, *prompts, jax.random.key(0), max_new_tokens=T, greedy=True,
+                        eos_token_ids=(), stop_token_ids=(stop,), pad_id=99)
+  for row in range(3):
+    hits = np.flatnonzero(g[row] == stop)
+    length = hits[0] + 1 if hits.size else T
+    assert int(out.lengths[row]) == length
+    assert bool(out.truncated[row]) == (hits.size == 0)
+    np.testing.assert_array_equal(out.tokens[row, :length], g[row, :length])
+    np.testing.assert_array_equal(out.tokens[row, length:], 99)
+    np.testing.assert_array_equal(out.mask[row], np.arange(T) < length)
+    np.testing.assert_array_equal(out.logprobs[row, length:], 0.0)
+    np.testing.assert_allclose(out.logprobs[row, :length], greedy.logprobs[row, :length], atol=1e-6)
+  assert int(out.lengths[0]) <= 3 and out.tokens[0, int(out.lengths[0]) - 1] == stop
+
+
+def test_sampled_logprobs_equal_recomputed(params, prompts):
+  key = jax.random.key(1)
+  out = sampling.sample(params, CONFIG, *prompts, key, num_samples=3, max_new_tokens=T, temperature=0.7,
+                        top_p=0.95)
+  assert out.tokens.shape == (9, T) and out.prompt_mask.shape == (9, 6)
+  # Prompt-major: row p * G + g belongs to prompt p.
+  np.testing.assert_array_equal(out.prompt_tokens[3:6], jnp.repeat(prompts[0][1:2], 3, axis=0))
+  np.testing.assert_array_equal(out.lengths, out.mask.sum(-1))
+  recomputed = _completion_logprobs(params, CONFIG, out)
+  np.testing.assert_allclose(out.logprobs, recomputed, atol=1e-5)
+  np.testing.assert_array_equal(jnp.where(out.mask, 0.0, out.logprobs), 0.0)
+  assert float(jnp.abs(out.logprobs).sum()) > 0
+
+  again = sampling.sample(params, CONFIG, *prompts, key, num_samples=3, max_new_tokens=T, temperature=0.7,
+                          top_p=0.95)
+  jax.tree.map(np.testing.assert_array_equal, out, again)
+  other = sampling.sample(params, CONFIG, *prompts, jax.random.key(2), num_samples=3, max_new_tokens=T,
+                          temperature=0.7, top_p=0.95)
+  assert bool((other.tokens != out.tokens).any())
+  # The G samples of one prompt differ from each other.
+  assert bool((out.tokens[0] != out.tokens[1]).any() | (out.tokens[1] != out.tokens[2]).any())
+
+
+def test_top_k_one_equals_greedy(params, prompts, greedy):
+  out = sampling.sample(params, CONFIG, *prompts, jax.random.key(3), num_samples=2, max_new_tokens=T,
+                        temperature=1.5, top_k=1, eos_token_ids=())
+  np.testing.assert_array_equal(out.tokens, jnp.repeat(greedy.tokens, 2, axis=0))
+  np.testing.assert_allclose(out.logprobs, jnp.repeat(greedy.logprobs, 2, axis=0), atol=1e-6)
+
+
+def test_filter_logits_by_hand():
+  # probabilities 0.5, 0.3, 0.15, 0.05 in a shuffled order.
+  logits = jnp.log(jnp.array([[0.15, 0.5, 0.05, 0.3]]))
+  kept = lambda **kw: np.isfinite(np.asarray(sampling.filter_logits(logits, **kw)))[0].tolist()
+  assert kept(top_p=0.4) == [False, True, False, False]
+  assert kept(top_p=0.7) == [False, True, False, True]  # 0.5 < 0.7, so the 0.3 token is needed.
+  assert kept(top_p=0.79) == [False, True, False, True]
+  assert kept(top_p=0.81) == [True, True, False, True]  # 0.8 < 0.81.
+  assert kept(top_p=0.96) == [True, True, True, True]
+  assert kept(top_k=2) == [False, True, False, True]
+  assert kept(top_k=3, top_p=0.6) == [False, True, False, True]
+  assert kept() == [True] * 4
+  np.testing.assert_array_equal(sampling.filter_logits(logits, top_k=3)[0, 1], logits[0, 1])
+
+
+def test_argument_checks(params, prompts):
+  with pytest.raises(ValueError, match="temperature"):
+    sampling.sample(params, CONFIG, *prompts, jax.random.key(0), temperature=0.0)
+  with pytest.raises(ValueError, match="top_p"):
+    sampling.sample(params, CONFIG, *prompts, jax.random.key(0), top_p=0.0)

@@ -1,0 +1,113 @@
+"""The NNX transformer's functional API (models/transformer.py). HF parity lives in test_hf_io.py."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import models
+
+_apply = jax.jit(models.apply, static_argnums=1, static_argnames="return_hidden")
+
+CONFIG = models.ModelConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=8, qkv_bias=True,
+                            tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="module")
+def params():
+  p = models.init_params(CONFIG, jax.random.key(0))
+  # Larger weights than the 0.02 init so that logits are far from uniform.
+  return jax.tree.map(lambda x: x * 8.0 if x.ndim > 1 else x + 0.1, p)
+
+
+def _tokens(b=2, l=10, seed=0):
+  return jax.random.randint(jax.random.key(seed), (b, l), 0, CONFIG.vocab_size)
+
+
+def test_shapes_dtypes_and_structure(params):
+  tokens = _tokens()
+  logits, cache = _apply(params, CONFIG, tokens)
+  assert logits.shape == (2, 10, 61) and logits.dtype == jnp.float32 and cache is None
+  hidden, _ = _apply(params, CONFIG, tokens, return_hidden=True)
+  assert hidden.shape == (2, 10, 32)
+  np.testing.assert_allclose(models.logits_from_hidden(params, CONFIG, hidden), logits, rtol=1e-6, atol=1e-6)
+  assert params["layers_0"]["attn"]["q_proj"]["kernel"].shape == (32, 4, 8)
+  assert params["lm_head"]["kernel"].shape == (32, 61)
+  assert "lm_head" not in models.init_params(CONFIG.replace(tie_word_embeddings=True), jax.random.key(0))
+
+
+def test_causal(params):
+  tokens = _tokens()
+  changed = tokens.at[:, 6].set((tokens[:, 6] + 1) % CONFIG.vocab_size)
+  a, _ = _apply(params, CONFIG, tokens)
+  b, _ = _apply(params, CONFIG, changed)
+  np.testing.assert_allclose(a[:, :6], b[:, :6], atol=1e-6)
+  assert np.abs(a[:, 6:] - b[:, 6:]).max() > 1e-2
+
+
+def test_left_padding_is_invisible(params):
+  tokens = _tokens(1, 7)
+  plain, _ = _apply(params, CONFIG, tokens)
+  padded_tokens = jnp.concatenate([jnp.full((1, 4), 9), tokens], axis=1)
+  mask = jnp.arange(11)[None] >= 4
+  padded, _ = _apply(params, CONFIG, padded_tokens, attention_mask=mask)
+  np.testing.assert_allclose(padded[:, 4:], plain, atol=1e-5)
+  # Explicit positions give the same result as the mask-derived default.
+  positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
+  explicit, _ = _apply(params, CONFIG, padded_tokens, attention_mask=mask, positions=positions)
+  np.testing.assert_array_equal(explicit, padded)
+
+
+def test_cached_prefill_and_decode_equal_full_forward(params):
+  tokens = _tokens(2, 12, seed=1)
+  mask = jnp.ones((2, 12), bool).at[1, :3].set(False)
+  full, _ = _apply(params, CONFIG, tokens, attention_mask=mask)
+  cache = models.init_cache(CONFIG, 2, 16)
+  # Prefill 8 tokens in two chunks, then decode 4 one at a time.
+  out = []
+  for start, stop in [(0, 5), (5, 8)] + [(t, t + 1) for t in range(8, 12)]:
+    logits, cache = _apply(params, CONFIG, tokens[:, start:stop], attention_mask=mask[:, start:stop],
+                                 cache=cache)
+    out.append(logits)
+  assert int(cache.index) == 12 and cache.mask.shape == (2, 16)
+  np.testing.assert_array_equal(cache.mask[:, :12], mask)
+  cached = jnp.concatenate(out, axis=1)
+  np.testing.assert_allclose(cached[mask], full[mask], atol=1e-5)
+
+
+def test_remat_same_values_and_gradients(params):
+  tokens = _tokens()
+  loss = lambda p, c: jnp.mean(models.apply(p, c, tokens)[0] ** 2)
+  remat = CONFIG.replace(remat=True)
+  v1, g1 = jax.jit(jax.value_and_grad(loss), static_argnums=1)(params, CONFIG)
+  v2, g2 = jax.jit(jax.value_and_grad(loss), static_argnums=1)(params, remat)
+  np.testing.assert_allclose(v1, v2, rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), g1, g2)
+  assert float(jnp.abs(g1["layers_0"]["attn"]["q_proj"]["kernel"]).max()) > 0
+
+
+def test_bfloat16(params):
+  config = CONFIG.replace(dtype="bfloat16", param_dtype="bfloat16")
+  p16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), params)
+  tokens = _tokens()
+  logits, _ = _apply(p16, config, tokens)
+  hidden, _ = _apply(p16, config, tokens, return_hidden=True)
+  assert logits.dtype == jnp.float32 and hidden.dtype == jnp.bfloat16
+  ref, _ = _apply(params, CONFIG, tokens)
+  assert float(jnp.abs(logits - ref).max()) < 0.05 * float(jnp.abs(ref).max())
+
+
+def test_param_logical_axes():
+  axes = models.param_logical_axes(CONFIG)
+  shapes = jax.eval_shape(models.init_params, CONFIG, jax.random.key(0))
+  assert jax.tree.structure(shapes) == jax.tree.structure(axes, is_leaf=lambda x: isinstance(x, tuple))
+  names = jax.tree.leaves(jax.tree.map(lambda s, a: (len(a) == s.ndim, a), shapes, axes),
+                          is_leaf=lambda x: isinstance(x, tuple) and isinstance(x[0], bool))
+  assert all(ok for ok, _ in names)
+  used = {n for _, a in names for n in a}
+  assert used <= set(models.LOGICAL_AXES) | {None}
+  assert axes["embed"]["embedding"] == ("vocab", "embed")
+  assert axes["layers_1"]["attn"]["k_proj"]["kernel"] == ("embed", "kv_heads", None)
+  assert axes["layers_0"]["mlp"]["down_proj"]["kernel"] == ("mlp", "embed")
+  assert axes["lm_head"]["kernel"] == ("embed", "vocab")
