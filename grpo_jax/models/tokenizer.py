@@ -33,6 +33,16 @@ def load_tokenizer(path: str | pathlib.Path) -> transformers.PreTrainedTokenizer
     raise CheckpointError(f"tokenizer directory does not exist: {path}")
   if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")):
     raise CheckpointError(f"no tokenizer files (tokenizer.json / tokenizer_config.json) in {path}")
+  config_file = path / "tokenizer_config.json"
+  if config_file.is_file():
+    try:
+      tokenizer_class = json.loads(config_file.read_text()).get("tokenizer_class")
+    except json.JSONDecodeError as err:
+      raise CheckpointError(f"{config_file}: not valid JSON ({err})") from None
+    if tokenizer_class in ("PreTrainedTokenizerFast", "TokenizersBackend"):
+      # Taken as written: AutoTokenizer would pick the class of config.json's model_type (e.g.
+      # Qwen2Tokenizer), which replaces tokenizer.json's pipeline with its own byte-level one.
+      return transformers.PreTrainedTokenizerFast.from_pretrained(str(path))
   return transformers.AutoTokenizer.from_pretrained(str(path))
 
 

@@ -1,0 +1,507 @@
+r"""GRPO on math word problems: SFT warm start, then Group Relative Policy Optimization.
+
+  python -m experiments.grpo_math                       # embedded default: tiny model, synthetic task, CPU
+  python -m experiments.grpo_math --flagfile=experiments/configs/deepseekmath_gsm8k.cfg \
+      --model=/path/to/Qwen2.5-0.5B-Instruct --train_file=gsm8k/train.jsonl --test_file=gsm8k/test.jsonl
+
+Stage 1 (embedded default only) fine-tunes the random-init tiny model on the task's step-by-step
+solutions, because RL needs a policy that is sometimes right. Stage 2 is GRPO as in DeepSeekMath
+(arXiv 2402.03300) §4.1: per step, B prompts, G samples each from π_old; rule rewards; group-normalised
+advantages; μ epochs of minibatch updates of the clipped surrogate with the k3 KL to the frozen
+reference (the stage-1 policy) in the loss. Every knob of the later variants (DAPO, Dr. GRPO, GSPO) is
+a flag. Policy, reference and optimiser state are pytrees; checkpoints resume exactly.
+"""
+
+import json
+import pathlib
+import shutil
+import sys
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax import data
+from grpo_jax import evaluation
+from grpo_jax import logprobs as logprobs_lib
+from grpo_jax import losses
+from grpo_jax import models
+from grpo_jax import rewards as rewards_lib
+from grpo_jax import sampling
+from grpo_jax import training
+from grpo_jax.training import checkpointing
+from grpo_jax.training import update as update_lib
+
+# MODEL AND DATA
+flags.DEFINE_string("work_dir", "runs/grpo_math", "Directory for checkpoints, logs and exported models.")
+flags.DEFINE_string("model", "", "Hugging Face checkpoint directory (Qwen2/2.5, Qwen3, Llama 3). "
+                    "Empty: the embedded tiny model, built in <work_dir>/base_model and warm-started by SFT.")
+flags.DEFINE_string("init_checkpoint", "", "HF-format directory with the starting policy (skips SFT), "
+                    "e.g. a previous run's sft_policy or final_policy.")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute and parameter dtype.")
+flags.DEFINE_bool("remat", False, "Rematerialise each layer in the backward pass (saves memory).")
+flags.DEFINE_enum("task", "synthetic", ["synthetic", "gsm8k", "math"], "The task.")
+flags.DEFINE_string("train_file", "", "JSONL training problems (gsm8k: question/answer; math: problem/solution).")
+flags.DEFINE_string("test_file", "", "JSONL held-out problems.")
+flags.DEFINE_integer("num_train", 20000, "Synthetic task: training problems in the pool.")
+flags.DEFINE_integer("num_test", 500, "Held-out problems to evaluate on (all of test_file if larger).")
+flags.DEFINE_integer("synthetic_min_steps", 2, "Synthetic task: fewest operations per problem.")
+flags.DEFINE_integer("synthetic_max_steps", 3, "Synthetic task: most operations per problem.")
+flags.DEFINE_integer("synthetic_digits", 2, "Synthetic task: digits of + and - operands.")
+flags.DEFINE_string("synthetic_ops", "+-*", "Synthetic task: operations.")
+flags.DEFINE_enum("prompt_template", "auto", ["auto", "plain", "chat"],
+                  "auto: chat template for real datasets when the tokenizer has one, else plain text.")
+flags.DEFINE_integer("max_prompt_len", 32, "Prompt tokens (longer prompts are cut from the left).")
+flags.DEFINE_integer("max_new_tokens", 48, "Completion budget in tokens.")
+flags.DEFINE_string("reward", "correctness:1.0", "Reward spec 'name:weight,...' (correctness, format, "
+                    "arithmetic_format, boxed_format, step_correctness).")
+
+# STAGE 1: SFT
+flags.DEFINE_integer("sft_steps", 1000, "SFT steps of the warm start (embedded default only; 0 skips).")
+flags.DEFINE_integer("sft_batch_size", 64, "SFT sequences per step.")
+flags.DEFINE_float("sft_learning_rate", 3e-3, "SFT peak learning rate (cosine decay).")
+
+# STAGE 2: GRPO
+flags.DEFINE_integer("steps", 120, "GRPO steps (each: sample, score, μ epochs of updates).")
+flags.DEFINE_integer("batch_size", 32, "Prompts per GRPO step (B).")
+flags.DEFINE_integer("group_size", 8, "Samples per prompt (G).")
+flags.DEFINE_float("learning_rate", 2e-4, "GRPO peak learning rate.")
+flags.DEFINE_integer("warmup_steps", 5, "Linear warm-up of the learning rate, in optimiser steps.")
+flags.DEFINE_float("weight_decay", 0.0, "AdamW weight decay.")
+flags.DEFINE_float("max_grad_norm", 1.0, "Global-norm gradient clipping (0: off).")
+flags.DEFINE_float("beta", 0.04, "KL coefficient β (0 removes the KL term and the reference forward).")
+flags.DEFINE_float("epsilon", 0.2, "Clip range ε (lower side).")
+flags.DEFINE_float("epsilon_high", None, "Upper clip range (DAPO clip-higher, e.g. 0.28); default ε.")
+flags.DEFINE_float("dual_clip", None, "Dual-clip constant c > 1 for negative advantages; default off.")
+flags.DEFINE_enum("kl", "k3", ["k1", "k2", "k3"], "KL estimator in the loss.")
+flags.DEFINE_enum("loss_aggregation", "seq-mean-token-mean", list(losses.aggregation.MODES),
+                  "Loss aggregation: GRPO's seq-mean-token-mean, DAPO's token-mean, Dr. GRPO's seq-mean-token-sum-norm.")
+flags.DEFINE_enum("advantage_scale", "group", ["group", "batch", "none"],
+                  "Advantage normalisation: group std (GRPO), batch std, or none (Dr. GRPO).")
+flags.DEFINE_float("advantage_eps", 1e-4, "Added to the std of the advantage normalisation.")
+flags.DEFINE_enum("importance", "token", ["token", "sequence"], "Importance ratio level (sequence: GSPO).")
+flags.DEFINE_integer("num_epochs", 1, "μ: passes over each step's samples.")
+flags.DEFINE_integer("minibatch_size", 0, "Sequences per optimiser step (0: all B·G of the step).")
+flags.DEFINE_integer("grad_accum_steps", 1, "Micro-batches per minibatch, accumulated exactly.")
+flags.DEFINE_bool("dynamic_sampling", False, "DAPO dynamic sampling: drop groups whose rewards are all equal "
+                  "and sample more prompts to refill the batch.")
+flags.DEFINE_integer("dynamic_sampling_max_rounds", 4, "Most sampling rounds per step with dynamic sampling.")
+flags.DEFINE_integer("overlong_buffer", 0, "DAPO overlong shaping: L_cache tokens before max_new_tokens (0: off).")
+flags.DEFINE_bool("mask_truncated", False, "Leave completions that hit max_new_tokens out of the loss.")
+flags.DEFINE_float("temperature", 1.0, "Sampling temperature of the rollouts.")
+flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass of the rollouts.")
+flags.DEFINE_integer("top_k", 0, "Top-k of the rollouts (0: off).")
+flags.DEFINE_bool("recompute_old_logprobs", False, "Recompute π_old with a training forward instead of using "
+                  "the sampler's log-probs.")
+flags.DEFINE_integer("logprob_chunk", 128, "Sequence chunk of the memory-lean log-prob computation.")
+
+# EVALUATION, LOGGING, CHECKPOINTS
+flags.DEFINE_integer("eval_every", 40, "Evaluate every N GRPO steps (0: only before and after).")
+flags.DEFINE_integer("eval_batch_size", 250, "Prompts per evaluation batch.")
+flags.DEFINE_integer("eval_samples", 0, "k > 0: also sample k completions per problem for maj@k and pass@k.")
+flags.DEFINE_float("eval_temperature", 0.7, "Temperature of the maj@k / pass@k samples.")
+flags.DEFINE_integer("save_every", 40, "Checkpoint every N GRPO steps.")
+flags.DEFINE_integer("keep_checkpoints", 2, "Checkpoints to keep.")
+flags.DEFINE_bool("resume", False, "Continue from the latest checkpoint in work_dir.")
+flags.DEFINE_integer("stop_after", 0, "Stop (as if interrupted) after this GRPO step, after saving; 0: off.")
+flags.DEFINE_bool("tensorboard", True, "Write TensorBoard event files.")
+flags.DEFINE_integer("seed", 0, "Random seed of data order, sampling and initialisation.")
+
+FLAGS = flags.FLAGS
+
+
+def _validators():
+  positive = ["num_train", "num_test", "max_prompt_len", "max_new_tokens", "batch_size", "num_epochs",
+              "grad_accum_steps", "eval_batch_size", "keep_checkpoints", "dynamic_sampling_max_rounds"]
+  for name in positive:
+    flags.register_validator(name, lambda v: v is not None and v >= 1, message=f"--{name} must be >= 1")
+  for name in ["steps", "sft_steps", "eval_every", "save_every", "minibatch_size", "overlong_buffer",
+               "eval_samples", "stop_after", "top_k"]:
+    flags.register_validator(name, lambda v: v >= 0, message=f"--{name} must be >= 0")
+  flags.register_validator("group_size", lambda v: v >= 2, message="--group_size must be >= 2 (GRPO compares "
+                           "samples within a group)")
+  flags.register_validator("epsilon", lambda v: v > 0, message="--epsilon must be > 0")
+  flags.register_validator("epsilon_high", lambda v: v is None or v > 0, message="--epsilon_high must be > 0")
+  flags.register_validator("dual_clip", lambda v: v is None or v > 1, message="--dual_clip must be > 1")
+  flags.register_validator("beta", lambda v: v >= 0, message="--beta must be >= 0")
+  flags.register_validator("temperature", lambda v: v > 0, message="--temperature must be > 0")
+  flags.register_validator("eval_temperature", lambda v: v > 0, message="--eval_temperature must be > 0")
+  flags.register_validator("top_p", lambda v: 0 < v <= 1, message="--top_p must be in (0, 1]")
+  for name in ["learning_rate", "sft_learning_rate"]:
+    flags.register_validator(name, lambda v: v > 0, message=f"--{name} must be > 0")
+  flags.register_validator("max_grad_norm", lambda v: v >= 0, message="--max_grad_norm must be >= 0")
+  flags.register_validator("advantage_eps", lambda v: v >= 0, message="--advantage_eps must be >= 0")
+  flags.register_multi_flags_validator(
+      ["overlong_buffer", "max_new_tokens"], lambda f: f["overlong_buffer"] <= f["max_new_tokens"],
+      message="--overlong_buffer must be <= --max_new_tokens")
+
+
+_validators()
+
+
+class RunError(Exception):
+  """A problem with the run's inputs, reported as one line."""
+
+
+# TASK
+
+
+class Task:
+  """Training pool, held-out set, prompt format and rewards of the chosen task."""
+
+  def __init__(self, tokenizer):
+    if FLAGS.task == "synthetic":
+      config = data.SyntheticConfig(min_steps=FLAGS.synthetic_min_steps, max_steps=FLAGS.synthetic_max_steps,
+                                    max_digits=FLAGS.synthetic_digits, ops=FLAGS.synthetic_ops)
+      self.train, self.test = data.make_splits(FLAGS.num_train, FLAGS.num_test, seed=FLAGS.seed, config=config)
+    else:
+      for name in ("train_file", "test_file"):
+        if not getattr(FLAGS, name):
+          raise RunError(f"--task={FLAGS.task} needs --{name} (a JSONL file)")
+      self.train = data.load_task(FLAGS.task, "train", path=FLAGS.train_file)
+      self.test = data.load_task(FLAGS.task, "test", path=FLAGS.test_file)[:FLAGS.num_test]
+      if not self.train or not self.test:
+        raise RunError(f"no problems in {FLAGS.train_file if not self.train else FLAGS.test_file}")
+    template = FLAGS.prompt_template
+    if template == "auto":
+      template = "chat" if FLAGS.task != "synthetic" and getattr(tokenizer, "chat_template", None) else "plain"
+    self.template = template
+    self.tokenizer = tokenizer
+    self.reward_fn = rewards_lib.make_reward_fn(FLAGS.reward)
+    self.is_formatted = (rewards_lib.has_final_answer_format if FLAGS.task != "math"
+                         else lambda c: rewards_lib.extract_boxed(c) is not None)
+
+  def prompt(self, example: data.Example) -> str:
+    if FLAGS.task == "synthetic" and self.template == "plain":
+      return data.format_prompt(example)
+    instruction = ("Solve step by step and put the final answer in \\boxed{}." if FLAGS.task == "math"
+                   else "Solve step by step and end with a line '#### <answer>'.")
+    if self.template == "chat":
+      messages = [{"role": "user", "content": f"{example.question}\n{instruction}"}]
+      return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return f"Question: {example.question}\n{instruction}\nAnswer:\n"
+
+  def train_example(self, position: int) -> data.Example:
+    """The example at a position of the endless, per-epoch shuffled training order."""
+    epoch, index = divmod(position, len(self.train))
+    order = np.random.default_rng([FLAGS.seed, epoch]).permutation(len(self.train))
+    return self.train[order[index]]
+
+
+# EVALUATION
+
+
+def evaluate(params, config, task: Task, key) -> dict:
+  """Greedy pass@1 (accuracy), format rate and length; with --eval_samples, maj@k and pass@k."""
+  prompts = [task.prompt(e) for e in task.test]
+  common = dict(batch_size=min(FLAGS.eval_batch_size, len(prompts)), max_prompt_len=FLAGS.max_prompt_len,
+                max_new_tokens=FLAGS.max_new_tokens)
+  texts, lengths = evaluation.generate(params, config, task.tokenizer, prompts, key, greedy=True, **common)
+  greedy = evaluation.summarize(texts, task.test, ks=(1,), is_formatted=task.is_formatted)
+  metrics = {"accuracy": greedy["pass@1"], "format_rate": greedy["format_rate"],
+             "mean_length": float(np.mean(lengths))}
+  k = FLAGS.eval_samples
+  if k:
+    texts, _ = evaluation.generate(params, config, task.tokenizer, prompts, jax.random.fold_in(key, 1),
+                                   num_samples=k, temperature=FLAGS.eval_temperature, **common)
+    sampled = evaluation.summarize(texts, task.test, ks=sorted({1, k}), is_formatted=task.is_formatted)
+    metrics.update({name: v for name, v in sampled.items() if "@" in name})
+  return metrics
+
+
+# STAGE 1: SFT
+
+
+def supervised_warm_start(params, config, task: Task, logger) -> object:
+  """Fine-tunes on the task's reference solutions (the SFT of DeepSeekMath's paradigm, GC = 1)."""
+  tok = task.tokenizer
+  eos = tok.eos_token_id
+  examples = [e for e in task.train if e.solution]
+  if not examples:
+    raise RunError("SFT needs reference solutions, and the training set has none; pass --sft_steps=0")
+  optimizer = training.make_optimizer(FLAGS.sft_learning_rate, warmup_steps=min(50, FLAGS.sft_steps // 10),
+                                      total_steps=FLAGS.sft_steps, schedule="cosine", max_grad_norm=1.0)
+  state = training.init_train_state(params, optimizer)
+  objective = update_lib.bind(training.sft_objective, config=config, chunk_size=FLAGS.logprob_chunk)
+  train_step = training.make_train_step(objective, optimizer, FLAGS.grad_accum_steps)
+  rng = np.random.default_rng([FLAGS.seed, 12345])
+  logger.start(FLAGS.sft_steps)
+  for step in range(1, FLAGS.sft_steps + 1):
+    chunk = [examples[i] for i in rng.integers(0, len(examples), FLAGS.sft_batch_size)]
+    prompts = [tok.encode(task.prompt(e), add_special_tokens=False) for e in chunk]
+    targets = [tok.encode(e.solution, add_special_tokens=False) + [eos] for e in chunk]
+    batch = training.supervised_batch(prompts, targets, FLAGS.max_prompt_len, FLAGS.max_new_tokens,
+                                      tok.pad_token_id or 0)
+    state, metrics = train_step(state, batch)
+    if step % 25 == 0 or step == FLAGS.sft_steps:
+      values = logger.log(step, metrics, prefix="sft/")
+      _check_finite(values, f"SFT step {step}")
+      logger.progress(step, f"sft loss {values['sft/loss']:.4f}")
+  logger.newline()
+  return state.params
+
+
+def _check_finite(values: dict, where: str):
+  bad = [k for k, v in values.items() if not np.isfinite(v)]
+  if bad:
+    raise FloatingPointError(f"{where}: non-finite {', '.join(bad)}; stopping without saving a checkpoint")
+
+
+# STAGE 2: GRPO
+
+
+class Collector:
+  """Samples B groups of G completions, scores them, and builds the training `Batch`."""
+
+  def __init__(self, config, task: Task, ref_logprobs):
+    self.config, self.task, self.ref_logprobs = config, task, ref_logprobs
+
+  def _sample_round(self, params, position, key):
+    task, tok = self.task, self.task.tokenizer
+    examples = [task.train_example(position + i) for i in range(FLAGS.batch_size)]
+    tokens, mask, _ = training.encode_prompts(tok, [task.prompt(e) for e in examples], FLAGS.max_prompt_len)
+    samples = sampling.sample(params, self.config, tokens, mask, key, num_samples=FLAGS.group_size,
+                              max_new_tokens=FLAGS.max_new_tokens, temperature=FLAGS.temperature,
+                              top_k=FLAGS.top_k, top_p=FLAGS.top_p)
+    samples = jax.tree.map(np.asarray, samples)
+    texts = evaluation.decode(tok, samples)
+    t0 = time.time()
+    repeated = [e for e in examples for _ in range(FLAGS.group_size)]
+    rewards = rewards_lib.score(texts, repeated, task.reward_fn)
+    correct = rewards_lib.score(texts, repeated, "correctness")
+    if FLAGS.overlong_buffer:
+      rewards = rewards + np.asarray(losses.overlong_penalty(samples.lengths, FLAGS.max_new_tokens,
+                                                            FLAGS.overlong_buffer))
+    return samples, rewards, correct, time.time() - t0
+
+  def collect(self, params, position: int, key) -> tuple[training.Batch, dict, int]:
+    b, g = FLAGS.batch_size, FLAGS.group_size
+    rounds, kept, spare = [], [], []
+    score_time = 0.0
+    t0 = time.time()
+    for r in range(FLAGS.dynamic_sampling_max_rounds if FLAGS.dynamic_sampling else 1):
+      samples, rewards, correct, dt = self._sample_round(params, position, jax.random.fold_in(key, r))
+      position += b
+      score_time += dt
+      rounds.append((samples, rewards, correct))
+      varied = np.ptp(rewards.reshape(b, g), axis=1) > 0
+      for i in range(b):
+        (kept if varied[i] or not FLAGS.dynamic_sampling else spare).append((r, i))
+      if len(kept) >= b:
+        break
+    # Fill a short batch with zero-variance groups, left out of the loss, so shapes stay fixed.
+    chosen = kept[:b]
+    dropped = spare[:b - len(chosen)]
+    rows = [(r, i * g + j) for r, i in chosen + dropped for j in range(g)]
+
+    def take(field):
+      return np.stack([getattr(rounds[r][0], field)[row] for r, row in rows])
+
+    samples = sampling.SampleOutput(*[take(f) for f in sampling.SampleOutput._fields])
+    rewards = np.asarray([rounds[r][1][row] for r, row in rows], np.float32)
+    correct = np.asarray([rounds[r][2][row] for r, row in rows], np.float32)
+    sample_time = time.time() - t0 - score_time
+
+    t1 = time.time()
+    loss_mask = samples.mask.copy()
+    loss_mask[len(chosen) * g:] = False
+    if FLAGS.mask_truncated:
+      loss_mask &= ~samples.truncated[:, None]
+    advantages = losses.group_advantages(rewards.reshape(b, g), scale=FLAGS.advantage_scale,
+                                         eps=FLAGS.advantage_eps).reshape(-1)
+    tokens, attention = logprobs_lib.sequences_from_samples(samples)
+    zeros = jnp.zeros(samples.tokens.shape, jnp.float32)
+    ref_logp = self.ref_logprobs(tokens, attention)[:, -samples.tokens.shape[1]:] if FLAGS.beta > 0 else zeros
+    batch = training.batch_from_samples(samples, jnp.asarray(loss_mask), jnp.asarray(samples.logprobs), ref_logp,
+                                        advantages)
+    jax.block_until_ready(batch)
+    score_time += time.time() - t1
+    groups = rewards.reshape(b, g)
+    stats = {
+        "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
+        "accuracy": float(correct.mean()),
+        "zero_variance_groups": float(np.mean(np.ptp(groups, axis=1) == 0)),
+        "response_length": float(samples.lengths.mean()),
+        "truncated_frac": float(samples.truncated.mean()),
+        "sampling_rounds": float(len(rounds)),
+        "time_sampling": sample_time, "time_scoring": score_time,
+        "generated_tokens": float(samples.lengths.sum()),
+    }
+    return batch, stats, position
+
+
+def run_grpo(policy, reference, config, task: Task, logger, ckpt: training.Checkpointer, sft_accuracy):
+  """Stage 2. Returns (final policy params, the start policy's accuracy, whether --stop_after stopped it)."""
+  minibatch = FLAGS.minibatch_size or FLAGS.batch_size * FLAGS.group_size
+  total = FLAGS.batch_size * FLAGS.group_size
+  if total % minibatch or minibatch % FLAGS.grad_accum_steps:
+    raise RunError(f"--minibatch_size={minibatch} must divide batch_size*group_size={total} and be divisible "
+                   f"by --grad_accum_steps={FLAGS.grad_accum_steps}")
+  updates_per_step = FLAGS.num_epochs * total // minibatch
+  optimizer = training.make_optimizer(FLAGS.learning_rate, warmup_steps=FLAGS.warmup_steps,
+                                      max_grad_norm=FLAGS.max_grad_norm or None)
+  state = training.init_train_state(policy, optimizer)
+  key = jax.random.PRNGKey(FLAGS.seed)
+  position, start = 0, 0
+  if FLAGS.resume and ckpt.latest_step() is not None:
+    state, meta = ckpt.restore(state)
+    start, position = int(meta["step"]), int(meta["data_position"])
+    key = jnp.asarray(meta["key"], jnp.uint32)
+    sft_accuracy = meta.get("sft_accuracy", sft_accuracy)
+    print(f"resumed from step {start} in {ckpt.directory}", file=sys.stderr)
+  loss_kwargs = dict(epsilon=FLAGS.epsilon, epsilon_high=FLAGS.epsilon_high, beta=FLAGS.beta, kl=FLAGS.kl,
+                     aggregation=FLAGS.loss_aggregation, importance=FLAGS.importance, dual_clip=FLAGS.dual_clip,
+                     max_len=FLAGS.max_new_tokens)
+  objective = update_lib.bind(training.grpo_objective, config=config, loss_kwargs=loss_kwargs,
+                             use_reference=FLAGS.beta > 0, chunk_size=FLAGS.logprob_chunk)
+  train_step = training.make_train_step(objective, optimizer, FLAGS.grad_accum_steps)
+  ref_logprobs = jax.jit(lambda tokens, mask: logprobs_lib.token_logprobs(
+      reference, config, tokens, mask, chunk_size=FLAGS.logprob_chunk))
+  old_logprobs = jax.jit(lambda params, tokens, mask: logprobs_lib.token_logprobs(
+      params, config, tokens, mask, chunk_size=FLAGS.logprob_chunk))
+  collector = Collector(config, task, ref_logprobs)
+  logger.start(FLAGS.steps)
+
+  for step in range(start + 1, FLAGS.steps + 1):
+    step_key = jax.random.fold_in(key, step)
+    # COLLECT: π_old is the current policy
+    batch, stats, position = collector.collect(state.params, position, step_key)
+    if FLAGS.recompute_old_logprobs:
+      batch = batch._replace(old_logp=old_logprobs(state.params, batch.tokens, batch.attention_mask)
+                             * batch.loss_mask)
+    # UPDATE: μ epochs over shuffled minibatches
+    t0 = time.time()
+    step_metrics = []
+    for epoch in range(FLAGS.num_epochs):
+      order = jax.random.permutation(jax.random.fold_in(step_key, 10_000 + epoch), total)
+      for i in range(0, total, minibatch):
+        idx = order[i:i + minibatch]
+        state, metrics = train_step(state, jax.tree.map(lambda x, idx=idx: x[idx], batch))
+        step_metrics.append(metrics)
+    metrics = {k: float(np.mean([m[k] for m in step_metrics])) for k in step_metrics[0]}
+    update_time = time.time() - t0
+    _check_finite(metrics, f"GRPO step {step}")
+    stats.update(metrics, time_update=update_time, optimizer_steps=float(updates_per_step))
+    step_time = stats["time_sampling"] + stats["time_scoring"] + update_time
+    stats["tokens_per_s"] = stats.pop("generated_tokens") / max(step_time, 1e-9)
+    values = logger.log(step, stats, prefix="train/")
+    logger.progress(step, f"reward {values['train/reward_mean']:.3f} acc {values['train/accuracy']:.3f} "
+                    f"kl {values['train/kl']:.4f} len {values['train/response_length']:.1f}")
+    # EVALUATE AND SAVE
+    if FLAGS.eval_every and step % FLAGS.eval_every == 0 and step != FLAGS.steps:
+      logger.newline()
+      values = logger.log(step, evaluate(state.params, config, task, jax.random.PRNGKey(FLAGS.seed + 1)),
+                          prefix="eval/")
+      print(f"step {step}: held-out accuracy {values['eval/accuracy']:.3f}", file=sys.stderr)
+    if (FLAGS.save_every and step % FLAGS.save_every == 0) or step == FLAGS.steps or step == FLAGS.stop_after:
+      ckpt.save(step, state, {"step": step, "data_position": position, "key": np.asarray(key).tolist(),
+                              "sft_accuracy": sft_accuracy})
+    if step == FLAGS.stop_after:
+      logger.newline()
+      print(f"stopping after step {step} (--stop_after); continue with --resume", file=sys.stderr)
+      return state.params, sft_accuracy, True
+  logger.newline()
+  return state.params, sft_accuracy, False
+
+
+# MAIN
+
+
+def _load_policy(work_dir: pathlib.Path):
+  """(params, config, tokenizer, needs_sft) of the starting policy."""
+  runtime = dict(dtype=FLAGS.dtype, param_dtype=FLAGS.dtype, remat=FLAGS.remat)
+  sft_dir = work_dir / "sft_policy"
+  if FLAGS.init_checkpoint:
+    path, needs_sft = pathlib.Path(FLAGS.init_checkpoint), False
+  elif FLAGS.model:
+    path, needs_sft = pathlib.Path(FLAGS.model), False
+  elif (sft_dir / "model.safetensors").is_file() or FLAGS.sft_steps == 0:
+    path, needs_sft = (sft_dir if (sft_dir / "model.safetensors").is_file() else work_dir / "base_model"), False
+    if path.name == "base_model":
+      models.build_default_checkpoint(path, seed=FLAGS.seed)
+  else:
+    path, needs_sft = models.build_default_checkpoint(work_dir / "base_model", seed=FLAGS.seed), True
+  params, config = models.load_hf(path, **runtime)
+  return params, config, models.load_tokenizer(path), needs_sft, path
+
+
+def export(params, config, source: pathlib.Path, target: pathlib.Path) -> None:
+  """Writes params in HF format with the source checkpoint's tokenizer files, as they were."""
+  models.save_hf(params, config, target)
+  for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+               "vocab.json", "merges.txt", "generation_config.json", "chat_template.jinja"):
+    if (source / name).is_file():
+      shutil.copyfile(source / name, target / name)
+
+
+def run() -> dict:
+  work_dir = pathlib.Path(FLAGS.work_dir)
+  ckpt_dir = work_dir / "checkpoints"
+  if not FLAGS.resume and ckpt_dir.is_dir() and any(ckpt_dir.iterdir()):
+    raise RunError(f"{ckpt_dir} already holds checkpoints; pass --resume to continue, or choose another --work_dir")
+  if FLAGS.resume and not (ckpt_dir.is_dir() and any(ckpt_dir.iterdir())):
+    raise RunError(f"--resume: no checkpoint in {ckpt_dir}")
+  work_dir.mkdir(parents=True, exist_ok=True)
+  (work_dir / "flags.txt").write_text(FLAGS.flags_into_string())
+  params, config, tokenizer, needs_sft, source = _load_policy(work_dir)
+  task = Task(tokenizer)
+  logger = training.MetricsLogger(work_dir, FLAGS.steps, tensorboard=FLAGS.tensorboard)
+  eval_key = jax.random.PRNGKey(FLAGS.seed + 1)
+  print(f"policy from {source} ({config.model_type}, {sum(x.size for x in jax.tree.leaves(params)):,} params); "
+        f"task {FLAGS.task}: {len(task.train)} train / {len(task.test)} held-out problems", file=sys.stderr)
+
+  if needs_sft and FLAGS.sft_steps:
+    print(f"stage 1: SFT warm start, {FLAGS.sft_steps} steps", file=sys.stderr)
+    params = supervised_warm_start(params, config, task, logger)
+    export(params, config, source, work_dir / "sft_policy")
+  start_accuracy = None  # on --resume it comes from the checkpoint
+  if not FLAGS.resume:
+    start_eval = logger.log(0, evaluate(params, config, task, eval_key), prefix="eval/")
+    start_accuracy = start_eval["eval/accuracy"]
+    print(f"start policy: held-out accuracy {start_accuracy:.3f}", file=sys.stderr)
+
+  print(f"stage 2: GRPO, {FLAGS.steps} steps of {FLAGS.batch_size} prompts x {FLAGS.group_size} samples",
+        file=sys.stderr)
+  reference = jax.tree.map(jnp.copy, params)  # frozen π_ref: the start policy
+  ckpt = training.Checkpointer(work_dir / "checkpoints", max_to_keep=FLAGS.keep_checkpoints)
+  try:
+    policy, start_accuracy, stopped = run_grpo(params, reference, config, task, logger, ckpt, start_accuracy)
+  finally:
+    ckpt.close()
+  if stopped:
+    return {}
+  final_eval = evaluate(policy, config, task, eval_key)
+  logger.log(FLAGS.steps, final_eval, prefix="eval/")
+  export(policy, config, source, work_dir / "final_policy")
+  logger.close()
+  summary = {"start_accuracy": start_accuracy, "final_accuracy": final_eval["accuracy"],
+             "num_eval_problems": len(task.test), **{f"final_{k}": v for k, v in final_eval.items()}}
+  (work_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+  rows = [("held-out problems", f"{len(task.test)}"),
+          ("greedy accuracy, start (SFT)", "n/a" if start_accuracy is None else f"{100 * start_accuracy:.1f}%"),
+          ("greedy accuracy, after GRPO", f"{100 * final_eval['accuracy']:.1f}%"),
+          ("format rate, after GRPO", f"{100 * final_eval['format_rate']:.1f}%")]
+  width = max(len(r[0]) for r in rows)
+  print("\n".join(["", "summary", "-" * (width + 10)] + [f"{a:<{width}}  {b}" for a, b in rows]))
+  print(f"final policy (HF format): {work_dir / 'final_policy'}")
+  return summary
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO; -v 0 brings it back
+  try:
+    run()
+  except (RunError, models.CheckpointError, data.DatasetError, checkpointing.CheckpointError,
+          FloatingPointError, ValueError, OSError) as err:
+    sys.exit(f"grpo_math: error: {err}")
+
+
+if __name__ == "__main__":
+  app.run(main)

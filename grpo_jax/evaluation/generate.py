@@ -1,0 +1,44 @@
+"""Batched generation of text completions for a list of prompts, with fixed shapes (one compile)."""
+
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from grpo_jax import sampling
+from grpo_jax.models import ModelConfig
+from grpo_jax.training import rollout
+
+
+def decode(tokenizer, samples: sampling.SampleOutput) -> list[str]:
+  """Completion texts of a SampleOutput, without the end token or padding."""
+  tokens = np.asarray(samples.tokens)
+  lengths = np.asarray(samples.lengths)
+  return tokenizer.batch_decode([t[:n].tolist() for t, n in zip(tokens, lengths)], skip_special_tokens=True)
+
+
+def generate(params, config: ModelConfig, tokenizer, prompts: Sequence[str], key: jax.Array, *,
+             batch_size: int, max_prompt_len: int, max_new_tokens: int, num_samples: int = 1,
+             greedy: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
+             ) -> tuple[list[list[str]], np.ndarray]:
+  """Generates `num_samples` completions per prompt in batches of `batch_size` prompts.
+
+  The last batch is padded with copies of its first prompt, so every call has the same shape.
+
+  Returns:
+    `(texts, lengths)`: per prompt its list of completions, and token lengths `[len(prompts), num_samples]`.
+  """
+  texts, lengths = [], []
+  for start in range(0, len(prompts), batch_size):
+    chunk = list(prompts[start:start + batch_size])
+    real = len(chunk)
+    chunk += [chunk[0]] * (batch_size - real)
+    tokens, mask, _ = rollout.encode_prompts(tokenizer, chunk, max_prompt_len)
+    out = sampling.sample(params, config, tokens, mask, jax.random.fold_in(key, start), num_samples=num_samples,
+                          max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                          greedy=greedy)
+    decoded = decode(tokenizer, out)
+    for i in range(real):
+      texts.append(decoded[i * num_samples:(i + 1) * num_samples])
+    lengths.append(np.asarray(out.lengths).reshape(batch_size, num_samples)[:real])
+  return texts, np.concatenate(lengths, axis=0)

@@ -1,0 +1,87 @@
+"""Metrics to the console (a progress line with ETA), a JSONL file and TensorBoard event files."""
+
+import json
+import math
+import pathlib
+import sys
+import time
+
+import jax
+import numpy as np
+
+
+def _scalar(x):
+  x = np.asarray(x)
+  return x.item() if x.size == 1 else None
+
+
+class MetricsLogger:
+  """Writes metrics from process 0 only.
+
+  Args:
+    work_dir: `metrics.jsonl` and TensorBoard files go to `work_dir` and `work_dir/tensorboard`.
+    total_steps: for the progress bar and ETA.
+    tensorboard: whether to write event files.
+  """
+
+  def __init__(self, work_dir: str | pathlib.Path, total_steps: int, tensorboard: bool = True):
+    self.enabled = jax.process_index() == 0
+    self.total_steps = total_steps
+    self._start = time.time()
+    self._first_step = None
+    self._writer = None
+    self._jsonl = None
+    if not self.enabled:
+      return
+    work_dir = pathlib.Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    self._jsonl = open(work_dir / "metrics.jsonl", "a", encoding="utf-8")
+    if tensorboard:
+      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+      self._writer = SummaryWriter(str(work_dir / "tensorboard"))
+
+  def log(self, step: int, metrics: dict, *, prefix: str = "") -> dict:
+    """Records `metrics` (scalars) at `step`; returns them as Python floats."""
+    values = {f"{prefix}{k}": _scalar(v) for k, v in metrics.items()}
+    values = {k: v for k, v in values.items() if v is not None}
+    if not self.enabled:
+      return values
+    record = {"step": step, "time": round(time.time() - self._start, 3), **{
+        k: (v if isinstance(v, (int, float)) and math.isfinite(v) else str(v)) for k, v in values.items()}}
+    self._jsonl.write(json.dumps(record) + "\n")
+    self._jsonl.flush()
+    if self._writer is not None:
+      for k, v in values.items():
+        self._writer.add_scalar(k, v, step)
+    return values
+
+  def start(self, total_steps: int) -> None:
+    """Starts a new stage of `total_steps` steps: the progress bar and ETA restart."""
+    self.total_steps = total_steps
+    self._first_step = None
+
+  def progress(self, step: int, text: str) -> None:
+    """Redraws a one-line progress bar `[####....] step/total ETA` followed by `text`."""
+    if not self.enabled:
+      return
+    if self._first_step is None:
+      self._first_step, self._first_time = step - 1, time.time()
+    done = max(step - self._first_step, 1)
+    per_step = (time.time() - self._first_time) / done
+    eta = per_step * max(self.total_steps - step, 0)
+    width = 20
+    filled = int(width * step / max(self.total_steps, 1))
+    bar = "#" * filled + "." * (width - filled)
+    line = f"\r[{bar}] {step}/{self.total_steps} {per_step:.2f}s/step ETA {eta // 60:.0f}m{eta % 60:02.0f}s {text}"
+    sys.stderr.write(line[:200].ljust(120))
+    sys.stderr.flush()
+
+  def newline(self) -> None:
+    if self.enabled:
+      sys.stderr.write("\n")
+
+  def close(self) -> None:
+    if self._jsonl is not None:
+      self._jsonl.close()
+    if self._writer is not None:
+      self._writer.close()

@@ -1,0 +1,103 @@
+"""Jitted update steps: one optimiser step over a minibatch, with exact gradient accumulation.
+
+`make_train_step(objective, optimizer, num_micro_batches)` returns `step(state, batch) ->
+(state, metrics)`. The objective is a pure function `(params, micro_batch, totals) -> (loss,
+metrics)`; `totals` carries the minibatch's sequence and token counts so that the losses'
+aggregation weights, and so the accumulated gradient, equal those of the whole minibatch.
+"""
+
+import functools
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from grpo_jax import logprobs as logprobs_lib
+from grpo_jax import losses
+from grpo_jax.models import ModelConfig
+
+Params = Any
+Objective = Callable[[Params, Any, dict], tuple[jax.Array, dict]]
+# Metrics that are sums over micro-batches (the losses, with global normalisers); others are averaged.
+_ADDITIVE = ("loss", "pg_loss", "kl_loss")
+
+
+# optax >= 0.2.5 has optax.tree.norm; global_norm is its deprecated older name.
+_global_norm = optax.tree.norm if hasattr(optax, "tree") and hasattr(optax.tree, "norm") else optax.global_norm
+
+
+class TrainState(NamedTuple):
+  """What the optimiser updates: a pytree, checkpointed whole."""
+  step: jax.Array
+  params: Params
+  opt_state: optax.OptState
+
+
+def init_train_state(params: Params, optimizer: optax.GradientTransformation) -> TrainState:
+  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
+
+
+def _totals(loss_mask: jax.Array) -> dict:
+  mask = loss_mask.astype(jnp.float32)
+  return {"num_sequences": jnp.maximum(jnp.sum(jnp.any(loss_mask, axis=-1)), 1).astype(jnp.float32),
+          "num_tokens": jnp.maximum(jnp.sum(mask), 1.0)}
+
+
+def make_train_step(objective: Objective, optimizer: optax.GradientTransformation, num_micro_batches: int = 1,
+                    donate: bool = True):
+  """Builds the jitted `step(state, batch) -> (state, metrics)`.
+
+  The batch (a pytree of arrays with leading dimension N, including a `loss_mask`) is split
+  into `num_micro_batches` equal parts whose gradients are summed in a `lax.scan`; the sum is
+  the minibatch gradient because the objective normalises by the minibatch totals.
+  """
+
+  def step(state: TrainState, batch) -> tuple[TrainState, dict]:
+    totals = _totals(batch.loss_mask)
+    micro = jax.tree.map(lambda x: x.reshape(num_micro_batches, x.shape[0] // num_micro_batches, *x.shape[1:]),
+                         batch)
+    grad_fn = jax.value_and_grad(objective, has_aux=True)
+
+    def accumulate(grads, micro_batch):
+      (_, metrics), g = grad_fn(state.params, micro_batch, totals)
+      return jax.tree.map(jnp.add, grads, g), metrics
+
+    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    grads, metrics = jax.lax.scan(accumulate, zeros, micro)
+    metrics = {k: jnp.sum(v) if k in _ADDITIVE else jnp.mean(v) for k, v in metrics.items()}
+    metrics["grad_norm"] = _global_norm(grads)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    return TrainState(state.step + 1, params, opt_state), metrics
+
+  return jax.jit(step, donate_argnums=(0,) if donate else ())
+
+
+def _masked_mean(x, mask):
+  mask = mask.astype(jnp.float32)
+  return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def sft_objective(params: Params, batch, totals: dict, *, config: ModelConfig, chunk_size: int = 128):
+  """Token-mean negative log-likelihood of the target tokens (GC = 1 in the paradigm, §5.2.1)."""
+  logp = logprobs_lib.token_logprobs(params, config, batch.tokens, batch.attention_mask, chunk_size=chunk_size)
+  loss = losses.aggregate(-logp, batch.loss_mask, "token-mean", num_tokens=totals["num_tokens"])
+  return loss, {"loss": loss}
+
+
+def grpo_objective(params: Params, batch, totals: dict, *, config: ModelConfig, loss_kwargs: dict,
+                   use_reference: bool, chunk_size: int = 128):
+  """The GRPO loss (`losses.grpo_loss`) of a `Batch`, plus the policy's mean token entropy."""
+  logp, entropy = logprobs_lib.token_logprobs(params, config, batch.tokens, batch.attention_mask,
+                                              chunk_size=chunk_size, return_entropy=True)
+  loss, metrics = losses.grpo_loss(
+      logp, batch.old_logp, batch.ref_logp if use_reference else None, batch.advantages, batch.loss_mask,
+      num_sequences=totals["num_sequences"], num_tokens=totals["num_tokens"], **loss_kwargs)
+  metrics["entropy"] = jax.lax.stop_gradient(_masked_mean(entropy, batch.loss_mask))
+  return loss, metrics
+
+
+def bind(objective: Callable, **kwargs) -> Objective:
+  """Binds the static keyword arguments of an objective."""
+  return functools.partial(objective, **kwargs)

@@ -1,0 +1,100 @@
+"""End-to-end tests of the main job, `python -m experiments.grpo_math`, on tiny settings."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+from absl import flags
+import jax
+import numpy as np
+import pytest
+
+from experiments import grpo_math
+from grpo_jax import models
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TINY = ["--max_prompt_len=16", "--max_new_tokens=24", "--num_train=200", "--num_test=16", "--batch_size=4",
+        "--group_size=4", "--eval_batch_size=16", "--synthetic_digits=1", "--tensorboard=false"]
+
+
+def _run(work_dir, *args):
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(["grpo_math", f"--work_dir={work_dir}", *TINY, *args])
+  return grpo_math.run()
+
+
+def _params(path):
+  params, _ = models.load_hf(path)
+  return params
+
+
+def test_smoke_sft_then_grpo(tmp_path):
+  summary = _run(tmp_path, "--sft_steps=10", "--steps=3", "--eval_every=2", "--eval_samples=2")
+  assert set(summary) >= {"start_accuracy", "final_accuracy", "final_format_rate"}
+  records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  train = [r for r in records if "train/reward_mean" in r]
+  assert [r["step"] for r in train] == [1, 2, 3]
+  for key in ("train/kl", "train/clip_frac_low", "train/clip_frac_high", "train/entropy", "train/response_length",
+              "train/zero_variance_groups", "train/tokens_per_s", "train/time_sampling", "train/time_scoring",
+              "train/time_update", "train/grad_norm"):
+    assert np.isfinite(train[-1][key]), key
+  evals = [r for r in records if "eval/accuracy" in r]
+  assert [r["step"] for r in evals] == [0, 2, 3] and "eval/maj@2" in evals[-1] and "eval/pass@2" in evals[-1]
+  # The start policy is the SFT policy (trained, so it differs from the random base), the final one moved on.
+  base, sft, final = (_params(tmp_path / d) for d in ("base_model", "sft_policy", "final_policy"))
+  assert not np.allclose(base["embed"]["embedding"], sft["embed"]["embedding"])
+  assert not np.allclose(sft["embed"]["embedding"], final["embed"]["embedding"])
+  assert (tmp_path / "checkpoints" / "3").is_dir()
+
+
+def test_resume_is_exact(tmp_path):
+  common = ["--sft_steps=0", "--steps=4", "--save_every=2", "--eval_every=0", "--beta=0.1", "--num_epochs=2",
+            "--minibatch_size=8", "--dynamic_sampling", "--learning_rate=1e-3"]
+  _run(tmp_path / "straight", *common)
+  _run(tmp_path / "stopped", *common, "--stop_after=2")
+  assert not (tmp_path / "stopped" / "final_policy").exists()
+  _run(tmp_path / "stopped", *common, "--resume")
+  straight, resumed = _params(tmp_path / "straight" / "final_policy"), _params(tmp_path / "stopped" / "final_policy")
+  jax.tree.map(np.testing.assert_array_equal, straight, resumed)
+  base = _params(tmp_path / "straight" / "base_model")
+  assert not np.array_equal(base["embed"]["embedding"], straight["embed"]["embedding"])
+
+
+def _cli(*args, cwd):
+  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+  return subprocess.run([sys.executable, "-m", "experiments.grpo_math", *args], cwd=cwd, env=env,
+                        capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--group_size=1"], "--group_size must be >= 2"),
+    (["--epsilon=0"], "--epsilon must be > 0"),
+    (["--task=gsm8k"], "--task=gsm8k needs --train_file"),
+    (["--task=gsm8k", "--train_file=nope.jsonl", "--test_file=nope.jsonl"], "nope.jsonl"),
+    (["--resume"], "--resume: no checkpoint in"),
+    (["--model=/does/not/exist"], "checkpoint directory does not exist: /does/not/exist"),
+])
+def test_bad_input_is_one_clear_line(tmp_path, args, message):
+  result = _cli(f"--work_dir={tmp_path / 'run'}", *args, cwd=tmp_path)
+  assert result.returncode != 0
+  assert message in result.stderr, result.stderr[-2000:]
+  assert "Traceback" not in result.stderr
+
+
+def test_malformed_jsonl_names_the_line(tmp_path):
+  good = json.dumps({"question": "1+1?", "answer": "1+1=2\n#### 2"})
+  (tmp_path / "train.jsonl").write_text(good + "\n" + "{not json\n")
+  result = _cli(f"--work_dir={tmp_path / 'run'}", "--task=gsm8k", f"--train_file={tmp_path / 'train.jsonl'}",
+                f"--test_file={tmp_path / 'train.jsonl'}", cwd=tmp_path)
+  assert result.returncode != 0
+  assert "train.jsonl:2" in result.stderr, result.stderr[-2000:]
+
+
+def test_existing_checkpoints_are_never_overwritten(tmp_path):
+  _run(tmp_path, "--sft_steps=0", "--steps=1", "--eval_every=0")
+  before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+  with pytest.raises(grpo_math.RunError, match="already holds checkpoints"):
+    _run(tmp_path, "--sft_steps=0", "--steps=1", "--eval_every=0")
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before

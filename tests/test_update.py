@@ -1,0 +1,81 @@
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from grpo_jax import models
+from grpo_jax import training
+from grpo_jax.training import update as update_lib
+
+
+@pytest.fixture(scope="module")
+def model():
+  config = models.tiny_config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                              num_key_value_heads=1)
+  return models.init_params(config, jax.random.key(0)), config
+
+
+def _batch(config, n=8, length=12):
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(5, config.vocab_size, (n, length)).astype(np.int32)
+  attention = np.ones((n, length), bool)
+  attention[:, :3] = rng.random((n, 3)) > 0.5  # some left padding
+  attention[:, 3] = True
+  loss_mask = np.zeros((n, length), bool)
+  ends = rng.integers(5, length + 1, n)
+  for i, e in enumerate(ends):
+    loss_mask[i, 4:e] = True
+    attention[i, e:] = False
+  old = -rng.uniform(1, 4, (n, length)).astype(np.float32) * loss_mask
+  ref = old + 0.1 * rng.normal(size=(n, length)).astype(np.float32) * loss_mask
+  adv = np.repeat(rng.normal(size=(n, 1)), length, 1).astype(np.float32) * loss_mask
+  return training.Batch(*map(jnp.asarray, (tokens, attention, loss_mask, old, ref, adv)))
+
+
+@pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "token-mean"])
+def test_gradient_accumulation_is_exact(model, aggregation):
+  params, config = model
+  batch = _batch(config)
+  objective = update_lib.bind(training.grpo_objective, config=config, use_reference=True, chunk_size=5, loss_kwargs=dict(
+      epsilon=0.2, beta=0.04, aggregation=aggregation))
+  optimizer = optax.sgd(1.0)
+  results = []
+  for micro in (1, 2, 4):
+    step = training.make_train_step(objective, optimizer, num_micro_batches=micro, donate=False)
+    state, metrics = step(training.init_train_state(params, optimizer), batch)
+    results.append((state.params, metrics))
+  for other, metrics in results[1:]:
+    jax.tree.map(functools.partial(np.testing.assert_allclose, atol=1e-6), other, results[0][0])
+    np.testing.assert_allclose(metrics["loss"], results[0][1]["loss"], rtol=1e-5)
+  assert int(state.step) == 1
+
+
+def test_sgd_step_moves_params_by_minus_lr_times_gradient(model):
+  params, config = model
+  batch = _batch(config)
+  objective = update_lib.bind(training.sft_objective, config=config, chunk_size=4)
+  step = training.make_train_step(objective, optax.sgd(0.5), donate=False)
+  state, metrics = step(training.init_train_state(params, optax.sgd(0.5)), batch)
+  totals = update_lib._totals(batch.loss_mask)  # pylint: disable=protected-access
+  (loss, _), grads = jax.value_and_grad(objective, has_aux=True)(params, batch, totals)
+  np.testing.assert_allclose(metrics["loss"], loss, rtol=1e-6)
+  expected = jax.tree.map(lambda p, g: p - 0.5 * g, params, grads)
+  jax.tree.map(functools.partial(np.testing.assert_allclose, atol=1e-6), state.params, expected)
+  # The SFT loss is the mean negative log-likelihood of the target tokens.
+  assert 0 < float(loss) < 2 * np.log(config.vocab_size)
+
+
+def test_grpo_objective_at_ratio_one_has_no_clipping(model):
+  params, config = model
+  batch = _batch(config)
+  from grpo_jax import logprobs
+  logp = logprobs.token_logprobs(params, config, batch.tokens, batch.attention_mask) * batch.loss_mask
+  batch = batch._replace(old_logp=logp)
+  _, metrics = training.grpo_objective(params, batch, update_lib._totals(batch.loss_mask), config=config,  # pylint: disable=protected-access
+                                       loss_kwargs=dict(epsilon=0.2, beta=0.0), use_reference=False)
+  np.testing.assert_allclose(metrics["ratio_mean"], 1.0, atol=1e-5)
+  assert float(metrics["clip_frac"]) == 0.0
+  assert float(metrics["entropy"]) > 0.0
