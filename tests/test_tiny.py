@@ -19,6 +19,13 @@ def test_build_default_checkpoint_loads_everywhere(tmp_path):
   assert 50_000 < sum(x.size for x in jax.tree.leaves(params)) < 5_000_000
   tok = models.load_tokenizer(path)
   assert tok.eos_token_id in config.eos_token_ids and tok.pad_token_id == config.pad_token_id
+  # Plain AutoTokenizer picks Qwen2Tokenizer from config.json (transformers 5) and must agree.
+  auto = transformers.AutoTokenizer.from_pretrained(path)
+  text = "Hi there,\n  x = 1 + 2 <|im_end|>!"
+  assert auto(text)["input_ids"] == tok(text)["input_ids"]
+  assert len(tok(text)["input_ids"]) == len(text) - len("<|im_end|>") + 1
+  assert auto.decode(auto(text)["input_ids"]) == text
+  assert (auto.eos_token_id, auto.pad_token_id) == (tok.eos_token_id, tok.pad_token_id)
   # Same weights as init_params with the seed, and transformers reads the same model.
   ref = models.init_params(config, jax.random.key(3))
   np.testing.assert_array_equal(params["layers_1"]["mlp"]["up_proj"]["kernel"],

@@ -29,14 +29,14 @@ def test_one_token_per_character_and_exact_round_trip(tok):
   assert len(ids) == len(text)  # No BOS, no merges.
   assert ids[:3] == [5, 6, 7]  # ' ', '!', '"' after the 5 special tokens.
   assert tok.decode(ids) == text
-  assert tok.convert_ids_to_tokens(tok("A\n")["input_ids"]) == ["A", "\n"]
+  assert tok.convert_ids_to_tokens(tok("A \n")["input_ids"]) == ["A", "Ġ", "Ċ"]  # Byte-level symbols.
 
 
 def test_special_tokens_and_unknown_characters(tok):
   ids = tok("a<|im_end|>b")["input_ids"]
   assert ids == [tok.convert_tokens_to_ids("a"), 3, tok.convert_tokens_to_ids("b")]
   assert tok.decode(ids, skip_special_tokens=True) == "ab"
-  assert tok("é")["input_ids"] == [tok.convert_tokens_to_ids("<|unk|>")]
+  assert set(tok("é")["input_ids"]) == {tok.convert_tokens_to_ids("<|unk|>")}  # Non-ASCII: unknown bytes.
   assert set(string.ascii_letters) <= set(tk.char_vocab())
 
 

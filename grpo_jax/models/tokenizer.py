@@ -6,7 +6,7 @@ import string
 
 import tokenizers
 import transformers
-from tokenizers import decoders, models
+from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from grpo_jax.models.config import CheckpointError
 
@@ -46,21 +46,45 @@ def load_tokenizer(path: str | pathlib.Path) -> transformers.PreTrainedTokenizer
   return transformers.AutoTokenizer.from_pretrained(str(path))
 
 
+def _bytes_to_unicode() -> dict[int, str]:
+  """GPT-2's byte -> printable symbol map used by byte-level BPE (space -> 'Ġ', newline -> 'Ċ')."""
+  keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+  symbols, extra = {}, 0
+  for b in range(256):
+    if b in keep:
+      symbols[b] = chr(b)
+    else:
+      symbols[b] = chr(256 + extra)
+      extra += 1
+  return symbols
+
+
 def char_vocab() -> dict[str, int]:
-  """Token -> id: the special tokens first (pad = 0, eos = 1), then one id per character."""
-  return {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARACTERS)}
+  """Token -> id: the special tokens first (pad = 0, eos = 1), then one id per character.
+
+  Characters are stored under their byte-level symbols (' ' is 'Ġ', '\n' is 'Ċ'),
+  the representation of Qwen2/Llama 3 tokenizers.
+  """
+  symbols = _bytes_to_unicode()
+  tokens = SPECIAL_TOKENS + tuple(symbols[ord(c)] for c in CHARACTERS)
+  return {tok: i for i, tok in enumerate(tokens)}
 
 
 def build_char_tokenizer() -> tokenizers.Tokenizer:
   """A character-level `tokenizers.Tokenizer`: one token per character, no BOS, exact round trip.
 
-  A BPE model without merges and without pre-tokenizer splits text into single
-  characters; characters outside the vocabulary map to `<|unk|>`. The special
-  tokens are added tokens, so `<|im_end|>` in text is one token.
+  A byte-level BPE without merges: every ASCII character is one token, a byte
+  outside the vocabulary maps to `<|unk|>`. It is the pipeline that
+  transformers' Qwen2Tokenizer rebuilds (NFC, byte-level pre-tokenizer and
+  decoder), so `AutoTokenizer.from_pretrained` on a checkpoint whose config.json
+  says qwen2 tokenizes identically. The special tokens are added tokens, so
+  `<|im_end|>` in text is one token.
   """
   tok = tokenizers.Tokenizer(models.BPE(vocab=char_vocab(), merges=[], unk_token=UNK, fuse_unk=False))
+  tok.normalizer = normalizers.NFC()
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+  tok.decoder = decoders.ByteLevel()
   tok.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
-  tok.decoder = decoders.Fuse()
   return tok
 
 
