@@ -42,6 +42,8 @@ flags.DEFINE_string("model", "", "Hugging Face checkpoint directory (Qwen2/2.5, 
                     "Empty: the embedded tiny model, built in <work_dir>/base_model and warm-started by SFT.")
 flags.DEFINE_string("init_checkpoint", "", "HF-format directory with the starting policy (skips SFT), "
                     "e.g. a previous run's sft_policy or final_policy.")
+flags.DEFINE_integer("tiny_layers", 4, "Embedded default model: decoder layers.")
+flags.DEFINE_integer("tiny_hidden_size", 128, "Embedded default model: hidden size (the MLP is 3x).")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute and parameter dtype.")
 flags.DEFINE_bool("remat", False, "Rematerialise each layer in the backward pass (saves memory).")
 flags.DEFINE_enum("task", "synthetic", ["synthetic", "gsm8k", "math"], "The task.")
@@ -92,7 +94,8 @@ flags.DEFINE_bool("dynamic_sampling", False, "DAPO dynamic sampling: drop groups
 flags.DEFINE_integer("dynamic_sampling_max_rounds", 4, "Most sampling rounds per step with dynamic sampling.")
 flags.DEFINE_integer("overlong_buffer", 0, "DAPO overlong shaping: L_cache tokens before max_new_tokens (0: off).")
 flags.DEFINE_bool("mask_truncated", False, "Leave completions that hit max_new_tokens out of the loss.")
-flags.DEFINE_float("temperature", 1.0, "Sampling temperature of the rollouts.")
+flags.DEFINE_float("temperature", 1.0, "Sampling temperature of the rollouts; the policy trained is "
+                   "softmax(logits / temperature), so old, reference and new log-probs all use it.")
 flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass of the rollouts.")
 flags.DEFINE_integer("top_k", 0, "Top-k of the rollouts (0: off).")
 flags.DEFINE_bool("recompute_old_logprobs", False, "Recompute π_old with a training forward instead of using "
@@ -115,7 +118,7 @@ FLAGS = flags.FLAGS
 
 
 def _validators():
-  positive = ["num_train", "num_test", "max_prompt_len", "max_new_tokens", "batch_size", "num_epochs",
+  positive = ["tiny_layers", "tiny_hidden_size", "num_train", "num_test", "max_prompt_len", "max_new_tokens", "batch_size", "num_epochs",
               "grad_accum_steps", "eval_batch_size", "keep_checkpoints", "dynamic_sampling_max_rounds"]
   for name in positive:
     flags.register_validator(name, lambda v: v is not None and v >= 1, message=f"--{name} must be >= 1")
@@ -356,13 +359,17 @@ def run_grpo(policy, reference, config, task: Task, logger, ckpt: training.Check
   loss_kwargs = dict(epsilon=FLAGS.epsilon, epsilon_high=FLAGS.epsilon_high, beta=FLAGS.beta, kl=FLAGS.kl,
                      aggregation=FLAGS.loss_aggregation, importance=FLAGS.importance, dual_clip=FLAGS.dual_clip,
                      max_len=FLAGS.max_new_tokens)
+  # The policy trained is the sampling distribution π ∝ exp(logits / T): old, reference and new log-probs
+  # all use T. At T = 1 the sampler's own log-probs are π_old; otherwise they are recomputed.
+  temperature = FLAGS.temperature
   objective = update_lib.bind(training.grpo_objective, config=config, loss_kwargs=loss_kwargs,
-                             use_reference=FLAGS.beta > 0, chunk_size=FLAGS.logprob_chunk)
+                              use_reference=FLAGS.beta > 0, chunk_size=FLAGS.logprob_chunk, temperature=temperature)
   train_step = training.make_train_step(objective, optimizer, FLAGS.grad_accum_steps)
   ref_logprobs = jax.jit(lambda tokens, mask: logprobs_lib.token_logprobs(
-      reference, config, tokens, mask, chunk_size=FLAGS.logprob_chunk))
+      reference, config, tokens, mask, chunk_size=FLAGS.logprob_chunk, temperature=temperature))
   old_logprobs = jax.jit(lambda params, tokens, mask: logprobs_lib.token_logprobs(
-      params, config, tokens, mask, chunk_size=FLAGS.logprob_chunk))
+      params, config, tokens, mask, chunk_size=FLAGS.logprob_chunk, temperature=temperature))
+  recompute_old = FLAGS.recompute_old_logprobs or temperature != 1.0
   collector = Collector(config, task, ref_logprobs)
   logger.start(FLAGS.steps)
 
@@ -370,7 +377,7 @@ def run_grpo(policy, reference, config, task: Task, logger, ckpt: training.Check
     step_key = jax.random.fold_in(key, step)
     # COLLECT: π_old is the current policy
     batch, stats, position = collector.collect(state.params, position, step_key)
-    if FLAGS.recompute_old_logprobs:
+    if recompute_old:
       batch = batch._replace(old_logp=old_logprobs(state.params, batch.tokens, batch.attention_mask)
                              * batch.loss_mask)
     # UPDATE: μ epochs over shuffled minibatches
@@ -411,6 +418,11 @@ def run_grpo(policy, reference, config, task: Task, logger, ckpt: training.Check
 # MAIN
 
 
+def _tiny_overrides() -> dict:
+  return dict(num_hidden_layers=FLAGS.tiny_layers, hidden_size=FLAGS.tiny_hidden_size,
+              intermediate_size=3 * FLAGS.tiny_hidden_size)
+
+
 def _load_policy(work_dir: pathlib.Path):
   """(params, config, tokenizer, needs_sft) of the starting policy."""
   runtime = dict(dtype=FLAGS.dtype, param_dtype=FLAGS.dtype, remat=FLAGS.remat)
@@ -422,9 +434,10 @@ def _load_policy(work_dir: pathlib.Path):
   elif (sft_dir / "model.safetensors").is_file() or FLAGS.sft_steps == 0:
     path, needs_sft = (sft_dir if (sft_dir / "model.safetensors").is_file() else work_dir / "base_model"), False
     if path.name == "base_model":
-      models.build_default_checkpoint(path, seed=FLAGS.seed)
+      models.build_default_checkpoint(path, seed=FLAGS.seed, **_tiny_overrides())
   else:
-    path, needs_sft = models.build_default_checkpoint(work_dir / "base_model", seed=FLAGS.seed), True
+    path, needs_sft = models.build_default_checkpoint(work_dir / "base_model", seed=FLAGS.seed,
+                                                      **_tiny_overrides()), True
   params, config = models.load_hf(path, **runtime)
   return params, config, models.load_tokenizer(path), needs_sft, path
 

@@ -72,6 +72,14 @@ def test_clip_fractions():
   np.testing.assert_allclose(stats["ratio_max"], 1.5, rtol=1e-6)
 
 
+def test_clip_fractions_of_an_all_padding_batch_are_finite():
+  stats = losses.clip_fractions(LOGP, OLD, ADV, jnp.zeros((1, 4), bool), 0.2)
+  for name, value in stats.items():
+    assert jnp.isfinite(value), name
+  np.testing.assert_allclose(stats["ratio_min"], 1.0)
+  np.testing.assert_allclose(stats["clip_frac"], 0.0)
+
+
 def test_vmap_and_bfloat16():
   stacked = jnp.stack([LOGP, LOGP + 0.1])
   out = jax.vmap(lambda lp: losses.clipped_surrogate(lp, OLD, ADV, MASK, 0.2))(stacked)

@@ -92,7 +92,7 @@ def clip_fractions(
   """Fractions of masked-in tokens whose gradient the clip removes.
 
   "clip_frac_low": ρ < 1 − ε_low with A < 0; "clip_frac_high": ρ > 1 + ε_high with A > 0;
-  "clip_frac": either. Also the mean, min and max of ρ over masked-in tokens.
+  "clip_frac": either. Also the mean, min and max of ρ over masked-in tokens (1 when there are none).
   """
   eps_high = eps_low if eps_high is None else eps_high
   log_ratio = jax.lax.stop_gradient(log_importance_ratios(logp, old_logp, mask, importance))
@@ -103,11 +103,12 @@ def clip_fractions(
   low = ((ratio < 1.0 - eps_low) & (adv < 0)).astype(jnp.float32) * m
   high = ((ratio > 1.0 + eps_high) & (adv > 0)).astype(jnp.float32) * m
   valid = m > 0
+  any_valid = jnp.any(valid)  # an all-padding minibatch reports ratio 1, not ±inf
   return {
       "clip_frac_low": jnp.sum(low) / count,
       "clip_frac_high": jnp.sum(high) / count,
       "clip_frac": jnp.sum(low + high) / count,
       "ratio_mean": jnp.sum(ratio * m) / count,
-      "ratio_min": jnp.min(jnp.where(valid, ratio, jnp.inf)),
-      "ratio_max": jnp.max(jnp.where(valid, ratio, -jnp.inf)),
+      "ratio_min": jnp.where(any_valid, jnp.min(jnp.where(valid, ratio, jnp.inf)), 1.0),
+      "ratio_max": jnp.where(any_valid, jnp.max(jnp.where(valid, ratio, -jnp.inf)), 1.0),
   }

@@ -87,10 +87,14 @@ def sft_objective(params: Params, batch, totals: dict, *, config: ModelConfig, c
 
 
 def grpo_objective(params: Params, batch, totals: dict, *, config: ModelConfig, loss_kwargs: dict,
-                   use_reference: bool, chunk_size: int = 128):
-  """The GRPO loss (`losses.grpo_loss`) of a `Batch`, plus the policy's mean token entropy."""
+                   use_reference: bool, chunk_size: int = 128, temperature: float = 1.0):
+  """The GRPO loss (`losses.grpo_loss`) of a `Batch`, plus the policy's mean token entropy.
+
+  The policy is π(·) ∝ exp(logits / temperature), the distribution the rollouts were sampled from, so
+  `batch.old_logp` and `batch.ref_logp` must be log-probs at the same temperature.
+  """
   logp, entropy = logprobs_lib.token_logprobs(params, config, batch.tokens, batch.attention_mask,
-                                              chunk_size=chunk_size, return_entropy=True)
+                                              chunk_size=chunk_size, return_entropy=True, temperature=temperature)
   loss, metrics = losses.grpo_loss(
       logp, batch.old_logp, batch.ref_logp if use_reference else None, batch.advantages, batch.loss_mask,
       num_sequences=totals["num_sequences"], num_tokens=totals["num_tokens"], **loss_kwargs)
