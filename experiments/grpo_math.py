@@ -63,6 +63,8 @@ flags.DEFINE_string("reward", "correctness:1.0", "Reward spec 'name:weight,...' 
                     "arithmetic_format, boxed_format, step_correctness).")
 
 # STAGE 1: SFT
+flags.DEFINE_integer("sft_examples", 2000, "SFT demonstrations: the first N training problems, with solutions; "
+                     "GRPO draws its prompts from the other problems (it needs answers only). 0: all.")
 flags.DEFINE_integer("sft_steps", 1000, "SFT steps of the warm start (embedded default only; 0 skips).")
 flags.DEFINE_integer("sft_batch_size", 64, "SFT sequences per step.")
 flags.DEFINE_float("sft_learning_rate", 3e-3, "SFT peak learning rate (cosine decay).")
@@ -122,7 +124,7 @@ def _validators():
               "grad_accum_steps", "eval_batch_size", "keep_checkpoints", "dynamic_sampling_max_rounds"]
   for name in positive:
     flags.register_validator(name, lambda v: v is not None and v >= 1, message=f"--{name} must be >= 1")
-  for name in ["steps", "sft_steps", "eval_every", "save_every", "minibatch_size", "overlong_buffer",
+  for name in ["steps", "sft_steps", "sft_examples", "eval_every", "save_every", "minibatch_size", "overlong_buffer",
                "eval_samples", "stop_after", "top_k"]:
     flags.register_validator(name, lambda v: v >= 0, message=f"--{name} must be >= 0")
   flags.register_validator("group_size", lambda v: v >= 2, message="--group_size must be >= 2 (GRPO compares "
@@ -174,6 +176,10 @@ class Task:
       template = "chat" if FLAGS.task != "synthetic" and getattr(tokenizer, "chat_template", None) else "plain"
     self.template = template
     self.tokenizer = tokenizer
+    # SFT needs worked solutions, RL only answers: split the pool so GRPO trains on problems SFT never saw.
+    split = FLAGS.sft_examples if 0 < FLAGS.sft_examples < len(self.train) else 0
+    self.sft_pool = self.train[:split] if split else self.train
+    self.rl_pool = self.train[split:]
     self.reward_fn = rewards_lib.make_reward_fn(FLAGS.reward)
     self.is_formatted = (rewards_lib.has_final_answer_format if FLAGS.task != "math"
                          else lambda c: rewards_lib.extract_boxed(c) is not None)
@@ -190,9 +196,9 @@ class Task:
 
   def train_example(self, position: int) -> data.Example:
     """The example at a position of the endless, per-epoch shuffled training order."""
-    epoch, index = divmod(position, len(self.train))
-    order = np.random.default_rng([FLAGS.seed, epoch]).permutation(len(self.train))
-    return self.train[order[index]]
+    epoch, index = divmod(position, len(self.rl_pool))
+    order = np.random.default_rng([FLAGS.seed, epoch]).permutation(len(self.rl_pool))
+    return self.rl_pool[order[index]]
 
 
 # EVALUATION
@@ -223,7 +229,7 @@ def supervised_warm_start(params, config, task: Task, logger) -> object:
   """Fine-tunes on the task's reference solutions (the SFT of DeepSeekMath's paradigm, GC = 1)."""
   tok = task.tokenizer
   eos = tok.eos_token_id
-  examples = [e for e in task.train if e.solution]
+  examples = [e for e in task.sft_pool if e.solution]
   if not examples:
     raise RunError("SFT needs reference solutions, and the training set has none; pass --sft_steps=0")
   optimizer = training.make_optimizer(FLAGS.sft_learning_rate, warmup_steps=min(50, FLAGS.sft_steps // 10),
