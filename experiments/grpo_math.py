@@ -53,27 +53,29 @@ flags.DEFINE_integer("num_train", 20000, "Synthetic task: training problems in t
 flags.DEFINE_integer("num_test", 500, "Held-out problems to evaluate on (all of test_file if larger).")
 flags.DEFINE_integer("synthetic_min_steps", 2, "Synthetic task: fewest operations per problem.")
 flags.DEFINE_integer("synthetic_max_steps", 3, "Synthetic task: most operations per problem.")
-flags.DEFINE_integer("synthetic_digits", 2, "Synthetic task: digits of + and - operands.")
+flags.DEFINE_integer("synthetic_digits", 1, "Synthetic task: digits of + and - operands.")
 flags.DEFINE_string("synthetic_ops", "+-*", "Synthetic task: operations.")
 flags.DEFINE_enum("prompt_template", "auto", ["auto", "plain", "chat"],
                   "auto: chat template for real datasets when the tokenizer has one, else plain text.")
-flags.DEFINE_integer("max_prompt_len", 32, "Prompt tokens (longer prompts are cut from the left).")
-flags.DEFINE_integer("max_new_tokens", 48, "Completion budget in tokens.")
+flags.DEFINE_integer("max_prompt_len", 16, "Prompt tokens (longer prompts are cut from the left).")
+flags.DEFINE_integer("max_new_tokens", 40, "Completion budget in tokens.")
 flags.DEFINE_string("reward", "correctness:1.0", "Reward spec 'name:weight,...' (correctness, format, "
                     "arithmetic_format, boxed_format, step_correctness).")
 
 # STAGE 1: SFT
 flags.DEFINE_integer("sft_examples", 2000, "SFT demonstrations: the first N training problems, with solutions; "
                      "GRPO draws its prompts from the other problems (it needs answers only). 0: all.")
-flags.DEFINE_integer("sft_steps", 1000, "SFT steps of the warm start (embedded default only; 0 skips).")
-flags.DEFINE_integer("sft_batch_size", 64, "SFT sequences per step.")
+flags.DEFINE_integer("sft_steps", 600, "SFT steps of the warm start (embedded default only; 0 skips).")
+flags.DEFINE_integer("sft_batch_size", 32, "SFT sequences per step.")
 flags.DEFINE_float("sft_learning_rate", 3e-3, "SFT peak learning rate (cosine decay).")
 
 # STAGE 2: GRPO
-flags.DEFINE_integer("steps", 120, "GRPO steps (each: sample, score, μ epochs of updates).")
+flags.DEFINE_integer("steps", 200, "GRPO steps (each: sample, score, μ epochs of updates).")
 flags.DEFINE_integer("batch_size", 32, "Prompts per GRPO step (B).")
 flags.DEFINE_integer("group_size", 8, "Samples per prompt (G).")
-flags.DEFINE_float("learning_rate", 2e-4, "GRPO peak learning rate.")
+flags.DEFINE_float("learning_rate", 3e-4, "GRPO peak learning rate.")
+flags.DEFINE_enum("lr_schedule", "cosine", ["constant", "cosine"], "After warm-up: constant, or cosine decay "
+                  "to 10% over the run's optimiser steps.")
 flags.DEFINE_integer("warmup_steps", 5, "Linear warm-up of the learning rate, in optimiser steps.")
 flags.DEFINE_float("weight_decay", 0.0, "AdamW weight decay.")
 flags.DEFINE_float("max_grad_norm", 1.0, "Global-norm gradient clipping (0: off).")
@@ -96,7 +98,7 @@ flags.DEFINE_bool("dynamic_sampling", False, "DAPO dynamic sampling: drop groups
 flags.DEFINE_integer("dynamic_sampling_max_rounds", 4, "Most sampling rounds per step with dynamic sampling.")
 flags.DEFINE_integer("overlong_buffer", 0, "DAPO overlong shaping: L_cache tokens before max_new_tokens (0: off).")
 flags.DEFINE_bool("mask_truncated", False, "Leave completions that hit max_new_tokens out of the loss.")
-flags.DEFINE_float("temperature", 1.0, "Sampling temperature of the rollouts; the policy trained is "
+flags.DEFINE_float("temperature", 0.7, "Sampling temperature of the rollouts; the policy trained is "
                    "softmax(logits / temperature), so old, reference and new log-probs all use it.")
 flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass of the rollouts.")
 flags.DEFINE_integer("top_k", 0, "Top-k of the rollouts (0: off).")
@@ -105,11 +107,11 @@ flags.DEFINE_bool("recompute_old_logprobs", False, "Recompute π_old with a trai
 flags.DEFINE_integer("logprob_chunk", 128, "Sequence chunk of the memory-lean log-prob computation.")
 
 # EVALUATION, LOGGING, CHECKPOINTS
-flags.DEFINE_integer("eval_every", 40, "Evaluate every N GRPO steps (0: only before and after).")
+flags.DEFINE_integer("eval_every", 100, "Evaluate every N GRPO steps (0: only before and after).")
 flags.DEFINE_integer("eval_batch_size", 250, "Prompts per evaluation batch.")
 flags.DEFINE_integer("eval_samples", 0, "k > 0: also sample k completions per problem for maj@k and pass@k.")
 flags.DEFINE_float("eval_temperature", 0.7, "Temperature of the maj@k / pass@k samples.")
-flags.DEFINE_integer("save_every", 40, "Checkpoint every N GRPO steps.")
+flags.DEFINE_integer("save_every", 50, "Checkpoint every N GRPO steps.")
 flags.DEFINE_integer("keep_checkpoints", 2, "Checkpoints to keep.")
 flags.DEFINE_bool("resume", False, "Continue from the latest checkpoint in work_dir.")
 flags.DEFINE_integer("stop_after", 0, "Stop (as if interrupted) after this GRPO step, after saving; 0: off.")
@@ -266,8 +268,8 @@ def _check_finite(values: dict, where: str):
 class Collector:
   """Samples B groups of G completions, scores them, and builds the training `Batch`."""
 
-  def __init__(self, config, task: Task, ref_logprobs):
-    self.config, self.task, self.ref_logprobs = config, task, ref_logprobs
+  def __init__(self, config, task: Task, ref_logprobs, old_logprobs=None):
+    self.config, self.task, self.ref_logprobs, self.old_logprobs = config, task, ref_logprobs, old_logprobs
 
   def _sample_round(self, params, position, key):
     task, tok = self.task, self.task.tokenizer
@@ -324,9 +326,11 @@ class Collector:
                                          eps=FLAGS.advantage_eps).reshape(-1)
     tokens, attention = logprobs_lib.sequences_from_samples(samples)
     zeros = jnp.zeros(samples.tokens.shape, jnp.float32)
-    ref_logp = self.ref_logprobs(tokens, attention)[:, -samples.tokens.shape[1]:] if FLAGS.beta > 0 else zeros
-    batch = training.batch_from_samples(samples, jnp.asarray(loss_mask), jnp.asarray(samples.logprobs), ref_logp,
-                                        advantages)
+    completion = slice(tokens.shape[1] - samples.tokens.shape[1], None)
+    ref_logp = self.ref_logprobs(tokens, attention)[:, completion] if FLAGS.beta > 0 else zeros
+    old_logp = (self.old_logprobs(params, tokens, attention)[:, completion] if self.old_logprobs is not None
+                else jnp.asarray(samples.logprobs))
+    batch = training.batch_from_samples(samples, jnp.asarray(loss_mask), old_logp, ref_logp, advantages)
     jax.block_until_ready(batch)
     score_time += time.time() - t1
     groups = rewards.reshape(b, g)
@@ -352,6 +356,7 @@ def run_grpo(policy, reference, config, task: Task, logger, ckpt: training.Check
                    f"by --grad_accum_steps={FLAGS.grad_accum_steps}")
   updates_per_step = FLAGS.num_epochs * total // minibatch
   optimizer = training.make_optimizer(FLAGS.learning_rate, warmup_steps=FLAGS.warmup_steps,
+                                      total_steps=FLAGS.steps * updates_per_step, schedule=FLAGS.lr_schedule,
                                       max_grad_norm=FLAGS.max_grad_norm or None)
   state = training.init_train_state(policy, optimizer)
   key = jax.random.PRNGKey(FLAGS.seed)
@@ -376,16 +381,13 @@ def run_grpo(policy, reference, config, task: Task, logger, ckpt: training.Check
   old_logprobs = jax.jit(lambda params, tokens, mask: logprobs_lib.token_logprobs(
       params, config, tokens, mask, chunk_size=FLAGS.logprob_chunk, temperature=temperature))
   recompute_old = FLAGS.recompute_old_logprobs or temperature != 1.0
-  collector = Collector(config, task, ref_logprobs)
+  collector = Collector(config, task, ref_logprobs, old_logprobs if recompute_old else None)
   logger.start(FLAGS.steps)
 
   for step in range(start + 1, FLAGS.steps + 1):
     step_key = jax.random.fold_in(key, step)
     # COLLECT: π_old is the current policy
     batch, stats, position = collector.collect(state.params, position, step_key)
-    if recompute_old:
-      batch = batch._replace(old_logp=old_logprobs(state.params, batch.tokens, batch.attention_mask)
-                             * batch.loss_mask)
     # UPDATE: μ epochs over shuffled minibatches
     t0 = time.time()
     step_metrics = []

@@ -99,3 +99,33 @@ def test_existing_checkpoints_are_never_overwritten(tmp_path):
   with pytest.raises(grpo_math.RunError, match="already holds checkpoints"):
     _run(tmp_path, "--sft_steps=0", "--steps=1", "--eval_every=0")
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
+
+
+def test_hf_checkpoint_on_gsm8k_jsonl_with_chat_template(tmp_path):
+  model_dir = models.build_default_checkpoint(tmp_path / "hf_model", seed=3, num_hidden_layers=1)
+  records = [{"question": f"Tom has {a} apples and buys {b} more. How many now?",
+              "answer": f"{a}+{b}=<<{a}+{b}={a + b}>>{a + b}\n#### {a + b}"} for a, b in [(2, 3), (4, 5), (1, 7), (6, 2)]]
+  jsonl = tmp_path / "gsm8k.jsonl"
+  jsonl.write_text("".join(json.dumps(r) + "\n" for r in records))
+  summary = _run(tmp_path / "run", f"--model={model_dir}", "--task=gsm8k", f"--train_file={jsonl}",
+                 f"--test_file={jsonl}", "--prompt_template=chat", "--max_prompt_len=96", "--steps=2",
+                 "--eval_every=0", "--reward=correctness:1.0,format:0.1", "--overlong_buffer=8", "--dtype=bfloat16")
+  assert summary["num_eval_problems"] == 4
+  assert not (tmp_path / "run" / "sft_policy").exists()  # an HF model skips the SFT warm start
+  final = _params(tmp_path / "run" / "final_policy")
+  assert final["embed"]["embedding"].shape == _params(model_dir)["embed"]["embedding"].shape
+  tokenizer = models.load_tokenizer(tmp_path / "run" / "final_policy")
+  assert tokenizer.decode(tokenizer.encode("12 + 3\n", add_special_tokens=False)) == "12 + 3\n"
+
+
+@pytest.mark.parametrize("name", ["cpu_default.cfg", "deepseekmath_gsm8k.cfg"])
+def test_presets_parse(name):
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(["grpo_math", f"--flagfile={REPO / 'experiments' / 'configs' / name}"])
+  if name == "cpu_default.cfg":  # the preset is what no flags gives
+    for flag in flags.FLAGS.get_key_flags_for_module(grpo_math):
+      if flag.name != "work_dir":
+        assert flag.value == flag.default, flag.name
+  else:
+    assert flags.FLAGS.group_size == 64 and flags.FLAGS.beta == 0.04 and flags.FLAGS.learning_rate == 1e-6
+  flags.FLAGS.unparse_flags()
