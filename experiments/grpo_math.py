@@ -355,9 +355,12 @@ def run_grpo(policy, reference, config, task: Task, logger, ckpt: training.Check
     raise RunError(f"--minibatch_size={minibatch} must divide batch_size*group_size={total} and be divisible "
                    f"by --grad_accum_steps={FLAGS.grad_accum_steps}")
   updates_per_step = FLAGS.num_epochs * total // minibatch
-  optimizer = training.make_optimizer(FLAGS.learning_rate, warmup_steps=FLAGS.warmup_steps,
-                                      total_steps=FLAGS.steps * updates_per_step, schedule=FLAGS.lr_schedule,
-                                      max_grad_norm=FLAGS.max_grad_norm or None)
+  total_updates = FLAGS.steps * updates_per_step
+  warmup = min(FLAGS.warmup_steps, total_updates // 2)  # short runs (smoke tests) still warm up and decay
+  optimizer = training.make_optimizer(
+      FLAGS.learning_rate, warmup_steps=warmup, total_steps=total_updates,
+      schedule=FLAGS.lr_schedule if total_updates > warmup + 1 else "constant",
+      max_grad_norm=FLAGS.max_grad_norm or None)
   state = training.init_train_state(policy, optimizer)
   key = jax.random.PRNGKey(FLAGS.seed)
   position, start = 0, 0
@@ -397,7 +400,7 @@ def run_grpo(policy, reference, config, task: Task, logger, ckpt: training.Check
         idx = order[i:i + minibatch]
         state, metrics = train_step(state, jax.tree.map(lambda x, idx=idx: x[idx], batch))
         step_metrics.append(metrics)
-    metrics = {k: float(np.mean([m[k] for m in step_metrics])) for k in step_metrics[0]}
+    metrics = {k: float(np.mean([float(m[k]) for m in step_metrics])) for k in step_metrics[0]}
     update_time = time.time() - t0
     _check_finite(metrics, f"GRPO step {step}")
     stats.update(metrics, time_update=update_time, optimizer_steps=float(updates_per_step))
