@@ -77,13 +77,14 @@ flags.DEFINE_float("learning_rate", 3e-4, "GRPO peak learning rate.")
 flags.DEFINE_enum("lr_schedule", "cosine", ["constant", "cosine"], "After warm-up: constant, or cosine decay "
                   "to 10% over the run's optimiser steps.")
 flags.DEFINE_integer("warmup_steps", 5, "Linear warm-up of the learning rate, in optimiser steps.")
-flags.DEFINE_float("weight_decay", 0.0, "AdamW weight decay.")
+flags.DEFINE_float("weight_decay", 0.0, "AdamW weight decay of the GRPO stage.")
 flags.DEFINE_float("max_grad_norm", 1.0, "Global-norm gradient clipping (0: off).")
 flags.DEFINE_float("beta", 0.04, "KL coefficient β (0 removes the KL term and the reference forward).")
 flags.DEFINE_float("epsilon", 0.2, "Clip range ε (lower side).")
 flags.DEFINE_float("epsilon_high", None, "Upper clip range (DAPO clip-higher, e.g. 0.28); default ε.")
 flags.DEFINE_float("dual_clip", None, "Dual-clip constant c > 1 for negative advantages; default off.")
-flags.DEFINE_enum("kl", "k3", ["k1", "k2", "k3"], "KL estimator in the loss.")
+flags.DEFINE_enum("kl", "k3", ["k1", "k2", "k3"], "KL estimator in the loss (k3: the paper; k1's on-policy "
+                  "gradient is zero in expectation, so as a loss term it barely regularises).")
 flags.DEFINE_enum("loss_aggregation", "seq-mean-token-mean", list(losses.aggregation.MODES),
                   "Loss aggregation: GRPO's seq-mean-token-mean, DAPO's token-mean, Dr. GRPO's seq-mean-token-sum-norm.")
 flags.DEFINE_enum("advantage_scale", "group", ["group", "batch", "none"],
@@ -122,7 +123,7 @@ FLAGS = flags.FLAGS
 
 
 def _validators():
-  positive = ["tiny_layers", "tiny_hidden_size", "num_train", "num_test", "max_prompt_len", "max_new_tokens", "batch_size", "num_epochs",
+  positive = ["tiny_layers", "tiny_hidden_size", "sft_batch_size", "num_train", "num_test", "max_prompt_len", "max_new_tokens", "batch_size", "num_epochs",
               "grad_accum_steps", "eval_batch_size", "keep_checkpoints", "dynamic_sampling_max_rounds"]
   for name in positive:
     flags.register_validator(name, lambda v: v is not None and v >= 1, message=f"--{name} must be >= 1")
@@ -147,6 +148,18 @@ def _validators():
       message="--overlong_buffer must be <= --max_new_tokens")
 
 
+  flags.register_multi_flags_validator(
+      ["batch_size", "group_size", "minibatch_size", "grad_accum_steps"],
+      lambda f: ((f["minibatch_size"] or f["batch_size"] * f["group_size"]) % f["grad_accum_steps"] == 0
+                 and (f["batch_size"] * f["group_size"]) % (f["minibatch_size"] or 1) == 0),
+      message="--minibatch_size (0: batch_size*group_size) must divide batch_size*group_size and be divisible "
+              "by --grad_accum_steps")
+  flags.register_multi_flags_validator(
+      ["sft_steps", "sft_batch_size", "grad_accum_steps"],
+      lambda f: f["sft_steps"] == 0 or f["sft_batch_size"] % f["grad_accum_steps"] == 0,
+      message="--sft_batch_size must be divisible by --grad_accum_steps")
+
+
 _validators()
 
 
@@ -160,7 +173,7 @@ class RunError(Exception):
 class Task:
   """Training pool, held-out set, prompt format and rewards of the chosen task."""
 
-  def __init__(self, tokenizer):
+  def __init__(self, tokenizer, sft_lineage: bool):
     if FLAGS.task == "synthetic":
       config = data.SyntheticConfig(min_steps=FLAGS.synthetic_min_steps, max_steps=FLAGS.synthetic_max_steps,
                                     max_digits=FLAGS.synthetic_digits, ops=FLAGS.synthetic_ops)
@@ -179,7 +192,8 @@ class Task:
     self.template = template
     self.tokenizer = tokenizer
     # SFT needs worked solutions, RL only answers: split the pool so GRPO trains on problems SFT never saw.
-    split = FLAGS.sft_examples if 0 < FLAGS.sft_examples < len(self.train) else 0
+    # Without the SFT stage (an HF model, --init_checkpoint) every problem is a GRPO prompt.
+    split = FLAGS.sft_examples if sft_lineage and 0 < FLAGS.sft_examples < len(self.train) else 0
     self.sft_pool = self.train[:split] if split else self.train
     self.rl_pool = self.train[split:]
     self.reward_fn = rewards_lib.make_reward_fn(FLAGS.reward)
@@ -256,6 +270,15 @@ def supervised_warm_start(params, config, task: Task, logger) -> object:
   return state.params
 
 
+def _combine(name: str, values: list[float]) -> float:
+  """One metric over a step's minibatches (separate optimiser steps): min/max for extremes, else the mean."""
+  if name.endswith("_min"):
+    return min(values)
+  if name.endswith("_max"):
+    return max(values)
+  return float(np.mean(values))
+
+
 def _check_finite(values: dict, where: str):
   bad = [k for k, v in values.items() if not np.isfinite(v)]
   if bad:
@@ -270,11 +293,13 @@ class Collector:
 
   def __init__(self, config, task: Task, ref_logprobs, old_logprobs=None):
     self.config, self.task, self.ref_logprobs, self.old_logprobs = config, task, ref_logprobs, old_logprobs
+    self.prompts_truncated = 0  # prompts cut from the left to --max_prompt_len, since the start
 
   def _sample_round(self, params, position, key):
     task, tok = self.task, self.task.tokenizer
     examples = [task.train_example(position + i) for i in range(FLAGS.batch_size)]
-    tokens, mask, _ = training.encode_prompts(tok, [task.prompt(e) for e in examples], FLAGS.max_prompt_len)
+    tokens, mask, cut = training.encode_prompts(tok, [task.prompt(e) for e in examples], FLAGS.max_prompt_len)
+    self.prompts_truncated += cut
     samples = sampling.sample(params, self.config, tokens, mask, key, num_samples=FLAGS.group_size,
                               max_new_tokens=FLAGS.max_new_tokens, temperature=FLAGS.temperature,
                               top_k=FLAGS.top_k, top_p=FLAGS.top_p)
@@ -341,6 +366,7 @@ class Collector:
         "response_length": float(samples.lengths.mean()),
         "truncated_frac": float(samples.truncated.mean()),
         "sampling_rounds": float(len(rounds)),
+        "prompts_truncated": float(self.prompts_truncated),
         "time_sampling": sample_time, "time_scoring": score_time,
         "generated_tokens": float(samples.lengths.sum()),
     }
@@ -360,7 +386,7 @@ def run_grpo(policy, reference, config, task: Task, logger, ckpt: training.Check
   optimizer = training.make_optimizer(
       FLAGS.learning_rate, warmup_steps=warmup, total_steps=total_updates,
       schedule=FLAGS.lr_schedule if total_updates > warmup + 1 else "constant",
-      max_grad_norm=FLAGS.max_grad_norm or None)
+      weight_decay=FLAGS.weight_decay, max_grad_norm=FLAGS.max_grad_norm or None)
   state = training.init_train_state(policy, optimizer)
   key = jax.random.PRNGKey(FLAGS.seed)
   position, start = 0, 0
@@ -379,8 +405,12 @@ def run_grpo(policy, reference, config, task: Task, logger, ckpt: training.Check
   objective = update_lib.bind(training.grpo_objective, config=config, loss_kwargs=loss_kwargs,
                               use_reference=FLAGS.beta > 0, chunk_size=FLAGS.logprob_chunk, temperature=temperature)
   train_step = training.make_train_step(objective, optimizer, FLAGS.grad_accum_steps)
-  ref_logprobs = jax.jit(lambda tokens, mask: logprobs_lib.token_logprobs(
-      reference, config, tokens, mask, chunk_size=FLAGS.logprob_chunk, temperature=temperature))
+  ref_forward = jax.jit(lambda params, tokens, mask: logprobs_lib.token_logprobs(
+      params, config, tokens, mask, chunk_size=FLAGS.logprob_chunk, temperature=temperature))
+
+  def ref_logprobs(tokens, mask):  # the frozen reference is an argument, never a compile-time constant
+    return ref_forward(reference, tokens, mask)
+
   old_logprobs = jax.jit(lambda params, tokens, mask: logprobs_lib.token_logprobs(
       params, config, tokens, mask, chunk_size=FLAGS.logprob_chunk, temperature=temperature))
   recompute_old = FLAGS.recompute_old_logprobs or temperature != 1.0
@@ -400,7 +430,7 @@ def run_grpo(policy, reference, config, task: Task, logger, ckpt: training.Check
         idx = order[i:i + minibatch]
         state, metrics = train_step(state, jax.tree.map(lambda x, idx=idx: x[idx], batch))
         step_metrics.append(metrics)
-    metrics = {k: float(np.mean([float(m[k]) for m in step_metrics])) for k in step_metrics[0]}
+    metrics = {k: _combine(k, [float(m[k]) for m in step_metrics]) for k in step_metrics[0]}
     update_time = time.time() - t0
     _check_finite(metrics, f"GRPO step {step}")
     stats.update(metrics, time_update=update_time, optimizer_steps=float(updates_per_step))
@@ -472,7 +502,7 @@ def run() -> dict:
   work_dir.mkdir(parents=True, exist_ok=True)
   (work_dir / "flags.txt").write_text(FLAGS.flags_into_string())
   params, config, tokenizer, needs_sft, source = _load_policy(work_dir)
-  task = Task(tokenizer)
+  task = Task(tokenizer, sft_lineage=needs_sft or source == work_dir / "sft_policy")
   logger = training.MetricsLogger(work_dir, FLAGS.steps, tensorboard=FLAGS.tensorboard)
   eval_key = jax.random.PRNGKey(FLAGS.seed + 1)
   print(f"policy from {source} ({config.model_type}, {sum(x.size for x in jax.tree.leaves(params)):,} params); "

@@ -78,3 +78,21 @@ def test_bfloat16_and_vmap():
   out = jax.vmap(lambda lp: losses.grpo_loss(lp, logp, ref_logp, adv, mask, epsilon=0.2, beta=0.04)[0])(stacked)
   np.testing.assert_allclose(out[1], losses.grpo_loss(logp + 0.1, logp, ref_logp, adv, mask, epsilon=0.2, beta=0.04)[0],
                              rtol=1e-6)
+
+
+def test_non_finite_values_at_padded_positions_do_not_leak():
+  logp, ref_logp, adv, mask = _batch(jax.random.PRNGKey(4))
+  poisoned = jnp.where(mask, logp, -jnp.inf)
+  poisoned_ref = jnp.where(mask, ref_logp, 100.0)  # expm1(100 - logp) would overflow
+  clean, _ = losses.grpo_loss(logp, logp - 0.1, ref_logp, adv, mask, epsilon=0.2, beta=0.04)
+  loss, metrics = losses.grpo_loss(poisoned, jnp.where(mask, logp - 0.1, 0.0), poisoned_ref, adv, mask,
+                                   epsilon=0.2, beta=0.04)
+  np.testing.assert_allclose(loss, clean, rtol=1e-6)
+  assert all(bool(jnp.isfinite(v)) for v in metrics.values())
+  grad = jax.grad(lambda lp: losses.grpo_loss(lp, logp - 0.1, poisoned_ref, adv, mask, epsilon=0.2, beta=0.04)[0])(
+      poisoned)
+  assert bool(jnp.all(jnp.isfinite(grad)))
+  np.testing.assert_array_equal(jnp.where(mask, 0.0, grad), 0.0)
+  coefficient = losses.grpo_coefficient(adv, poisoned, poisoned_ref, 0.04)
+  grad = jax.grad(lambda lp: losses.paradigm_loss(lp, coefficient, mask))(poisoned)
+  assert bool(jnp.all(jnp.isfinite(grad)))

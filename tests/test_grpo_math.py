@@ -72,6 +72,8 @@ def _cli(*args, cwd):
 @pytest.mark.parametrize("args,message", [
     (["--group_size=1"], "--group_size must be >= 2"),
     (["--epsilon=0"], "--epsilon must be > 0"),
+    (["--minibatch_size=7"], "--minibatch_size (0: batch_size*group_size) must divide"),
+    (["--sft_batch_size=32", "--grad_accum_steps=64"], "--sft_batch_size must be divisible"),
     (["--task=gsm8k"], "--task=gsm8k needs --train_file"),
     (["--task=gsm8k", "--train_file=nope.jsonl", "--test_file=nope.jsonl"], "nope.jsonl"),
     (["--resume"], "--resume: no checkpoint in"),

@@ -67,3 +67,12 @@ def test_exact_kl_bfloat16_inputs_and_vmap():
   np.testing.assert_allclose(out, losses.exact_kl(logits, ref), atol=2e-2)
   batched = jax.vmap(lambda a, b: losses.exact_kl(a, b, chunk_size=16))(logits, ref)
   np.testing.assert_allclose(batched, losses.exact_kl(logits, ref), atol=1e-5)
+
+
+def test_exact_kl_with_filtered_minus_inf_logits():
+  logits = jnp.array([[0.0, 1.0, -jnp.inf, 2.0]])
+  ref = jnp.array([[0.5, 0.5, 0.5, 0.5]])
+  out = losses.exact_kl(logits, ref, chunk_size=2)
+  p = jax.nn.softmax(logits)
+  expected = jnp.sum(jnp.where(p > 0, p * (jax.nn.log_softmax(logits) - jax.nn.log_softmax(ref)), 0.0))
+  np.testing.assert_allclose(out, [expected], rtol=1e-5)

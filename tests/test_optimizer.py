@@ -42,3 +42,10 @@ def test_clipping_and_errors():
     training.make_optimizer(0.1, schedule="cosine")
   with pytest.raises(ValueError, match="unknown schedule"):
     training.make_optimizer(0.1, schedule="linear")
+
+
+def test_cosine_without_warmup_starts_at_peak():
+  lrs = _lrs(training.make_optimizer(0.1, warmup_steps=0, total_steps=10, schedule="cosine", max_grad_norm=None,
+                                     eps=1e-12), 11)
+  np.testing.assert_allclose(lrs[0], 0.1, rtol=1e-5)
+  np.testing.assert_allclose(lrs[10], 0.01, rtol=1e-5)

@@ -79,3 +79,10 @@ def test_grpo_objective_at_ratio_one_has_no_clipping(model):
   np.testing.assert_allclose(metrics["ratio_mean"], 1.0, atol=1e-5)
   assert float(metrics["clip_frac"]) == 0.0
   assert float(metrics["entropy"]) > 0.0
+
+
+def test_reduce_metric():
+  np.testing.assert_allclose(update_lib.reduce_metric("loss", [1.0, 2.0]), 3.0)  # globally normalised: a sum
+  np.testing.assert_allclose(update_lib.reduce_metric("ratio_min", [0.9, 0.7]), 0.7)
+  np.testing.assert_allclose(update_lib.reduce_metric("ratio_max", [1.1, 1.3]), 1.3)
+  np.testing.assert_allclose(update_lib.reduce_metric("entropy", [1.0, 2.0]), 1.5)

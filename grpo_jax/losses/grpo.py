@@ -63,7 +63,8 @@ def grpo_loss(
   weights = aggregation_lib.aggregation_weights(
       mask, aggregation, max_len=max_len, num_sequences=num_sequences, num_tokens=num_tokens)
   pg = surrogate.clipped_surrogate(logp, old_logp, advantages, mask, epsilon, epsilon_high, dual_clip, importance)
-  pg_loss = jnp.sum(weights * pg)
+  valid = weights > 0
+  pg_loss = jnp.sum(jnp.where(valid, weights * pg, 0.0))
   metrics = surrogate.clip_fractions(logp, old_logp, advantages, mask, epsilon, epsilon_high, importance)
   m = _checks.as_mask(mask)
   if ref_logp is None:
@@ -71,7 +72,7 @@ def grpo_loss(
     metrics["kl"] = jnp.zeros((), jnp.float32)
   else:
     kl_t = kl_lib.kl_divergence(logp, ref_logp, kl, mask)
-    kl_loss = beta * jnp.sum(weights * kl_t)
+    kl_loss = beta * jnp.sum(jnp.where(valid, weights * kl_t, 0.0))
     metrics["kl"] = jax.lax.stop_gradient(jnp.sum(kl_t) / jnp.maximum(jnp.sum(m), 1.0))
   loss = pg_loss + kl_loss
   metrics.update(loss=jax.lax.stop_gradient(loss), pg_loss=jax.lax.stop_gradient(pg_loss),

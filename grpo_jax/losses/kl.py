@@ -38,6 +38,9 @@ def kl_divergence(
   """
   chex.assert_equal_shape([logp, ref_logp])
   d = _checks.f32(ref_logp) - _checks.f32(logp)
+  if mask is not None:
+    chex.assert_equal_shape([logp, mask])
+    d = jnp.where(_checks.as_mask(mask) > 0, d, 0.0)  # padded positions cannot overflow expm1
   if kind == "k3":
     kl = jnp.expm1(d) - d
   elif kind == "k2":
@@ -46,9 +49,6 @@ def kl_divergence(
     kl = -d
   else:
     raise ValueError(f"kl_divergence: unknown estimator {kind!r}; expected 'k1', 'k2' or 'k3'")
-  if mask is not None:
-    chex.assert_equal_shape([logp, mask])
-    kl = kl * _checks.as_mask(mask)
   return kl
 
 
@@ -106,11 +106,12 @@ def exact_kl(
   def kl_step(total, i):
     logp = chunk_at(logits, i) - lse_p[..., None]
     logq = chunk_at(ref_logits, i) - lse_q[..., None]
-    return total + jnp.sum(jnp.exp(logp) * (logp - logq), axis=-1), None
+    p = jnp.exp(logp)  # p = 0 terms (e.g. -inf logits of filtered tokens) contribute 0, not NaN
+    return total + jnp.sum(jnp.where(p > 0, p * (logp - logq), 0.0), axis=-1), None
 
   kl, _ = jax.lax.scan(kl_step, jnp.zeros(lead, jnp.float32), jnp.arange(num_chunks))
   kl = jnp.maximum(kl, 0.0)
   if mask is not None:
     chex.assert_equal_shape([kl, mask])
-    kl = kl * _checks.as_mask(mask)
+    kl = jnp.where(_checks.as_mask(mask) > 0, kl, 0.0)
   return kl

@@ -85,5 +85,7 @@ def paradigm_loss(
   held constant (stop-gradient), as the paradigm treats it.
   """
   chex.assert_equal_shape([logp, coefficient, mask])
-  gc = jax.lax.stop_gradient(_checks.f32(coefficient))
-  return -aggregation_lib.aggregate(gc * _checks.f32(logp), mask, aggregation)
+  valid = _checks.as_mask(mask) > 0
+  # Zero both factors at padded positions: a non-finite value there would give a NaN gradient.
+  gc = jnp.where(valid, jax.lax.stop_gradient(_checks.f32(coefficient)), 0.0)
+  return -aggregation_lib.aggregate(gc * jnp.where(valid, _checks.f32(logp), 0.0), mask, aggregation)

@@ -27,12 +27,14 @@ def log_importance_ratios(
   chex.assert_rank([logp, old_logp, mask], 2)
   chex.assert_equal_shape([logp, old_logp, mask])
   logp, m = _checks.f32(logp), _checks.as_mask(mask)
-  log_ratio = (logp - _checks.f32(old_logp)) * m
+  # `where`, not a product: a non-finite log-prob at a padded position must not reach the loss or its gradient.
+  logp = jnp.where(m > 0, logp, 0.0)
+  log_ratio = jnp.where(m > 0, logp - _checks.f32(old_logp), 0.0)
   if importance == "token":
     return log_ratio
   if importance == "sequence":
     seq = jnp.sum(log_ratio, axis=-1, keepdims=True) / jnp.maximum(jnp.sum(m, axis=-1, keepdims=True), 1.0)
-    return (jax.lax.stop_gradient(seq) + logp - jax.lax.stop_gradient(logp)) * m
+    return jnp.where(m > 0, jax.lax.stop_gradient(seq) + logp - jax.lax.stop_gradient(logp), 0.0)
   raise ValueError(f"importance level {importance!r} is unknown; expected 'token' or 'sequence'")
 
 
@@ -77,7 +79,7 @@ def clipped_surrogate(
   loss = jnp.maximum(unclipped, clipped)
   if dual_clip is not None:
     loss = jnp.where(adv < 0, jnp.minimum(loss, -dual_clip * adv), loss)
-  return loss * _checks.as_mask(mask)
+  return jnp.where(_checks.as_mask(mask) > 0, loss, 0.0)
 
 
 def clip_fractions(

@@ -35,8 +35,11 @@ def make_optimizer(
   elif schedule == "cosine":
     if not total_steps or total_steps <= warmup_steps:
       raise ValueError(f"cosine schedule needs total_steps > warmup_steps, got {total_steps}, {warmup_steps}")
-    lr = optax.warmup_cosine_decay_schedule(0.0, learning_rate, max(warmup_steps, 1), total_steps,
-                                            end_value=0.1 * learning_rate)
+    if warmup_steps > 0:
+      lr = optax.warmup_cosine_decay_schedule(0.0, learning_rate, warmup_steps, total_steps,
+                                              end_value=0.1 * learning_rate)
+    else:
+      lr = optax.cosine_decay_schedule(learning_rate, total_steps, alpha=0.1)
   else:
     raise ValueError(f"unknown schedule {schedule!r}; expected 'constant' or 'cosine'")
   chain = [optax.clip_by_global_norm(max_grad_norm)] if max_grad_norm else []

@@ -65,13 +65,26 @@ def make_train_step(objective: Objective, optimizer: optax.GradientTransformatio
 
     zeros = jax.tree.map(jnp.zeros_like, state.params)
     grads, metrics = jax.lax.scan(accumulate, zeros, micro)
-    metrics = {k: jnp.sum(v) if k in _ADDITIVE else jnp.mean(v) for k, v in metrics.items()}
+    metrics = {k: reduce_metric(k, v) for k, v in metrics.items()}
     metrics["grad_norm"] = _global_norm(grads)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     return TrainState(state.step + 1, params, opt_state), metrics
 
   return jax.jit(step, donate_argnums=(0,) if donate else ())
+
+
+def reduce_metric(name: str, values):
+  """Combines one metric over micro-batches: sums for the globally normalised losses, min/max for
+  `*_min`/`*_max`, the mean otherwise."""
+  values = jnp.asarray(values)
+  if name in _ADDITIVE:
+    return jnp.sum(values)
+  if name.endswith("_min"):
+    return jnp.min(values)
+  if name.endswith("_max"):
+    return jnp.max(values)
+  return jnp.mean(values)
 
 
 def _masked_mean(x, mask):
