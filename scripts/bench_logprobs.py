@@ -58,8 +58,8 @@ def main():
         f"hidden={args.hidden} layers={args.layers}; one [B,T,V] float32 array = {gib(full):.2f} GiB")
   base_f = temp_bytes(forward(naive_logprobs), params, tokens, mask)
   base_b = temp_bytes(backward(naive_logprobs), params, tokens, mask, weights)
-  print(f"| method | forward temp GiB | fwd ratio | fwd+bwd temp GiB | fwd+bwd ratio |")
-  print(f"|---|---|---|---|---|")
+  print("| method | forward temp GiB | fwd ratio | fwd+bwd temp GiB | fwd+bwd ratio |")
+  print("|---|---|---|---|---|")
   print(f"| naive (baseline) | {gib(base_f):.3f} | 1.000 | {gib(base_b):.3f} | 1.000 |")
   for chunk in args.chunk_sizes:
     fn = functools.partial(logprobs.token_logprobs, chunk_size=chunk)

@@ -1,7 +1,6 @@
 """Parity of load_hf/apply with PyTorch transformers, save_hf round trip, and clear checkpoint errors."""
 
 import json
-import pathlib
 
 import jax.numpy as jnp
 import numpy as np

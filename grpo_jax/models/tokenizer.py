@@ -2,7 +2,6 @@
 
 import json
 import pathlib
-import string
 
 import tokenizers
 import transformers
