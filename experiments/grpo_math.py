@@ -1,6 +1,7 @@
-r"""GRPO on math word problems: SFT warm start, then Group Relative Policy Optimization.
+r"""GRPO (and PPO, SFT, RFT, Online RFT, DPO) on math word problems: SFT warm start, then RL.
 
   python -m experiments.grpo_math                       # embedded default: tiny model, synthetic task, CPU
+  python -m experiments.grpo_math --algo=ppo --batch_size=256   # PPO with a critic, same samples per step
   python -m experiments.grpo_math --flagfile=experiments/configs/deepseekmath_gsm8k.cfg \
       --model=/path/to/Qwen2.5-0.5B-Instruct --train_file=gsm8k/train.jsonl --test_file=gsm8k/test.jsonl
 
@@ -9,11 +10,15 @@ solutions, because RL needs a policy that is sometimes right. Stage 2 is GRPO as
 (arXiv 2402.03300) §4.1: per step, B prompts, G samples each from π_old; rule rewards; group-normalised
 advantages; μ epochs of minibatch updates of the clipped surrogate with the k3 KL to the frozen
 reference (the stage-1 policy) in the loss. Every knob of the later variants (DAPO, Dr. GRPO, GSPO) is
-a flag. Policy, reference and optimiser state are pytrees; checkpoints resume exactly.
+a flag. `--algo` picks another method of DeepSeekMath's unified paradigm (§5.2.1, Table 10;
+`experiments/methods/`): each is a data source and a gradient coefficient over the same sampler,
+rewards, update step, evaluation, logging and checkpoints. Policy, value model, reference and
+optimiser state are pytrees; checkpoints resume exactly.
 """
 
 import json
 import pathlib
+import resource
 import shutil
 import sys
 import time
@@ -25,13 +30,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments import methods as methods_lib
 from grpo_jax import data
 from grpo_jax import evaluation
-from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import losses
 from grpo_jax import models
 from grpo_jax import rewards as rewards_lib
-from grpo_jax import sampling
 from grpo_jax import training
 from grpo_jax.training import checkpointing
 from grpo_jax.training import update as update_lib
@@ -69,11 +73,13 @@ flags.DEFINE_integer("sft_steps", 600, "SFT steps of the warm start (embedded de
 flags.DEFINE_integer("sft_batch_size", 32, "SFT sequences per step.")
 flags.DEFINE_float("sft_learning_rate", 3e-3, "SFT peak learning rate (cosine decay).")
 
-# STAGE 2: GRPO
-flags.DEFINE_integer("steps", 200, "GRPO steps (each: sample, score, μ epochs of updates).")
-flags.DEFINE_integer("batch_size", 32, "Prompts per GRPO step (B).")
-flags.DEFINE_integer("group_size", 8, "Samples per prompt (G).")
-flags.DEFINE_float("learning_rate", 3e-4, "GRPO peak learning rate.")
+# STAGE 2: GRPO OR ANOTHER METHOD OF THE PARADIGM
+flags.DEFINE_enum("algo", "grpo", list(methods_lib.METHODS), "Stage-2 method: grpo, ppo (with a critic), "
+                  "online_rft, rft, dpo (offline from the start policy) or sft (human solutions).")
+flags.DEFINE_integer("steps", 200, "Stage-2 steps (each: collect, then μ epochs of updates).")
+flags.DEFINE_integer("batch_size", 32, "Prompts per step (B).")
+flags.DEFINE_integer("group_size", None, "Samples per prompt (G); default 8, and 1 for --algo=ppo.")
+flags.DEFINE_float("learning_rate", 3e-4, "Stage-2 peak learning rate (the policy's).")
 flags.DEFINE_enum("lr_schedule", "cosine", ["constant", "cosine"], "After warm-up: constant, or cosine decay "
                   "to 10% over the run's optimiser steps.")
 flags.DEFINE_integer("warmup_steps", 5, "Linear warm-up of the learning rate, in optimiser steps.")
@@ -83,8 +89,9 @@ flags.DEFINE_float("beta", 0.04, "KL coefficient β (0 removes the KL term and t
 flags.DEFINE_float("epsilon", 0.2, "Clip range ε (lower side).")
 flags.DEFINE_float("epsilon_high", None, "Upper clip range (DAPO clip-higher, e.g. 0.28); default ε.")
 flags.DEFINE_float("dual_clip", None, "Dual-clip constant c > 1 for negative advantages; default off.")
-flags.DEFINE_enum("kl", "k3", ["k1", "k2", "k3"], "KL estimator in the loss (k3: the paper; k1's on-policy "
-                  "gradient is zero in expectation, so as a loss term it barely regularises).")
+flags.DEFINE_enum("kl", None, ["k1", "k2", "k3"], "KL estimator: in GRPO's loss (default k3, the paper's; k1's "
+                  "on-policy gradient is zero in expectation, so as a loss term it barely regularises), in PPO's "
+                  "per-token reward (default k1, eq. 2's log-ratio).")
 flags.DEFINE_enum("loss_aggregation", "seq-mean-token-mean", list(losses.aggregation.MODES),
                   "Loss aggregation: GRPO's seq-mean-token-mean, DAPO's token-mean, Dr. GRPO's seq-mean-token-sum-norm.")
 flags.DEFINE_enum("advantage_scale", "group", ["group", "batch", "none"],
@@ -130,8 +137,10 @@ def _validators():
   for name in ["steps", "sft_steps", "sft_examples", "eval_every", "save_every", "minibatch_size", "overlong_buffer",
                "eval_samples", "stop_after", "top_k"]:
     flags.register_validator(name, lambda v: v >= 0, message=f"--{name} must be >= 0")
-  flags.register_validator("group_size", lambda v: v >= 2, message="--group_size must be >= 2 (GRPO compares "
-                           "samples within a group)")
+  flags.register_multi_flags_validator(
+      ["group_size", "algo"], lambda f: f["group_size"] is None or f["group_size"] >= (1 if f["algo"] == "ppo" else 2),
+      message="--group_size must be >= 2 (GRPO compares samples within a group, RFT and DPO pick among them; "
+              "PPO accepts 1)")
   flags.register_validator("epsilon", lambda v: v > 0, message="--epsilon must be > 0")
   flags.register_validator("epsilon_high", lambda v: v is None or v > 0, message="--epsilon_high must be > 0")
   flags.register_validator("dual_clip", lambda v: v is None or v > 1, message="--dual_clip must be > 1")
@@ -149,15 +158,19 @@ def _validators():
 
 
   flags.register_multi_flags_validator(
-      ["batch_size", "group_size", "minibatch_size", "grad_accum_steps"],
-      lambda f: ((f["minibatch_size"] or f["batch_size"] * f["group_size"]) % f["grad_accum_steps"] == 0
-                 and (f["batch_size"] * f["group_size"]) % (f["minibatch_size"] or 1) == 0),
+      ["batch_size", "group_size", "minibatch_size", "grad_accum_steps", "algo"],
+      lambda f: ((f["minibatch_size"] or f["batch_size"] * _group_size(f)) % f["grad_accum_steps"] == 0
+                 and (f["batch_size"] * _group_size(f)) % (f["minibatch_size"] or 1) == 0),
       message="--minibatch_size (0: batch_size*group_size) must divide batch_size*group_size and be divisible "
               "by --grad_accum_steps")
   flags.register_multi_flags_validator(
       ["sft_steps", "sft_batch_size", "grad_accum_steps"],
       lambda f: f["sft_steps"] == 0 or f["sft_batch_size"] % f["grad_accum_steps"] == 0,
       message="--sft_batch_size must be divisible by --grad_accum_steps")
+
+
+def _group_size(values) -> int:
+  return values["group_size"] or (1 if values["algo"] == "ppo" else 8)
 
 
 _validators()
@@ -285,110 +298,28 @@ def _check_finite(values: dict, where: str):
     raise FloatingPointError(f"{where}: non-finite {', '.join(bad)}; stopping without saving a checkpoint")
 
 
-# STAGE 2: GRPO
+# STAGE 2: THE METHOD (GRPO by default)
 
 
-class Collector:
-  """Samples B groups of G completions, scores them, and builds the training `Batch`."""
+def run_rl(method: methods_lib.Method, policy, task: Task, logger, ckpt: training.Checkpointer, sft_accuracy):
+  """Stage 2: `--steps` steps of collect (the method's data source) then μ epochs of minibatch updates.
 
-  def __init__(self, config, task: Task, ref_logprobs, old_logprobs=None):
-    self.config, self.task, self.ref_logprobs, self.old_logprobs = config, task, ref_logprobs, old_logprobs
-    self.prompts_truncated = 0  # prompts cut from the left to --max_prompt_len, since the start
-
-  def _sample_round(self, params, position, key):
-    task, tok = self.task, self.task.tokenizer
-    examples = [task.train_example(position + i) for i in range(FLAGS.batch_size)]
-    tokens, mask, cut = training.encode_prompts(tok, [task.prompt(e) for e in examples], FLAGS.max_prompt_len)
-    self.prompts_truncated += cut
-    samples = sampling.sample(params, self.config, tokens, mask, key, num_samples=FLAGS.group_size,
-                              max_new_tokens=FLAGS.max_new_tokens, temperature=FLAGS.temperature,
-                              top_k=FLAGS.top_k, top_p=FLAGS.top_p)
-    samples = jax.tree.map(np.asarray, samples)
-    texts = evaluation.decode(tok, samples)
-    t0 = time.time()
-    repeated = [e for e in examples for _ in range(FLAGS.group_size)]
-    rewards = rewards_lib.score(texts, repeated, task.reward_fn)
-    correct = rewards_lib.score(texts, repeated, "correctness")
-    if FLAGS.overlong_buffer:
-      rewards = rewards + np.asarray(losses.overlong_penalty(samples.lengths, FLAGS.max_new_tokens,
-                                                            FLAGS.overlong_buffer))
-    return samples, rewards, correct, time.time() - t0
-
-  def collect(self, params, position: int, key) -> tuple[training.Batch, dict, int]:
-    b, g = FLAGS.batch_size, FLAGS.group_size
-    rounds, kept, spare = [], [], []
-    score_time = 0.0
-    t0 = time.time()
-    for r in range(FLAGS.dynamic_sampling_max_rounds if FLAGS.dynamic_sampling else 1):
-      samples, rewards, correct, dt = self._sample_round(params, position, jax.random.fold_in(key, r))
-      position += b
-      score_time += dt
-      rounds.append((samples, rewards, correct))
-      varied = np.ptp(rewards.reshape(b, g), axis=1) > 0
-      for i in range(b):
-        (kept if varied[i] or not FLAGS.dynamic_sampling else spare).append((r, i))
-      if len(kept) >= b:
-        break
-    # Fill a short batch with zero-variance groups, left out of the loss, so shapes stay fixed.
-    chosen = kept[:b]
-    dropped = spare[:b - len(chosen)]
-    rows = [(r, i * g + j) for r, i in chosen + dropped for j in range(g)]
-
-    def take(field):
-      return np.stack([getattr(rounds[r][0], field)[row] for r, row in rows])
-
-    samples = sampling.SampleOutput(*[take(f) for f in sampling.SampleOutput._fields])
-    rewards = np.asarray([rounds[r][1][row] for r, row in rows], np.float32)
-    correct = np.asarray([rounds[r][2][row] for r, row in rows], np.float32)
-    sample_time = time.time() - t0 - score_time
-
-    t1 = time.time()
-    loss_mask = samples.mask.copy()
-    loss_mask[len(chosen) * g:] = False
-    if FLAGS.mask_truncated:
-      loss_mask &= ~samples.truncated[:, None]
-    advantages = losses.group_advantages(rewards.reshape(b, g), scale=FLAGS.advantage_scale,
-                                         eps=FLAGS.advantage_eps).reshape(-1)
-    tokens, attention = logprobs_lib.sequences_from_samples(samples)
-    zeros = jnp.zeros(samples.tokens.shape, jnp.float32)
-    completion = slice(tokens.shape[1] - samples.tokens.shape[1], None)
-    ref_logp = self.ref_logprobs(tokens, attention)[:, completion] if FLAGS.beta > 0 else zeros
-    old_logp = (self.old_logprobs(params, tokens, attention)[:, completion] if self.old_logprobs is not None
-                else jnp.asarray(samples.logprobs))
-    batch = training.batch_from_samples(samples, jnp.asarray(loss_mask), old_logp, ref_logp, advantages)
-    jax.block_until_ready(batch)
-    score_time += time.time() - t1
-    groups = rewards.reshape(b, g)
-    stats = {
-        "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
-        "accuracy": float(correct.mean()),
-        "zero_variance_groups": float(np.mean(np.ptp(groups, axis=1) == 0)),
-        "response_length": float(samples.lengths.mean()),
-        "truncated_frac": float(samples.truncated.mean()),
-        "sampling_rounds": float(len(rounds)),
-        "prompts_truncated": float(self.prompts_truncated),
-        "time_sampling": sample_time, "time_scoring": score_time,
-        "generated_tokens": float(samples.lengths.sum()),
-    }
-    return batch, stats, position
-
-
-def run_grpo(policy, reference, config, task: Task, logger, ckpt: training.Checkpointer, sft_accuracy):
-  """Stage 2. Returns (final policy params, the start policy's accuracy, whether --stop_after stopped it)."""
-  minibatch = FLAGS.minibatch_size or FLAGS.batch_size * FLAGS.group_size
-  total = FLAGS.batch_size * FLAGS.group_size
-  if total % minibatch or minibatch % FLAGS.grad_accum_steps:
-    raise RunError(f"--minibatch_size={minibatch} must divide batch_size*group_size={total} and be divisible "
-                   f"by --grad_accum_steps={FLAGS.grad_accum_steps}")
-  updates_per_step = FLAGS.num_epochs * total // minibatch
+  Returns (final policy params, the start policy's accuracy, whether --stop_after stopped it).
+  """
+  rows = method.rows_per_step()
+  minibatch = FLAGS.minibatch_size or rows
+  if rows % minibatch or minibatch % FLAGS.grad_accum_steps:
+    raise RunError(f"--minibatch_size={minibatch} must divide the step's {rows} rows (batch_size*group_size) and "
+                   f"be divisible by --grad_accum_steps={FLAGS.grad_accum_steps}")
+  if minibatch % (method.rows_per_item * FLAGS.grad_accum_steps):
+    raise RunError(f"--algo={method.name}: micro-batches of {minibatch // FLAGS.grad_accum_steps} rows split its "
+                   f"groups of {method.rows_per_item} rows")
+  updates_per_step = FLAGS.num_epochs * rows // minibatch
   total_updates = FLAGS.steps * updates_per_step
   warmup = min(FLAGS.warmup_steps, total_updates // 2)  # short runs (smoke tests) still warm up and decay
-  optimizer = training.make_optimizer(
-      FLAGS.learning_rate, warmup_steps=warmup, total_steps=total_updates,
-      schedule=FLAGS.lr_schedule if total_updates > warmup + 1 else "constant",
-      weight_decay=FLAGS.weight_decay, max_grad_norm=FLAGS.max_grad_norm or None)
-  state = training.init_train_state(policy, optimizer)
+  optimizer = method.optimizer(total_updates, warmup)
   key = jax.random.PRNGKey(FLAGS.seed)
+  state = training.init_train_state(method.init_params(policy, jax.random.fold_in(key, 1)), optimizer)
   position, start = 0, 0
   if FLAGS.resume and ckpt.latest_step() is not None:
     state, meta = ckpt.restore(state)
@@ -396,64 +327,59 @@ def run_grpo(policy, reference, config, task: Task, logger, ckpt: training.Check
     key = jnp.asarray(meta["key"], jnp.uint32)
     sft_accuracy = meta.get("sft_accuracy", sft_accuracy)
     print(f"resumed from step {start} in {ckpt.directory}", file=sys.stderr)
-  loss_kwargs = dict(epsilon=FLAGS.epsilon, epsilon_high=FLAGS.epsilon_high, beta=FLAGS.beta, kl=FLAGS.kl,
-                     aggregation=FLAGS.loss_aggregation, importance=FLAGS.importance, dual_clip=FLAGS.dual_clip,
-                     max_len=FLAGS.max_new_tokens)
-  # The policy trained is the sampling distribution π ∝ exp(logits / T): old, reference and new log-probs
-  # all use T. At T = 1 the sampler's own log-probs are π_old; otherwise they are recomputed.
-  temperature = FLAGS.temperature
-  objective = update_lib.bind(training.grpo_objective, config=config, loss_kwargs=loss_kwargs,
-                              use_reference=FLAGS.beta > 0, chunk_size=FLAGS.logprob_chunk, temperature=temperature)
-  train_step = training.make_train_step(objective, optimizer, FLAGS.grad_accum_steps)
-  ref_forward = jax.jit(lambda params, tokens, mask: logprobs_lib.token_logprobs(
-      params, config, tokens, mask, chunk_size=FLAGS.logprob_chunk, temperature=temperature))
-
-  def ref_logprobs(tokens, mask):  # the frozen reference is an argument, never a compile-time constant
-    return ref_forward(reference, tokens, mask)
-
-  old_logprobs = jax.jit(lambda params, tokens, mask: logprobs_lib.token_logprobs(
-      params, config, tokens, mask, chunk_size=FLAGS.logprob_chunk, temperature=temperature))
-  recompute_old = FLAGS.recompute_old_logprobs or temperature != 1.0
-  collector = Collector(config, task, ref_logprobs, old_logprobs if recompute_old else None)
+  # Offline data comes from the start policy (the reference), so a resumed run rebuilds the same dataset.
+  prepared = method.prepare(policy, jax.random.fold_in(jax.random.PRNGKey(FLAGS.seed), 2))
+  if prepared:
+    logger.log(start, prepared, prefix="data/")
+    print("offline data: " + ", ".join(f"{k} {v:.4g}" for k, v in prepared.items()), file=sys.stderr)
+  train_step = training.make_train_step(method.objective(), optimizer, FLAGS.grad_accum_steps)
   logger.start(FLAGS.steps)
 
   for step in range(start + 1, FLAGS.steps + 1):
     step_key = jax.random.fold_in(key, step)
-    # COLLECT: π_old is the current policy
-    batch, stats, position = collector.collect(state.params, position, step_key)
-    # UPDATE: μ epochs over shuffled minibatches
+    # COLLECT: π_old is the current policy (online methods) or a fixed dataset (offline ones)
+    batch, stats, position = method.collect(state.params, position, step_key)
+    # UPDATE: μ epochs over shuffled minibatches (groups of rows_per_item rows stay together)
     t0 = time.time()
     step_metrics = []
+    items, per_item = rows // method.rows_per_item, method.rows_per_item
     for epoch in range(FLAGS.num_epochs):
-      order = jax.random.permutation(jax.random.fold_in(step_key, 10_000 + epoch), total)
-      for i in range(0, total, minibatch):
+      order = jax.random.permutation(jax.random.fold_in(step_key, 10_000 + epoch), items)
+      order = (order[:, None] * per_item + jnp.arange(per_item)[None, :]).reshape(-1)
+      for i in range(0, rows, minibatch):
         idx = order[i:i + minibatch]
         state, metrics = train_step(state, jax.tree.map(lambda x, idx=idx: x[idx], batch))
         step_metrics.append(metrics)
     metrics = {k: _combine(k, [float(m[k]) for m in step_metrics]) for k in step_metrics[0]}
     update_time = time.time() - t0
-    _check_finite(metrics, f"GRPO step {step}")
+    _check_finite(metrics, f"{method.name} step {step}")
     stats.update(metrics, time_update=update_time, optimizer_steps=float(updates_per_step))
-    step_time = stats["time_sampling"] + stats["time_scoring"] + update_time
-    stats["tokens_per_s"] = stats.pop("generated_tokens") / max(step_time, 1e-9)
+    step_time = stats.get("time_sampling", 0.0) + stats.get("time_scoring", 0.0) + update_time
+    if "generated_tokens" in stats:
+      stats["tokens_per_s"] = stats.pop("generated_tokens") / max(step_time, 1e-9)
     values = logger.log(step, stats, prefix="train/")
-    logger.progress(step, f"reward {values['train/reward_mean']:.3f} acc {values['train/accuracy']:.3f} "
-                    f"kl {values['train/kl']:.4f} len {values['train/response_length']:.1f}")
+    logger.progress(step, _progress_line(values))
     # EVALUATE AND SAVE
     if FLAGS.eval_every and step % FLAGS.eval_every == 0 and step != FLAGS.steps:
       logger.newline()
-      values = logger.log(step, evaluate(state.params, config, task, jax.random.PRNGKey(FLAGS.seed + 1)),
-                          prefix="eval/")
+      values = logger.log(step, evaluate(method.policy(state.params), method.config, task,
+                                         jax.random.PRNGKey(FLAGS.seed + 1)), prefix="eval/")
       print(f"step {step}: held-out accuracy {values['eval/accuracy']:.3f}", file=sys.stderr)
     if (FLAGS.save_every and step % FLAGS.save_every == 0) or step == FLAGS.steps or step == FLAGS.stop_after:
       ckpt.save(step, state, {"step": step, "data_position": position, "key": np.asarray(key).tolist(),
-                              "sft_accuracy": sft_accuracy})
+                              "sft_accuracy": sft_accuracy, "algo": method.name})
     if step == FLAGS.stop_after:
       logger.newline()
       print(f"stopping after step {step} (--stop_after); continue with --resume", file=sys.stderr)
-      return state.params, sft_accuracy, True
+      return method.policy(state.params), sft_accuracy, True
   logger.newline()
-  return state.params, sft_accuracy, False
+  return method.policy(state.params), sft_accuracy, False
+
+
+def _progress_line(values: dict) -> str:
+  parts = [("reward", "train/reward_mean", ".3f"), ("acc", "train/accuracy", ".3f"), ("loss", "train/loss", ".4f"),
+           ("kl", "train/kl", ".4f"), ("vf", "train/value_loss", ".4f"), ("len", "train/response_length", ".1f")]
+  return " ".join(f"{name} {values[k]:{fmt}}" for name, k, fmt in parts if k in values)
 
 
 # MAIN
@@ -483,6 +409,24 @@ def _load_policy(work_dir: pathlib.Path):
   return params, config, models.load_tokenizer(path), needs_sft, path
 
 
+SFT_MARKER = "grpo_jax_sft.json"  # written into a run's sft_policy: it was fine-tuned on the first --sft_examples
+
+
+def _sft_lineage(source: pathlib.Path) -> bool:
+  """Whether the start policy is a stage-1 SFT policy; then GRPO draws prompts from the problems SFT did not see."""
+  marker = pathlib.Path(source) / SFT_MARKER
+  if not marker.is_file():
+    return False
+  try:
+    recorded = json.loads(marker.read_text())
+  except ValueError as err:
+    raise RunError(f"{marker}: not valid JSON ({err})") from None
+  if recorded.get("task") == FLAGS.task and recorded.get("sft_examples") != FLAGS.sft_examples:
+    raise RunError(f"{source} was fine-tuned on the first {recorded.get('sft_examples')} problems; pass "
+                   f"--sft_examples={recorded.get('sft_examples')} so the RL prompts exclude them")
+  return recorded.get("task") == FLAGS.task
+
+
 def export(params, config, source: pathlib.Path, target: pathlib.Path) -> None:
   """Writes params in HF format with the source checkpoint's tokenizer files, as they were."""
   models.save_hf(params, config, target)
@@ -499,10 +443,13 @@ def run() -> dict:
     raise RunError(f"{ckpt_dir} already holds checkpoints; pass --resume to continue, or choose another --work_dir")
   if FLAGS.resume and not (ckpt_dir.is_dir() and any(ckpt_dir.iterdir())):
     raise RunError(f"--resume: no checkpoint in {ckpt_dir}")
+  if FLAGS.group_size is None:
+    FLAGS.group_size = 1 if FLAGS.algo == "ppo" else 8
+  t_start = time.time()
   work_dir.mkdir(parents=True, exist_ok=True)
   (work_dir / "flags.txt").write_text(FLAGS.flags_into_string())
   params, config, tokenizer, needs_sft, source = _load_policy(work_dir)
-  task = Task(tokenizer, sft_lineage=needs_sft or source == work_dir / "sft_policy")
+  task = Task(tokenizer, sft_lineage=needs_sft or _sft_lineage(source))
   logger = training.MetricsLogger(work_dir, FLAGS.steps, tensorboard=FLAGS.tensorboard)
   eval_key = jax.random.PRNGKey(FLAGS.seed + 1)
   print(f"policy from {source} ({config.model_type}, {sum(x.size for x in jax.tree.leaves(params)):,} params); "
@@ -512,18 +459,21 @@ def run() -> dict:
     print(f"stage 1: SFT warm start, {FLAGS.sft_steps} steps", file=sys.stderr)
     params = supervised_warm_start(params, config, task, logger)
     export(params, config, source, work_dir / "sft_policy")
+    (work_dir / "sft_policy" / SFT_MARKER).write_text(json.dumps({"sft_examples": FLAGS.sft_examples,
+                                                                  "seed": FLAGS.seed, "task": FLAGS.task}))
   start_accuracy = None  # on --resume it comes from the checkpoint
   if not FLAGS.resume:
     start_eval = logger.log(0, evaluate(params, config, task, eval_key), prefix="eval/")
     start_accuracy = start_eval["eval/accuracy"]
     print(f"start policy: held-out accuracy {start_accuracy:.3f}", file=sys.stderr)
 
-  print(f"stage 2: GRPO, {FLAGS.steps} steps of {FLAGS.batch_size} prompts x {FLAGS.group_size} samples",
+  print(f"stage 2: {FLAGS.algo}, {FLAGS.steps} steps of {FLAGS.batch_size} prompts x {FLAGS.group_size} samples",
         file=sys.stderr)
   reference = jax.tree.map(jnp.copy, params)  # frozen π_ref: the start policy
+  method = methods_lib.METHODS[FLAGS.algo](config, task, methods_lib.Rollouts(config, task), reference)
   ckpt = training.Checkpointer(work_dir / "checkpoints", max_to_keep=FLAGS.keep_checkpoints)
   try:
-    policy, start_accuracy, stopped = run_grpo(params, reference, config, task, logger, ckpt, start_accuracy)
+    policy, start_accuracy, stopped = run_rl(method, params, task, logger, ckpt, start_accuracy)
   finally:
     ckpt.close()
   if stopped:
@@ -532,13 +482,17 @@ def run() -> dict:
   logger.log(FLAGS.steps, final_eval, prefix="eval/")
   export(policy, config, source, work_dir / "final_policy")
   logger.close()
-  summary = {"start_accuracy": start_accuracy, "final_accuracy": final_eval["accuracy"],
-             "num_eval_problems": len(task.test), **{f"final_{k}": v for k, v in final_eval.items()}}
+  peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+  summary = {"algo": FLAGS.algo, "start_accuracy": start_accuracy, "final_accuracy": final_eval["accuracy"],
+             "num_eval_problems": len(task.test), "wall_time_s": time.time() - t_start, "peak_rss_mib": peak_mib,
+             **{f"final_{k}": v for k, v in final_eval.items()}}
   (work_dir / "summary.json").write_text(json.dumps(summary, indent=2))
   rows = [("held-out problems", f"{len(task.test)}"),
           ("greedy accuracy, start (SFT)", "n/a" if start_accuracy is None else f"{100 * start_accuracy:.1f}%"),
-          ("greedy accuracy, after GRPO", f"{100 * final_eval['accuracy']:.1f}%"),
-          ("format rate, after GRPO", f"{100 * final_eval['format_rate']:.1f}%")]
+          (f"greedy accuracy, after {FLAGS.algo}", f"{100 * final_eval['accuracy']:.1f}%"),
+          (f"format rate, after {FLAGS.algo}", f"{100 * final_eval['format_rate']:.1f}%"),
+          ("wall time (this run)", f"{summary['wall_time_s'] / 60:.1f} min"),
+          ("peak host memory (RSS)", f"{peak_mib:,.0f} MiB")]
   width = max(len(r[0]) for r in rows)
   print("\n".join(["", "summary", "-" * (width + 10)] + [f"{a:<{width}}  {b}" for a, b in rows]))
   print(f"final policy (HF format): {work_dir / 'final_policy'}")

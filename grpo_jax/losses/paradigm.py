@@ -78,14 +78,20 @@ def paradigm_loss(
     coefficient: chex.Array,
     mask: chex.Array,
     aggregation: aggregation_lib.Aggregation = "seq-mean-token-mean",
+    *,
+    max_len: int | None = None,
+    num_sequences: chex.Numeric | None = None,
+    num_tokens: chex.Numeric | None = None,
 ) -> chex.Array:
   """−aggregate(sg[GC] · log π_θ): a loss whose gradient is −(1/|o|) Σ_t GC ∇log π_θ(o_t).
 
   With the default aggregation this is the paradigm's E(q,o) (1/|o|) Σ_t; the coefficient is
-  held constant (stop-gradient), as the paradigm treats it.
+  held constant (stop-gradient), as the paradigm treats it. `max_len`, `num_sequences` and
+  `num_tokens` are passed to `aggregate` (global normalisers for micro-batching).
   """
   chex.assert_equal_shape([logp, coefficient, mask])
   valid = _checks.as_mask(mask) > 0
   # Zero both factors at padded positions: a non-finite value there would give a NaN gradient.
   gc = jnp.where(valid, jax.lax.stop_gradient(_checks.f32(coefficient)), 0.0)
-  return -aggregation_lib.aggregate(gc * jnp.where(valid, _checks.f32(logp), 0.0), mask, aggregation)
+  return -aggregation_lib.aggregate(gc * jnp.where(valid, _checks.f32(logp), 0.0), mask, aggregation,
+                                   max_len=max_len, num_sequences=num_sequences, num_tokens=num_tokens)

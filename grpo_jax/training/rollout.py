@@ -84,3 +84,20 @@ def supervised_batch(prompt_ids: Sequence[Sequence[int]], target_ids: Sequence[S
                attention_mask=jnp.asarray(np.concatenate([prompt_mask, target_mask], 1)),
                loss_mask=jnp.asarray(np.concatenate([np.zeros_like(prompt_mask), target_mask], 1)),
                old_logp=jnp.asarray(zeros), ref_logp=jnp.asarray(zeros), advantages=jnp.asarray(zeros))
+
+
+class PPOBatch(NamedTuple):
+  """A PPO training batch: a `Batch`'s fields plus the critic's targets, every array `[N, L]`.
+
+  `advantages` are GAE advantages per token, `old_values` V_ψ at sampling time (aligned with
+  the token they precede: the value of the state the token is generated from), `returns` the
+  GAE returns R_t = A_t + V_t.
+  """
+  tokens: jax.Array
+  attention_mask: jax.Array
+  loss_mask: jax.Array
+  old_logp: jax.Array
+  ref_logp: jax.Array
+  advantages: jax.Array
+  old_values: jax.Array
+  returns: jax.Array

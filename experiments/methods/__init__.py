@@ -1,0 +1,22 @@
+"""The runner's training methods, DeepSeekMath's unified paradigm (§5.2.1, Table 10).
+
+  method       data source                    reward   gradient coefficient
+  sft          human solutions                -        1
+  rft          SFT-policy samples (offline)   rule     I(o correct)
+  online_rft   current-policy samples         rule     I(o correct)
+  dpo          SFT-policy pairs (offline)     rule     σ(β log-ratio margin), ±
+  ppo          current-policy samples         rule     GAE advantage A_t (critic)
+  grpo         current-policy samples         rule     group-normalised advantage + k3 KL term
+"""
+
+from experiments.methods.base import Method
+from experiments.methods.dpo import DPO
+from experiments.methods.grpo import GRPO
+from experiments.methods.ppo import PPO
+from experiments.methods.rft import RFT, OnlineRFT
+from experiments.methods.rollouts import Rollouts
+from experiments.methods.sft import SFT
+
+METHODS = {m.name: m for m in (SFT, RFT, OnlineRFT, DPO, PPO, GRPO)}
+
+__all__ = ("METHODS", "Method", "Rollouts")

@@ -1,0 +1,86 @@
+"""GRPO (DeepSeekMath eq. 3): G samples per prompt from π_old, group-normalised outcome rewards,
+the clipped surrogate with the k3 KL to the frozen reference in the loss; DAPO/Dr. GRPO/GSPO knobs."""
+
+import time
+
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.methods import base
+from experiments.methods import rollouts as rollouts_lib
+from grpo_jax import logprobs as logprobs_lib
+from grpo_jax import losses
+from grpo_jax import sampling
+from grpo_jax import training
+from grpo_jax.training import update as update_lib
+
+FLAGS = flags.FLAGS
+
+
+class GRPO(base.Method):
+  name = "grpo"
+
+  @property
+  def uses_reference(self):
+    return FLAGS.beta > 0
+
+  def objective(self):
+    loss_kwargs = dict(epsilon=FLAGS.epsilon, epsilon_high=FLAGS.epsilon_high, beta=FLAGS.beta,
+                       kl=FLAGS.kl or "k3", aggregation=FLAGS.loss_aggregation, importance=FLAGS.importance,
+                       dual_clip=FLAGS.dual_clip, max_len=FLAGS.max_new_tokens)
+    # The policy trained is the sampling distribution π ∝ exp(logits / T): old, reference and new log-probs
+    # all use T.
+    return update_lib.bind(training.grpo_objective, config=self.config, loss_kwargs=loss_kwargs,
+                           use_reference=FLAGS.beta > 0, chunk_size=FLAGS.logprob_chunk,
+                           temperature=FLAGS.temperature)
+
+  def collect(self, params, position: int, key):
+    b, g = FLAGS.batch_size, FLAGS.group_size
+    rounds, kept, spare = [], [], []
+    score_time = 0.0
+    t0 = time.time()
+    for r in range(FLAGS.dynamic_sampling_max_rounds if FLAGS.dynamic_sampling else 1):
+      examples = [self.task.train_example(position + i) for i in range(b)]
+      scored = self.rollouts.sample(params, examples, jax.random.fold_in(key, r), g)
+      position += b
+      score_time += scored.score_time
+      rounds.append(scored)
+      varied = np.ptp(scored.rewards.reshape(b, g), axis=1) > 0
+      for i in range(b):
+        (kept if varied[i] or not FLAGS.dynamic_sampling else spare).append((r, i))
+      if len(kept) >= b:
+        break
+    # DAPO dynamic sampling: fill a short batch with zero-variance groups, left out of the loss, so shapes
+    # stay fixed.
+    chosen = kept[:b]
+    dropped = spare[:b - len(chosen)]
+    rows = [(r, i * g + j) for r, i in chosen + dropped for j in range(g)]
+    samples = sampling.SampleOutput(*[np.stack([np.asarray(getattr(rounds[r].samples, f))[row] for r, row in rows])
+                                      for f in sampling.SampleOutput._fields])
+    rewards = np.asarray([rounds[r].rewards[row] for r, row in rows], np.float32)
+    correct = np.asarray([rounds[r].correct[row] for r, row in rows], np.float32)
+    scored = rollouts_lib.Scored(samples, rewards, correct, score_time)
+    sample_time = time.time() - t0 - score_time
+
+    t1 = time.time()
+    loss_mask = samples.mask.copy()
+    loss_mask[len(chosen) * g:] = False
+    if FLAGS.mask_truncated:
+      loss_mask &= ~samples.truncated[:, None]
+    advantages = losses.group_advantages(rewards.reshape(b, g), scale=FLAGS.advantage_scale,
+                                         eps=FLAGS.advantage_eps).reshape(-1)
+    old_logp = self.rollouts.old_logprobs(params, samples)
+    if FLAGS.beta > 0:
+      sequences = logprobs_lib.sequences_from_samples(samples)
+      ref_logp = self.rollouts.completion(self.rollouts.logprobs(self.reference, *sequences), samples)
+    else:
+      ref_logp = jnp.zeros(samples.tokens.shape, jnp.float32)
+    batch = training.batch_from_samples(samples, jnp.asarray(loss_mask), old_logp, ref_logp, advantages)
+    jax.block_until_ready(batch)
+    stats = self.rollouts.stats(scored)
+    stats.update(zero_variance_groups=float(np.mean(np.ptp(rewards.reshape(b, g), axis=1) == 0)),
+                 sampling_rounds=float(len(rounds)), time_sampling=sample_time,
+                 time_scoring=score_time + time.time() - t1)
+    return batch, stats, position

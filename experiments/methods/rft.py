@@ -1,0 +1,77 @@
+"""Rejection-sampling fine-tuning: RFT (offline, samples of the SFT policy) and Online RFT (samples of
+the current policy), DeepSeekMath §5.2.1 and Table 10: GC(q, o, t) = 1 if o is correct, else 0."""
+
+import time
+
+from absl import flags
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.methods import base
+from experiments.methods import offline
+from experiments.methods import rollouts as rollouts_lib
+from grpo_jax import losses
+from grpo_jax import training
+from grpo_jax.training import objectives
+from grpo_jax.training import update as update_lib
+
+FLAGS = flags.FLAGS
+
+
+def _batch(samples, correct) -> training.Batch:
+  """A `Batch` whose advantages hold the paradigm coefficient GC = I(o correct) on every token."""
+  mask = jnp.asarray(samples.mask)
+  gc = losses.rft_coefficient(jnp.asarray(correct), mask)
+  zeros = jnp.zeros(samples.tokens.shape, jnp.float32)
+  return training.batch_from_samples(samples, mask, zeros, zeros, gc)
+
+
+class _Paradigm(base.Method):
+  def objective(self):
+    # The likelihood of the model itself (temperature 1): these methods imitate, they do not reweight.
+    return update_lib.bind(objectives.paradigm_objective, config=self.config, aggregation=FLAGS.loss_aggregation,
+                           chunk_size=FLAGS.logprob_chunk)
+
+
+class OnlineRFT(_Paradigm):
+  """Each step samples B×G completions from the current policy and fine-tunes on the correct ones."""
+  name = "online_rft"
+
+  def collect(self, params, position: int, key):
+    t0 = time.time()
+    examples = [self.task.train_example(position + i) for i in range(FLAGS.batch_size)]
+    scored = self.rollouts.sample(params, examples, key, FLAGS.group_size)
+    sample_time = time.time() - t0 - scored.score_time
+    batch = _batch(scored.samples, scored.correct)
+    stats = self.rollouts.stats(scored)
+    stats.update(time_sampling=sample_time, time_scoring=scored.score_time)
+    return batch, stats, position + FLAGS.batch_size
+
+
+class RFT(_Paradigm):
+  """Samples the SFT policy once (`--offline_prompts` × G), keeps the distinct correct completions,
+  and fine-tunes on them; each step takes B×G of them in shuffled epochs."""
+  name = "rft"
+
+  def prepare(self, start_policy, key):
+    scored, prompt_of_row, stats = offline.sample_offline(self.rollouts, start_policy, self.task, key)
+    s = scored.samples
+    seen, rows = set(), []
+    for row in np.flatnonzero(scored.correct > 0):
+      signature = (int(prompt_of_row[row]), s.tokens[row][s.mask[row]].tobytes())
+      if signature not in seen:
+        seen.add(signature)
+        rows.append(row)
+    if not rows:
+      raise ValueError("RFT: the start policy got no sampled problem right; nothing to fine-tune on")
+    self.data = rollouts_lib.take_rows(s, np.asarray(rows))
+    stats["rft_examples"] = float(len(rows))
+    return stats
+
+  def collect(self, params, position: int, key):
+    del params, key
+    n = self.rows_per_step()
+    rows = np.asarray([offline.epoch_order(len(self.data.tokens), position + i, FLAGS.seed) for i in range(n)])
+    samples = rollouts_lib.take_rows(self.data, rows)
+    batch = _batch(samples, np.ones(n, np.float32))
+    return batch, {"response_length": float(samples.lengths.mean())}, position + n

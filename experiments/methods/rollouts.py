@@ -1,0 +1,78 @@
+"""Sampling and scoring shared by the online methods: B prompts, G completions each, rewards."""
+
+import time
+from typing import NamedTuple
+
+from absl import flags
+import jax
+import numpy as np
+
+from grpo_jax import evaluation
+from grpo_jax import logprobs as logprobs_lib
+from grpo_jax import losses
+from grpo_jax import rewards as rewards_lib
+from grpo_jax import sampling
+from grpo_jax import training
+
+FLAGS = flags.FLAGS
+
+
+class Scored(NamedTuple):
+  """One round of rollouts: `samples` rows are prompt-major (row i·G + j is sample j of prompt i)."""
+  samples: sampling.SampleOutput  # numpy arrays
+  rewards: np.ndarray  # [B·G] float32, the training reward (with overlong shaping when on)
+  correct: np.ndarray  # [B·G] float32, 1 where the final answer is right
+  score_time: float
+
+
+def take_rows(samples: sampling.SampleOutput, rows) -> sampling.SampleOutput:
+  return sampling.SampleOutput(*[np.asarray(x)[rows] for x in samples])
+
+
+class Rollouts:
+  """Samples completions of the task's prompts from a policy and scores them with the task's reward."""
+
+  def __init__(self, config, task):
+    self.config, self.task = config, task
+    self.prompts_truncated = 0  # prompts cut from the left to --max_prompt_len, since the start
+    temperature = FLAGS.temperature
+    chunk = FLAGS.logprob_chunk
+    # Log-probs of the sampling distribution π ∝ exp(logits / T); params are arguments, never constants.
+    self.logprobs = jax.jit(lambda params, tokens, mask: logprobs_lib.token_logprobs(
+        params, config, tokens, mask, chunk_size=chunk, temperature=temperature))
+
+  def sample(self, params, examples, key, num_samples: int) -> Scored:
+    task, tok = self.task, self.task.tokenizer
+    tokens, mask, cut = training.encode_prompts(tok, [task.prompt(e) for e in examples], FLAGS.max_prompt_len)
+    self.prompts_truncated += cut
+    samples = sampling.sample(params, self.config, tokens, mask, key, num_samples=num_samples,
+                              max_new_tokens=FLAGS.max_new_tokens, temperature=FLAGS.temperature,
+                              top_k=FLAGS.top_k, top_p=FLAGS.top_p)
+    samples = jax.tree.map(np.asarray, samples)
+    t0 = time.time()
+    texts = evaluation.decode(tok, samples)
+    repeated = [e for e in examples for _ in range(num_samples)]
+    rewards = np.asarray(rewards_lib.score(texts, repeated, task.reward_fn), np.float32)
+    correct = np.asarray(rewards_lib.score(texts, repeated, "correctness"), np.float32)
+    if FLAGS.overlong_buffer:
+      rewards = rewards + np.asarray(losses.overlong_penalty(samples.lengths, FLAGS.max_new_tokens,
+                                                            FLAGS.overlong_buffer))
+    return Scored(samples, rewards, correct, time.time() - t0)
+
+  def old_logprobs(self, params, samples: sampling.SampleOutput):
+    """π_old of the sampled tokens `[N, T]`: the sampler's own log-probs at T = 1, else recomputed."""
+    if FLAGS.temperature == 1.0 and not FLAGS.recompute_old_logprobs:
+      return jax.numpy.asarray(samples.logprobs)
+    return self.completion(self.logprobs(params, *logprobs_lib.sequences_from_samples(samples)), samples)
+
+  @staticmethod
+  def completion(full, samples: sampling.SampleOutput):
+    """The completion columns `[N, T]` of a `[N, P + T]` array."""
+    return full[:, full.shape[1] - samples.tokens.shape[1]:]
+
+  def stats(self, scored: Scored) -> dict:
+    s = scored.samples
+    return {"reward_mean": float(scored.rewards.mean()), "reward_std": float(scored.rewards.std()),
+            "accuracy": float(scored.correct.mean()), "response_length": float(s.lengths.mean()),
+            "truncated_frac": float(s.truncated.mean()), "prompts_truncated": float(self.prompts_truncated),
+            "generated_tokens": float(s.lengths.sum())}

@@ -1,0 +1,100 @@
+"""Training objectives beyond GRPO and SFT: PPO with a critic, the paradigm's coefficient loss, DPO.
+
+Each is a pure function `(params, batch, totals, **static) -> (loss, metrics)` for
+`make_train_step`; `totals` carries the minibatch's sequence and token counts so the losses
+normalise globally and gradient accumulation is exact. Bind the static keywords with `bind`.
+"""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from grpo_jax import logprobs as logprobs_lib
+from grpo_jax import losses
+from grpo_jax.models import ModelConfig
+from grpo_jax.models import heads
+
+Params = Any
+
+
+def _masked_mean(x, mask):
+  mask = mask.astype(jnp.float32)
+  return jnp.sum(jnp.where(mask > 0, x, 0.0)) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def token_values(value_params: Params, config: ModelConfig, tokens: jax.Array, attention_mask: jax.Array) -> jax.Array:
+  """V(s_t) aligned with tokens, `[N, L]` float32: the critic's value of the state token t is drawn from.
+
+  The scalar head reads position t − 1 (the context o_<t), the same position whose logits give
+  log π(o_t), so values, log-probs and per-token rewards line up index for index.
+  """
+  v = heads.scalar_apply(value_params, config, tokens, attention_mask=attention_mask)
+  return jnp.concatenate([jnp.zeros_like(v[:, :1]), v[:, :-1]], axis=1)
+
+
+def ppo_objective(params: Params, batch, totals: dict, *, config: ModelConfig, loss_kwargs: dict,
+                  value_clip: float | None = 0.2, value_coef: float = 1.0, chunk_size: int = 128,
+                  temperature: float = 1.0):
+  """PPO's actor and critic losses (DeepSeekMath eq. 1; arXiv 2402.03300 §4.1, 1707.06347).
+
+    L = −J_PPO(θ) + c_v · token-mean ½ max((V_ψ − R)², (clip(V_ψ, V_old ± ε_v) − R)²)
+
+  `params` is `{"policy": ..., "value": ...}`: two pytrees, each receiving only its own term's
+  gradient. The KL to the reference lives in the rewards (`losses.kl_penalized_rewards`), not here.
+  `batch` is a `PPOBatch`; `loss_kwargs` go to `losses.ppo_loss`.
+  """
+  logp, entropy = logprobs_lib.token_logprobs(params["policy"], config, batch.tokens, batch.attention_mask,
+                                              chunk_size=chunk_size, return_entropy=True, temperature=temperature)
+  pg_loss, metrics = losses.ppo_loss(logp, batch.old_logp, batch.advantages, batch.loss_mask,
+                                     num_sequences=totals["num_sequences"], num_tokens=totals["num_tokens"],
+                                     **loss_kwargs)
+  values = token_values(params["value"], config, batch.tokens, batch.attention_mask)
+  per_token = losses.value_loss(values, batch.old_values, batch.returns, batch.loss_mask, clip=value_clip)
+  vf_loss = losses.aggregate(per_token, batch.loss_mask, "token-mean", num_tokens=totals["num_tokens"])
+  loss = pg_loss + value_coef * vf_loss
+  sg = jax.lax.stop_gradient
+  metrics.update(
+      loss=sg(loss), pg_loss=sg(pg_loss),
+      value_loss=sg(_masked_mean(per_token, batch.loss_mask)),  # this micro-batch's token mean
+      value_mean=sg(_masked_mean(values, batch.loss_mask)),
+      entropy=sg(_masked_mean(entropy, batch.loss_mask)))
+  if value_clip is not None:
+    clipped = jnp.abs(values - batch.old_values) > value_clip
+    metrics["value_clip_frac"] = sg(_masked_mean(clipped.astype(jnp.float32), batch.loss_mask))
+  return loss, metrics
+
+
+def paradigm_objective(params: Params, batch, totals: dict, *, config: ModelConfig,
+                       aggregation: str = "seq-mean-token-mean", chunk_size: int = 128, temperature: float = 1.0):
+  """The unified paradigm's loss (DeepSeekMath §5.2.1, Table 10) with GC = `batch.advantages`:
+
+    −(1/N) Σ_i (1/|o_i|) Σ_t GC(q, o_i, t) log π_θ(o_{i,t} | q, o_{i,<t}),
+
+  so SFT (GC = 1 on human data), RFT and Online RFT (GC = 1 on correct samples, else 0) are one
+  objective that differs only in the batch it is given.
+  """
+  logp = logprobs_lib.token_logprobs(params, config, batch.tokens, batch.attention_mask, chunk_size=chunk_size,
+                                     temperature=temperature)
+  loss = losses.paradigm_loss(logp, batch.advantages, batch.loss_mask, aggregation,
+                              num_sequences=totals["num_sequences"], num_tokens=totals["num_tokens"])
+  selected = jnp.any(batch.loss_mask & (batch.advantages != 0), axis=-1).astype(jnp.float32)
+  return loss, {"loss": jax.lax.stop_gradient(loss), "gc_nonzero_frac": jnp.mean(selected),
+                "nll": jax.lax.stop_gradient(-_masked_mean(logp, batch.loss_mask))}
+
+
+def dpo_objective(params: Params, batch, totals: dict, *, config: ModelConfig, beta: float = 0.1,
+                  chunk_size: int = 128):
+  """DPO (arXiv 2305.18290) over a `Batch` of interleaved pairs: rows 2k (o⁺) and 2k + 1 (o⁻).
+
+  `batch.ref_logp` holds the frozen reference's token log-probs. The pair mean is taken over the
+  whole minibatch (`totals["num_sequences"] / 2` pairs), so accumulation over micro-batches is exact.
+  """
+  logp = logprobs_lib.token_logprobs(params, config, batch.tokens, batch.attention_mask, chunk_size=chunk_size)
+  mask = batch.loss_mask
+  seq = jnp.sum(jnp.where(mask, logp, 0.0), axis=-1)
+  ref = jnp.sum(jnp.where(mask, batch.ref_logp, 0.0), axis=-1)
+  loss, metrics = losses.dpo_loss(seq[0::2], seq[1::2], ref[0::2], ref[1::2], beta)
+  loss = loss * seq.shape[0] / totals["num_sequences"]  # micro-batch pair mean -> share of the global mean
+  metrics["loss"] = jax.lax.stop_gradient(loss)
+  return loss, metrics
