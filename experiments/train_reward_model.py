@@ -1,0 +1,204 @@
+r"""Trains an outcome (ORM) or process (PRM) reward model on samples of a policy.
+
+  python -m experiments.grpo_math --work_dir=runs/sft --steps=1 --eval_every=0    # an SFT policy
+  python -m experiments.train_reward_model --policy=runs/sft/sft_policy --rm_kind=prm \
+      --rm_dir=runs/prm
+
+The policy (the SFT model) samples --rm_samples_per_prompt completions for each of --rm_prompts
+training problems (problems the SFT stage never saw) and of --rm_eval_prompts held-out problems.
+Completions are labelled by their final answer (ORM) or step by step (PRM): exactly on the
+synthetic task, else by Math-Shepherd Monte Carlo rollouts (--mc_rollouts per step). The reward
+model (the policy's backbone plus a scalar head, DeepSeekMath §4.1, arXiv 2402.03300) trains on
+the training samples; held-out accuracy and AUC are reported before and after. Output in --rm_dir:
+`reward_model/` (HF backbone + reward_head.safetensors + tokenizer), `metrics.jsonl`,
+`summary.json`. Task, sampling and model flags are those of experiments.grpo_math.
+"""
+
+import json
+import pathlib
+import sys
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+import numpy as np
+
+from experiments import grpo_math
+from grpo_jax import data
+from grpo_jax import models
+from grpo_jax import reward_models as rm
+from grpo_jax import training
+from grpo_jax.training import checkpointing
+
+flags.DEFINE_string("policy", "", "HF-format directory of the policy that samples the training data (the SFT "
+                    "model, e.g. <grpo_math work_dir>/sft_policy); the reward model starts from its backbone.")
+flags.DEFINE_enum("rm_kind", "orm", list(rm.KINDS), "orm: score the last token; prm: score every step's end.")
+flags.DEFINE_string("rm_dir", "runs/reward_model", "Output directory of the reward model, logs and summary.")
+flags.DEFINE_enum("rm_step_labels", "auto", ["auto", *rm.STEP_LABELS], "PRM step labels: exact (synthetic "
+                  "task), Math-Shepherd Monte Carlo mc_hard (any rollout right) or mc_soft (the fraction); "
+                  "auto: exact on the synthetic task, else mc_hard.")
+flags.DEFINE_integer("mc_rollouts", 4, "Monte Carlo step labels: completions sampled from each step's prefix.")
+flags.DEFINE_integer("rm_prompts", 1000, "Training problems to sample completions for.")
+flags.DEFINE_integer("rm_eval_prompts", 200, "Held-out problems (from the test set) for accuracy and AUC.")
+flags.DEFINE_integer("rm_samples_per_prompt", 4, "Completions sampled per problem.")
+flags.DEFINE_integer("rm_sample_batch", 64, "Problems per sampler call.")
+flags.DEFINE_integer("rm_max_steps", 8, "PRM: most scored segments per completion (the first K-1 and the last).")
+flags.DEFINE_enum("rm_loss", "bce", list(rm.train.LOSSES), "bce, or the Bradley-Terry pairwise loss (orm) over "
+                  "(right, wrong) pairs of one problem.")
+flags.DEFINE_integer("rm_steps", 300, "Reward-model optimiser steps.")
+flags.DEFINE_integer("rm_batch_size", 64, "Completions per reward-model step (pairwise: keep it a multiple of "
+                     "--rm_samples_per_prompt so a problem's samples share a batch).")
+flags.DEFINE_float("rm_learning_rate", 3e-4, "Reward-model peak learning rate (cosine decay; the paper: 2e-5 "
+                   "for 7B).")
+flags.DEFINE_integer("rm_eval_every", 100, "Held-out evaluation every N steps (0: only before and after).")
+flags.DEFINE_bool("rm_overwrite", False, "Replace an existing reward model in --rm_dir.")
+
+FLAGS = flags.FLAGS
+
+for _name in ("rm_prompts", "rm_eval_prompts", "rm_samples_per_prompt", "rm_sample_batch", "rm_max_steps",
+              "rm_batch_size", "mc_rollouts"):
+  flags.register_validator(_name, lambda v: v >= 1, message=f"--{_name} must be >= 1")
+flags.register_validator("rm_steps", lambda v: v >= 0, message="--rm_steps must be >= 0")
+flags.register_validator("rm_eval_every", lambda v: v >= 0, message="--rm_eval_every must be >= 0")
+flags.register_validator("rm_learning_rate", lambda v: v > 0, message="--rm_learning_rate must be > 0")
+flags.register_multi_flags_validator(
+    ["rm_loss", "rm_kind"], lambda f: f["rm_loss"] == "bce" or f["rm_kind"] == "orm",
+    message="--rm_loss=pairwise needs --rm_kind=orm")
+
+
+def _collect(params, config, task, examples, key, step_labels):
+  prompts = [task.prompt(e) for e in examples]
+  return rm.sample_reward_data(
+      params, config, task.tokenizer, examples, prompts, key, kind=FLAGS.rm_kind,
+      samples_per_prompt=FLAGS.rm_samples_per_prompt, max_prompt_len=FLAGS.max_prompt_len,
+      max_new_tokens=FLAGS.max_new_tokens, batch_size=min(FLAGS.rm_sample_batch, len(examples)),
+      temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p, step_labels=step_labels,
+      max_steps=FLAGS.rm_max_steps, mc_rollouts=FLAGS.mc_rollouts)
+
+
+def _print_eval(name, values):
+  parts = [f"{k} {v:.3f}" for k, v in values.items() if not k.endswith(("count", "positive_rate"))]
+  print(f"{name}: " + ", ".join(parts), file=sys.stderr)
+
+
+def run() -> dict:
+  t_start = time.time()
+  if not FLAGS.policy:
+    raise grpo_math.RunError("--policy is required: the HF directory of the policy that samples the data")
+  out_dir = pathlib.Path(FLAGS.rm_dir)
+  model_dir = out_dir / "reward_model"
+  if model_dir.exists() and not FLAGS.rm_overwrite:
+    raise grpo_math.RunError(f"{model_dir} already exists; pass --rm_overwrite or choose another --rm_dir")
+  policy_dir = pathlib.Path(FLAGS.policy)
+  params, config = models.load_hf(policy_dir, dtype=FLAGS.dtype, param_dtype=FLAGS.dtype, remat=FLAGS.remat)
+  tokenizer = models.load_tokenizer(policy_dir)
+  task = grpo_math.Task(tokenizer, sft_lineage=True)
+  step_labels = FLAGS.rm_step_labels
+  if step_labels == "auto":
+    step_labels = "exact" if FLAGS.task == "synthetic" else "mc_hard"
+  if FLAGS.rm_kind == "prm" and step_labels == "exact" and FLAGS.task != "synthetic":
+    raise grpo_math.RunError(f"--rm_step_labels=exact needs the synthetic task; --task={FLAGS.task} has no step "
+                             "truth (use mc_hard or mc_soft)")
+  train_examples = [task.train_example(i) for i in range(min(FLAGS.rm_prompts, len(task.rl_pool)))]
+  eval_examples = task.test[:FLAGS.rm_eval_prompts]
+  out_dir.mkdir(parents=True, exist_ok=True)
+  (out_dir / "flags.txt").write_text(FLAGS.flags_into_string())
+  key = jax.random.PRNGKey(FLAGS.seed)
+
+  # COLLECT: samples of the policy, labelled
+  t0 = time.time()
+  print(f"sampling {FLAGS.rm_samples_per_prompt} completions for {len(train_examples)} training and "
+        f"{len(eval_examples)} held-out problems from {policy_dir} ({FLAGS.rm_kind}, labels: "
+        f"{'outcome' if FLAGS.rm_kind == 'orm' else step_labels})", file=sys.stderr)
+  train_data, _ = _collect(params, config, task, train_examples, jax.random.fold_in(key, 1), step_labels)
+  eval_data, _ = _collect(params, config, task, eval_examples, jax.random.fold_in(key, 2), step_labels)
+  collect_time = time.time() - t0
+  label_rate = float(train_data.labels[train_data.loss_mask].mean())
+  print(f"{train_data.tokens.shape[0]} training / {eval_data.tokens.shape[0]} held-out completions, "
+        f"{int(train_data.loss_mask.sum())} scored positions, {100 * label_rate:.1f}% labelled right, "
+        f"{100 * float(train_data.outcome.mean()):.1f}% right answers ({collect_time:.0f} s)", file=sys.stderr)
+
+  # TRAIN
+  logger = training.MetricsLogger(out_dir, FLAGS.rm_steps, tensorboard=FLAGS.tensorboard)
+  warmup = min(FLAGS.warmup_steps, FLAGS.rm_steps // 10)
+  optimizer = training.make_optimizer(
+      FLAGS.rm_learning_rate, warmup_steps=warmup, total_steps=max(FLAGS.rm_steps, 1),
+      schedule="cosine" if FLAGS.rm_steps > warmup + 1 else "constant", weight_decay=FLAGS.weight_decay,
+      max_grad_norm=FLAGS.max_grad_norm or None)
+  rm_params = rm.init_reward_params(params, config, jax.random.fold_in(key, 3))
+  state = training.init_train_state(rm_params, optimizer)
+  train_step = rm.make_reward_train_step(config, optimizer, kind=FLAGS.rm_kind, loss=FLAGS.rm_loss)
+  before = rm.evaluate(state.params, config, eval_data, kind=FLAGS.rm_kind)
+  logger.log(0, before, prefix="eval/")
+  _print_eval("held-out before training", before)
+  logger.start(FLAGS.rm_steps)
+
+  def log(step, values):
+    values = logger.log(step, values, prefix="train/")
+    logger.progress(step, f"loss {values['train/loss']:.4f} acc {values['train/accuracy']:.3f}")
+
+  t0 = time.time()
+  done = 0
+  every = FLAGS.rm_eval_every or FLAGS.rm_steps
+  while done < FLAGS.rm_steps:
+    chunk = min(every, FLAGS.rm_steps - done)
+    state, _ = rm.fit(state, train_step, train_data, steps=chunk, batch_size=FLAGS.rm_batch_size,
+                      seed=FLAGS.seed, start=done, log_every=10, log=log)
+    done += chunk
+    if done < FLAGS.rm_steps:
+      logger.newline()
+      values = rm.evaluate(state.params, config, eval_data, kind=FLAGS.rm_kind)
+      logger.log(done, values, prefix="eval/")
+      _print_eval(f"held-out at step {done}", values)
+  logger.newline()
+  train_time = time.time() - t0
+  after = rm.evaluate(state.params, config, eval_data, kind=FLAGS.rm_kind)
+  train_fit = rm.evaluate(state.params, config, train_data, kind=FLAGS.rm_kind)
+  logger.log(FLAGS.rm_steps, after, prefix="eval/")
+  logger.close()
+  _print_eval("held-out after training", after)
+
+  # SAVE
+  rm.save_reward_model(state.params, config, model_dir, kind=FLAGS.rm_kind, tokenizer_dir=policy_dir)
+  summary = {"kind": FLAGS.rm_kind, "loss": FLAGS.rm_loss,
+             "step_labels": "outcome" if FLAGS.rm_kind == "orm" else step_labels,
+             "train_completions": int(train_data.tokens.shape[0]), "eval_completions": int(eval_data.tokens.shape[0]),
+             "train_answer_accuracy": float(train_data.outcome.mean()),
+             "eval_answer_accuracy": float(eval_data.outcome.mean()),
+             **{f"before/{k}": v for k, v in before.items()}, **{f"after/{k}": v for k, v in after.items()},
+             **{f"train/{k}": v for k, v in train_fit.items()},
+             "time_collect_s": collect_time, "time_train_s": train_time, "time_total_s": time.time() - t_start}
+  (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+  rows = [("held-out completions", f"{summary['eval_completions']}"),
+          ("policy answer accuracy (held-out samples)", f"{100 * summary['eval_answer_accuracy']:.1f}%")]
+  for level in ("outcome", "step"):
+    if f"{level}/auc" in after:
+      rows += [(f"{level} accuracy, before -> after", f"{100 * before[f'{level}/accuracy']:.1f}% -> "
+                f"{100 * after[f'{level}/accuracy']:.1f}% (majority class "
+                f"{100 * max(after[f'{level}/positive_rate'], 1 - after[f'{level}/positive_rate']):.1f}%)"),
+               (f"{level} AUC, before -> after", f"{before[f'{level}/auc']:.3f} -> {after[f'{level}/auc']:.3f}")]
+  rows.append(("wall time", f"{summary['time_total_s']:.0f} s (sampling and labels {collect_time:.0f} s, "
+               f"training {train_time:.0f} s)"))
+  width = max(len(r[0]) for r in rows)
+  print("\n".join(["", f"reward model ({FLAGS.rm_kind})", "-" * (width + 10)]
+                  + [f"{a:<{width}}  {b}" for a, b in rows]))
+  print(f"reward model: {model_dir}")
+  return summary
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+  try:
+    run()
+  except (grpo_math.RunError, models.CheckpointError, data.DatasetError, checkpointing.CheckpointError,
+          FloatingPointError, ValueError, OSError) as err:
+    sys.exit(f"train_reward_model: error: {err}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,129 @@
+"""Reward-model losses: outcome BCE (ORM), per-step BCE (PRM) and the pairwise Bradley-Terry loss.
+
+Scores are logits s; σ(s) is the model's probability that the solution (or step) is correct.
+Labels may be hard (0/1) or soft (a Monte Carlo success fraction in [0, 1], Math-Shepherd's
+soft estimate). Each loss returns `(loss, metrics)`; the metrics are stop-gradient.
+"""
+
+import chex
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.losses import _checks
+
+
+def _bce(logits: chex.Array, labels: chex.Array) -> chex.Array:
+  """−[y log σ(s) + (1 − y) log(1 − σ(s))] = softplus(s) − y·s, stable for any s."""
+  return jax.nn.softplus(logits) - labels * logits
+
+
+def _masked_metrics(loss, logits, labels, valid, count) -> dict[str, chex.Array]:
+  logits, labels = jax.lax.stop_gradient(logits), jax.lax.stop_gradient(labels)
+  hit = ((logits > 0) == (labels > 0.5)).astype(jnp.float32)
+  return {"loss": jax.lax.stop_gradient(loss),
+          "accuracy": jnp.sum(jnp.where(valid, hit, 0.0)) / count,
+          "mean_probability": jnp.sum(jnp.where(valid, jax.nn.sigmoid(logits), 0.0)) / count,
+          "mean_label": jnp.sum(jnp.where(valid, labels, 0.0)) / count}
+
+
+def outcome_bce_loss(
+    logits: chex.Array,
+    labels: chex.Array,
+    mask: chex.Array | None = None,
+    *,
+    num_examples: chex.Numeric | None = None,
+) -> tuple[chex.Array, dict[str, chex.Array]]:
+  """Binary cross-entropy of an outcome reward model (DeepSeekMath §4.1, arXiv 2402.03300):
+
+    ℓ = (1/N) Σ_i −[y_i log σ(s_i) + (1 − y_i) log(1 − σ(s_i))],
+
+  s_i the ORM's score of completion i (its last token), y_i ∈ [0, 1] whether it is correct.
+
+  Args:
+    logits: `[N]` scores s_i.
+    labels: `[N]` labels y_i (0/1, or soft).
+    mask: `[N]` true for real examples (padding rows false); default all true.
+    num_examples: the normaliser N; default the number of true entries of `mask`. Pass the
+      whole minibatch's count when accumulating gradients over micro-batches.
+
+  Returns:
+    `(loss, metrics)`: "loss", "accuracy" (σ(s) > 0.5 agrees with y > 0.5), "mean_probability",
+    "mean_label".
+  """
+  chex.assert_rank([logits, labels], 1)
+  chex.assert_equal_shape([logits, labels])
+  return _masked_bce(logits, labels, mask, num_examples)
+
+
+def step_bce_loss(
+    logits: chex.Array,
+    labels: chex.Array,
+    step_mask: chex.Array,
+    *,
+    num_steps: chex.Numeric | None = None,
+) -> tuple[chex.Array, dict[str, chex.Array]]:
+  """Per-step binary cross-entropy of a process reward model (DeepSeekMath §4.1.3; Math-Shepherd,
+  arXiv 2312.08935), averaged over all real steps of the batch:
+
+    ℓ = (1/Σ_ij m_ij) Σ_ij m_ij · −[y_ij log σ(s_ij) + (1 − y_ij) log(1 − σ(s_ij))],
+
+  s_ij the PRM's score at the end token of step j of completion i, y_ij its step label.
+
+  Args:
+    logits: `[N, K]` step scores, K the most steps.
+    labels: `[N, K]` step labels in [0, 1].
+    step_mask: `[N, K]` m_ij, true for real steps.
+    num_steps: the normaliser Σ m; default the count in `step_mask` (pass the minibatch's when
+      accumulating gradients).
+
+  Returns:
+    `(loss, metrics)` as `outcome_bce_loss`, per step.
+  """
+  chex.assert_rank([logits, labels, step_mask], 2)
+  chex.assert_equal_shape([logits, labels, step_mask])
+  return _masked_bce(logits, labels, step_mask, num_steps)
+
+
+def _masked_bce(logits, labels, mask, count):
+  s, y = _checks.f32(logits), _checks.f32(labels)
+  valid = jnp.ones(s.shape, bool) if mask is None else jnp.asarray(mask, bool)
+  if count is None:
+    count = jnp.sum(valid)
+  count = jnp.maximum(_checks.f32(count), 1.0)
+  loss = jnp.sum(jnp.where(valid, _bce(s, y), 0.0)) / count
+  return loss, _masked_metrics(loss, s, y, valid, count)
+
+
+def pairwise_reward_loss(
+    chosen: chex.Array,
+    rejected: chex.Array,
+    mask: chex.Array | None = None,
+    *,
+    num_pairs: chex.Numeric | None = None,
+) -> tuple[chex.Array, dict[str, chex.Array]]:
+  """Bradley-Terry pairwise loss of a reward model (Ouyang et al., 2022, arXiv 2203.02155, eq. 1):
+
+    ℓ = (1/P) Σ_p −log σ(s⁺_p − s⁻_p),
+
+  s⁺ the score of the preferred output (e.g. a correct solution), s⁻ of the dispreferred one.
+  Only score differences are trained, so σ(s) is a ranking score, not a calibrated probability.
+
+  Args:
+    chosen: `[...]` scores s⁺.
+    rejected: `[...]` scores s⁻, the same shape.
+    mask: true for real pairs; default all true.
+    num_pairs: the normaliser P; default the count in `mask`.
+
+  Returns:
+    `(loss, metrics)`: "loss", "accuracy" (s⁺ > s⁻), "margin" (mean s⁺ − s⁻).
+  """
+  chex.assert_equal_shape([chosen, rejected])
+  margin = _checks.f32(chosen) - _checks.f32(rejected)
+  valid = jnp.ones(margin.shape, bool) if mask is None else jnp.asarray(mask, bool)
+  chex.assert_equal_shape([margin, valid])
+  count = jnp.maximum(_checks.f32(jnp.sum(valid) if num_pairs is None else num_pairs), 1.0)
+  loss = jnp.sum(jnp.where(valid, -jax.nn.log_sigmoid(margin), 0.0)) / count
+  margin = jax.lax.stop_gradient(margin)
+  return loss, {"loss": jax.lax.stop_gradient(loss),
+                "accuracy": jnp.sum(jnp.where(valid, (margin > 0).astype(jnp.float32), 0.0)) / count,
+                "margin": jnp.sum(jnp.where(valid, margin, 0.0)) / count}

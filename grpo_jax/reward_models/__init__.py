@@ -1,0 +1,57 @@
+"""Learned reward models for GRPO: outcome (ORM) and process (PRM) reward models on the policy backbone.
+
+  from grpo_jax import reward_models as rm
+  params = rm.init_reward_params(policy_params, config, key)            # backbone copied, fresh head
+  s = rm.outcome_scores(params, config, tokens, mask)                   # [N] logits, σ(s) = P(correct)
+  s = rm.step_scores(params, config, tokens, mask, step_ends, step_mask) # [N, K] logits
+  rm.save_reward_model(params, config, out_dir, kind="prm"); rm.load_reward_model(out_dir)
+
+DeepSeekMath §4.1.2-4.1.4 (arXiv 2402.03300); step labels as in Math-Shepherd (arXiv 2312.08935).
+"""
+
+from grpo_jax.reward_models.collect import STEP_LABELS, label_samples, sample_reward_data
+from grpo_jax.reward_models.data import (RewardData, build_reward_data, concat, exact_step_labels,
+                                         monte_carlo_step_labels, outcome_labels, problem_id, take)
+from grpo_jax.reward_models.io import HEAD_FILE, load_reward_model, save_reward_model
+from grpo_jax.reward_models.metrics import binary_accuracy, binary_auc
+from grpo_jax.reward_models.model import (KINDS, init_reward_params, last_token_index, outcome_scores,
+                                          step_scores, token_scores)
+from grpo_jax.reward_models.positions import sample_segment_ends, segment_token_ends
+from grpo_jax.reward_models.rollout import policy_rollout
+from grpo_jax.reward_models.train import (batch_indices, evaluate, fit, make_reward_train_step,
+                                          outcome_from_steps, reward_objective, score)
+
+__all__ = (
+    "HEAD_FILE",
+    "KINDS",
+    "RewardData",
+    "STEP_LABELS",
+    "batch_indices",
+    "binary_accuracy",
+    "binary_auc",
+    "build_reward_data",
+    "concat",
+    "evaluate",
+    "exact_step_labels",
+    "fit",
+    "init_reward_params",
+    "label_samples",
+    "last_token_index",
+    "load_reward_model",
+    "make_reward_train_step",
+    "monte_carlo_step_labels",
+    "outcome_from_steps",
+    "outcome_labels",
+    "outcome_scores",
+    "policy_rollout",
+    "problem_id",
+    "reward_objective",
+    "sample_segment_ends",
+    "sample_reward_data",
+    "save_reward_model",
+    "score",
+    "segment_token_ends",
+    "step_scores",
+    "take",
+    "token_scores",
+)

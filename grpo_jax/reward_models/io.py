@@ -1,0 +1,85 @@
+"""Reward-model checkpoints: the backbone in Hugging Face format plus the head in its own file.
+
+  <dir>/config.json, model.safetensors   the backbone, loadable by `grpo_jax.models.load_hf` (and by
+                                         transformers as a causal LM whose output layer is tied to
+                                         the embeddings: the policy's lm_head is not part of a reward model)
+  <dir>/reward_head.safetensors          "kernel" [E] and "bias" [1], metadata {"kind": "orm"|"prm"}
+  <dir>/tokenizer files                  copied from the policy when `tokenizer_dir` is given
+"""
+
+import dataclasses
+import pathlib
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import safetensors
+import safetensors.numpy
+
+from grpo_jax.models import hf_io
+from grpo_jax.models.config import CheckpointError, ModelConfig
+from grpo_jax.reward_models.model import KINDS, Params
+
+HEAD_FILE = "reward_head.safetensors"
+_FORMAT = "grpo_jax.reward_head"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                    "vocab.json", "merges.txt", "chat_template.jinja")
+
+
+def save_reward_model(params: Params, config: ModelConfig, path: str | pathlib.Path, *, kind: str,
+                      tokenizer_dir: str | pathlib.Path | None = None) -> pathlib.Path:
+  """Writes a reward model (see the module docstring); returns `path`."""
+  if kind not in KINDS:
+    raise ValueError(f"unknown reward model kind {kind!r}; expected one of {KINDS}")
+  path = pathlib.Path(path)
+  backbone_config = dataclasses.replace(config, tie_word_embeddings=True)
+  hf_io.save_hf(params["backbone"], backbone_config, path)
+  head = {"kernel": np.asarray(jax.device_get(params["head"]["kernel"]), np.float32),
+          "bias": np.asarray(jax.device_get(params["head"]["bias"]), np.float32).reshape(1)}
+  tmp = path / (HEAD_FILE + ".tmp")
+  safetensors.numpy.save_file(head, str(tmp), metadata={"format": _FORMAT, "kind": kind})
+  tmp.replace(path / HEAD_FILE)
+  if tokenizer_dir is not None:
+    for name in _TOKENIZER_FILES:
+      if (pathlib.Path(tokenizer_dir) / name).is_file():
+        shutil.copyfile(pathlib.Path(tokenizer_dir) / name, path / name)
+  return path
+
+
+def load_reward_model(path: str | pathlib.Path, *, dtype: str = "float32", param_dtype: str | None = None,
+                      remat: bool = False) -> tuple[Params, ModelConfig, str]:
+  """Loads a reward model written by `save_reward_model`.
+
+  Returns:
+    (params, config, kind); `config.tie_word_embeddings` is True (see the module docstring).
+
+  Raises:
+    CheckpointError: a missing directory, backbone or head file, or a corrupt or mis-shaped head.
+  """
+  path = pathlib.Path(path)
+  if not path.is_dir():
+    raise CheckpointError(f"reward model directory does not exist: {path}")
+  head_file = path / HEAD_FILE
+  if not head_file.is_file():
+    raise CheckpointError(f"missing {HEAD_FILE} in {path}: not a reward model directory")
+  backbone, config = hf_io.load_hf(path, dtype=dtype, param_dtype=param_dtype, remat=remat)
+  try:
+    with safetensors.safe_open(head_file, framework="np") as f:
+      meta = f.metadata() or {}
+      tensors = {name: f.get_tensor(name) for name in f.keys()}
+  except Exception as err:  # safetensors raises its own error types for truncated or garbled files.
+    raise CheckpointError(f"{head_file}: unreadable ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
+                          ) from None
+  kind = meta.get("kind")
+  if meta.get("format") != _FORMAT or kind not in KINDS:
+    raise CheckpointError(f"{head_file}: not a grpo_jax reward head (metadata {meta})")
+  expected = {"kernel": (config.hidden_size,), "bias": (1,)}
+  for name, shape in expected.items():
+    if name not in tensors:
+      raise CheckpointError(f"{head_file}: missing tensor {name}")
+    if tuple(tensors[name].shape) != shape:
+      raise CheckpointError(f"{head_file}: tensor {name} has shape {tuple(tensors[name].shape)}, expected {shape}")
+  dt = jnp.dtype(config.param_dtype)
+  head = {"kernel": jnp.asarray(tensors["kernel"].astype(dt)), "bias": jnp.asarray(tensors["bias"][0].astype(dt))}
+  return {"backbone": backbone, "head": head}, config, kind

@@ -1,0 +1,149 @@
+"""Training and scoring of reward models: the objective, the jitted step, a resumable fit loop.
+
+  step = make_reward_train_step(config, optimizer, kind="prm")
+  state = training.init_train_state(init_reward_params(policy, config, key), optimizer)
+  state, history = fit(state, step, data, steps=300, batch_size=64, seed=0)
+  metrics = evaluate(state.params, config, held_out, kind="prm")
+
+The step is `grpo_jax.training.make_train_step` with `reward_objective`; the micro-batch totals
+count the scored positions (`RewardData.loss_mask`), so gradient accumulation stays exact for the
+BCE losses.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from grpo_jax.losses import reward as reward_losses
+from grpo_jax.models.config import ModelConfig
+from grpo_jax.reward_models import metrics as metrics_lib
+from grpo_jax.reward_models import model
+from grpo_jax.reward_models.data import RewardData, num_rows, take
+from grpo_jax.training import update
+
+LOSSES = ("bce", "pairwise")
+
+
+def reward_objective(params, batch: RewardData, totals: dict, *, config: ModelConfig, kind: str, loss: str = "bce",
+                     pairs_within_problem: bool = True):
+  """The reward-model loss of a (micro-)batch of `RewardData`.
+
+  "bce": `outcome_bce_loss` on the last token (ORM) or `step_bce_loss` on every segment end (PRM),
+  normalised by the minibatch's count of scored positions. "pairwise" (ORM only):
+  `pairwise_reward_loss` over every (right, wrong) pair of completions of the micro-batch (of one
+  problem when `pairs_within_problem`), normalised by the micro-batch's pair count.
+  """
+  scores = model.step_scores(params, config, batch.tokens, batch.attention_mask, batch.positions, batch.loss_mask)
+  if loss == "bce":
+    if kind == "orm":
+      return reward_losses.outcome_bce_loss(scores[:, 0], batch.labels[:, 0], batch.loss_mask[:, 0],
+                                            num_examples=totals["num_tokens"])
+    return reward_losses.step_bce_loss(scores, batch.labels, batch.loss_mask, num_steps=totals["num_tokens"])
+  if loss != "pairwise" or kind != "orm":
+    raise ValueError(f"unknown reward loss {loss!r} for kind {kind!r}; the pairwise loss is for ORMs")
+  s, y, valid = scores[:, 0], batch.labels[:, 0], batch.loss_mask[:, 0]
+  pairs = (y[:, None] > y[None, :]) & valid[:, None] & valid[None, :]
+  if pairs_within_problem:
+    pairs &= batch.group[:, None] == batch.group[None, :]
+  chosen, rejected = jnp.broadcast_arrays(s[:, None], s[None, :])
+  return reward_losses.pairwise_reward_loss(chosen, rejected, pairs)
+
+
+def make_reward_train_step(config: ModelConfig, optimizer: optax.GradientTransformation, *, kind: str,
+                           loss: str = "bce", num_micro_batches: int = 1, pairs_within_problem: bool = True,
+                           donate: bool = True):
+  """Jitted `step(TrainState, RewardData batch) -> (TrainState, metrics)` of a reward model."""
+  if kind not in model.KINDS:
+    raise ValueError(f"unknown reward model kind {kind!r}; expected one of {model.KINDS}")
+  if loss not in LOSSES or (loss == "pairwise" and kind != "orm"):
+    raise ValueError(f"reward loss {loss!r} is not available for kind {kind!r} (bce: both; pairwise: orm)")
+  objective = update.bind(reward_objective, config=config, kind=kind, loss=loss,
+                          pairs_within_problem=pairs_within_problem)
+  return update.make_train_step(objective, optimizer, num_micro_batches, donate=donate)
+
+
+def batch_indices(num_rows_: int, batch_size: int, step: int, seed: int) -> np.ndarray:
+  """Row indices of minibatch `step` (0-based): positions [step·B, (step+1)·B) of an endless stream
+  of per-epoch permutations, `default_rng([seed, epoch]).permutation(N)`. Depends only on its
+  arguments, so a resumed run draws the same batches."""
+  if num_rows_ < 1:
+    raise ValueError("no reward-model training rows")
+  pos = np.arange(step * batch_size, (step + 1) * batch_size)
+  epochs, offsets = np.divmod(pos, num_rows_)
+  out = np.empty(batch_size, np.int64)
+  for epoch in np.unique(epochs):
+    order = np.random.default_rng([seed, int(epoch)]).permutation(num_rows_)
+    out[epochs == epoch] = order[offsets[epochs == epoch]]
+  return out
+
+
+def fit(state: update.TrainState, train_step, data: RewardData, *, steps: int, batch_size: int, seed: int,
+        start: int = 0, log_every: int = 0, log=None):
+  """Runs `steps` optimiser steps from step `start` on minibatches drawn by `batch_indices`.
+
+  Returns:
+    (state, history): history a list of (step, metrics as floats) every `log_every` steps and at
+    the last step; `log(step, metrics)` is called with each entry.
+
+  Raises:
+    FloatingPointError: on a non-finite loss.
+  """
+  history = []
+  n = num_rows(data)
+  for step in range(start, start + steps):
+    batch = jax.tree.map(jnp.asarray, take(data, batch_indices(n, batch_size, step, seed)))
+    state, metrics = train_step(state, batch)
+    last = step == start + steps - 1
+    if (log_every and (step + 1) % log_every == 0) or last:
+      values = {k: float(v) for k, v in metrics.items()}
+      if not np.isfinite(values["loss"]):
+        raise FloatingPointError(f"reward model step {step + 1}: non-finite loss")
+      history.append((step + 1, values))
+      if log is not None:
+        log(step + 1, values)
+  return state, history
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _scores(params, config, tokens, attention_mask, positions, mask):
+  return model.step_scores(params, config, tokens, attention_mask, positions, mask)
+
+
+def score(params, config: ModelConfig, data: RewardData, *, batch_size: int = 256) -> np.ndarray:
+  """`[N, K]` logits at every scored position of `data` (0 where `loss_mask` is False), in fixed-shape
+  batches (the last one padded), so scoring compiles once."""
+  n = num_rows(data)
+  out = []
+  for start in range(0, n, batch_size):
+    index = np.arange(start, start + batch_size) % n
+    b = take(data, index)
+    s = _scores(params, config, jnp.asarray(b.tokens), jnp.asarray(b.attention_mask), jnp.asarray(b.positions),
+                jnp.asarray(b.loss_mask))
+    out.append(np.asarray(s)[:min(batch_size, n - start)])
+  return np.concatenate(out, axis=0)
+
+
+def outcome_from_steps(step_logits: np.ndarray, step_mask: np.ndarray) -> np.ndarray:
+  """A PRM's outcome score: the minimum step logit, σ(min s) = min σ(s) (Math-Shepherd's aggregate);
+  -inf for a completion without segments."""
+  lowest = np.min(np.where(step_mask, step_logits, np.inf), axis=1)
+  return np.where(np.any(step_mask, axis=1), lowest, -np.inf)
+
+
+def evaluate(params, config: ModelConfig, data: RewardData, *, kind: str, batch_size: int = 256) -> dict[str, float]:
+  """Held-out accuracy and AUC of a reward model on labelled rows.
+
+  "outcome/*": the completion-level verdict against the final answer's correctness (ORM: its score;
+  PRM: its minimum step score). PRM also "step/*": every segment score against its step label.
+  """
+  logits = score(params, config, data, batch_size=batch_size)
+  if kind == "orm":
+    return metrics_lib.summarize(logits[:, 0], data.outcome, data.loss_mask[:, 0], prefix="outcome/")
+  result = metrics_lib.summarize(logits, data.labels, data.loss_mask, prefix="step/")
+  outcome = outcome_from_steps(logits, data.loss_mask)
+  result.update(metrics_lib.summarize(np.where(np.isfinite(outcome), outcome, -1e9), data.outcome,
+                                      prefix="outcome/"))
+  return result
