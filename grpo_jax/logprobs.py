@@ -6,10 +6,14 @@ log-softmax and gather run per chunk of `chunk_size` positions inside a
 recomputes each chunk's logits instead of storing them.
 """
 
+from collections.abc import Mapping
+
 import chex
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh
 
+from grpo_jax import sharding
 from grpo_jax.models import transformer
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.sampling import SampleOutput
@@ -76,6 +80,38 @@ def token_logprobs(params, config: ModelConfig, tokens: jax.Array, attention_mas
   if return_entropy:
     return align(logp), align(entropy)
   return align(logp)
+
+
+def jit_token_logprobs(config: ModelConfig, *, mesh: Mesh | None = None, rules: Mapping | None = None,
+                       chunk_size: int = 128, return_entropy: bool = False, temperature: float = 1.0):
+  """A jitted `fn(params, tokens, attention_mask)` computing `token_logprobs` (e.g. π_old or π_ref).
+
+  Params are an argument, never a compile-time constant. With `mesh` and `rules`
+  the function has explicit in/out shardings: params placed by the rules, rows of
+  tokens, mask and outputs split over the data axes (inputs are re-sharded as
+  needed); one compilation per input shape.
+  """
+  kwargs = dict(chunk_size=chunk_size, return_entropy=return_entropy, temperature=temperature)
+  body = lambda params, tokens, mask: token_logprobs(params, config, tokens, mask, **kwargs)
+  if (mesh is None) != (rules is None):
+    raise ValueError("jit_token_logprobs: pass both mesh and rules, or neither")
+  if mesh is None:
+    return jax.jit(body)
+  params_sh = sharding.param_shardings(mesh, rules, jax.eval_shape(transformer.init_params, config,
+                                                                   jax.random.key(0)))
+  compiled = {}
+
+  def call(params, tokens, attention_mask):
+    shape = tuple(tokens.shape)
+    if shape not in compiled:
+      rows = sharding.logical_sharding(mesh, rules, ("batch", None), shape)
+      out = (rows, rows) if return_entropy else rows
+      compiled[shape] = (sharding.jit_with_rules(body, mesh, rules, in_shardings=(params_sh, rows, rows),
+                                                 out_shardings=out), rows)
+    fn, rows = compiled[shape]
+    return fn(*jax.device_put((params, tokens, attention_mask), (params_sh, rows, rows)))
+
+  return call
 
 
 def sequences_from_samples(samples: SampleOutput) -> tuple[jax.Array, jax.Array]:

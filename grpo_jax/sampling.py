@@ -6,15 +6,19 @@ soon as every row has produced an end token (EOS or an extra stop id).
 """
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 import chex
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh
 
+from grpo_jax import sharding
 from grpo_jax.models import transformer
 from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.sharding import constrain
 
 
 class SampleOutput(NamedTuple):
@@ -77,20 +81,30 @@ def _choose(logits, key, temperature, *, top_k, top_p, greedy):
   return jax.random.categorical(key, z, axis=-1).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=(
-    "config", "num_samples", "max_new_tokens", "top_k", "top_p", "greedy", "stop_ids", "pad_id"))
-def _sample(params, prompt_tokens, prompt_mask, key, temperature, *, config: ModelConfig, num_samples: int,
-            max_new_tokens: int, top_k: int, top_p: float, greedy: bool, stop_ids: tuple[int, ...], pad_id: int):
+_STATIC = ("config", "num_samples", "max_new_tokens", "top_k", "top_p", "greedy", "stop_ids", "pad_id")
+
+
+def _place_cache(cache: transformer.KVCache) -> transformer.KVCache:
+  """Names the cache's axes for the sharding hook (identity outside `axis_rules`)."""
+  kv = lambda x: constrain(x, ("batch", "length", "kv_heads", None))
+  return cache._replace(k=tuple(map(kv, cache.k)), v=tuple(map(kv, cache.v)),
+                        mask=constrain(cache.mask, ("batch", "length")))
+
+
+def _sample_impl(params, prompt_tokens, prompt_mask, key, temperature, *, config: ModelConfig, num_samples: int,
+                 max_new_tokens: int, top_k: int, top_p: float, greedy: bool, stop_ids: tuple[int, ...],
+                 pad_id: int):
   n_prompts, prompt_len = prompt_tokens.shape
   n, steps = n_prompts * num_samples, max_new_tokens
   choose = functools.partial(_choose, top_k=top_k, top_p=top_p, greedy=greedy)
 
   # PREFILL: once per prompt, then repeat the cache for the G samples.
-  cache = transformer.init_cache(config, n_prompts, prompt_len + steps)
+  cache = _place_cache(transformer.init_cache(config, n_prompts, prompt_len + steps))
   hidden, cache = transformer.hidden_states(params, config, prompt_tokens, attention_mask=prompt_mask, cache=cache)
   logits = transformer.logits_from_hidden(params, config, hidden[:, -1])
   repeat = lambda x: jnp.repeat(x, num_samples, axis=0) if x.ndim else x
   cache, logits = jax.tree.map(repeat, (cache, logits))
+  cache = _place_cache(cache)
   prompt_tokens, prompt_mask = repeat(prompt_tokens), repeat(prompt_mask)
   n_prompt_tokens = jnp.sum(prompt_mask, axis=-1, dtype=jnp.int32)
   stop_ids = jnp.asarray(stop_ids, jnp.int32)
@@ -123,7 +137,7 @@ def _sample(params, prompt_tokens, prompt_mask, key, temperature, *, config: Mod
     hidden, cache = transformer.hidden_states(params, config, tok[:, None], positions=positions, cache=cache)
     logits = transformer.logits_from_hidden(params, config, hidden[:, 0])
     tok, done, tokens, logprobs, lengths = record(t, logits, done, tokens, logprobs, lengths)
-    return t + 1, cache, tok, done, tokens, logprobs, lengths
+    return t + 1, _place_cache(cache), tok, done, tokens, logprobs, lengths
 
   carry = (jnp.ones((), jnp.int32), cache, tok, done, tokens, logprobs, lengths)
   _, _, _, done, tokens, logprobs, lengths = jax.lax.while_loop(cond, body, carry)
@@ -132,10 +146,30 @@ def _sample(params, prompt_tokens, prompt_mask, key, temperature, *, config: Mod
                       mask=mask, lengths=lengths, truncated=~done)
 
 
+_sample = jax.jit(_sample_impl, static_argnames=_STATIC)
+
+
+@functools.lru_cache(maxsize=64)
+def _sharded_sampler(mesh: Mesh, frozen_rules: tuple, prompt_shape: tuple[int, int], **static):
+  """`_sample` jitted with explicit in/out shardings: params by the rules, rows over the data axes."""
+  rules, config = dict(frozen_rules), static["config"]
+  params = sharding.param_shardings(mesh, rules, jax.eval_shape(transformer.init_params, config, jax.random.key(0)))
+  rows = lambda n, *rest: sharding.logical_sharding(mesh, rules, ("batch",) + (None,) * len(rest), (n, *rest))
+  b, p = prompt_shape
+  n, t = b * static["num_samples"], static["max_new_tokens"]
+  out = SampleOutput(prompt_tokens=rows(n, p), prompt_mask=rows(n, p), tokens=rows(n, t), logprobs=rows(n, t),
+                     mask=rows(n, t), lengths=rows(n), truncated=rows(n))
+  fn = sharding.jit_with_rules(functools.partial(_sample_impl, **static), mesh, rules,
+                               in_shardings=(params, rows(b, p), rows(b, p), sharding.replicated(mesh),
+                                             sharding.replicated(mesh)), out_shardings=out)
+  return fn, (params, rows(b, p), sharding.replicated(mesh))
+
+
 def sample(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: jax.Array, key: jax.Array, *,
            num_samples: int = 1, max_new_tokens: int = 64, temperature: float = 1.0, top_k: int = 0,
            top_p: float = 1.0, greedy: bool = False, eos_token_ids: Sequence[int] | None = None,
-           stop_token_ids: Sequence[int] = (), pad_id: int | None = None) -> SampleOutput:
+           stop_token_ids: Sequence[int] = (), pad_id: int | None = None, mesh: Mesh | None = None,
+           rules: Mapping | None = None) -> SampleOutput:
   """Samples `num_samples` completions for each left-padded prompt.
 
   Compiles once per (shapes, config, num_samples, max_new_tokens, top_k, top_p,
@@ -157,6 +191,11 @@ def sample(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: j
     eos_token_ids: end tokens; default `config.eos_token_ids`.
     stop_token_ids: extra end tokens.
     pad_id: fills `tokens` after the end; default `config.pad_token_id` or 0.
+    mesh: with `rules`, run sharded: params placed by the rules, prompts and
+      outputs split over the data axes (inputs are re-sharded as needed, and may
+      be global arrays spanning several processes). The tokens equal those of the
+      single-device sampler for the same key.
+    rules: logical-axis rules (`grpo_jax.sharding.get_rules`).
 
   Returns:
     A SampleOutput with N = B * num_samples rows, prompt-major.
@@ -173,7 +212,18 @@ def sample(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: j
   stop_ids = tuple(sorted({int(i) for i in (*eos, *stop_token_ids)}))
   if pad_id is None:
     pad_id = 0 if config.pad_token_id is None else config.pad_token_id
-  return _sample(params, jnp.asarray(prompt_tokens, jnp.int32), jnp.asarray(prompt_mask, bool), key,
-                 jnp.asarray(temperature, jnp.float32), config=config, num_samples=int(num_samples),
-                 max_new_tokens=int(max_new_tokens), top_k=int(top_k), top_p=float(top_p), greedy=bool(greedy),
-                 stop_ids=stop_ids, pad_id=int(pad_id))
+  static = dict(config=config, num_samples=int(num_samples), max_new_tokens=int(max_new_tokens), top_k=int(top_k),
+                top_p=float(top_p), greedy=bool(greedy), stop_ids=stop_ids, pad_id=int(pad_id))
+  if (mesh is None) != (rules is None):
+    raise ValueError("sample: pass both mesh and rules, or neither")
+  if mesh is None:
+    return _sample(params, jnp.asarray(prompt_tokens, jnp.int32), jnp.asarray(prompt_mask, bool), key,
+                   jnp.asarray(temperature, jnp.float32), **static)
+  fn, (param_sh, row_sh, scalar_sh) = _sharded_sampler(mesh, sharding.freeze_rules(rules),
+                                                       tuple(prompt_tokens.shape), **static)
+  as_int = lambda x: x if getattr(x, "dtype", None) == jnp.int32 else np.asarray(x, np.int32)
+  as_bool = lambda x: x if getattr(x, "dtype", None) == bool else np.asarray(x, bool)
+  params, prompt_tokens, prompt_mask, key, temperature = jax.device_put(
+      (params, as_int(prompt_tokens), as_bool(prompt_mask), key, np.float32(temperature)),
+      (param_sh, row_sh, row_sh, scalar_sh, scalar_sh))
+  return fn(params, prompt_tokens, prompt_mask, key, temperature)

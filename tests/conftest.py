@@ -1,12 +1,54 @@
-"""Shared test configuration and fixtures."""
+"""Shared test configuration and fixtures.
+
+Tests marked `@pytest.mark.devices(n)` need n devices. In a process with fewer
+(the plain `pytest` run has one CPU device), such a test runs in a child pytest
+process with `XLA_FLAGS=--xla_force_host_platform_device_count=n`, and passes
+or fails with it; run with that flag already set, it runs in place.
+"""
 
 import functools
+import os
+import pathlib
+import subprocess
+import sys
 
 import jax
 import pytest
 
 # Full-precision float32 matmuls, so parity tests compare the math and not the backend's defaults.
 jax.config.update("jax_default_matmul_precision", "highest")
+
+_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config):
+  config.addinivalue_line("markers", "devices(n): the test needs n devices (a child process with n fake CPU "
+                          "devices when this one has fewer)")
+
+
+def with_cpu_devices(n: int, env: dict | None = None) -> dict:
+  """A copy of the environment whose JAX sees n CPU devices."""
+  env = dict(os.environ if env is None else env)
+  flags = [f for f in env.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+  env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={n}"])
+  env["JAX_PLATFORMS"] = "cpu"
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
+  return env
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+  marker = pyfuncitem.get_closest_marker("devices")
+  if marker is None or jax.device_count() >= marker.args[0]:
+    return None
+  n = marker.args[0]
+  result = subprocess.run(
+      [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--no-header", pyfuncitem.nodeid],
+      cwd=pyfuncitem.config.rootpath, env=with_cpu_devices(n), capture_output=True, text=True, timeout=600)
+  if result.returncode != 0:
+    pytest.fail(f"on {n} CPU devices (child process):\n{result.stdout[-6000:]}\n{result.stderr[-3000:]}",
+                pytrace=False)
+  return True
 
 
 @pytest.fixture(params=["eager", "jit"])

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec
 
 from grpo_jax import logprobs, models, sampling
 
@@ -120,3 +121,22 @@ def test_argument_checks(params, prompts):
     sampling.sample(params, CONFIG, *prompts, jax.random.key(0), temperature=0.0)
   with pytest.raises(ValueError, match="top_p"):
     sampling.sample(params, CONFIG, *prompts, jax.random.key(0), top_p=0.0)
+
+
+@pytest.mark.devices(8)
+def test_sharded_sampling_equals_one_device(params):
+  from grpo_jax import sharding
+  tokens = jnp.array([[10, 11, 12, 13, 14, 15], [0, 0, 0, 40, 41, 42], [0, 0, 0, 0, 0, 70], [0, 0, 20, 21, 22, 23]],
+                     jnp.int32)
+  kwargs = dict(num_samples=2, max_new_tokens=T, temperature=0.7, top_p=0.95)
+  expected = sampling.sample(params, CONFIG, tokens, tokens != 0, jax.random.key(4), **kwargs)
+  mesh, rules = sharding.make_mesh("data:2,fsdp:2,tensor:2"), sharding.get_rules("fsdp_tp")
+  placed = sharding.put(params, sharding.param_shardings(mesh, rules, params))
+  out = sampling.sample(placed, CONFIG, tokens, tokens != 0, jax.random.key(4), mesh=mesh, rules=rules, **kwargs)
+  np.testing.assert_array_equal(out.tokens, expected.tokens)
+  np.testing.assert_array_equal(out.lengths, expected.lengths)
+  np.testing.assert_allclose(out.logprobs, expected.logprobs, atol=1e-5)
+  assert out.tokens.sharding.spec == PartitionSpec(("data", "fsdp"), None)
+  assert bool((out.tokens[0] != out.tokens[1]).any())  # really sampled
+  with pytest.raises(ValueError, match="both mesh and rules"):
+    sampling.sample(placed, CONFIG, tokens, tokens != 0, jax.random.key(4), mesh=mesh)

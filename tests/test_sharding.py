@@ -31,3 +31,139 @@ def test_rules_map_logical_names_to_mesh_axes():
   assert "sharding" in lowered.as_text().lower()
   np.testing.assert_allclose(ruled, plain, rtol=1e-6)
   assert models.constrain(tokens, ("batch", "length")) is tokens  # The context has ended.
+
+
+# Meshes, rule presets and placement (grpo_jax/sharding.py).
+
+from jax.sharding import AbstractMesh, NamedSharding  # noqa: E402
+import optax  # noqa: E402
+
+from grpo_jax import sharding  # noqa: E402
+from grpo_jax import training  # noqa: E402
+
+P = PartitionSpec
+MESH_222 = AbstractMesh((2, 2, 2), sharding.MESH_AXES)
+SMALL = models.ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                           num_attention_heads=4, num_key_value_heads=1, head_dim=8, qkv_bias=True)
+
+
+def test_constrain_names_dedup_and_divisibility():
+  rules = sharding.get_rules("fsdp")
+  # Activations: "batch" takes fsdp first, so "embed" stays whole; weights: "embed" is split over fsdp.
+  assert models.logical_to_spec(("batch", "length", "embed"), rules) == P(("data", "fsdp"), None, None)
+  assert models.logical_to_spec(("vocab", "embed"), rules) == P(None, "fsdp")
+  # With a shape, an axis that does not divide the dimension is dropped (6 rows: data yes, fsdp no).
+  assert models.logical_to_spec(("batch", None), rules, shape=(6, 3), mesh=MESH_222) == P("data", None)
+  assert models.logical_to_spec(("batch", None), rules, shape=(1, 3), mesh=MESH_222) == P(None, None)
+
+
+@pytest.mark.parametrize("spec, sizes", [
+    ("data:2,fsdp:2,tensor:2", (2, 2, 2)),
+    ("tensor:2, data:-1", (4, 1, 2)),
+    ("fsdp:-1", (1, 8, 1)),
+    ("", (8, 1, 1)),
+    ("data:8", (8, 1, 1)),
+])
+def test_parse_mesh_spec(spec, sizes):
+  assert tuple(sharding.parse_mesh_spec(spec, 8).values()) == sizes
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("data:2,fsdp:2", "needs 4 devices, but there are 8"),
+    ("data:-1,fsdp:-1", "only one axis may be -1"),
+    ("data:3,fsdp:-1", "8 devices do not divide by the fixed axes' 3"),
+    ("model:8", "'model:8' is not 'axis:size'"),
+    ("data8", "'data8' is not 'axis:size'"),
+    ("data:two", "size 'two' of axis 'data' is not an integer"),
+    ("data:0,fsdp:-1", "must be >= 1 or -1"),
+    ("data:2,data:4", "axis 'data' given twice"),
+])
+def test_parse_mesh_spec_errors(spec, message):
+  with pytest.raises(ValueError, match=message) as err:
+    sharding.parse_mesh_spec(spec, 8)
+  assert "\n" not in str(err.value)
+
+
+def test_rule_presets_are_data_and_checked():
+  assert set(sharding.RULES) == {"dp", "fsdp", "fsdp_tp"}
+  for rules in sharding.RULES.values():
+    assert set(rules) == set(models.LOGICAL_AXES)
+  with pytest.raises(ValueError, match="unknown sharding rules 'zero3'"):
+    sharding.get_rules("zero3")
+  with pytest.raises(ValueError, match="unknown logical axes"):
+    sharding.get_rules({"batch": "data", "hidden": "fsdp"})
+
+
+def _specs(mesh, rules_name, tree):
+  return jax.tree.map(lambda s: s.spec, sharding.state_shardings(mesh, sharding.get_rules(rules_name), tree))
+
+
+def test_param_specs_of_the_presets():
+  shapes = jax.eval_shape(models.init_params, SMALL, jax.random.key(0))
+  layer = lambda specs: specs["layers_0"]
+  tp = sharding.param_shardings(MESH_222, sharding.get_rules("fsdp_tp"), shapes)
+  tp = jax.tree.map(lambda s: s.spec, tp)
+  assert tp["embed"]["embedding"] == P("tensor", "fsdp")  # [vocab, embed]
+  assert layer(tp)["attn"]["q_proj"]["kernel"] == P("fsdp", "tensor", None)  # [embed, heads, head_dim]
+  assert layer(tp)["attn"]["q_proj"]["bias"] == P("tensor", None)
+  assert layer(tp)["attn"]["k_proj"]["kernel"] == P("fsdp", None, None)  # one kv head: not split
+  assert layer(tp)["attn"]["o_proj"]["kernel"] == P("tensor", None, "fsdp")  # [heads, head_dim, embed]
+  assert layer(tp)["mlp"]["gate_proj"]["kernel"] == P("fsdp", "tensor")  # [embed, mlp]
+  assert layer(tp)["mlp"]["down_proj"]["kernel"] == P("tensor", "fsdp")  # [mlp, embed]
+  assert layer(tp)["input_norm"]["scale"] == P("fsdp")
+  fsdp = _specs(MESH_222, "fsdp", shapes)
+  assert fsdp["embed"]["embedding"] == P(None, "fsdp")
+  assert layer(fsdp)["mlp"]["down_proj"]["kernel"] == P(None, "fsdp")
+  dp = _specs(MESH_222, "dp", shapes)
+  assert dp["embed"]["embedding"] == P(None, None)
+  assert layer(dp)["attn"]["o_proj"]["kernel"] == P(None, None, None)
+
+
+def test_optimizer_state_follows_params_and_scalars_are_replicated():
+  optimizer = training.make_optimizer(1e-3, warmup_steps=2, total_steps=10, schedule="cosine")
+  params = jax.eval_shape(models.init_params, SMALL, jax.random.key(0))
+  state = jax.eval_shape(lambda p: training.init_train_state(p, optimizer), params)
+  specs = _specs(MESH_222, "fsdp_tp", state)
+  flat = jax.tree_util.tree_flatten_with_path(specs, is_leaf=lambda x: isinstance(x, PartitionSpec))[0]
+  moments = [s for path, s in flat if "mu" in jax.tree_util.keystr(path) or "nu" in jax.tree_util.keystr(path)]
+  assert len(moments) == 2 * len(jax.tree.leaves(params))
+  assert specs.step == P()
+  adam = [s for s in jax.tree.leaves(specs.opt_state, is_leaf=lambda x: isinstance(x, PartitionSpec))
+          if s == P()]
+  assert adam  # step counters
+  mu = state.opt_state[1][0].mu
+  assert jax.tree.map(lambda s: s.spec, sharding.state_shardings(MESH_222, sharding.RULES["fsdp_tp"], mu)) == \
+      specs.params
+  scalar = models.init_scalar_params(SMALL, jax.random.key(1))
+  head = sharding.param_shardings(MESH_222, sharding.RULES["fsdp"], scalar)["head"]
+  assert head["kernel"].spec == P("fsdp") and head["bias"].spec == P()
+
+
+def test_batch_shardings():
+  batch = training.Batch(*(jax.ShapeDtypeStruct((8, 5), jnp.float32) for _ in training.Batch._fields))
+  specs = jax.tree.map(lambda s: s.spec, sharding.batch_shardings(MESH_222, sharding.RULES["dp"], batch))
+  assert specs.tokens == P(("data", "fsdp"), None)
+  assert sharding.batch_sharding(MESH_222, sharding.RULES["fsdp_tp"]).spec == P(("data", "fsdp"))
+
+
+@pytest.mark.devices(8)
+def test_make_mesh_and_sharded_init_on_8_devices():
+  mesh = sharding.make_mesh("data:2,fsdp:2,tensor:2")
+  assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2} and mesh.devices.size == 8
+  assert dict(sharding.make_mesh("fsdp:-1").shape) == {"data": 1, "fsdp": 8, "tensor": 1}
+  with pytest.raises(ValueError, match="needs 16 devices, but there are 8"):
+    sharding.make_mesh("data:4,fsdp:4")
+  rules = sharding.get_rules("fsdp_tp")
+  key = jax.random.key(0)
+  params = sharding.init_params(SMALL, key, mesh, rules)
+  expected = models.init_params(SMALL, key)
+  jax.tree.map(np.testing.assert_array_equal, params, expected)
+  embedding = params["embed"]["embedding"]
+  assert embedding.sharding == NamedSharding(mesh, P("tensor", "fsdp"))
+  assert embedding.addressable_shards[0].data.shape == (32, 16)  # no device holds the whole table
+  optimizer = optax.adam(1e-3)
+  state, shardings = sharding.init_train_state(params, optimizer, mesh, rules)
+  assert state.opt_state[0].mu["embed"]["embedding"].sharding == embedding.sharding
+  assert shardings.step == sharding.replicated(mesh)
+  jax.tree.map(lambda x, s: x.sharding.is_equivalent_to(s, x.ndim) or pytest.fail(str(x.sharding)), state,
+               shardings)

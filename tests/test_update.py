@@ -86,3 +86,36 @@ def test_reduce_metric():
   np.testing.assert_allclose(update_lib.reduce_metric("ratio_min", [0.9, 0.7]), 0.7)
   np.testing.assert_allclose(update_lib.reduce_metric("ratio_max", [1.1, 1.3]), 1.3)
   np.testing.assert_allclose(update_lib.reduce_metric("entropy", [1.0, 2.0]), 1.5)
+
+
+@pytest.mark.devices(8)
+@pytest.mark.parametrize("mesh_spec, rules", [("data:2,fsdp:2,tensor:2", "fsdp_tp"), ("data:2,fsdp:-1", "fsdp")])
+def test_sharded_grpo_update_equals_one_device(model, mesh_spec, rules):
+  from grpo_jax import sharding
+  params, config = model
+  batch = _batch(config)
+  objective = update_lib.bind(training.grpo_objective, config=config, use_reference=True, chunk_size=5,
+                              loss_kwargs=dict(epsilon=0.2, beta=0.04))
+  # Adam's first step is lr * g / (|g| + eps): a large eps keeps it from amplifying float rounding of tiny g.
+  optimizer = training.make_optimizer(1e-2, max_grad_norm=1.0, eps=1e-3, weight_decay=0.01)
+  one_step = training.make_train_step(objective, optimizer, num_micro_batches=2, donate=False)
+  expected, expected_metrics = one_step(training.init_train_state(params, optimizer), batch)
+
+  mesh, rules = sharding.make_mesh(mesh_spec), sharding.get_rules(rules)
+  state, shardings = sharding.init_train_state(sharding.put(params, sharding.param_shardings(mesh, rules, params)),
+                                               optimizer, mesh, rules)
+  step = training.make_train_step(objective, optimizer, num_micro_batches=2, state_shardings=shardings,
+                                  batch_shardings=sharding.batch_sharding(mesh, rules), mesh=mesh, rules=rules)
+  lowered = step.lower(state, sharding.put(batch, sharding.batch_sharding(mesh, rules))).as_text()
+  assert "sharding" in lowered
+  old_params = state.params
+  state, metrics = step(state, batch)  # an unsharded batch is re-sharded
+  assert old_params["embed"]["embedding"].is_deleted()  # the state was donated
+  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-5), state.params, expected.params)
+  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6), state.opt_state,
+               expected.opt_state)
+  for name in ("loss", "kl", "grad_norm"):
+    np.testing.assert_allclose(metrics[name], expected_metrics[name], rtol=1e-5)
+  jax.tree.map(lambda x, s: x.sharding.is_equivalent_to(s, x.ndim) or pytest.fail(f"{x.sharding} != {s}"),
+               state, shardings)
+  assert metrics["loss"].sharding.is_fully_replicated

@@ -101,9 +101,28 @@ def _tensor_files(path: pathlib.Path) -> dict[str, pathlib.Path]:
   return where
 
 
-def load_hf(path: str | pathlib.Path, *, dtype="float32", param_dtype=None, remat: bool = False
-            ) -> tuple[Params, ModelConfig]:
+def _leaf(tree, path: tuple[str, ...]):
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def _place(value: np.ndarray, dtype, sharding) -> jax.Array:
+  """One device array, or a global array built shard by shard (each device receives only its slice)."""
+  if sharding is None:
+    return jax.numpy.asarray(value.astype(dtype))
+  return jax.make_array_from_callback(value.shape, sharding, lambda index: np.asarray(value[index], dtype))
+
+
+def load_hf(path: str | pathlib.Path, *, dtype="float32", param_dtype=None, remat: bool = False,
+            shardings=None) -> tuple[Params, ModelConfig]:
   """Loads a Qwen2/Qwen2.5, Qwen3 or Llama 3.x checkpoint straight into a params dict.
+
+  With `shardings`, each tensor is read from its safetensors file into host memory
+  (one tensor at a time) and only each addressable device's slice is copied to that
+  device (`jax.make_array_from_callback`), so a model larger than one device loads
+  without ever sitting whole on one; in a multi-process run each process places its
+  own devices' slices.
 
   Args:
     path: directory with config.json and model.safetensors, or sharded files with
@@ -111,6 +130,8 @@ def load_hf(path: str | pathlib.Path, *, dtype="float32", param_dtype=None, rema
     dtype: activation dtype of the returned config.
     param_dtype: dtype of the returned params (default: `dtype`).
     remat: rematerialise each layer in the backward pass.
+    shardings: None (default device), a params-shaped tree of `jax.sharding.Sharding`,
+      or a function config -> such a tree (e.g. `grpo_jax.sharding.param_shardings`).
 
   Returns:
     (params, config).
@@ -129,6 +150,9 @@ def load_hf(path: str | pathlib.Path, *, dtype="float32", param_dtype=None, rema
   by_file: dict[pathlib.Path, list[_Tensor]] = {}
   for spec in specs:
     by_file.setdefault(where[spec.hf_name], []).append(spec)
+  if callable(shardings):
+    shardings = shardings(config)
+  param_dtype = jax.numpy.dtype(config.param_dtype)
   params: Params = {}
   for f, file_specs in by_file.items():
     if not f.is_file():
@@ -138,11 +162,11 @@ def load_hf(path: str | pathlib.Path, *, dtype="float32", param_dtype=None, rema
         shape = tuple(st.get_slice(spec.hf_name).get_shape())
         if shape != spec.hf_shape:
           raise CheckpointError(f"{f}: tensor {spec.hf_name} has shape {shape}, expected {spec.hf_shape}")
-        value = spec.to_ours(st.get_tensor(spec.hf_name)).astype(jax.numpy.dtype(config.param_dtype))
+        value = spec.to_ours(st.get_tensor(spec.hf_name))
         node = params
         for key in spec.path[:-1]:
           node = node.setdefault(key, {})
-        node[spec.path[-1]] = jax.numpy.asarray(value)
+        node[spec.path[-1]] = _place(value, param_dtype, None if shardings is None else _leaf(shardings, spec.path))
   return params, config
 
 

@@ -7,15 +7,18 @@ aggregation weights, and so the accumulated gradient, equal those of the whole m
 """
 
 import functools
+from collections.abc import Mapping
 from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import losses
 from grpo_jax.models import ModelConfig
+from grpo_jax.models.sharding import axis_rules, constrain
 
 Params = Any
 Objective = Callable[[Params, Any, dict], tuple[jax.Array, dict]]
@@ -45,18 +48,33 @@ def _totals(loss_mask: jax.Array) -> dict:
 
 
 def make_train_step(objective: Objective, optimizer: optax.GradientTransformation, num_micro_batches: int = 1,
-                    donate: bool = True):
+                    donate: bool = True, *, state_shardings: Any = None, batch_shardings: Any = None,
+                    mesh: Mesh | None = None, rules: Mapping | None = None):
   """Builds the jitted `step(state, batch) -> (state, metrics)`.
 
   The batch (a pytree of arrays with leading dimension N, including a `loss_mask`) is split
   into `num_micro_batches` equal parts whose gradients are summed in a `lax.scan`; the sum is
   the minibatch gradient because the objective normalises by the minibatch totals.
+
+  Sharded (all optional; see `grpo_jax.sharding`):
+    state_shardings: TrainState of shardings (`sharding.init_train_state`'s second
+      result): the step's input and output placement of the state.
+    batch_shardings: a Batch of shardings, or one sharding for every leaf (e.g.
+      `sharding.batch_sharding(mesh, rules)`); the batch is re-sharded to it before
+      the call, so batches of any placement are accepted.
+    mesh: the mesh (default: that of `state_shardings`); metrics come back replicated on it.
+    rules: logical-axis rules; the model's `constrain` hook is active in the trace.
   """
+  if mesh is None and state_shardings is not None:
+    mesh = getattr(jax.tree.leaves(state_shardings)[0], "mesh", None)
+  sharded = mesh is not None and rules is not None
 
   def step(state: TrainState, batch) -> tuple[TrainState, dict]:
     totals = _totals(batch.loss_mask)
     micro = jax.tree.map(lambda x: x.reshape(num_micro_batches, x.shape[0] // num_micro_batches, *x.shape[1:]),
                          batch)
+    if sharded:  # Every micro-batch spread over the data axes.
+      micro = jax.tree.map(lambda x: constrain(x, (None, "batch") + (None,) * (x.ndim - 2)), micro)
     grad_fn = jax.value_and_grad(objective, has_aux=True)
 
     def accumulate(grads, micro_batch):
@@ -64,6 +82,8 @@ def make_train_step(objective: Objective, optimizer: optax.GradientTransformatio
       return jax.tree.map(jnp.add, grads, g), metrics
 
     zeros = jax.tree.map(jnp.zeros_like, state.params)
+    if state_shardings is not None:
+      zeros = jax.lax.with_sharding_constraint(zeros, state_shardings.params)
     grads, metrics = jax.lax.scan(accumulate, zeros, micro)
     metrics = {k: reduce_metric(k, v) for k, v in metrics.items()}
     metrics["grad_norm"] = _global_norm(grads)
@@ -71,7 +91,28 @@ def make_train_step(objective: Objective, optimizer: optax.GradientTransformatio
     params = optax.apply_updates(state.params, updates)
     return TrainState(state.step + 1, params, opt_state), metrics
 
-  return jax.jit(step, donate_argnums=(0,) if donate else ())
+  donate_argnums = (0,) if donate else ()
+  if mesh is None:
+    return jax.jit(step, donate_argnums=donate_argnums)
+
+  def traced(state, batch):
+    if not sharded:
+      return step(state, batch)
+    with axis_rules(mesh, rules):
+      return step(state, batch)
+
+  jitted = jax.jit(traced, donate_argnums=donate_argnums, in_shardings=(state_shardings, batch_shardings),
+                   out_shardings=(state_shardings, NamedSharding(mesh, PartitionSpec())))
+  if batch_shardings is None:
+    return jitted
+
+  @functools.wraps(step)
+  def call(state: TrainState, batch) -> tuple[TrainState, dict]:
+    return jitted(state, jax.device_put(batch, batch_shardings))
+
+  call.jitted = jitted
+  call.lower = lambda state, batch: jitted.lower(state, batch)
+  return call
 
 
 def reduce_metric(name: str, values):

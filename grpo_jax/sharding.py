@@ -1,0 +1,256 @@
+"""Device meshes, sharding rules as data, and params/optimiser state/batches placed by them.
+
+A mesh has three named axes, outermost first: `data` (pure data parallelism),
+`fsdp` (data parallelism whose weights and optimiser state are also split) and
+`tensor` (Megatron-style splits of heads, MLP and vocabulary). A rule table maps
+the model's logical axis names (models.LOGICAL_AXES) to mesh axes; the presets
+are plain dicts in `RULES`. Everything else follows from shapes:
+
+  mesh = sharding.make_mesh("data:2,fsdp:2,tensor:2")
+  rules = sharding.get_rules("fsdp_tp")
+  params, config = sharding.load_hf(path, mesh, rules)            # or init_params(config, key, mesh, rules)
+  state, state_sh = sharding.init_train_state(params, optimizer, mesh, rules)
+  step = training.make_train_step(objective, optimizer, state_shardings=state_sh,
+                                  batch_shardings=sharding.batch_sharding(mesh, rules), mesh=mesh, rules=rules)
+
+Batches are split over the data axes (`data` and `fsdp`). A dimension that a
+mesh axis does not divide stays whole on that axis (models.sharding.logical_to_spec).
+"""
+
+from collections.abc import Callable, Mapping, Sequence
+import math
+from typing import Any
+
+import jax
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from grpo_jax.models import hf_io
+from grpo_jax.models import sharding as logical
+from grpo_jax.models import transformer
+from grpo_jax.models.config import ModelConfig
+
+MESH_AXES = ("data", "fsdp", "tensor")
+DATA_AXES = ("data", "fsdp")
+
+_REPLICATED = {"length": None, "embed": None, "mlp": None, "heads": None, "kv_heads": None, "vocab": None}
+
+# Logical axis -> mesh axes. Presets, chosen by name (the runner's --sharding_rules).
+RULES: dict[str, dict[str, str | tuple[str, ...] | None]] = {
+    # Every device holds all weights; the batch is split over data and fsdp.
+    "dp": {**_REPLICATED, "batch": DATA_AXES},
+    # ZeRO-3: weights, gradients and optimiser state split over fsdp along the embedding dimension.
+    "fsdp": {**_REPLICATED, "batch": DATA_AXES, "embed": "fsdp"},
+    # FSDP plus tensor parallelism: heads, MLP and vocabulary split over tensor.
+    "fsdp_tp": {**_REPLICATED, "batch": DATA_AXES, "embed": "fsdp", "mlp": "tensor", "heads": "tensor",
+                "kv_heads": "tensor", "vocab": "tensor"},
+}
+
+
+def get_rules(rules: str | Mapping) -> dict:
+  """A copy of the preset named `rules`, or of a rule mapping given directly (checked)."""
+  if isinstance(rules, str):
+    if rules not in RULES:
+      raise ValueError(f"unknown sharding rules {rules!r}; presets: {', '.join(RULES)}")
+    return dict(RULES[rules])
+  unknown = sorted(set(rules) - set(logical.LOGICAL_AXES))
+  if unknown:
+    raise ValueError(f"sharding rules name unknown logical axes {unknown}; known: {logical.LOGICAL_AXES}")
+  return dict(rules)
+
+
+def parse_mesh_spec(spec: str, num_devices: int) -> dict[str, int]:
+  """'data:2,fsdp:2,tensor:2' -> {'data': 2, 'fsdp': 2, 'tensor': 2}, every axis present.
+
+  One size may be -1 (the devices left over); omitted axes have size 1; an empty
+  spec puts every device on `data`. The sizes must multiply to `num_devices`.
+  """
+  sizes: dict[str, int] = {}
+  for part in filter(None, (p.strip() for p in spec.split(","))):
+    name, sep, value = part.partition(":")
+    name = name.strip()
+    if not sep or name not in MESH_AXES:
+      raise ValueError(f"mesh spec {spec!r}: {part!r} is not 'axis:size' with axis one of {', '.join(MESH_AXES)}")
+    if name in sizes:
+      raise ValueError(f"mesh spec {spec!r}: axis {name!r} given twice")
+    try:
+      sizes[name] = int(value)
+    except ValueError:
+      raise ValueError(f"mesh spec {spec!r}: size {value.strip()!r} of axis {name!r} is not an integer") from None
+    if sizes[name] == 0 or sizes[name] < -1:
+      raise ValueError(f"mesh spec {spec!r}: size of axis {name!r} must be >= 1 or -1, got {sizes[name]}")
+  if not sizes:
+    sizes = {"data": -1}
+  free = [n for n, s in sizes.items() if s == -1]
+  if len(free) > 1:
+    raise ValueError(f"mesh spec {spec!r}: only one axis may be -1, got {', '.join(free)}")
+  fixed = math.prod(s for s in sizes.values() if s != -1)
+  if free:
+    if num_devices % fixed:
+      raise ValueError(f"mesh spec {spec!r}: {num_devices} devices do not divide by the fixed axes' {fixed}")
+    sizes[free[0]] = num_devices // fixed
+  elif fixed != num_devices:
+    raise ValueError(f"mesh spec {spec!r} needs {fixed} devices, but there are {num_devices}")
+  return {name: sizes.get(name, 1) for name in MESH_AXES}
+
+
+def make_mesh(spec: str = "", devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """A (data, fsdp, tensor) mesh over `devices` (default: all, every process's) from a spec string.
+
+  See `parse_mesh_spec`. The device order is the platform's (topology-aware on
+  TPU/GPU; process-major on CPU, so `tensor` stays within a process).
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  sizes = parse_mesh_spec(spec, len(devices))
+  shape = tuple(sizes[name] for name in MESH_AXES)
+  try:
+    grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
+  except (ValueError, NotImplementedError, AssertionError):
+    grid = np.asarray(devices, dtype=object).reshape(shape)
+  return Mesh(grid, MESH_AXES)
+
+
+def single_device_mesh(device: jax.Device | None = None) -> Mesh:
+  """A 1x1x1 mesh (every rule resolves to whole arrays on one device)."""
+  return Mesh(np.asarray([device or jax.devices()[0]], dtype=object).reshape(1, 1, 1), MESH_AXES)
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  """Whole copies on every device of `mesh`."""
+  return NamedSharding(mesh, PartitionSpec())
+
+
+def logical_sharding(mesh: Mesh, rules: Mapping, names: Sequence[str | None], shape: Sequence[int]
+                     ) -> NamedSharding:
+  """The sharding of an array of `shape` whose axes carry the logical `names`."""
+  return logical.named_sharding(mesh, rules, names, shape)
+
+
+def batch_sharding(mesh: Mesh, rules: Mapping) -> NamedSharding:
+  """Leading dimension split as the `batch` rule says (the data axes); for arrays whose size it divides."""
+  return NamedSharding(mesh, PartitionSpec(logical.logical_to_spec(("batch",), rules, mesh=mesh)[0]))
+
+
+def batch_shardings(mesh: Mesh, rules: Mapping, batch: Any) -> Any:
+  """Per-leaf shardings of a batch pytree (arrays or shapes, leading dimension = rows).
+
+  Rows split by the `batch` rule when the mesh axes divide them; scalars replicated.
+  """
+  def one(x):
+    shape = np.shape(x)
+    return logical_sharding(mesh, rules, ("batch",) + (None,) * (len(shape) - 1), shape) if shape else replicated(mesh)
+
+  return jax.tree.map(one, batch)
+
+
+def _leaf_logical_axes(path, leaf) -> tuple | None:
+  """Logical axes of a leaf found by its last two dict keys (a param, or a moment shaped like one)."""
+  keys = [p.key for p in path if isinstance(p, jax.tree_util.DictKey)]
+  if len(keys) < 2:
+    return None
+  try:
+    axes = transformer.logical_axes_of({keys[-2]: {keys[-1]: leaf}})
+  except (KeyError, ValueError):
+    return None
+  return axes[keys[-2]][keys[-1]]
+
+
+def param_shardings(mesh: Mesh, rules: Mapping, params: Any, logical_axes: Any = None) -> Any:
+  """NamedShardings for a params dict (arrays or `jax.eval_shape` structs) of a policy or scalar model.
+
+  Args:
+    mesh: the mesh.
+    rules: logical axis -> mesh axes.
+    params: policy params, backbone params or scalar-model params (any dtype).
+    logical_axes: a params-shaped tree of logical-name tuples; default from the
+      model's parameter layout (`transformer.logical_axes_of`).
+  """
+  if logical_axes is None:
+    logical_axes = transformer.logical_axes_of(params)
+  return jax.tree.map(lambda names, x: logical_sharding(mesh, rules, names, np.shape(x)), logical_axes, params,
+                      is_leaf=lambda x: isinstance(x, tuple))
+
+
+def state_shardings(mesh: Mesh, rules: Mapping, state: Any) -> Any:
+  """NamedShardings for any pytree holding params and params-shaped optimiser moments.
+
+  A leaf under `.../<module>/<kernel|bias|scale|embedding>` whose rank matches
+  the parameter layout is sharded like that parameter (params, Adam's mu and nu,
+  accumulated gradients); every other leaf (step counters, scalars) is replicated.
+  """
+  def one(path, x):
+    axes = _leaf_logical_axes(path, x)
+    if axes is None:
+      return replicated(mesh)
+    return logical_sharding(mesh, rules, axes, np.shape(x))
+
+  return jax.tree_util.tree_map_with_path(one, state)
+
+
+def abstract(tree: Any, shardings: Any = None) -> Any:
+  """`jax.ShapeDtypeStruct`s of a tree, carrying `shardings` (default: each array's own sharding)."""
+  if shardings is None:
+    shardings = jax.tree.map(lambda x: getattr(x, "sharding", None), tree)
+  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=s), tree, shardings)
+
+
+def init_params(config: ModelConfig, key: jax.Array, mesh: Mesh, rules: Mapping) -> Any:
+  """`models.init_params` computed straight into its shardings (no device holds the whole model)."""
+  shapes = jax.eval_shape(transformer.init_params, config, key)
+  out = param_shardings(mesh, rules, shapes)
+  return jax.jit(lambda k: transformer.init_params(config, k), out_shardings=out)(key)
+
+
+def init_train_state(params: Any, optimizer, mesh: Mesh, rules: Mapping, *, donate: bool = False
+                     ) -> tuple[Any, Any]:
+  """`training.init_train_state` with params and optimiser state placed by the rules.
+
+  Args:
+    params: policy params (any placement; already-sharded params are not gathered).
+    optimizer: the optax transformation.
+    mesh, rules: the placement.
+    donate: let the state reuse the buffers of `params` (they are deleted).
+
+  Returns:
+    (state, shardings): the TrainState and its NamedShardings, for `make_train_step`
+    and for restoring checkpoints.
+  """
+  from grpo_jax.training import update  # pylint: disable=import-outside-toplevel
+
+  init = lambda p: update.init_train_state(p, optimizer)
+  shardings = state_shardings(mesh, rules, jax.eval_shape(init, params))
+  state = jax.jit(init, out_shardings=shardings, donate_argnums=(0,) if donate else ())(params)
+  return state, shardings
+
+
+def put(tree: Any, shardings: Any) -> Any:
+  """Places (or re-shards) a pytree; a no-op for arrays already so placed.
+
+  Single-process, or with the same full value on every process; per-process
+  slices go through `distributed.global_array`.
+  """
+  return jax.device_put(tree, shardings)
+
+
+def load_hf(path, mesh: Mesh, rules: Mapping, **runtime) -> tuple[Any, ModelConfig]:
+  """`models.load_hf` with every tensor read straight into its shards (see hf_io.load_hf)."""
+  return hf_io.load_hf(path, shardings=lambda config: param_shardings(
+      mesh, rules, jax.eval_shape(transformer.init_params, config, jax.random.key(0))), **runtime)
+
+
+def freeze_rules(rules: Mapping) -> tuple:
+  """A hashable form of a rule mapping (for caches keyed on it)."""
+  return tuple(sorted((k, v if v is None or isinstance(v, str) else tuple(v)) for k, v in rules.items()))
+
+
+def jit_with_rules(fn: Callable, mesh: Mesh, rules: Mapping, **jit_kwargs) -> Callable:
+  """`jax.jit(fn, **jit_kwargs)` whose trace runs inside `axis_rules(mesh, rules)`, so the model's
+  `constrain` hook places activations."""
+  rules = dict(rules)
+
+  def traced(*args, **kwargs):
+    with logical.axis_rules(mesh, rules):
+      return fn(*args, **kwargs)
+
+  return jax.jit(traced, **jit_kwargs)
