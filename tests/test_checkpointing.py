@@ -1,3 +1,7 @@
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -45,3 +49,54 @@ def test_restore_errors(tmp_path):
   wrong = training.init_train_state({"w": jnp.zeros((5,))}, optax.adam(0.1))
   with pytest.raises(checkpointing.CheckpointError, match="does not match this run"):
     ckpt.restore(jax.tree.map(lambda x: x, wrong))
+
+
+# Across device counts: saved on 1 device, restored on a (2, 2, 2) mesh of 8 (a child process), saved
+# there and restored on 1 again.
+
+_MODEL = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=8)
+
+
+def _model_state(shift: float):
+  from grpo_jax import models
+  params = models.init_params(models.ModelConfig(**_MODEL), jax.random.key(0))
+  state = training.init_train_state(params, optax.adam(0.1))
+  return jax.tree.map(lambda x: x + shift if jnp.issubdtype(x.dtype, jnp.floating) else x, state)
+
+
+def _on_eight_devices(directory: str):
+  """Child: restore step 1 onto the mesh, check, save step 2 from the mesh."""
+  from grpo_jax import sharding
+  assert jax.device_count() == 8
+  mesh, rules = sharding.make_mesh("data:2,fsdp:2,tensor:2"), sharding.get_rules("fsdp_tp")
+  abstract = jax.eval_shape(lambda: _model_state(1.0))
+  shardings = sharding.state_shardings(mesh, rules, abstract)
+  ckpt = training.Checkpointer(directory)
+  state, meta = ckpt.restore(abstract, step=1, shardings=shardings)
+  assert meta == {"step": 1}
+  jax.tree.map(np.testing.assert_array_equal, state, _model_state(1.0))
+  embedding = state.params["embed"]["embedding"]
+  assert embedding.sharding == shardings.params["embed"]["embedding"]
+  assert embedding.addressable_shards[0].data.shape == (32, 16)
+  ckpt.save(2, jax.jit(lambda s: jax.tree.map(lambda x: x + 1, s), out_shardings=shardings)(state), {"step": 2})
+  ckpt.close()
+
+
+def test_restore_across_device_counts(tmp_path):
+  ckpt = training.Checkpointer(tmp_path / "ckpt")
+  ckpt.save(1, _model_state(1.0), {"step": 1})
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(
+      [os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=8"]))
+  child = subprocess.run([sys.executable, __file__, str(tmp_path / "ckpt")], env=env, capture_output=True,
+                         text=True, timeout=300)
+  assert child.returncode == 0, child.stderr[-4000:]
+  state, meta = ckpt.restore(_model_state(0.0), step=2)
+  assert meta == {"step": 2}
+  expected = jax.tree.map(lambda x: x + 1, _model_state(1.0))
+  jax.tree.map(np.testing.assert_array_equal, state, expected)
+  assert state.params["embed"]["embedding"].sharding == _model_state(0.0).params["embed"]["embedding"].sharding
+
+
+if __name__ == "__main__":
+  _on_eight_devices(sys.argv[1])

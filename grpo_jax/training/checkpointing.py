@@ -2,12 +2,19 @@
 
 Orbax writes each step to a temporary directory and renames it when complete, so a crash
 mid-save never leaves a checkpoint that restores half-written; `max_to_keep` prunes old steps.
+
+Multi-host: every process constructs the Checkpointer and calls `save`/`restore` with the same
+arguments (the directory on a file system they share); each process writes the shards of its own
+devices, process 0 the metadata, and orbax synchronises the processes. Arrays are stored whole
+(not per device), so a checkpoint restores into any mesh: saved on 8 devices, restored on 1, or
+the reverse, given the target shardings.
 """
 
 import pathlib
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -16,9 +23,34 @@ class CheckpointError(ValueError):
   """A checkpoint directory that cannot be restored (missing, incompatible)."""
 
 
+@jax.jit
+def _finite(leaves):
+  checks = [jnp.all(jnp.isfinite(x)) for x in leaves]
+  return jnp.all(jnp.stack(checks)) if checks else jnp.array(True)
+
+
 def _all_finite(tree) -> bool:
-  return all(bool(np.all(np.isfinite(np.asarray(x)))) for x in jax.tree.leaves(tree)
-             if np.issubdtype(np.asarray(x).dtype, np.floating))
+  """Whether every floating leaf is finite; computed on the devices, so global arrays of a
+  multi-process run are never gathered (every process gets the same answer)."""
+  leaves = [x for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.result_type(x), jnp.inexact)]
+  try:
+    ok = _finite(leaves)
+  except ValueError:  # leaves on different devices or meshes: one check each
+    return all(_all_finite([x]) for x in leaves) if len(leaves) > 1 else bool(np.all(np.isfinite(leaves[0])))
+  return bool(np.asarray(ok.addressable_data(0)))
+
+
+def _abstract(tree, shardings=None):
+  """ShapeDtypeStructs carrying the target shardings (given, else each array's own)."""
+  if shardings is None:
+    shardings = jax.tree.map(lambda x: getattr(x, "sharding", None), tree)
+
+  def one(x, s):
+    if not isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):
+      return x
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+
+  return jax.tree.map(one, tree, shardings)
 
 
 class Checkpointer:
@@ -45,14 +77,21 @@ class Checkpointer:
         state=ocp.args.StandardSave(state), metadata=ocp.args.JsonSave(metadata)), force=True)
     self._manager.wait_until_finished()
 
-  def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict]:
-    """Restores `step` (default: the latest) into the structure, shapes and shardings of `abstract_state`."""
+  def restore(self, abstract_state: Any, step: int | None = None, shardings: Any = None) -> tuple[Any, dict]:
+    """Restores `step` (default: the latest) into the structure, shapes and shardings of `abstract_state`.
+
+    Args:
+      abstract_state: a state (arrays) or its `jax.ShapeDtypeStruct`s; arrays are not modified.
+      step: the step; default the latest.
+      shardings: target shardings (a tree like the state, e.g. from `sharding.init_train_state`);
+        default: those of `abstract_state`'s leaves. The saved device count need not match.
+    """
     step = self.latest_step() if step is None else step
     if step is None:
       raise CheckpointError(f"no checkpoint to resume from in {self.directory}")
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(abstract_state), metadata=ocp.args.JsonRestore()))
+          state=ocp.args.StandardRestore(_abstract(abstract_state, shardings)), metadata=ocp.args.JsonRestore()))
     except (ValueError, KeyError, FileNotFoundError) as err:
       raise CheckpointError(f"checkpoint {self.directory / str(step)} does not match this run: "
                             f"{str(err).splitlines()[0]}") from None
