@@ -45,7 +45,7 @@ flags.DEFINE_integer("rm_eval_prompts", 200, "Held-out problems (from the test s
 flags.DEFINE_integer("rm_samples_per_prompt", 4, "Completions sampled per problem.")
 flags.DEFINE_integer("rm_sample_batch", 64, "Problems per sampler call.")
 flags.DEFINE_integer("rm_max_steps", 8, "PRM: most scored segments per completion (the first K-1 and the last).")
-flags.DEFINE_enum("rm_loss", "bce", list(rm.train.LOSSES), "bce, or the Bradley-Terry pairwise loss (orm) over "
+flags.DEFINE_enum("rm_loss", "bce", list(rm.LOSSES), "bce, or the Bradley-Terry pairwise loss (orm) over "
                   "(right, wrong) pairs of one problem.")
 flags.DEFINE_integer("rm_steps", 300, "Reward-model optimiser steps.")
 flags.DEFINE_integer("rm_batch_size", 64, "Completions per reward-model step (pairwise: keep it a multiple of "

@@ -18,12 +18,13 @@ from grpo_jax.reward_models.model import (KINDS, init_reward_params, last_token_
                                           step_scores, token_scores)
 from grpo_jax.reward_models.positions import sample_segment_ends, segment_token_ends
 from grpo_jax.reward_models.rollout import policy_rollout
-from grpo_jax.reward_models.train import (batch_indices, evaluate, fit, make_reward_train_step,
+from grpo_jax.reward_models.train import (LOSSES, batch_indices, evaluate, fit, make_reward_train_step,
                                           outcome_from_steps, reward_objective, score)
 
 __all__ = (
     "HEAD_FILE",
     "KINDS",
+    "LOSSES",
     "RewardData",
     "STEP_LABELS",
     "batch_indices",

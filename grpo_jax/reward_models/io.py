@@ -63,7 +63,6 @@ def load_reward_model(path: str | pathlib.Path, *, dtype: str = "float32", param
   head_file = path / HEAD_FILE
   if not head_file.is_file():
     raise CheckpointError(f"missing {HEAD_FILE} in {path}: not a reward model directory")
-  backbone, config = hf_io.load_hf(path, dtype=dtype, param_dtype=param_dtype, remat=remat)
   try:
     with safetensors.safe_open(head_file, framework="np") as f:
       meta = f.metadata() or {}
@@ -74,6 +73,8 @@ def load_reward_model(path: str | pathlib.Path, *, dtype: str = "float32", param
   kind = meta.get("kind")
   if meta.get("format") != _FORMAT or kind not in KINDS:
     raise CheckpointError(f"{head_file}: not a grpo_jax reward head (metadata {meta})")
+  # After the head check: with no model.safetensors, load_hf would scan the head file too.
+  backbone, config = hf_io.load_hf(path, dtype=dtype, param_dtype=param_dtype, remat=remat)
   expected = {"kernel": (config.hidden_size,), "bias": (1,)}
   for name, shape in expected.items():
     if name not in tensors:

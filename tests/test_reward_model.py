@@ -1,0 +1,204 @@
+"""Reward models (grpo_jax/reward_models): scores, training, metrics, data and save/load."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from grpo_jax import models
+from grpo_jax import reward_models as rm
+from grpo_jax import sampling
+from grpo_jax import training
+from grpo_jax.data import Example
+from grpo_jax.losses import reward as reward_losses
+
+CONFIG = models.ModelConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=False,
+                            qkv_bias=True)
+_outcome = jax.jit(rm.outcome_scores, static_argnums=1)
+_steps = jax.jit(rm.step_scores, static_argnums=1)
+
+
+def _trained_head(config=CONFIG, seed=0):
+  policy = models.init_params(config, jax.random.key(seed))
+  params = rm.init_reward_params(policy, config, jax.random.key(seed + 1), head_scale=1.0)
+  params["head"]["bias"] = jnp.asarray(0.3)
+  return policy, params
+
+
+def test_init_copies_the_backbone_and_starts_at_one_half():
+  policy = models.init_params(CONFIG, jax.random.key(0))
+  params = rm.init_reward_params(policy, CONFIG, jax.random.key(1))
+  np.testing.assert_array_equal(params["backbone"]["embed"]["embedding"], policy["embed"]["embedding"])
+  assert "lm_head" not in params["backbone"]
+  tokens = jax.random.randint(jax.random.key(2), (3, 7), 0, CONFIG.vocab_size)
+  scores = _outcome(params, CONFIG, tokens, jnp.ones((3, 7), bool))
+  np.testing.assert_array_equal(scores, 0.0)   # σ = 1/2, BCE = ln 2
+  loss, _ = reward_losses.outcome_bce_loss(scores, jnp.array([1.0, 0.0, 1.0]))
+  np.testing.assert_allclose(loss, np.log(2.0), rtol=1e-6)
+
+
+def test_last_token_index():
+  mask = jnp.array([[False, True, True, False], [True, True, True, True], [False] * 4])
+  np.testing.assert_array_equal(rm.last_token_index(mask), [2, 3, 0])
+
+
+def test_outcome_and_step_scores_read_the_per_token_scores():
+  _, params = _trained_head()
+  tokens = jax.random.randint(jax.random.key(3), (2, 9), 0, CONFIG.vocab_size)
+  mask = jnp.array([[False, False, True, True, True, True, True, False, False], [True] * 9])
+  values = models.scalar_apply(params, CONFIG, tokens, attention_mask=mask)
+  np.testing.assert_allclose(_outcome(params, CONFIG, tokens, mask), [values[0, 6], values[1, 8]], rtol=1e-5,
+                             atol=1e-6)
+  np.testing.assert_allclose(_outcome(params, CONFIG, tokens, mask, jnp.array([4, 2])), [values[0, 4], values[1, 2]],
+                             rtol=1e-5, atol=1e-6)
+  ends, step_mask = jnp.array([[3, 6, 0], [1, 5, 8]]), jnp.array([[True, True, False], [True, True, True]])
+  scores = _steps(params, CONFIG, tokens, mask, ends, step_mask)
+  np.testing.assert_allclose(scores, [[values[0, 3], values[0, 6], 0.0], [values[1, 1], values[1, 5], values[1, 8]]],
+                             rtol=1e-5, atol=1e-6)
+  # A step score depends only on the tokens up to its end (causal): changing later tokens leaves it.
+  changed = tokens.at[1, 6:].set((tokens[1, 6:] + 1) % CONFIG.vocab_size)
+  np.testing.assert_allclose(_steps(params, CONFIG, changed, mask, ends, step_mask)[1, :2], scores[1, :2], rtol=1e-5)
+
+
+def _labelled_set(n=32, length=8, k=3, seed=0):
+  """Random sequences; a step is right iff the token at its end is in the lower half of the vocabulary."""
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(0, CONFIG.vocab_size, (n, length)).astype(np.int32)
+  ends = np.stack([np.sort(rng.choice(np.arange(2, length), k, replace=False)) for _ in range(n)]).astype(np.int32)
+  step_mask = np.arange(k)[None] < rng.integers(1, k + 1, n)[:, None]
+  labels = (np.take_along_axis(tokens, ends, 1) < CONFIG.vocab_size // 2).astype(np.float32) * step_mask
+  outcome = labels[:, 0]
+  return rm.RewardData(tokens, np.ones((n, length), bool), ends, labels, step_mask,
+                       np.arange(n, dtype=np.int32) // 4, outcome)
+
+
+@pytest.mark.parametrize("kind,loss", [("prm", "bce"), ("orm", "bce"), ("orm", "pairwise")])
+def test_loss_falls_on_a_tiny_labelled_set(kind, loss):
+  data = _labelled_set()
+  if kind == "orm":  # one scored position per sequence: the first step's end
+    data = data._replace(positions=data.positions[:, :1], labels=data.labels[:, :1],
+                         loss_mask=np.ones((32, 1), bool))
+  policy = models.init_params(CONFIG, jax.random.key(0))
+  optimizer = optax.adam(3e-3)
+  state = training.init_train_state(rm.init_reward_params(policy, CONFIG, jax.random.key(1)), optimizer)
+  step = rm.make_reward_train_step(CONFIG, optimizer, kind=kind, loss=loss)
+  state, history = rm.fit(state, step, data, steps=40, batch_size=16, seed=0, log_every=1)
+  losses = [m["loss"] for _, m in history]
+  assert len(losses) == 40 and len(data.group) == 32  # 32 sequences, a few dozen labelled steps
+  if loss == "bce":
+    np.testing.assert_allclose(losses[0], np.log(2.0), rtol=1e-5)  # zero head: every σ is 1/2
+  assert np.mean(losses[-5:]) < 0.5 * losses[0], losses
+  metrics = rm.evaluate(state.params, CONFIG, data, kind=kind)
+  level = "step" if kind == "prm" else "outcome"
+  assert metrics[f"{level}/auc"] > 0.9 and metrics[f"{level}/count"] == data.loss_mask.sum()
+
+
+def test_gradient_accumulation_is_exact():
+  data = jax.tree.map(jnp.asarray, _labelled_set(n=8))
+  policy = models.init_params(CONFIG, jax.random.key(0))
+  optimizer = optax.sgd(0.1)
+  params = rm.init_reward_params(policy, CONFIG, jax.random.key(1), head_scale=1.0)
+  results = []
+  for micro in (1, 4):
+    state = training.init_train_state(jax.tree.map(jnp.copy, params), optimizer)
+    step = rm.make_reward_train_step(CONFIG, optimizer, kind="prm", num_micro_batches=micro)
+    state, metrics = step(state, data)
+    results.append((state.params, float(metrics["loss"])))
+  np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-5)
+  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-4, atol=1e-6), results[0][0], results[1][0])
+
+
+def test_binary_auc_and_accuracy_hand_computed():
+  # Pairs (pos, neg): (0.35, 0.1) ✓ (0.35, 0.4) ✗ (0.8, 0.1) ✓ (0.8, 0.4) ✓ → 3/4.
+  assert rm.binary_auc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1]) == 0.75
+  assert rm.binary_auc([1.0, 1.0, 0.0], [1, 0, 0]) == 0.75  # the tie counts one half
+  assert rm.binary_auc([3.0, 2.0, 1.0], [1, 1, 1]) != rm.binary_auc([3.0, 2.0, 1.0], [1, 1, 1])  # NaN
+  assert rm.binary_accuracy([-1.0, 2.0, 0.0, 0.5], [0, 1, 1, 0.25]) == 0.5
+  np.testing.assert_array_equal(rm.outcome_from_steps(np.array([[1.0, -2.0, 5.0], [3.0, 0.0, 0.0]]),
+                                                      np.array([[True, True, False], [False] * 3])), [-2.0, -np.inf])
+
+
+def test_batch_indices_are_per_epoch_permutations():
+  rows = np.concatenate([rm.batch_indices(5, 3, s, seed=2) for s in range(5)])
+  for epoch in range(3):
+    assert sorted(rows[5 * epoch:5 * epoch + 5]) == list(range(5))
+  np.testing.assert_array_equal(rm.batch_indices(5, 3, 2, seed=2), rows[6:9])  # depends only on the step
+
+
+def test_build_reward_data_from_samples(tmp_path):
+  models.save_char_tokenizer(tmp_path)
+  tok = models.load_tokenizer(tmp_path)
+  example = Example(question="(8-7+7)*4", answer="32", solution="8-7=1\n1+7=8\n8*4=32\n#### 32")
+  texts = ["8-7=1\n1+7=8\n8*4=32\n#### 32", "8-7=2\n2+7=9\n#### 9"]
+  prompt = tok.encode("(8-7+7)*4\n", add_special_tokens=False)
+  p, t = 12, 30
+  prompt_tokens, prompt_mask = training.pad_left([prompt, prompt], p, tok.pad_token_id)
+  comp = np.full((2, t), tok.pad_token_id, np.int32)
+  lengths = []
+  for i, text in enumerate(texts):
+    ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+    comp[i, :len(ids)] = ids
+    lengths.append(len(ids))
+  lengths = np.array(lengths)
+  samples = sampling.SampleOutput(prompt_tokens, prompt_mask, comp, np.zeros((2, t), np.float32),
+                                  np.arange(t)[None] < lengths[:, None], lengths, np.zeros(2, bool))
+  orm = rm.build_reward_data(samples, texts, [example] * 2, tok, kind="orm")
+  np.testing.assert_array_equal(orm.positions[:, 0], p + lengths - 1)  # the end token
+  np.testing.assert_array_equal(orm.labels[:, 0], [1.0, 0.0])
+  assert orm.tokens[0, orm.positions[0, 0]] == tok.eos_token_id
+  labels = rm.exact_step_labels(texts, [example] * 2)
+  prm = rm.build_reward_data(samples, texts, [example] * 2, tok, kind="prm", max_steps=5, step_label_rows=labels)
+  np.testing.assert_array_equal(prm.loss_mask.sum(1), [4, 3])
+  np.testing.assert_array_equal(prm.labels, [[1, 1, 1, 1, 0], [0, 0, 0, 0, 0]])
+  chars = [tok.decode([int(prm.tokens[i, j])]) for i in range(2) for j in prm.positions[i][prm.loss_mask[i]]]
+  assert chars == ["1", "8", "2", "2", "2", "9", "9"]
+  np.testing.assert_array_equal(prm.outcome, [1.0, 0.0])
+  assert prm.group[0] == prm.group[1] == rm.problem_id(example)
+  with pytest.raises(ValueError, match="row 1: 2 step labels for 3 segments"):
+    rm.build_reward_data(samples, texts, [example] * 2, tok, kind="prm", max_steps=5,
+                         step_label_rows=[labels[0], labels[1][:2]])
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_save_load_round_trip_gives_identical_scores(tmp_path, tied):
+  config = models.ModelConfig(**{**CONFIG.__dict__, "tie_word_embeddings": tied})
+  _, params = _trained_head(config)
+  out = rm.save_reward_model(params, config, tmp_path / "rm", kind="prm")
+  loaded, loaded_config, kind = rm.load_reward_model(out)
+  assert kind == "prm" and loaded_config.hidden_size == config.hidden_size
+  jax.tree.map(np.testing.assert_array_equal, loaded, params)
+  tokens = jax.random.randint(jax.random.key(4), (3, 10), 0, config.vocab_size)
+  mask = jnp.ones((3, 10), bool)
+  np.testing.assert_array_equal(rm.outcome_scores(loaded, loaded_config, tokens, mask),
+                                rm.outcome_scores(params, config, tokens, mask))
+  # The backbone directory is a plain HF checkpoint.
+  backbone, _ = models.load_hf(out)
+  np.testing.assert_array_equal(backbone["embed"]["embedding"], params["backbone"]["embed"]["embedding"])
+
+
+def test_load_errors(tmp_path):
+  _, params = _trained_head()
+  with pytest.raises(models.CheckpointError, match="reward model directory does not exist"):
+    rm.load_reward_model(tmp_path / "nope")
+  models.save_hf(models.init_params(CONFIG, jax.random.key(0)), CONFIG, tmp_path / "policy")
+  with pytest.raises(models.CheckpointError, match="missing reward_head.safetensors in .*not a reward model"):
+    rm.load_reward_model(tmp_path / "policy")
+  out = rm.save_reward_model(params, CONFIG, tmp_path / "rm", kind="orm")
+  head = (out / rm.HEAD_FILE).read_bytes()
+  (out / rm.HEAD_FILE).write_bytes(head[:len(head) // 2])
+  with pytest.raises(models.CheckpointError, match="reward_head.safetensors: unreadable"):
+    rm.load_reward_model(out)
+  small = {"backbone": params["backbone"], "head": {"kernel": jnp.zeros(16), "bias": jnp.zeros(())}}
+  rm.save_reward_model(small, CONFIG, tmp_path / "bad", kind="orm")
+  with pytest.raises(models.CheckpointError, match=r"tensor kernel has shape \(16,\), expected \(32,\)"):
+    rm.load_reward_model(tmp_path / "bad")
+  (out / "model.safetensors").unlink()
+  (out / rm.HEAD_FILE).write_bytes(head)
+  with pytest.raises(models.CheckpointError, match="no \\*.safetensors files|missing tensor"):
+    rm.load_reward_model(out)
+  with pytest.raises(ValueError, match="unknown reward model kind"):
+    rm.save_reward_model(params, CONFIG, tmp_path / "x", kind="value")
