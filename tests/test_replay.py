@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from grpo_jax import training
 from grpo_jax.training import replay
 
 
@@ -69,7 +70,7 @@ def test_deterministic_given_a_seed():
   assert not np.array_equal(run(3), run(4))
 
 
-@pytest.mark.parametrize("how", ["state_dict", "npz", "json"])
+@pytest.mark.parametrize("how", ["state_dict", "npz", "json", "orbax"])
 def test_resumes_exactly_from_its_serialised_state(tmp_path, how):
   state = replay.init_replay(_rows(0, 1), capacity=30, seed=11)
   for i in range(3):
@@ -78,8 +79,16 @@ def test_resumes_exactly_from_its_serialised_state(tmp_path, how):
     restored = replay.from_state_dict(replay.state_dict(state))
   elif how == "npz":
     restored = replay.load_replay(replay.save_replay(state, tmp_path / "replay.npz"))
-  else:
+  elif how == "json":
     restored = replay.from_json(json.loads(json.dumps(replay.to_json(state))))
+  else:  # inside a training checkpoint, next to the model state
+    ckpt = training.Checkpointer(tmp_path / "ckpt")
+    ckpt.save(1, {"replay": replay.state_dict(state)}, {"iteration": 1})
+    empty = replay.init_replay(_rows(0, 1), capacity=30)
+    tree, meta = ckpt.restore({"replay": replay.state_dict(empty)})
+    ckpt.close()
+    restored = replay.from_state_dict(tree["replay"])
+    assert meta == {"iteration": 1}
   assert (restored.size, restored.seen, restored.draws, restored.seed) == (state.size, state.seen, state.draws, 11)
   for name in state.columns:
     np.testing.assert_array_equal(restored.columns[name], state.columns[name])

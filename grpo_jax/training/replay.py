@@ -107,19 +107,20 @@ def mix(state: ReplayState, new_rows: Mapping[str, np.ndarray], fraction: float 
 # SERIALISATION
 
 
-def state_dict(state: ReplayState) -> dict[str, np.ndarray]:
-  """A flat dict of NumPy arrays (for an orbax pytree or `np.savez`)."""
-  out = {f"columns/{name}": col for name, col in state.columns.items()}
+def state_dict(state: ReplayState) -> dict:
+  """A nested dict of NumPy arrays, {"columns": {name: [capacity, ...]}, "size", "seen", "draws",
+  "seed"}: a pytree of fixed shapes for an orbax checkpoint (`training.Checkpointer`)."""
+  out = {"columns": dict(state.columns)}
   out.update({name: np.asarray(getattr(state, name), np.int64) for name in ("size", "seen", "draws", "seed")})
   return out
 
 
-def from_state_dict(d: Mapping[str, np.ndarray]) -> ReplayState:
+def from_state_dict(d: Mapping) -> ReplayState:
   """Inverse of `state_dict`."""
-  missing = [k for k in ("size", "seen", "draws", "seed") if k not in d]
+  missing = [k for k in ("columns", "size", "seen", "draws", "seed") if k not in d]
   if missing:
     raise ValueError(f"replay state lacks {', '.join(missing)}")
-  columns = {k.split("/", 1)[1]: np.array(v) for k, v in d.items() if k.startswith("columns/")}
+  columns = {name: np.array(v) for name, v in d["columns"].items()}
   if not columns:
     raise ValueError("replay state has no columns")
   return ReplayState(columns, *(int(np.asarray(d[k])) for k in ("size", "seen", "draws", "seed")))
@@ -145,10 +146,12 @@ def from_json(d: Mapping) -> ReplayState:
 
 
 def save_replay(state: ReplayState, path: str | pathlib.Path) -> pathlib.Path:
-  """Writes `state_dict(state)` to an .npz file (written aside, then renamed)."""
+  """Writes the state to an .npz file (written aside, then renamed)."""
   path = pathlib.Path(path)
+  d = state_dict(state)
+  flat = {f"columns/{name}": col for name, col in d.pop("columns").items()}
   tmp = path.with_name(path.name + ".tmp.npz")
-  np.savez(tmp, **state_dict(state))
+  np.savez(tmp, **flat, **d)
   tmp.replace(path)
   return path
 
@@ -160,7 +163,9 @@ def load_replay(path: str | pathlib.Path) -> ReplayState:
     raise ValueError(f"replay buffer file does not exist: {path}")
   try:
     with np.load(path) as f:
-      return from_state_dict({k: f[k] for k in f.files})
+      d = {k: f[k] for k in f.files if not k.startswith("columns/")}
+      d["columns"] = {k.split("/", 1)[1]: f[k] for k in f.files if k.startswith("columns/")}
+    return from_state_dict(d)
   except (OSError, ValueError, KeyError, EOFError) as err:
     raise ValueError(f"{path}: not a replay buffer ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
                      ) from None
