@@ -109,7 +109,7 @@ def jit_token_logprobs(config: ModelConfig, *, mesh: Mesh | None = None, rules: 
       compiled[shape] = (sharding.jit_with_rules(body, mesh, rules, in_shardings=(params_sh, rows, rows),
                                                  out_shardings=out), rows)
     fn, rows = compiled[shape]
-    return fn(*jax.device_put((params, tokens, attention_mask), (params_sh, rows, rows)))
+    return fn(*sharding.put((params, tokens, attention_mask), (params_sh, rows, rows)))
 
   return call
 

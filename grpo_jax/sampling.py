@@ -223,7 +223,7 @@ def sample(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: j
                                                        tuple(prompt_tokens.shape), **static)
   as_int = lambda x: x if getattr(x, "dtype", None) == jnp.int32 else np.asarray(x, np.int32)
   as_bool = lambda x: x if getattr(x, "dtype", None) == bool else np.asarray(x, bool)
-  params, prompt_tokens, prompt_mask, key, temperature = jax.device_put(
+  params, prompt_tokens, prompt_mask, key, temperature = sharding.put(
       (params, as_int(prompt_tokens), as_bool(prompt_mask), key, np.float32(temperature)),
       (param_sh, row_sh, row_sh, scalar_sh, scalar_sh))
   return fn(params, prompt_tokens, prompt_mask, key, temperature)

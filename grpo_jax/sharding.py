@@ -224,13 +224,35 @@ def init_train_state(params: Any, optimizer, mesh: Mesh, rules: Mapping, *, dona
   return state, shardings
 
 
-def put(tree: Any, shardings: Any) -> Any:
-  """Places (or re-shards) a pytree; a no-op for arrays already so placed.
+def _put_leaf(x, sharding: jax.sharding.Sharding):
+  """One leaf onto `sharding`, in a run of one or of several processes."""
+  if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+    return jax.random.wrap_key_data(_put_leaf(jax.random.key_data(x), sharding), impl=jax.random.key_impl(x))
+  if isinstance(x, jax.Array):
+    if x.sharding == sharding or x.sharding.is_equivalent_to(sharding, x.ndim):
+      return x
+    if not x.is_fully_addressable:  # a global array: re-shard on the devices
+      return jax.jit(lambda y: y, out_shardings=sharding)(x)
+  if jax.process_count() == 1:
+    return jax.device_put(x, sharding)
+  value = np.asarray(x)  # the same host value on every process; each device receives its slice
+  return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
 
-  Single-process, or with the same full value on every process; per-process
-  slices go through `distributed.global_array`.
+
+def put(tree: Any, shardings: Any) -> Any:
+  """Places (or re-shards) a pytree; arrays already so placed are returned as they are.
+
+  Args:
+    tree: arrays, host values, PRNG keys. In a multi-process run, host values and
+      process-local arrays must be the same on every process (per-process slices
+      go through `distributed.global_batch`); global arrays are re-sharded on device.
+    shardings: one sharding for every leaf, or a tree of them (a prefix of `tree`).
   """
-  return jax.device_put(tree, shardings)
+  is_sharding = lambda s: isinstance(s, jax.sharding.Sharding)
+  if is_sharding(shardings):
+    return jax.tree.map(lambda x: _put_leaf(x, shardings), tree)
+  return jax.tree.map(lambda s, sub: jax.tree.map(lambda x: _put_leaf(x, s), sub), shardings, tree,
+                      is_leaf=is_sharding)
 
 
 def load_hf(path, mesh: Mesh, rules: Mapping, **runtime) -> tuple[Any, ModelConfig]:

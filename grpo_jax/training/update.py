@@ -17,6 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import losses
+from grpo_jax import sharding
 from grpo_jax.models import ModelConfig
 from grpo_jax.models.sharding import axis_rules, constrain
 
@@ -108,7 +109,7 @@ def make_train_step(objective: Objective, optimizer: optax.GradientTransformatio
 
   @functools.wraps(step)
   def call(state: TrainState, batch) -> tuple[TrainState, dict]:
-    return jitted(state, jax.device_put(batch, batch_shardings))
+    return jitted(state, sharding.put(batch, batch_shardings))
 
   call.jitted = jitted
   call.lower = lambda state, batch: jitted.lower(state, batch)

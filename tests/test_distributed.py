@@ -1,0 +1,167 @@
+"""Multi-process runs (distributed.py): two processes with 4 CPU devices each, gloo collectives."""
+
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import distributed
+from grpo_jax import logprobs
+from grpo_jax import losses
+from grpo_jax import models
+from grpo_jax import sampling
+from grpo_jax import sharding
+from grpo_jax import training
+from grpo_jax.training import update as update_lib
+
+CONFIG = models.ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=8, eos_token_ids=(1,),
+                            pad_token_id=0)
+PROMPTS = np.array([[5, 6, 7, 8], [0, 9, 10, 11], [0, 0, 12, 13], [14, 15, 16, 17]], np.int32)
+GROUP, NEW_TOKENS, STEPS = 2, 6, 3
+
+
+def _grpo_steps(mesh_spec: str | None, rules_name: str = "fsdp_tp"):
+  """A few GRPO steps (sample, score, reference log-probs, update) on one device or on a global mesh.
+
+  Each process contributes its own rows of the prompts; the samples come back to every process.
+  """
+  key = jax.random.key(0)
+  optimizer = training.make_optimizer(1e-2, eps=1e-3)  # eps >> |g|: Adam does not amplify rounding
+  objective = update_lib.bind(training.grpo_objective, config=CONFIG, use_reference=True, chunk_size=4,
+                              loss_kwargs=dict(epsilon=0.2, beta=0.04))
+  if mesh_spec is None:
+    mesh = rules = None
+    params = models.init_params(CONFIG, key)
+    state = training.init_train_state(params, optimizer)
+    step = training.make_train_step(objective, optimizer)
+    rows = lambda tree: tree
+  else:
+    mesh, rules = sharding.make_mesh(mesh_spec), sharding.get_rules(rules_name)
+    params = sharding.init_params(CONFIG, key, mesh, rules)
+    state, shardings = sharding.init_train_state(params, optimizer, mesh, rules)
+    batch_sharding = sharding.batch_sharding(mesh, rules)
+    step = training.make_train_step(objective, optimizer, state_shardings=shardings, batch_shardings=batch_sharding,
+                                    mesh=mesh, rules=rules)
+    rows = lambda tree: distributed.global_batch(
+        jax.tree.map(lambda x: x[distributed.process_rows(len(x), batch_sharding)], tree), batch_sharding)
+  reference = jax.tree.map(jnp.copy, params)
+  ref_logprobs = logprobs.jit_token_logprobs(CONFIG, mesh=mesh, rules=rules, chunk_size=4)
+  all_tokens = []
+  for t in range(STEPS):
+    prompts = rows({"tokens": PROMPTS, "mask": PROMPTS != 0})
+    samples = sampling.sample(state.params, CONFIG, prompts["tokens"], prompts["mask"], jax.random.fold_in(key, t),
+                              num_samples=GROUP, max_new_tokens=NEW_TOKENS, mesh=mesh, rules=rules)
+    samples = distributed.all_gather(samples)  # host copies on every process
+    rewards = (samples.tokens % 2 == 0).sum(-1).astype(np.float32)  # a toy rule reward: even token ids
+    advantages = np.asarray(losses.group_advantages(rewards.reshape(-1, GROUP))).reshape(-1)
+    tokens, mask = map(np.asarray, logprobs.sequences_from_samples(samples))
+    ref = distributed.all_gather(ref_logprobs(reference, *rows((tokens, mask))))[:, PROMPTS.shape[1]:]
+    batch = training.batch_from_samples(samples, jnp.asarray(samples.mask), jnp.asarray(samples.logprobs),
+                                        jnp.asarray(ref), jnp.asarray(advantages))
+    state, metrics = step(state, rows(jax.tree.map(np.asarray, batch)))
+    all_tokens.append(samples.tokens)
+  return distributed.all_gather(state.params), np.stack(all_tokens), float(metrics["loss"])
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _spawn(mode: str, out: pathlib.Path, port: int) -> list[subprocess.Popen]:
+  procs = []
+  for pid in range(2):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
+               JAX_PROCESS_ID=str(pid), XLA_FLAGS=" ".join(
+                   [os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=4"]))
+    procs.append(subprocess.Popen([sys.executable, __file__, mode, str(out)], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True))
+  return procs
+
+
+def test_two_processes_end_with_the_single_process_params(tmp_path):
+  procs = _spawn("grpo", tmp_path, _free_port())
+  expected_params, expected_tokens, expected_loss = _grpo_steps(None)
+  logs = [p.communicate(timeout=300)[0] for p in procs]
+  for p, log in zip(procs, logs):
+    assert p.returncode == 0, log[-4000:]
+  results = [np.load(tmp_path / f"process_{i}.npz") for i in range(2)]
+  for name in results[0].files:  # every process holds the same global result
+    np.testing.assert_array_equal(results[0][name], results[1][name])
+  np.testing.assert_array_equal(results[0]["tokens"], expected_tokens)
+  np.testing.assert_allclose(results[0]["loss"], expected_loss, rtol=1e-5, atol=1e-6)
+  leaves = jax.tree.leaves(expected_params)
+  assert len(leaves) == len(results[0].files) - 2
+  for i, leaf in enumerate(leaves):
+    np.testing.assert_allclose(results[0][f"param_{i}"], leaf, rtol=1e-5, atol=1e-5)
+
+
+def test_a_dead_process_stops_the_other(tmp_path):
+  procs = _spawn("die", tmp_path, _free_port())
+  start = time.time()
+  logs = [p.communicate(timeout=120)[0] for p in procs]
+  assert procs[1].returncode == 3, logs[1][-3000:]
+  assert procs[0].returncode not in (0, None), logs[0][-3000:]  # an error, not a hang or a success
+  assert time.time() - start < 100
+  assert "survivor finished" not in logs[0]
+
+
+def test_initialize_arguments(monkeypatch):
+  for name in (distributed.ENV_COORDINATOR, distributed.ENV_NUM_PROCESSES, distributed.ENV_PROCESS_ID):
+    monkeypatch.delenv(name, raising=False)
+  assert distributed.initialize() is False  # single process: nothing to join
+  assert distributed.initialize(num_processes=1) is False
+  with pytest.raises(ValueError, match="needs a coordinator address"):
+    distributed.initialize(num_processes=2, process_id=0)
+  with pytest.raises(ValueError, match="is not 'host:port'"):
+    distributed.initialize("localhost", 2, 0)
+  with pytest.raises(ValueError, match=r"process_id must be in \[0, 2\)"):
+    distributed.initialize("localhost:1234", 2, 2)
+  monkeypatch.setenv(distributed.ENV_NUM_PROCESSES, "two")
+  with pytest.raises(ValueError, match="JAX_NUM_PROCESSES='two' is not an integer"):
+    distributed.initialize()
+  assert distributed.is_main_process()
+  assert distributed.process_rows(8) == slice(0, 8)
+  assert distributed.process_slice(list("abcd")) == list("abcd")
+  batch = {"x": np.arange(6).reshape(3, 2)}
+  placed = distributed.global_batch(batch, jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+  np.testing.assert_array_equal(distributed.local_rows(placed)["x"], batch["x"])
+  np.testing.assert_array_equal(distributed.all_gather(placed)["x"], batch["x"])
+
+
+def _worker(mode: str, out: pathlib.Path):
+  """One of the two processes."""
+  distributed.initialize(initialization_timeout_s=60, heartbeat_timeout_s=5, shutdown_timeout_s=10)
+  assert jax.process_count() == 2 and jax.device_count() == 8 and jax.local_device_count() == 4
+  index = jax.process_index()
+  if mode == "grpo":
+    params, tokens, loss = _grpo_steps("data:2,fsdp:2,tensor:2")
+    arrays = {f"param_{i}": x for i, x in enumerate(jax.tree.leaves(params))}
+    np.savez(out / f"process_{index}.npz", tokens=tokens, loss=loss, **arrays)
+    distributed.barrier("saved")
+    distributed.shutdown()
+    return
+  mesh = sharding.make_mesh("data:-1")
+  total = jax.jit(lambda x: x.sum(), out_shardings=sharding.replicated(mesh))
+  x = distributed.global_batch(np.ones((4,), np.float32), sharding.batch_sharding(mesh, sharding.RULES["dp"]))
+  print("first sum", float(total(x).addressable_data(0)), flush=True)
+  if index == 1:
+    os._exit(3)  # dies without a word to the others
+  time.sleep(2)
+  for _ in range(30):  # collectives with a dead peer: an error, then the service stops this process
+    total(x).block_until_ready()
+    time.sleep(1)
+  print("survivor finished", flush=True)
+
+
+if __name__ == "__main__":
+  _worker(sys.argv[1], pathlib.Path(sys.argv[2]))
