@@ -1,0 +1,79 @@
+"""End-to-end tests of `python -m experiments.flow_grpo` on tiny settings."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+from absl import flags
+import jax
+import numpy as np
+import pytest
+
+from experiments import flow_grpo
+from grpo_jax import models
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TINY = ["--tiny_layers=1", "--tiny_hidden_size=32", "--num_train=120", "--num_test=8", "--sft_examples=60",
+        "--eval_batch_size=8", "--batch_size=2", "--group_size=2", "--max_turns=3", "--planner_prompt_len=40",
+        "--action_tokens=16", "--memory_budget=28", "--sft_batch_size=8", "--tensorboard=false", "--min_bucket=4"]
+
+
+def _run(work_dir, *args):
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(["flow_grpo", f"--work_dir={work_dir}", *TINY, *args])
+  return flow_grpo.run()
+
+
+def _params(path):
+  return models.load_hf(path)[0]
+
+
+def test_smoke_sft_then_flow_grpo(tmp_path):
+  summary = _run(tmp_path, "--sft_steps=4", "--steps=2", "--save_every=1", "--sft_learning_rate=1e-2")
+  for key in ("start_accuracy", "final_accuracy", "final_mean_turns", "final_tool_error_rate", "start_mean_turns",
+              "final_answer_rate", "wall_time_s"):
+    assert np.isfinite(summary[key]), key
+  assert 1.0 <= summary["final_mean_turns"] <= 3.0
+  records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  train = [r for r in records if "train/reward_mean" in r]
+  assert [r["step"] for r in train] == [1, 2]
+  for key in ("train/loss", "train/kl", "train/mean_turns", "train/tool_error_rate", "train/turn_rows",
+              "train/entropy", "train/grad_norm", "train/clip_frac", "train/time_sampling", "train/time_update"):
+    assert np.isfinite(train[-1][key]), key
+  assert train[-1]["train/turn_rows"] >= 4  # B·G = 4 trajectories of at least one turn
+  assert [r["step"] for r in records if "eval/accuracy" in r] == [0, 2]
+  base, sft, final = (_params(tmp_path / d) for d in ("base_model", "sft_policy", "final_policy"))
+  assert not np.allclose(base["embed"]["embedding"], sft["embed"]["embedding"])
+  assert not np.allclose(sft["embed"]["embedding"], final["embed"]["embedding"])
+  assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == ["1", "2"]
+  assert json.loads((tmp_path / "sft_policy" / flow_grpo.SFT_MARKER).read_text())["sft_examples"] == 60
+
+
+def test_resume_is_exact(tmp_path):
+  common = ["--sft_steps=0", "--steps=2", "--save_every=1", "--learning_rate=1e-3", "--beta=0.1",
+            "--num_epochs=2", "--minibatch_size=2"]
+  _run(tmp_path / "straight", *common)
+  _run(tmp_path / "stopped", *common, "--stop_after=1")
+  assert not (tmp_path / "stopped" / "final_policy").exists()
+  _run(tmp_path / "stopped", *common, "--resume")
+  straight, resumed = _params(tmp_path / "straight" / "final_policy"), _params(tmp_path / "stopped" / "final_policy")
+  jax.tree.map(np.testing.assert_array_equal, straight, resumed)
+
+
+def _cli(*args, cwd):
+  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+  return subprocess.run([sys.executable, "-m", "experiments.flow_grpo", *args], cwd=cwd, env=env,
+                        capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--tools=calc,shell"], "flow_grpo: error: --tools: unknown tools ['shell']"),
+    (["--max_turns=0"], "--max_turns must be >= 1"),
+    (["--dynamic_sampling"], "flow_grpo: error: --dynamic_sampling is a grpo_math option that Flow-GRPO does not use"),
+])
+def test_bad_input_is_one_line(tmp_path, args, message):
+  result = _cli(f"--work_dir={tmp_path}", "--sft_steps=0", *args, cwd=tmp_path)
+  assert result.returncode != 0
+  assert message in result.stderr and "Traceback" not in result.stderr
