@@ -23,7 +23,6 @@ from absl import app
 from absl import flags
 from absl import logging
 import jax
-import numpy as np
 
 from experiments import grpo_math
 from grpo_jax import data

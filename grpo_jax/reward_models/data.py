@@ -73,6 +73,7 @@ def exact_step_labels(texts: Sequence[str], examples: Sequence[Example]) -> list
 def monte_carlo_step_labels(samples: SampleOutput, texts: Sequence[str], examples: Sequence[Example], tokenizer, *,
                             rollout: step_labels.RolloutFn, key: jax.Array, soft: bool = False) -> list[np.ndarray]:
   """Per completion, its propagated Math-Shepherd labels: hard (any rollout right) or soft (the fraction)."""
+  samples = jax.tree.map(np.asarray, samples)
   n = len(texts)
   prompts = [samples.prompt_tokens[i][samples.prompt_mask[i]].tolist() for i in range(n)]
   completions = [samples.tokens[i, :int(samples.lengths[i])].tolist() for i in range(n)]

@@ -10,8 +10,6 @@ Params are those of `init_scalar_params`: {"backbone": <policy params without lm
 probabilities. Every function is pure over arrays and jits with `config` static.
 """
 
-from typing import Literal
-
 import chex
 import jax
 import jax.numpy as jnp
@@ -20,7 +18,6 @@ from grpo_jax.models import heads
 from grpo_jax.models.config import ModelConfig
 
 Params = heads.Params
-Kind = Literal["orm", "prm"]
 KINDS = ("orm", "prm")
 
 
