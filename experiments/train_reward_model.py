@@ -47,8 +47,8 @@ flags.DEFINE_integer("rm_max_steps", 8, "PRM: most scored segments per completio
 flags.DEFINE_enum("rm_loss", "bce", list(rm.LOSSES), "bce, or the Bradley-Terry pairwise loss (orm) over "
                   "(right, wrong) pairs of one problem.")
 flags.DEFINE_integer("rm_steps", 300, "Reward-model optimiser steps.")
-flags.DEFINE_integer("rm_batch_size", 64, "Completions per reward-model step (pairwise: keep it a multiple of "
-                     "--rm_samples_per_prompt so a problem's samples share a batch).")
+flags.DEFINE_integer("rm_batch_size", 64, "Completions per reward-model step (pairwise: batches hold whole "
+                     "problems, so make it a multiple of --rm_samples_per_prompt).")
 flags.DEFINE_float("rm_learning_rate", 3e-4, "Reward-model peak learning rate (cosine decay; the paper: 2e-5 "
                    "for 7B).")
 flags.DEFINE_integer("rm_eval_every", 100, "Held-out evaluation every N steps (0: only before and after).")
@@ -140,11 +140,12 @@ def run() -> dict:
 
   t0 = time.time()
   done = 0
+  block = FLAGS.rm_samples_per_prompt if FLAGS.rm_loss == "pairwise" else 1
   every = FLAGS.rm_eval_every or FLAGS.rm_steps
   while done < FLAGS.rm_steps:
     chunk = min(every, FLAGS.rm_steps - done)
     state, _ = rm.fit(state, train_step, train_data, steps=chunk, batch_size=FLAGS.rm_batch_size,
-                      seed=FLAGS.seed, start=done, log_every=10, log=log)
+                      seed=FLAGS.seed, start=done, block=block, log_every=10, log=log)
     done += chunk
     if done < FLAGS.rm_steps:
       logger.newline()

@@ -86,7 +86,8 @@ def test_loss_falls_on_a_tiny_labelled_set(kind, loss):
   optimizer = optax.adam(3e-3)
   state = training.init_train_state(rm.init_reward_params(policy, CONFIG, jax.random.key(1)), optimizer)
   step = rm.make_reward_train_step(CONFIG, optimizer, kind=kind, loss=loss)
-  state, history = rm.fit(state, step, data, steps=40, batch_size=16, seed=0, log_every=1)
+  state, history = rm.fit(state, step, data, steps=40, batch_size=16, seed=0, log_every=1,
+                          block=4 if loss == "pairwise" else 1)
   losses = [m["loss"] for _, m in history]
   assert len(losses) == 40 and len(data.group) == 32  # 32 sequences, a few dozen labelled steps
   if loss == "bce":
@@ -127,6 +128,12 @@ def test_batch_indices_are_per_epoch_permutations():
   for epoch in range(3):
     assert sorted(rows[5 * epoch:5 * epoch + 5]) == list(range(5))
   np.testing.assert_array_equal(rm.batch_indices(5, 3, 2, seed=2), rows[6:9])  # depends only on the step
+  grouped = np.concatenate([rm.batch_indices(12, 8, s, seed=0, block=4) for s in range(3)])
+  assert sorted(grouped[:12]) == list(range(12)) and sorted(grouped[12:]) == list(range(12))
+  for start in range(0, 24, 4):  # the 4 samples of a problem stay together, in order
+    assert grouped[start] % 4 == 0 and list(grouped[start:start + 4]) == list(range(grouped[start], grouped[start] + 4))
+  with pytest.raises(ValueError, match="blocks of 5 rows from 12"):
+    rm.batch_indices(12, 8, 0, seed=0, block=5)
 
 
 def test_build_reward_data_from_samples(tmp_path):

@@ -65,24 +65,29 @@ def make_reward_train_step(config: ModelConfig, optimizer: optax.GradientTransfo
   return update.make_train_step(objective, optimizer, num_micro_batches, donate=donate)
 
 
-def batch_indices(num_rows_: int, batch_size: int, step: int, seed: int) -> np.ndarray:
+def batch_indices(num_rows_: int, batch_size: int, step: int, seed: int, block: int = 1) -> np.ndarray:
   """Row indices of minibatch `step` (0-based): positions [step·B, (step+1)·B) of an endless stream
-  of per-epoch permutations, `default_rng([seed, epoch]).permutation(N)`. Depends only on its
-  arguments, so a resumed run draws the same batches."""
-  if num_rows_ < 1:
-    raise ValueError("no reward-model training rows")
+  of per-epoch permutations of blocks of `block` consecutive rows (`default_rng([seed, epoch])`).
+
+  `block` = G keeps the G samples of a prompt (prompt-major rows) together, which the pairwise
+  loss needs. Depends only on its arguments, so a resumed run draws the same batches.
+  """
+  if num_rows_ < 1 or block < 1 or num_rows_ % block:
+    raise ValueError(f"cannot draw blocks of {block} rows from {num_rows_} reward-model training rows")
   pos = np.arange(step * batch_size, (step + 1) * batch_size)
   epochs, offsets = np.divmod(pos, num_rows_)
   out = np.empty(batch_size, np.int64)
   for epoch in np.unique(epochs):
-    order = np.random.default_rng([seed, int(epoch)]).permutation(num_rows_)
+    blocks = np.random.default_rng([seed, int(epoch)]).permutation(num_rows_ // block)
+    order = (blocks[:, None] * block + np.arange(block)[None]).reshape(-1)
     out[epochs == epoch] = order[offsets[epochs == epoch]]
   return out
 
 
 def fit(state: update.TrainState, train_step, data: RewardData, *, steps: int, batch_size: int, seed: int,
-        start: int = 0, log_every: int = 0, log=None):
-  """Runs `steps` optimiser steps from step `start` on minibatches drawn by `batch_indices`.
+        start: int = 0, block: int = 1, log_every: int = 0, log=None):
+  """Runs `steps` optimiser steps from step `start` on minibatches drawn by `batch_indices`
+  (`block`: rows kept together, e.g. the G samples of a prompt for the pairwise loss).
 
   Returns:
     (state, history): history a list of (step, metrics as floats) every `log_every` steps and at
@@ -94,7 +99,7 @@ def fit(state: update.TrainState, train_step, data: RewardData, *, steps: int, b
   history = []
   n = num_rows(data)
   for step in range(start, start + steps):
-    batch = jax.tree.map(jnp.asarray, take(data, batch_indices(n, batch_size, step, seed)))
+    batch = jax.tree.map(jnp.asarray, take(data, batch_indices(n, batch_size, step, seed, block)))
     state, metrics = train_step(state, batch)
     last = step == start + steps - 1
     if (log_every and (step + 1) % log_every == 0) or last:
