@@ -53,6 +53,8 @@ def ppo_objective(params: Params, batch, totals: dict, *, config: ModelConfig, l
   per_token = losses.value_loss(values, batch.old_values, batch.returns, batch.loss_mask, clip=value_clip)
   vf_loss = losses.aggregate(per_token, batch.loss_mask, "token-mean", num_tokens=totals["num_tokens"])
   loss = pg_loss + value_coef * vf_loss
+  for name in ("kl", "kl_loss"):  # PPO's KL is in the rewards; the sampling side logs it
+    metrics.pop(name, None)
   sg = jax.lax.stop_gradient
   metrics.update(
       loss=sg(loss), pg_loss=sg(pg_loss),

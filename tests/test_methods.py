@@ -1,0 +1,128 @@
+"""The runner's methods (`experiments/methods`): PPO's roles, the data each method trains on, and every
+`--algo` end to end on a tiny SFT policy."""
+
+import json
+
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import grpo_math
+from experiments import methods
+from experiments.methods import dpo as dpo_lib
+from experiments.methods import ppo as ppo_lib
+from grpo_jax import models
+from grpo_jax import training
+
+FLAGS = flags.FLAGS
+TINY = ["--max_prompt_len=16", "--max_new_tokens=24", "--num_train=400", "--num_test=16", "--batch_size=4",
+        "--group_size=4", "--eval_batch_size=16", "--tensorboard=false", "--sft_examples=200", "--tiny_layers=2",
+        "--tiny_hidden_size=64", "--offline_prompts=32"]
+
+
+def _parse(*args):
+  FLAGS.unparse_flags()
+  FLAGS(["grpo_math", *TINY, *args])
+
+
+@pytest.fixture(scope="module")
+def sft_policy(tmp_path_factory):
+  """A tiny policy after 150 SFT steps: right on a few problems, so RFT and DPO have data."""
+  work = tmp_path_factory.mktemp("stage1")
+  _parse(f"--work_dir={work}", "--sft_steps=150", "--steps=0")
+  grpo_math.run()
+  FLAGS.unparse_flags()
+  return work / "sft_policy"
+
+
+def _method(name, sft_policy, *args):
+  _parse(f"--init_checkpoint={sft_policy}", f"--algo={name}", *args)
+  FLAGS.group_size = FLAGS.group_size or (1 if name == "ppo" else 8)
+  params, config = models.load_hf(sft_policy)
+  task = grpo_math.Task(models.load_tokenizer(sft_policy), sft_lineage=True)
+  reference = jax.tree.map(jnp.copy, params)
+  method = methods.METHODS[name](config, task, methods.Rollouts(config, task), reference)
+  return method, params, reference
+
+
+def test_ppo_step_changes_only_policy_and_value(sft_policy):
+  method, params, reference = _method("ppo", sft_policy, "--batch_size=8", "--group_size=1", "--learning_rate=1e-3",
+                                      "--reward=correctness:1.0,format:0.5")  # format: non-zero advantages
+  reference_before = jax.tree.map(np.array, reference)
+  trained = method.init_params(params, jax.random.key(0))
+  np.testing.assert_array_equal(trained["value"]["backbone"]["embed"]["embedding"], params["embed"]["embedding"])
+  optimizer = method.optimizer(total_updates=4, warmup=0)
+  state = training.init_train_state(trained, optimizer)
+  before = jax.tree.map(np.array, state.params)
+  step = training.make_train_step(method.objective(), optimizer)
+  for i in range(3):  # until some sample is right and the advantages are non-zero
+    batch, stats, _ = method.collect(state.params, 8 * i, jax.random.key(i))
+    state, metrics = step(state, batch)
+  assert isinstance(batch, training.PPOBatch) and batch.tokens.shape[0] == 8  # G = 1: one sample per prompt
+  for role in ("policy", "value"):
+    moved = jax.tree.leaves(jax.tree.map(lambda a, b: not np.array_equal(a, b), before[role], state.params[role]))
+    assert any(moved), role
+  jax.tree.map(np.testing.assert_array_equal, reference_before, reference)  # π_ref bit-identical
+  assert {"explained_variance", "advantage_mean", "return_mean", "kl_reward"} <= set(stats)
+  assert {"value_loss", "pg_loss", "clip_frac", "kl", "value_clip_frac"} <= set(metrics)
+
+
+def test_ppo_rewards_land_on_the_last_token(sft_policy):
+  method, params, _ = _method("ppo", sft_policy, "--batch_size=8", "--beta=0", "--gamma=1", "--gae_lambda=1",
+                              "--nowhiten_advantages")
+  trained = method.init_params(params, jax.random.key(0))  # zero value head: V = 0, so A_t = R_t = score
+  batch, stats, _ = method.collect(trained, 0, jax.random.key(3))
+  m = np.asarray(batch.loss_mask)
+  returns = np.asarray(batch.returns)
+  per_row = [np.unique(returns[i][m[i]]) for i in range(len(m)) if m[i].any()]
+  assert all(len(u) == 1 for u in per_row)  # γ = λ = 1, β = 0: every token's return is the final score
+  assert stats["explained_variance"] == pytest.approx(0.0, abs=1e-6) or stats["reward_std"] == 0
+
+
+def test_dpo_pairs_are_correct_then_wrong_of_one_prompt():
+  correct = np.array([1, 0, 0, 1, 1, 1, 0, 0, 0, 1, 0, 1], np.float32)
+  prompt = np.repeat(np.arange(3), 4)
+  np.testing.assert_array_equal(dpo_lib.make_pairs(correct, prompt, 1), [[0, 1], [4, 6], [9, 8]])
+  np.testing.assert_array_equal(dpo_lib.make_pairs(correct, prompt, 2),
+                                [[0, 1], [3, 2], [4, 6], [5, 7], [9, 8], [11, 10]])
+
+
+def test_online_rft_and_sft_batches_carry_their_coefficients(sft_policy):
+  method, params, _ = _method("online_rft", sft_policy)
+  batch, stats, _ = method.collect(params, 0, jax.random.key(0))
+  rows = np.asarray(batch.loss_mask).any(-1)
+  gc = np.asarray(batch.advantages).max(-1)
+  assert gc[rows].mean() == pytest.approx(stats["accuracy"])  # GC = I(correct) on every completion token
+  method, _, _ = _method("sft", sft_policy)
+  batch, _, _ = method.collect(params, 0, None)
+  np.testing.assert_array_equal(np.asarray(batch.advantages), np.asarray(batch.loss_mask, np.float32))
+
+
+def test_ppo_explained_variance():
+  returns = np.array([[1.0, 2.0, 3.0, 0.0]])
+  mask = np.array([[1, 1, 1, 0]], bool)
+  assert ppo_lib.explained_variance(returns, returns, mask) == 1.0
+  assert ppo_lib.explained_variance(np.full_like(returns, 2.0), returns, mask) == pytest.approx(0.0)
+  assert ppo_lib.explained_variance(np.array([[1.0, 3.0, 2.0, 9.0]]), returns, mask) == pytest.approx(1 - 1.0)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "online_rft", "rft", "dpo", "sft"])
+def test_every_algo_runs_end_to_end(sft_policy, tmp_path, algo):
+  _parse(f"--work_dir={tmp_path}", f"--init_checkpoint={sft_policy}", f"--algo={algo}", "--steps=2",
+         "--eval_every=0", "--learning_rate=1e-3", "--reward=correctness:1.0,format:0.5")
+  summary = grpo_math.run()
+  FLAGS.unparse_flags()
+  assert summary["algo"] == algo and 0 <= summary["final_accuracy"] <= 1 and summary["peak_rss_mib"] > 0
+  records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in records if "train/loss" in r] == [1, 2]
+  final, start = models.load_hf(tmp_path / "final_policy")[0], models.load_hf(sft_policy)[0]
+  moved = not np.array_equal(final["embed"]["embedding"], start["embed"]["embedding"])
+  if algo == "online_rft":  # GC = I(correct): the policy moves exactly when some sample was right
+    assert moved == any(r["train/accuracy"] > 0 for r in records if "train/accuracy" in r)
+  else:
+    assert moved
+  if algo in ("rft", "dpo"):
+    data = [r for r in records if any(k.startswith("data/") for k in r)]
+    assert data and data[0]["data/offline_samples"] == 32 * 4
