@@ -106,7 +106,7 @@ def make_mesh(spec: str = "", devices: Sequence[jax.Device] | None = None) -> Me
   shape = tuple(sizes[name] for name in MESH_AXES)
   try:
     grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
-  except (ValueError, NotImplementedError, AssertionError):
+  except (ValueError, TypeError, NotImplementedError, AssertionError):
     grid = np.asarray(devices, dtype=object).reshape(shape)
   return Mesh(grid, MESH_AXES)
 
@@ -130,6 +130,12 @@ def logical_sharding(mesh: Mesh, rules: Mapping, names: Sequence[str | None], sh
 def batch_sharding(mesh: Mesh, rules: Mapping) -> NamedSharding:
   """Leading dimension split as the `batch` rule says (the data axes); for arrays whose size it divides."""
   return NamedSharding(mesh, PartitionSpec(logical.logical_to_spec(("batch",), rules, mesh=mesh)[0]))
+
+
+def data_parallel_size(mesh: Mesh, rules: Mapping) -> int:
+  """How many ways the `batch` rule splits rows: batch sizes (per micro-batch) must be multiples."""
+  spec = logical.logical_to_spec(("batch",), rules, mesh=mesh)[0]
+  return math.prod(mesh.shape[a] for a in ((spec,) if isinstance(spec, str) else spec or ()))
 
 
 def batch_shardings(mesh: Mesh, rules: Mapping, batch: Any) -> Any:

@@ -68,7 +68,7 @@ def _grpo_steps(mesh_spec: str | None, rules_name: str = "fsdp_tp"):
                                         jnp.asarray(ref), jnp.asarray(advantages))
     state, metrics = step(state, rows(jax.tree.map(np.asarray, batch)))
     all_tokens.append(samples.tokens)
-  return distributed.all_gather(state.params), np.stack(all_tokens), float(metrics["loss"])
+  return state, np.stack(all_tokens), float(metrics["loss"])
 
 
 def _free_port() -> int:
@@ -90,7 +90,8 @@ def _spawn(mode: str, out: pathlib.Path, port: int) -> list[subprocess.Popen]:
 
 def test_two_processes_end_with_the_single_process_params(tmp_path):
   procs = _spawn("grpo", tmp_path, _free_port())
-  expected_params, expected_tokens, expected_loss = _grpo_steps(None)
+  expected_state, expected_tokens, expected_loss = _grpo_steps(None)
+  expected_params = expected_state.params
   logs = [p.communicate(timeout=300)[0] for p in procs]
   for p, log in zip(procs, logs):
     assert p.returncode == 0, log[-4000:]
@@ -103,6 +104,12 @@ def test_two_processes_end_with_the_single_process_params(tmp_path):
   assert len(leaves) == len(results[0].files) - 2
   for i, leaf in enumerate(leaves):
     np.testing.assert_allclose(results[0][f"param_{i}"], leaf, rtol=1e-5, atol=1e-5)
+  # The checkpoint the two processes saved together restores here, on one device.
+  restored, meta = training.Checkpointer(tmp_path / "ckpt").restore(expected_state)
+  assert meta == {"step": STEPS}
+  for i, leaf in enumerate(jax.tree.leaves(restored.params)):
+    np.testing.assert_array_equal(leaf, results[0][f"param_{i}"])
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), restored, expected_state)
 
 
 def test_a_dead_process_stops_the_other(tmp_path):
@@ -144,9 +151,15 @@ def _worker(mode: str, out: pathlib.Path):
   assert jax.process_count() == 2 and jax.device_count() == 8 and jax.local_device_count() == 4
   index = jax.process_index()
   if mode == "grpo":
-    params, tokens, loss = _grpo_steps("data:2,fsdp:2,tensor:2")
+    state, tokens, loss = _grpo_steps("data:2,fsdp:2,tensor:2")
+    params = distributed.all_gather(state.params)
     arrays = {f"param_{i}": x for i, x in enumerate(jax.tree.leaves(params))}
     np.savez(out / f"process_{index}.npz", tokens=tokens, loss=loss, **arrays)
+    ckpt = training.Checkpointer(out / "ckpt")  # every process saves its shards; orbax synchronises
+    ckpt.save(STEPS, state, {"step": STEPS})
+    restored, _ = ckpt.restore(jax.eval_shape(lambda: state), shardings=jax.tree.map(lambda x: x.sharding, state))
+    jax.tree.map(np.testing.assert_array_equal, distributed.all_gather(restored), distributed.all_gather(state))
+    ckpt.close()
     distributed.barrier("saved")
     distributed.shutdown()
     return

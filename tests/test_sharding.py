@@ -144,6 +144,7 @@ def test_batch_shardings():
   specs = jax.tree.map(lambda s: s.spec, sharding.batch_shardings(MESH_222, sharding.RULES["dp"], batch))
   assert specs.tokens == P(("data", "fsdp"), None)
   assert sharding.batch_sharding(MESH_222, sharding.RULES["fsdp_tp"]).spec == P(("data", "fsdp"))
+  assert sharding.data_parallel_size(MESH_222, sharding.RULES["fsdp_tp"]) == 4
 
 
 @pytest.mark.devices(8)
