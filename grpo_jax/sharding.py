@@ -195,10 +195,17 @@ def state_shardings(mesh: Mesh, rules: Mapping, state: Any) -> Any:
 
 
 def abstract(tree: Any, shardings: Any = None) -> Any:
-  """`jax.ShapeDtypeStruct`s of a tree, carrying `shardings` (default: each array's own sharding)."""
+  """`jax.ShapeDtypeStruct`s of a tree's arrays, carrying `shardings` (default: each array's own);
+  other leaves are kept as they are."""
   if shardings is None:
     shardings = jax.tree.map(lambda x: getattr(x, "sharding", None), tree)
-  return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=s), tree, shardings)
+
+  def one(x, s):
+    if not isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):
+      return x
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+
+  return jax.tree.map(one, tree, shardings)
 
 
 def init_params(config: ModelConfig, key: jax.Array, mesh: Mesh, rules: Mapping) -> Any:

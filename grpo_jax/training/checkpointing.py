@@ -18,6 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from grpo_jax import sharding
+
 
 class CheckpointError(ValueError):
   """A checkpoint directory that cannot be restored (missing, incompatible)."""
@@ -38,19 +40,6 @@ def _all_finite(tree) -> bool:
   except ValueError:  # leaves on different devices or meshes: one check each
     return all(_all_finite([x]) for x in leaves) if len(leaves) > 1 else bool(np.all(np.isfinite(leaves[0])))
   return bool(np.asarray(ok.addressable_data(0)))
-
-
-def _abstract(tree, shardings=None):
-  """ShapeDtypeStructs carrying the target shardings (given, else each array's own)."""
-  if shardings is None:
-    shardings = jax.tree.map(lambda x: getattr(x, "sharding", None), tree)
-
-  def one(x, s):
-    if not isinstance(x, (jax.Array, jax.ShapeDtypeStruct)):
-      return x
-    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
-
-  return jax.tree.map(one, tree, shardings)
 
 
 class Checkpointer:
@@ -91,7 +80,7 @@ class Checkpointer:
       raise CheckpointError(f"no checkpoint to resume from in {self.directory}")
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(_abstract(abstract_state, shardings)), metadata=ocp.args.JsonRestore()))
+          state=ocp.args.StandardRestore(sharding.abstract(abstract_state, shardings)), metadata=ocp.args.JsonRestore()))
     except (ValueError, KeyError, FileNotFoundError) as err:
       raise CheckpointError(f"checkpoint {self.directory / str(step)} does not match this run: "
                             f"{str(err).splitlines()[0]}") from None
