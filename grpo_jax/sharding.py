@@ -22,6 +22,7 @@ import math
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -208,11 +209,31 @@ def abstract(tree: Any, shardings: Any = None) -> Any:
   return jax.tree.map(one, tree, shardings)
 
 
-def init_params(config: ModelConfig, key: jax.Array, mesh: Mesh, rules: Mapping) -> Any:
-  """`models.init_params` computed straight into its shardings (no device holds the whole model)."""
+def _init_per_leaf(config: ModelConfig, key: jax.Array) -> Any:
+  """Random params with `models.init_params`'s distribution, one draw per weight."""
   shapes = jax.eval_shape(transformer.init_params, config, key)
-  out = param_shardings(mesh, rules, shapes)
-  return jax.jit(lambda k: transformer.init_params(config, k), out_shardings=out)(key)
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+  out = []
+  for i, (path, leaf) in enumerate(leaves):
+    name = path[-1].key
+    if name in ("kernel", "embedding"):
+      x = 0.02 * jax.random.normal(jax.random.fold_in(key, i), leaf.shape, jnp.float32)
+    else:
+      x = (jnp.zeros if name == "bias" else jnp.ones)(leaf.shape, jnp.float32)
+    out.append(x.astype(leaf.dtype))
+  return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def init_params(config: ModelConfig, key: jax.Array, mesh: Mesh, rules: Mapping) -> Any:
+  """Random params computed straight into their shardings: each device draws only its own slices.
+
+  The distribution is `models.init_params`'s (normal(0, 0.02) kernels and embeddings, zero
+  biases, unit norm scales) but each weight has its own draw (`models.init_params` cuts all
+  weights from one flat draw, which cannot be split across devices), so the values differ
+  from it; they are the same on every mesh, a single device included.
+  """
+  out = param_shardings(mesh, rules, jax.eval_shape(transformer.init_params, config, key))
+  return jax.jit(lambda k: _init_per_leaf(config, k), out_shardings=out)(key)
 
 
 def init_train_state(params: Any, optimizer, mesh: Mesh, rules: Mapping, *, donate: bool = False

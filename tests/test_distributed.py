@@ -39,7 +39,7 @@ def _grpo_steps(mesh_spec: str | None, rules_name: str = "fsdp_tp"):
                               loss_kwargs=dict(epsilon=0.2, beta=0.04))
   if mesh_spec is None:
     mesh = rules = None
-    params = models.init_params(CONFIG, key)
+    params = sharding.init_params(CONFIG, key, sharding.single_device_mesh(), sharding.get_rules(rules_name))
     state = training.init_train_state(params, optimizer)
     step = training.make_train_step(objective, optimizer)
     rows = lambda tree: tree

@@ -157,8 +157,13 @@ def test_make_mesh_and_sharded_init_on_8_devices():
   rules = sharding.get_rules("fsdp_tp")
   key = jax.random.key(0)
   params = sharding.init_params(SMALL, key, mesh, rules)
-  expected = models.init_params(SMALL, key)
+  expected = sharding.init_params(SMALL, key, sharding.single_device_mesh(), rules)  # the same on one device
   jax.tree.map(np.testing.assert_array_equal, params, expected)
+  reference = models.init_params(SMALL, key)  # the same distribution, other draws
+  jax.tree.map(lambda a, b: a.shape == b.shape and a.dtype == b.dtype or pytest.fail("layout"), params, reference)
+  np.testing.assert_allclose(np.std(params["embed"]["embedding"]), 0.02, rtol=0.1)
+  np.testing.assert_array_equal(params["layers_0"]["attn"]["q_proj"]["bias"], 0.0)
+  np.testing.assert_array_equal(params["final_norm"]["scale"], 1.0)
   embedding = params["embed"]["embedding"]
   assert embedding.sharding == NamedSharding(mesh, P("tensor", "fsdp"))
   assert embedding.addressable_shards[0].data.shape == (32, 16)  # no device holds the whole table
