@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import methods as methods_lib
+from experiments.methods import learned_reward
 from grpo_jax import data
 from grpo_jax import evaluation
 from grpo_jax import losses
@@ -64,7 +65,8 @@ flags.DEFINE_enum("prompt_template", "auto", ["auto", "plain", "chat"],
 flags.DEFINE_integer("max_prompt_len", 16, "Prompt tokens (longer prompts are cut from the left).")
 flags.DEFINE_integer("max_new_tokens", 40, "Completion budget in tokens.")
 flags.DEFINE_string("reward", "correctness:1.0", "Reward spec 'name:weight,...' (correctness, format, "
-                    "arithmetic_format, boxed_format, step_correctness).")
+                    "arithmetic_format, boxed_format, step_correctness), or a learned reward model: 'orm' or "
+                    "'prm' with --reward_model (see --supervision, --iterations).")
 
 # STAGE 1: SFT
 flags.DEFINE_integer("sft_examples", 2000, "SFT demonstrations: the first N training problems, with solutions; "
@@ -167,6 +169,7 @@ def _validators():
       ["sft_steps", "sft_batch_size", "grad_accum_steps"],
       lambda f: f["sft_steps"] == 0 or f["sft_batch_size"] % f["grad_accum_steps"] == 0,
       message="--sft_batch_size must be divisible by --grad_accum_steps")
+  learned_reward.register_validators()
 
 
 def _group_size(values) -> int:
@@ -209,7 +212,8 @@ class Task:
     split = FLAGS.sft_examples if sft_lineage and 0 < FLAGS.sft_examples < len(self.train) else 0
     self.sft_pool = self.train[:split] if split else self.train
     self.rl_pool = self.train[split:]
-    self.reward_fn = rewards_lib.make_reward_fn(FLAGS.reward)
+    # A learned reward (--reward=orm|prm) scores in the rollouts; the rule reward is then correctness, for logs.
+    self.reward_fn = rewards_lib.make_reward_fn("correctness" if FLAGS.reward in ("orm", "prm") else FLAGS.reward)
     self.is_formatted = (rewards_lib.has_final_answer_format if FLAGS.task != "math"
                          else lambda c: rewards_lib.extract_boxed(c) is not None)
 
@@ -320,9 +324,22 @@ def run_rl(method: methods_lib.Method, policy, task: Task, logger, ckpt: trainin
   optimizer = method.optimizer(total_updates, warmup)
   key = jax.random.PRNGKey(FLAGS.seed)
   state = training.init_train_state(method.init_params(policy, jax.random.fold_in(key, 1)), optimizer)
+  updates = method.reward_updates  # iterative RL's reward-model retraining, or None
+  per_iteration = FLAGS.steps_per_iteration if updates else 0
+
+  def checkpoint_tree(state):
+    tree = {"train": state}
+    if updates:  # the reference resets each iteration, the reward model and its replay history train
+      tree.update(reference=method.reference, **updates.checkpoint_state())
+    return tree
+
   position, start = 0, 0
   if FLAGS.resume and ckpt.latest_step() is not None:
-    state, meta = ckpt.restore(state)
+    tree, meta = ckpt.restore(checkpoint_tree(state))
+    state = tree["train"]
+    if updates:
+      method.reference = tree["reference"]
+      updates.restore(tree)
     start, position = int(meta["step"]), int(meta["data_position"])
     key = jnp.asarray(meta["key"], jnp.uint32)
     sft_accuracy = meta.get("sft_accuracy", sft_accuracy)
@@ -337,6 +354,9 @@ def run_rl(method: methods_lib.Method, policy, task: Task, logger, ckpt: trainin
 
   for step in range(start + 1, FLAGS.steps + 1):
     step_key = jax.random.fold_in(key, step)
+    if per_iteration and step > 1 and (step - 1) % per_iteration == 0:
+      # Algorithm 1: each iteration starts with π_ref ← π_θ (a copy: the train state is donated).
+      method.reference = jax.tree.map(jnp.copy, method.policy(state.params))
     # COLLECT: π_old is the current policy (online methods) or a fixed dataset (offline ones)
     batch, stats, position = method.collect(state.params, position, step_key)
     # UPDATE: μ epochs over shuffled minibatches (groups of rows_per_item rows stay together)
@@ -359,6 +379,16 @@ def run_rl(method: methods_lib.Method, policy, task: Task, logger, ckpt: trainin
       stats["tokens_per_s"] = stats.pop("generated_tokens") / max(step_time, 1e-9)
     values = logger.log(step, stats, prefix="train/")
     logger.progress(step, _progress_line(values))
+    if per_iteration and step % per_iteration == 0:  # the iteration's end: retrain the reward model
+      logger.newline()
+      iteration = step // per_iteration
+      rm_metrics = updates.update(method.policy(state.params), iteration, jax.random.fold_in(step_key, 20_000))
+      values = logger.log(step, {"iteration": float(iteration), **rm_metrics}, prefix="rm/")
+      policy_eval = logger.log(step, evaluate(method.policy(state.params), method.config, task,
+                                              jax.random.PRNGKey(FLAGS.seed + 1)), prefix="iteration/")
+      print(f"iteration {iteration}: held-out accuracy {policy_eval['iteration/accuracy']:.3f}; reward model on "
+            f"fresh policy samples: accuracy {values['rm/before_outcome/accuracy']:.3f} -> "
+            f"{values['rm/after_outcome/accuracy']:.3f}", file=sys.stderr)
     # EVALUATE AND SAVE
     if FLAGS.eval_every and step % FLAGS.eval_every == 0 and step != FLAGS.steps:
       logger.newline()
@@ -366,8 +396,9 @@ def run_rl(method: methods_lib.Method, policy, task: Task, logger, ckpt: trainin
                                          jax.random.PRNGKey(FLAGS.seed + 1)), prefix="eval/")
       print(f"step {step}: held-out accuracy {values['eval/accuracy']:.3f}", file=sys.stderr)
     if (FLAGS.save_every and step % FLAGS.save_every == 0) or step == FLAGS.steps or step == FLAGS.stop_after:
-      ckpt.save(step, state, {"step": step, "data_position": position, "key": np.asarray(key).tolist(),
-                              "sft_accuracy": sft_accuracy, "algo": method.name})
+      ckpt.save(step, checkpoint_tree(state), {"step": step, "data_position": position,
+                                               "key": np.asarray(key).tolist(), "sft_accuracy": sft_accuracy,
+                                               "algo": method.name})
     if step == FLAGS.stop_after:
       logger.newline()
       print(f"stopping after step {step} (--stop_after); continue with --resume", file=sys.stderr)
@@ -445,6 +476,12 @@ def run() -> dict:
     raise RunError(f"--resume: no checkpoint in {ckpt_dir}")
   if FLAGS.group_size is None:
     FLAGS.group_size = 1 if FLAGS.algo == "ppo" else 8
+  if FLAGS.iterations > 1:
+    FLAGS.steps = FLAGS.iterations * FLAGS.steps_per_iteration
+  if FLAGS.supervision == "process" and FLAGS.algo != "grpo":
+    raise RunError("--supervision=process is GRPO's (GRPO+PS); use --algo=grpo")
+  if FLAGS.iterations > 1 and FLAGS.algo not in ("grpo", "ppo"):
+    raise RunError("--iterations > 1 (iterative RL) needs an online RL method: --algo=grpo or ppo")
   t_start = time.time()
   work_dir.mkdir(parents=True, exist_ok=True)
   (work_dir / "flags.txt").write_text(FLAGS.flags_into_string())
@@ -470,7 +507,11 @@ def run() -> dict:
   print(f"stage 2: {FLAGS.algo}, {FLAGS.steps} steps of {FLAGS.batch_size} prompts x {FLAGS.group_size} samples",
         file=sys.stderr)
   reference = jax.tree.map(jnp.copy, params)  # frozen π_ref: the start policy
-  method = methods_lib.METHODS[FLAGS.algo](config, task, methods_lib.Rollouts(config, task), reference)
+  reward_model = learned_reward.LearnedReward(tokenizer, config) if learned_reward.learned() else None
+  rollouts = methods_lib.Rollouts(config, task, reward_model)
+  method = methods_lib.METHODS[FLAGS.algo](config, task, rollouts, reference)
+  if FLAGS.iterations > 1:
+    method.reward_updates = learned_reward.RewardModelUpdates(reward_model, task, rollouts)
   ckpt = training.Checkpointer(work_dir / "checkpoints", max_to_keep=FLAGS.keep_checkpoints)
   try:
     policy, start_accuracy, stopped = run_rl(method, params, task, logger, ckpt, start_accuracy)

@@ -21,6 +21,7 @@ class Method(abc.ABC):
   name = "method"
   rows_per_item = 1  # rows that must stay together in a minibatch (2: DPO's (o⁺, o⁻) pairs)
   uses_reference = False
+  reward_updates = None  # iterative RL: a `learned_reward.RewardModelUpdates`, set by the runner
 
   def __init__(self, config, task, rollouts, reference):
     self.config, self.task, self.rollouts, self.reference = config, task, rollouts, reference

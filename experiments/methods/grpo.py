@@ -10,6 +10,7 @@ import numpy as np
 
 from experiments.methods import base
 from experiments.methods import rollouts as rollouts_lib
+from grpo_jax import evaluation
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import losses
 from grpo_jax import sampling
@@ -69,8 +70,16 @@ class GRPO(base.Method):
     loss_mask[len(chosen) * g:] = False
     if FLAGS.mask_truncated:
       loss_mask &= ~samples.truncated[:, None]
-    advantages = losses.group_advantages(rewards.reshape(b, g), scale=FLAGS.advantage_scale,
-                                         eps=FLAGS.advantage_eps).reshape(-1)
+    if FLAGS.supervision == "process":  # GRPO+PS: PRM rewards per step, normalised over the group's steps
+      step_rewards, ends, step_mask = self.rollouts.reward_model.steps(samples, evaluation.decode(
+          self.task.tokenizer, samples))
+      k, t = step_rewards.shape[1], samples.tokens.shape[1]
+      advantages = losses.process_advantages(
+          step_rewards.reshape(b, g, k), jnp.asarray(ends.reshape(b, g, k)), step_mask.reshape(b, g, k),
+          samples.mask.reshape(b, g, t), eps=FLAGS.advantage_eps).reshape(b * g, t)
+    else:
+      advantages = losses.group_advantages(rewards.reshape(b, g), scale=FLAGS.advantage_scale,
+                                           eps=FLAGS.advantage_eps).reshape(-1)
     old_logp = self.rollouts.old_logprobs(params, samples)
     if FLAGS.beta > 0:
       sequences = logprobs_lib.sequences_from_samples(samples)

@@ -32,8 +32,9 @@ def take_rows(samples: sampling.SampleOutput, rows) -> sampling.SampleOutput:
 class Rollouts:
   """Samples completions of the task's prompts from a policy and scores them with the task's reward."""
 
-  def __init__(self, config, task):
+  def __init__(self, config, task, reward_model=None):
     self.config, self.task = config, task
+    self.reward_model = reward_model  # a `learned_reward.LearnedReward`, or None for the task's rule reward
     self.prompts_truncated = 0  # prompts cut from the left to --max_prompt_len, since the start
     temperature = FLAGS.temperature
     chunk = FLAGS.logprob_chunk
@@ -52,8 +53,11 @@ class Rollouts:
     t0 = time.time()
     texts = evaluation.decode(tok, samples)
     repeated = [e for e in examples for _ in range(num_samples)]
-    rewards = np.asarray(rewards_lib.score(texts, repeated, task.reward_fn), np.float32)
     correct = np.asarray(rewards_lib.score(texts, repeated, "correctness"), np.float32)
+    if self.reward_model is not None:
+      rewards = self.reward_model.outcome(samples, texts)
+    else:
+      rewards = np.asarray(rewards_lib.score(texts, repeated, task.reward_fn), np.float32)
     if FLAGS.overlong_buffer:
       rewards = rewards + np.asarray(losses.overlong_penalty(samples.lengths, FLAGS.max_new_tokens,
                                                             FLAGS.overlong_buffer))

@@ -1,0 +1,155 @@
+"""Learned reward models in the runner (DeepSeekMath §4.1.2-4.1.4, arXiv 2402.03300).
+
+  --reward=orm --reward_model=DIR                       GRPO+OS: σ(ORM score) is the outcome reward
+  --reward=prm --reward_model=DIR --supervision=process  GRPO+PS: σ(PRM score) of every step, normalised
+                                                          over the group, summed over the steps ending at
+                                                          or after each token (`losses.process_advantages`)
+  --iterations=I --steps_per_iteration=M                 iterative RL (Algorithm 1): the reference becomes
+                                                          the policy at each iteration start; after M steps
+                                                          the reward model trains on fresh samples of the
+                                                          current policy plus --replay_fraction history
+The reward model is frozen within an iteration; the policy's rule correctness is still logged.
+"""
+
+import time
+
+from absl import flags
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax import evaluation
+from grpo_jax import logprobs as logprobs_lib
+from grpo_jax import reward_models as rm
+from grpo_jax import training
+from grpo_jax.training import replay as replay_lib
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_string("reward_model", "", "With --reward=orm|prm: a reward-model directory written by "
+                    "experiments.train_reward_model (HF-format backbone + reward_head.safetensors).")
+flags.DEFINE_enum("supervision", "outcome", ["outcome", "process"], "outcome: one reward per completion "
+                  "(GRPO+OS); process: a PRM reward per step (GRPO+PS, needs --reward=prm).")
+flags.DEFINE_integer("prm_max_steps", 8, "PRM: most scored steps per completion (the first K-1 and the last).")
+flags.DEFINE_integer("iterations", 1, "Iterative RL: iterations I (1: plain RL, the reward model stays frozen).")
+flags.DEFINE_integer("steps_per_iteration", 0, "Iterative RL: policy steps M per iteration; the run is I*M steps.")
+flags.DEFINE_float("replay_fraction", 0.1, "Iterative RL: share of historical data in each reward-model update.")
+flags.DEFINE_integer("replay_capacity", 16384, "Iterative RL: most historical reward-model rows kept (a uniform "
+                     "sample of all rows seen).")
+flags.DEFINE_integer("rm_update_prompts", 256, "Iterative RL: prompts sampled (G each) from the current policy to "
+                     "retrain the reward model at the end of an iteration.")
+flags.DEFINE_integer("rm_update_steps", 100, "Iterative RL: reward-model optimiser steps per iteration.")
+flags.DEFINE_integer("rm_update_batch_size", 64, "Iterative RL: reward-model rows per step.")
+flags.DEFINE_float("rm_update_learning_rate", 1e-4, "Iterative RL: reward-model learning rate (constant after a "
+                   "10-step warm-up).")
+flags.register_validator("prm_max_steps", lambda v: v >= 2, message="--prm_max_steps must be >= 2")
+flags.register_validator("iterations", lambda v: v >= 1, message="--iterations must be >= 1")
+flags.register_validator("steps_per_iteration", lambda v: v >= 0, message="--steps_per_iteration must be >= 0")
+flags.register_validator("replay_fraction", lambda v: 0 <= v < 1, message="--replay_fraction must be in [0, 1)")
+for _name in ("replay_capacity", "rm_update_prompts", "rm_update_steps", "rm_update_batch_size"):
+  flags.register_validator(_name, lambda v: v >= 1, message=f"--{_name} must be >= 1")
+flags.register_validator("rm_update_learning_rate", lambda v: v > 0, message="--rm_update_learning_rate must be > 0")
+
+def register_validators():
+  """Cross-checks with the runner's --reward; called once the runner has defined it."""
+  flags.register_multi_flags_validator(
+      ["reward", "supervision"], lambda f: f["supervision"] == "outcome" or f["reward"] == "prm",
+      message="--supervision=process needs --reward=prm (step rewards come from a process reward model)")
+  flags.register_multi_flags_validator(
+      ["reward", "reward_model"], lambda f: (f["reward"] in ("orm", "prm")) == bool(f["reward_model"]),
+      message="--reward=orm|prm and --reward_model=DIR go together")
+  flags.register_multi_flags_validator(
+      ["iterations", "steps_per_iteration", "reward"],
+      lambda f: f["iterations"] == 1 or (f["steps_per_iteration"] >= 1 and f["reward"] in ("orm", "prm")),
+      message="--iterations > 1 needs --steps_per_iteration >= 1 and a learned reward (--reward=orm|prm)")
+
+
+def learned() -> bool:
+  return FLAGS.reward in ("orm", "prm")
+
+
+class LearnedReward:
+  """A frozen (within an iteration) ORM or PRM scoring the policy's samples."""
+
+  def __init__(self, tokenizer, policy_config):
+    params, config, kind = rm.load_reward_model(FLAGS.reward_model, dtype=FLAGS.dtype, param_dtype=FLAGS.dtype)
+    if kind != FLAGS.reward:
+      raise ValueError(f"--reward={FLAGS.reward} but {FLAGS.reward_model} holds a reward model of kind {kind}")
+    if config.vocab_size != policy_config.vocab_size:
+      raise ValueError(f"{FLAGS.reward_model}: vocabulary of {config.vocab_size} tokens, the policy's has "
+                       f"{policy_config.vocab_size}; a reward model must share the policy's tokenizer")
+    self.params, self.config, self.kind, self.tokenizer = params, config, kind, tokenizer
+    self._outcome = jax.jit(rm.outcome_scores, static_argnums=1)
+    self._steps = jax.jit(rm.step_scores, static_argnums=1)
+
+  def steps(self, samples, texts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """PRM: `(σ(step scores) [N, K], completion-relative step ends [N, K], step mask [N, K])`."""
+    ends, mask = rm.sample_segment_ends(self.tokenizer, np.asarray(samples.tokens), np.asarray(samples.lengths),
+                                        texts, FLAGS.prm_max_steps)
+    tokens, attention = logprobs_lib.sequences_from_samples(samples)
+    prompt_len = samples.prompt_tokens.shape[1]
+    scores = self._steps(self.params, self.config, tokens, attention, jnp.asarray(ends + prompt_len),
+                         jnp.asarray(mask))
+    return np.asarray(jax.nn.sigmoid(scores)) * mask, ends, mask
+
+  def outcome(self, samples, texts) -> np.ndarray:
+    """`[N]` rewards in (0, 1): σ(ORM score), or for a PRM σ(min step score) (Math-Shepherd's verdict)."""
+    if self.kind == "orm":
+      tokens, attention = logprobs_lib.sequences_from_samples(samples)
+      return np.asarray(jax.nn.sigmoid(self._outcome(self.params, self.config, tokens, attention)), np.float32)
+    rewards, _, mask = self.steps(samples, texts)
+    return np.where(mask.any(-1), np.min(np.where(mask, rewards, np.inf), axis=-1), 0.0).astype(np.float32)
+
+
+class RewardModelUpdates:
+  """Iterative RL's reward-model side: its optimiser state and the replay buffer, both checkpointed."""
+
+  def __init__(self, reward: LearnedReward, task, rollouts):
+    self.reward, self.task, self.rollouts = reward, task, rollouts
+    optimizer = training.make_optimizer(FLAGS.rm_update_learning_rate, warmup_steps=10,
+                                        total_steps=FLAGS.rm_update_steps * FLAGS.iterations, max_grad_norm=1.0)
+    self.train_step = rm.make_reward_train_step(reward.config, optimizer, kind=reward.kind)
+    self.state = training.init_train_state(reward.params, optimizer)
+    k = 1 if reward.kind == "orm" else FLAGS.prm_max_steps
+    length = FLAGS.max_prompt_len + FLAGS.max_new_tokens
+    example = rm.RewardData(tokens=np.zeros((0, length), np.int32), attention_mask=np.zeros((0, length), bool),
+                            positions=np.zeros((0, k), np.int32), labels=np.zeros((0, k), np.float32),
+                            loss_mask=np.zeros((0, k), bool), group=np.zeros((0,), np.int32),
+                            outcome=np.zeros((0,), np.float32))
+    self.replay = replay_lib.init_replay(example._asdict(), FLAGS.replay_capacity, seed=FLAGS.seed)
+
+  def checkpoint_state(self) -> dict:
+    return {"reward_model": self.state, "replay": replay_lib.state_dict(self.replay)}
+
+  def restore(self, saved: dict) -> None:
+    self.state = saved["reward_model"]
+    self.replay = replay_lib.from_state_dict(saved["replay"])
+    self.reward.params = self.state.params
+
+  def update(self, policy, iteration: int, key) -> dict:
+    """Samples the current policy, labels, mixes in history, trains; returns the iteration's metrics."""
+    t0 = time.time()
+    examples = [self.task.train_example(10**9 + iteration * FLAGS.rm_update_prompts + i)  # not the RL order
+                for i in range(FLAGS.rm_update_prompts)]
+    scored = self.rollouts.sample(policy, examples, key, FLAGS.group_size)
+    texts = evaluation.decode(self.task.tokenizer, scored.samples)
+    repeated = [e for e in examples for _ in range(FLAGS.group_size)]
+    labels = "exact" if FLAGS.task == "synthetic" else "mc_hard"
+    new = rm.label_samples(scored.samples, texts, repeated, self.task.tokenizer, kind=self.reward.kind,
+                           step_labels=labels, max_steps=FLAGS.prm_max_steps, policy=policy,
+                           config=self.rollouts.config, temperature=FLAGS.temperature,
+                           mc_max_new_tokens=FLAGS.max_new_tokens, key=jax.random.fold_in(key, 1))
+    before = rm.evaluate(self.state.params, self.reward.config, new, kind=self.reward.kind)  # on unseen samples
+    mixed, self.replay = replay_lib.mix(self.replay, new._asdict(), fraction=FLAGS.replay_fraction)
+    mixed = rm.RewardData(**mixed)
+    num_new = len(new.tokens)
+    start = int(self.state.step)
+    self.state, history = rm.fit(self.state, self.train_step, mixed, steps=FLAGS.rm_update_steps,
+                                 batch_size=FLAGS.rm_update_batch_size, seed=FLAGS.seed + iteration, start=start)
+    self.reward.params = self.state.params
+    after = rm.evaluate(self.state.params, self.reward.config, new, kind=self.reward.kind)
+    metrics = {f"before_{k}": v for k, v in before.items()}
+    metrics.update({f"after_{k}": v for k, v in after.items()})
+    metrics.update(rows_new=float(num_new), rows_replayed=float(len(mixed.tokens) - num_new),
+                   loss=history[-1][1]["loss"], time=time.time() - t0)
+    return metrics

@@ -1,0 +1,125 @@
+"""Learned rewards in the runner: GRPO+PS token advantages, iterative RL's reference reset and exact resume."""
+
+import json
+
+from absl import flags
+import jax
+import numpy as np
+import pytest
+
+from experiments import grpo_math
+from experiments import methods
+from grpo_jax import models
+from grpo_jax import reward_models as rm
+
+FLAGS = flags.FLAGS
+TINY = ["--max_prompt_len=16", "--max_new_tokens=24", "--num_train=200", "--num_test=8", "--batch_size=4",
+        "--group_size=4", "--eval_batch_size=8", "--tensorboard=false", "--eval_every=0", "--learning_rate=1e-3"]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+  """A tiny policy, and an ORM and a PRM on its backbone with random heads (scores that vary)."""
+  root = tmp_path_factory.mktemp("learned")
+  policy_dir = models.build_default_checkpoint(root / "policy", seed=1, num_hidden_layers=1, hidden_size=64,
+                                               intermediate_size=128)
+  params, config = models.load_hf(policy_dir)
+  for i, kind in enumerate(("orm", "prm")):
+    rm_params = rm.init_reward_params(params, config, jax.random.key(i), head_scale=3.0)
+    rm.save_reward_model(rm_params, config, root / kind, kind=kind)
+  return policy_dir, root / "orm", root / "prm"
+
+
+def _run(work_dir, policy_dir, *args):
+  FLAGS.unparse_flags()
+  FLAGS(["grpo_math", f"--work_dir={work_dir}", f"--init_checkpoint={policy_dir}", *TINY, *args])
+  try:
+    return grpo_math.run()
+  finally:
+    FLAGS.unparse_flags()
+
+
+def _record_collects(monkeypatch):
+  """Wraps GRPO.collect: records (policy params, reference, batch) as numpy at every step."""
+  calls = []
+  original = methods.GRPO.collect
+
+  def collect(self, params, position, key):
+    batch, stats, position = original(self, params, position, key)
+    calls.append((jax.tree.map(np.array, params), jax.tree.map(np.array, self.reference), batch))
+    return batch, stats, position
+
+  monkeypatch.setattr(methods.GRPO, "collect", collect)
+  return calls
+
+
+def test_process_supervision_gives_token_level_advantages(tmp_path, checkpoints, monkeypatch):
+  policy_dir, _, prm_dir = checkpoints
+  calls = _record_collects(monkeypatch)
+  _run(tmp_path, policy_dir, "--steps=1", "--reward=prm", f"--reward_model={prm_dir}", "--supervision=process")
+  batch = calls[0][2]
+  adv, mask = np.asarray(batch.advantages), np.asarray(batch.loss_mask)
+  varying = [len(np.unique(np.round(adv[i][mask[i]], 6))) > 1 for i in range(len(adv)) if mask[i].sum() > 1]
+  assert any(varying)  # steps end inside completions: advantages change at step boundaries
+  # Each row's advantages are suffix sums of normalised step rewards: they are constant between step ends,
+  # so each row has at most prm_max_steps distinct values.
+  assert all(len(np.unique(np.round(adv[i][mask[i]], 6))) <= 8 for i in range(len(adv)))
+
+
+def test_outcome_reward_from_the_orm(tmp_path, checkpoints):
+  policy_dir, orm_dir, _ = checkpoints
+  _run(tmp_path, policy_dir, "--steps=1", "--reward=orm", f"--reward_model={orm_dir}")
+  record = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines() if "train/reward_mean" in l]
+  assert 0 < record[0]["train/reward_mean"] < 1 and record[0]["train/reward_std"] > 0  # σ(score), not 0/1
+
+
+def test_iterative_rl_resets_the_reference_and_freezes_it(tmp_path, checkpoints, monkeypatch):
+  policy_dir, orm_dir, _ = checkpoints
+  calls = _record_collects(monkeypatch)
+  _run(tmp_path, policy_dir, "--reward=orm", f"--reward_model={orm_dir}", "--iterations=2",
+       "--steps_per_iteration=3", "--rm_update_prompts=4", "--rm_update_steps=3", "--rm_update_batch_size=8",
+       "--beta=0.1")
+  assert len(calls) == 6
+  start = calls[0][0]
+  jax.tree.map(np.testing.assert_array_equal, calls[0][1], start)  # iteration 1: π_ref is the start policy
+  jax.tree.map(np.testing.assert_array_equal, calls[2][1], start)  # ... and stays frozen
+  policy_at_reset, reference = calls[3][0], calls[3][1]
+  jax.tree.map(np.testing.assert_array_equal, reference, policy_at_reset)  # iteration 2: π_ref ← π_θ, bitwise
+  assert not np.array_equal(reference["embed"]["embedding"], start["embed"]["embedding"])
+  for later in calls[4:]:
+    jax.tree.map(np.testing.assert_array_equal, later[1], reference)  # frozen within the iteration
+  assert not np.array_equal(calls[5][0]["embed"]["embedding"], reference["embed"]["embedding"])
+  records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  rm_records = [r for r in records if "rm/iteration" in r]
+  assert [r["step"] for r in rm_records] == [3, 6] and [r["step"] for r in records if "iteration/accuracy" in r] == [3, 6]
+  assert rm_records[0]["rm/rows_replayed"] == 0 and rm_records[1]["rm/rows_replayed"] == round(16 * 0.1 / 0.9)
+
+
+def test_iterative_rl_resumes_exactly(tmp_path, checkpoints):
+  policy_dir, orm_dir, _ = checkpoints
+  common = ["--reward=orm", f"--reward_model={orm_dir}", "--iterations=2", "--steps_per_iteration=2",
+            "--rm_update_prompts=4", "--rm_update_steps=3", "--rm_update_batch_size=8", "--save_every=1"]
+  _run(tmp_path / "straight", policy_dir, *common)
+  _run(tmp_path / "stopped", policy_dir, *common, "--stop_after=3")  # inside iteration 2, after an RM update
+  _run(tmp_path / "stopped", policy_dir, *common, "--resume")
+  straight = models.load_hf(tmp_path / "straight" / "final_policy")[0]
+  resumed = models.load_hf(tmp_path / "stopped" / "final_policy")[0]
+  jax.tree.map(np.testing.assert_array_equal, straight, resumed)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--supervision=process"], "--supervision=process needs --reward=prm"),
+    (["--reward=orm"], "--reward=orm|prm and --reward_model=DIR go together"),
+    (["--iterations=2", "--steps_per_iteration=2"], "--iterations > 1 needs"),
+])
+def test_bad_flag_combinations(tmp_path, args, message):
+  FLAGS.unparse_flags()
+  with pytest.raises(flags.IllegalFlagValueError, match=message.replace("|", r"\|")):
+    FLAGS(["grpo_math", f"--work_dir={tmp_path}", *args])
+  FLAGS.unparse_flags()
+
+
+def test_reward_model_kind_must_match(tmp_path, checkpoints):
+  policy_dir, orm_dir, _ = checkpoints
+  with pytest.raises(ValueError, match="holds a reward model of kind orm"):
+    _run(tmp_path, policy_dir, "--steps=1", "--reward=prm", f"--reward_model={orm_dir}")
