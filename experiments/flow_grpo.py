@@ -71,7 +71,7 @@ FLAGS = flags.FLAGS
 # Defaults of `python -m experiments.flow_grpo` that differ from grpo_math's; set only when run as a program,
 # so importing this module (tests, other runners) leaves grpo_math's defaults alone.
 DEFAULTS = dict(work_dir="runs/flow_grpo", sft_steps=300, sft_batch_size=64, steps=60, batch_size=16,
-                group_size=8, learning_rate=2e-4, beta=0.04, temperature=0.7, eval_every=0, save_every=20)
+                group_size=8, learning_rate=5e-5, eval_every=0, save_every=20)
 # grpo_math knobs that mean nothing for the per-turn objective of eq. 5: refused unless at their defaults.
 UNSUPPORTED = ("algo", "loss_aggregation", "importance", "dynamic_sampling", "overlong_buffer", "mask_truncated",
                "eval_samples")
