@@ -89,8 +89,7 @@ def test_reduce_metric():
 
 
 @pytest.mark.devices(8)
-@pytest.mark.parametrize("mesh_spec, rules", [("data:2,fsdp:2,tensor:2", "fsdp_tp"), ("data:2,fsdp:-1", "fsdp")])
-def test_sharded_grpo_update_equals_one_device(model, mesh_spec, rules):
+def test_sharded_grpo_update_equals_one_device(model):
   from grpo_jax import sharding
   params, config = model
   batch = _batch(config)
@@ -101,21 +100,23 @@ def test_sharded_grpo_update_equals_one_device(model, mesh_spec, rules):
   one_step = training.make_train_step(objective, optimizer, num_micro_batches=2, donate=False)
   expected, expected_metrics = one_step(training.init_train_state(params, optimizer), batch)
 
-  mesh, rules = sharding.make_mesh(mesh_spec), sharding.get_rules(rules)
-  state, shardings = sharding.init_train_state(sharding.put(params, sharding.param_shardings(mesh, rules, params)),
-                                               optimizer, mesh, rules)
-  step = training.make_train_step(objective, optimizer, num_micro_batches=2, state_shardings=shardings,
-                                  batch_shardings=sharding.batch_sharding(mesh, rules), mesh=mesh, rules=rules)
-  lowered = step.lower(state, sharding.put(batch, sharding.batch_sharding(mesh, rules))).as_text()
-  assert "sharding" in lowered
-  old_params = state.params
-  state, metrics = step(state, batch)  # an unsharded batch is re-sharded
-  assert old_params["embed"]["embedding"].is_deleted()  # the state was donated
-  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-5), state.params, expected.params)
-  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6), state.opt_state,
-               expected.opt_state)
-  for name in ("loss", "kl", "grad_norm"):
-    np.testing.assert_allclose(metrics[name], expected_metrics[name], rtol=1e-5)
-  jax.tree.map(lambda x, s: x.sharding.is_equivalent_to(s, x.ndim) or pytest.fail(f"{x.sharding} != {s}"),
-               state, shardings)
-  assert metrics["loss"].sharding.is_fully_replicated
+  for mesh_spec, rules in [("data:2,fsdp:2,tensor:2", "fsdp_tp"), ("data:2,fsdp:-1", "fsdp")]:
+    mesh, rules = sharding.make_mesh(mesh_spec), sharding.get_rules(rules)
+    state, shardings = sharding.init_train_state(
+        sharding.put(params, sharding.param_shardings(mesh, rules, params)), optimizer, mesh, rules)
+    step = training.make_train_step(objective, optimizer, num_micro_batches=2, state_shardings=shardings,
+                                    batch_shardings=sharding.batch_sharding(mesh, rules), mesh=mesh, rules=rules)
+    lowered = step.lower(state, sharding.put(batch, sharding.batch_sharding(mesh, rules))).as_text()
+    assert "sharding" in lowered
+    old_params = state.params
+    state, metrics = step(state, batch)  # an unsharded batch is re-sharded
+    assert old_params["embed"]["embedding"].is_deleted()  # the state was donated
+    jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-5), state.params,
+                 expected.params)
+    jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6), state.opt_state,
+                 expected.opt_state)
+    for name in ("loss", "kl", "grad_norm"):
+      np.testing.assert_allclose(metrics[name], expected_metrics[name], rtol=1e-5)
+    jax.tree.map(lambda x, s: x.sharding.is_equivalent_to(s, x.ndim) or pytest.fail(f"{x.sharding} != {s}"),
+                 state, shardings)
+    assert metrics["loss"].sharding.is_fully_replicated
