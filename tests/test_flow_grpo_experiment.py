@@ -77,3 +77,16 @@ def test_bad_input_is_one_line(tmp_path, args, message):
   result = _cli(f"--work_dir={tmp_path}", "--sft_steps=0", *args, cwd=tmp_path)
   assert result.returncode != 0
   assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_preset_is_the_default():
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(["flow_grpo", f"--flagfile={REPO / 'experiments' / 'configs' / 'flow_grpo.cfg'}"])
+  try:
+    for name, value in flow_grpo.DEFAULTS.items():
+      assert flags.FLAGS[name].value == value, name
+    for flag in flags.FLAGS.get_key_flags_for_module(flow_grpo):
+      assert flag.value == flag.default, flag.name
+    assert flags.FLAGS.kl == "k3" and flags.FLAGS.beta == 0.04 and flags.FLAGS.temperature == 0.7
+  finally:
+    flags.FLAGS.unparse_flags()
