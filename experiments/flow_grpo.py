@@ -74,7 +74,7 @@ DEFAULTS = dict(work_dir="runs/flow_grpo", sft_steps=300, sft_batch_size=64, ste
                 group_size=8, learning_rate=5e-5, eval_every=0, save_every=20)
 # grpo_math knobs that mean nothing for the per-turn objective of eq. 5: refused unless at their defaults.
 UNSUPPORTED = ("algo", "loss_aggregation", "importance", "dynamic_sampling", "overlong_buffer", "mask_truncated",
-               "eval_samples")
+               "eval_samples", "reward_model", "supervision", "iterations", "steps_per_iteration")
 SFT_MARKER = "flow_grpo_sft.json"  # in sft_policy: the planner was fine-tuned on the first --sft_examples problems
 
 
@@ -313,8 +313,10 @@ def run_flow_grpo(policy, reference, config, agent: Agent, task: grpo_math.Task,
 
 def _check_flags():
   for name in UNSUPPORTED:
-    if FLAGS[name].value != FLAGS[name].default:
+    if name in FLAGS and FLAGS[name].value != FLAGS[name].default:
       raise grpo_math.RunError(f"--{name} is a grpo_math option that Flow-GRPO does not use; leave it at its default")
+  if FLAGS.reward in ("orm", "prm"):
+    raise grpo_math.RunError("--reward: Flow-GRPO scores the generator's answer with rule rewards, not a reward model")
   if FLAGS.group_size is None:
     FLAGS.group_size = 8
   if FLAGS.group_size < 2:

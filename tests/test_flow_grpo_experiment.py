@@ -72,6 +72,7 @@ def _cli(*args, cwd):
     (["--tools=calc,shell"], "flow_grpo: error: --tools: unknown tools ['shell']"),
     (["--max_turns=0"], "--max_turns must be >= 1"),
     (["--dynamic_sampling"], "flow_grpo: error: --dynamic_sampling is a grpo_math option that Flow-GRPO does not use"),
+    (["--reward=orm", "--reward_model=rm"], "flow_grpo: error: --reward_model is a grpo_math option"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, message):
   result = _cli(f"--work_dir={tmp_path}", "--sft_steps=0", *args, cwd=tmp_path)
