@@ -33,6 +33,7 @@ import numpy as np
 from experiments import methods as methods_lib
 from experiments.methods import learned_reward
 from grpo_jax import data
+from grpo_jax import distributed
 from grpo_jax import evaluation
 from grpo_jax import losses
 from grpo_jax import models
@@ -237,11 +238,11 @@ class Task:
 # EVALUATION
 
 
-def evaluate(params, config, task: Task, key) -> dict:
+def evaluate(params, config, task: Task, key, placement: methods_lib.Placement | None = None) -> dict:
   """Greedy pass@1 (accuracy), format rate and length; with --eval_samples, maj@k and pass@k."""
   prompts = [task.prompt(e) for e in task.test]
   common = dict(batch_size=min(FLAGS.eval_batch_size, len(prompts)), max_prompt_len=FLAGS.max_prompt_len,
-                max_new_tokens=FLAGS.max_new_tokens)
+                max_new_tokens=FLAGS.max_new_tokens, **(placement.sample_kwargs() if placement else {}))
   texts, lengths = evaluation.generate(params, config, task.tokenizer, prompts, key, greedy=True, **common)
   greedy = evaluation.summarize(texts, task.test, ks=(1,), is_formatted=task.is_formatted)
   metrics = {"accuracy": greedy["pass@1"], "format_rate": greedy["format_rate"],
@@ -258,7 +259,8 @@ def evaluate(params, config, task: Task, key) -> dict:
 # STAGE 1: SFT
 
 
-def supervised_warm_start(params, config, task: Task, logger) -> object:
+def supervised_warm_start(params, config, task: Task, logger, placement: methods_lib.Placement | None = None
+                          ) -> object:
   """Fine-tunes on the task's reference solutions (the SFT of DeepSeekMath's paradigm, GC = 1)."""
   tok = task.tokenizer
   eos = tok.eos_token_id
@@ -267,9 +269,9 @@ def supervised_warm_start(params, config, task: Task, logger) -> object:
     raise RunError("SFT needs reference solutions, and the training set has none; pass --sft_steps=0")
   optimizer = training.make_optimizer(FLAGS.sft_learning_rate, warmup_steps=min(50, FLAGS.sft_steps // 10),
                                       total_steps=FLAGS.sft_steps, schedule="cosine", max_grad_norm=1.0)
-  state = training.init_train_state(params, optimizer)
   objective = update_lib.bind(training.sft_objective, config=config, chunk_size=FLAGS.logprob_chunk)
-  train_step = training.make_train_step(objective, optimizer, FLAGS.grad_accum_steps)
+  state, train_step = (placement or methods_lib.Placement()).train(params, optimizer, objective,
+                                                                   FLAGS.grad_accum_steps)
   rng = np.random.default_rng([FLAGS.seed, 12345])
   logger.start(FLAGS.sft_steps)
   for step in range(1, FLAGS.sft_steps + 1):
@@ -323,7 +325,8 @@ def run_rl(method: methods_lib.Method, policy, task: Task, logger, ckpt: trainin
   warmup = min(FLAGS.warmup_steps, total_updates // 2)  # short runs (smoke tests) still warm up and decay
   optimizer = method.optimizer(total_updates, warmup)
   key = jax.random.PRNGKey(FLAGS.seed)
-  state = training.init_train_state(method.init_params(policy, jax.random.fold_in(key, 1)), optimizer)
+  state, train_step = method.rollouts.placement.train(method.init_params(policy, jax.random.fold_in(key, 1)),
+                                                      optimizer, method.objective(), FLAGS.grad_accum_steps)
   updates = method.reward_updates  # iterative RL's reward-model retraining, or None
   per_iteration = FLAGS.steps_per_iteration if updates else 0
 
@@ -349,7 +352,6 @@ def run_rl(method: methods_lib.Method, policy, task: Task, logger, ckpt: trainin
   if prepared:
     logger.log(start, prepared, prefix="data/")
     print("offline data: " + ", ".join(f"{k} {v:.4g}" for k, v in prepared.items()), file=sys.stderr)
-  train_step = training.make_train_step(method.objective(), optimizer, FLAGS.grad_accum_steps)
   logger.start(FLAGS.steps)
 
   for step in range(start + 1, FLAGS.steps + 1):
@@ -385,7 +387,8 @@ def run_rl(method: methods_lib.Method, policy, task: Task, logger, ckpt: trainin
       rm_metrics = updates.update(method.policy(state.params), iteration, jax.random.fold_in(step_key, 20_000))
       values = logger.log(step, {"iteration": float(iteration), **rm_metrics}, prefix="rm/")
       policy_eval = logger.log(step, evaluate(method.policy(state.params), method.config, task,
-                                              jax.random.PRNGKey(FLAGS.seed + 1)), prefix="iteration/")
+                                              jax.random.PRNGKey(FLAGS.seed + 1), method.rollouts.placement),
+                               prefix="iteration/")
       print(f"iteration {iteration}: held-out accuracy {policy_eval['iteration/accuracy']:.3f}; reward model on "
             f"fresh policy samples: accuracy {values['rm/before_outcome/accuracy']:.3f} -> "
             f"{values['rm/after_outcome/accuracy']:.3f}", file=sys.stderr)
@@ -393,7 +396,8 @@ def run_rl(method: methods_lib.Method, policy, task: Task, logger, ckpt: trainin
     if FLAGS.eval_every and step % FLAGS.eval_every == 0 and step != FLAGS.steps:
       logger.newline()
       values = logger.log(step, evaluate(method.policy(state.params), method.config, task,
-                                         jax.random.PRNGKey(FLAGS.seed + 1)), prefix="eval/")
+                                         jax.random.PRNGKey(FLAGS.seed + 1), method.rollouts.placement),
+                          prefix="eval/")
       print(f"step {step}: held-out accuracy {values['eval/accuracy']:.3f}", file=sys.stderr)
     if (FLAGS.save_every and step % FLAGS.save_every == 0) or step == FLAGS.steps or step == FLAGS.stop_after:
       ckpt.save(step, checkpoint_tree(state), {"step": step, "data_position": position,
@@ -421,8 +425,8 @@ def _tiny_overrides() -> dict:
               intermediate_size=3 * FLAGS.tiny_hidden_size)
 
 
-def _load_policy(work_dir: pathlib.Path):
-  """(params, config, tokenizer, needs_sft) of the starting policy."""
+def _load_policy(work_dir: pathlib.Path, placement: methods_lib.Placement | None = None):
+  """(params, config, tokenizer, needs_sft, path) of the starting policy, placed by `placement`'s rules."""
   runtime = dict(dtype=FLAGS.dtype, param_dtype=FLAGS.dtype, remat=FLAGS.remat)
   sft_dir = work_dir / "sft_policy"
   if FLAGS.init_checkpoint:
@@ -431,12 +435,13 @@ def _load_policy(work_dir: pathlib.Path):
     path, needs_sft = pathlib.Path(FLAGS.model), False
   elif (sft_dir / "model.safetensors").is_file() or FLAGS.sft_steps == 0:
     path, needs_sft = (sft_dir if (sft_dir / "model.safetensors").is_file() else work_dir / "base_model"), False
-    if path.name == "base_model":
-      models.build_default_checkpoint(path, seed=FLAGS.seed, **_tiny_overrides())
   else:
-    path, needs_sft = models.build_default_checkpoint(work_dir / "base_model", seed=FLAGS.seed,
-                                                      **_tiny_overrides()), True
-  params, config = models.load_hf(path, **runtime)
+    path, needs_sft = work_dir / "base_model", True
+  if path == work_dir / "base_model":
+    if distributed.is_main_process():  # one writer; the others wait for the files
+      models.build_default_checkpoint(path, seed=FLAGS.seed, **_tiny_overrides())
+    distributed.barrier("base_model")
+  params, config = (placement or methods_lib.Placement()).load_hf(path, **runtime)
   return params, config, models.load_tokenizer(path), needs_sft, path
 
 
@@ -459,12 +464,20 @@ def _sft_lineage(source: pathlib.Path) -> bool:
 
 
 def export(params, config, source: pathlib.Path, target: pathlib.Path) -> None:
-  """Writes params in HF format with the source checkpoint's tokenizer files, as they were."""
+  """Writes params in HF format with the source checkpoint's tokenizer files, as they were.
+
+  Every process calls it (global arrays are gathered); process 0 writes.
+  """
+  params = distributed.all_gather(params)
+  if not distributed.is_main_process():
+    distributed.barrier(f"export {target.name}")
+    return
   models.save_hf(params, config, target)
   for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                "vocab.json", "merges.txt", "generation_config.json", "chat_template.jinja"):
     if (source / name).is_file():
       shutil.copyfile(source / name, target / name)
+  distributed.barrier(f"export {target.name}")
 
 
 def run() -> dict:
@@ -482,10 +495,16 @@ def run() -> dict:
     raise RunError("--supervision=process is GRPO's (GRPO+PS); use --algo=grpo")
   if FLAGS.iterations > 1 and FLAGS.algo not in ("grpo", "ppo"):
     raise RunError("--iterations > 1 (iterative RL) needs an online RL method: --algo=grpo or ppo")
+  placement = methods_lib.Placement.from_flags()
+  _check_divisible(placement.data_parallel)
+  if jax.process_count() > 1 and FLAGS.iterations > 1:
+    raise RunError("--iterations > 1 (reward-model retraining) runs in one process only for now")
+  main_process = distributed.is_main_process()
   t_start = time.time()
   work_dir.mkdir(parents=True, exist_ok=True)
-  (work_dir / "flags.txt").write_text(FLAGS.flags_into_string())
-  params, config, tokenizer, needs_sft, source = _load_policy(work_dir)
+  if main_process:
+    (work_dir / "flags.txt").write_text(FLAGS.flags_into_string())
+  params, config, tokenizer, needs_sft, source = _load_policy(work_dir, placement)
   task = Task(tokenizer, sft_lineage=needs_sft or _sft_lineage(source))
   logger = training.MetricsLogger(work_dir, FLAGS.steps, tensorboard=FLAGS.tensorboard)
   eval_key = jax.random.PRNGKey(FLAGS.seed + 1)
@@ -494,21 +513,22 @@ def run() -> dict:
 
   if needs_sft and FLAGS.sft_steps:
     print(f"stage 1: SFT warm start, {FLAGS.sft_steps} steps", file=sys.stderr)
-    params = supervised_warm_start(params, config, task, logger)
+    params = supervised_warm_start(params, config, task, logger, placement)
     export(params, config, source, work_dir / "sft_policy")
-    (work_dir / "sft_policy" / SFT_MARKER).write_text(json.dumps({"sft_examples": FLAGS.sft_examples,
-                                                                  "seed": FLAGS.seed, "task": FLAGS.task}))
+    if main_process:
+      (work_dir / "sft_policy" / SFT_MARKER).write_text(json.dumps({"sft_examples": FLAGS.sft_examples,
+                                                                    "seed": FLAGS.seed, "task": FLAGS.task}))
   start_accuracy = None  # on --resume it comes from the checkpoint
   if not FLAGS.resume:
-    start_eval = logger.log(0, evaluate(params, config, task, eval_key), prefix="eval/")
+    start_eval = logger.log(0, evaluate(params, config, task, eval_key, placement), prefix="eval/")
     start_accuracy = start_eval["eval/accuracy"]
     print(f"start policy: held-out accuracy {start_accuracy:.3f}", file=sys.stderr)
 
   print(f"stage 2: {FLAGS.algo}, {FLAGS.steps} steps of {FLAGS.batch_size} prompts x {FLAGS.group_size} samples",
         file=sys.stderr)
   reference = jax.tree.map(jnp.copy, params)  # frozen π_ref: the start policy
-  reward_model = learned_reward.LearnedReward(tokenizer, config) if learned_reward.learned() else None
-  rollouts = methods_lib.Rollouts(config, task, reward_model)
+  reward_model = learned_reward.LearnedReward(tokenizer, config, placement) if learned_reward.learned() else None
+  rollouts = methods_lib.Rollouts(config, task, reward_model, placement)
   method = methods_lib.METHODS[FLAGS.algo](config, task, rollouts, reference)
   if FLAGS.iterations > 1:
     method.reward_updates = learned_reward.RewardModelUpdates(reward_model, task, rollouts)
@@ -519,7 +539,7 @@ def run() -> dict:
     ckpt.close()
   if stopped:
     return {}
-  final_eval = evaluate(policy, config, task, eval_key)
+  final_eval = evaluate(policy, config, task, eval_key, placement)
   logger.log(FLAGS.steps, final_eval, prefix="eval/")
   export(policy, config, source, work_dir / "final_policy")
   logger.close()
@@ -527,7 +547,8 @@ def run() -> dict:
   summary = {"algo": FLAGS.algo, "start_accuracy": start_accuracy, "final_accuracy": final_eval["accuracy"],
              "num_eval_problems": len(task.test), "wall_time_s": time.time() - t_start, "peak_rss_mib": peak_mib,
              **{f"final_{k}": v for k, v in final_eval.items()}}
-  (work_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+  if main_process:
+    (work_dir / "summary.json").write_text(json.dumps(summary, indent=2))
   rows = [("held-out problems", f"{len(task.test)}"),
           ("greedy accuracy, start (SFT)", "n/a" if start_accuracy is None else f"{100 * start_accuracy:.1f}%"),
           (f"greedy accuracy, after {FLAGS.algo}", f"{100 * final_eval['accuracy']:.1f}%"),
@@ -540,9 +561,28 @@ def run() -> dict:
   return summary
 
 
+def _check_divisible(data_parallel: int) -> None:
+  """Rows split evenly over the mesh's data axes (data x fsdp)."""
+  if data_parallel == 1:
+    return
+  rows = FLAGS.batch_size * FLAGS.group_size
+  minibatch = FLAGS.minibatch_size or rows
+  sizes = {"--batch_size": FLAGS.batch_size, "--eval_batch_size": FLAGS.eval_batch_size,
+           "rows per micro-batch (minibatch / grad_accum_steps)": minibatch // FLAGS.grad_accum_steps,
+           "SFT rows per micro-batch (sft_batch_size / grad_accum_steps)":
+               FLAGS.sft_batch_size // FLAGS.grad_accum_steps}
+  for name, size in sizes.items():
+    if size % data_parallel:
+      raise RunError(f"{name} = {size} must be a multiple of the mesh's data-parallel size {data_parallel}")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  try:  # before any other JAX call
+    distributed.initialize(FLAGS.coordinator_address or None, FLAGS.num_processes, FLAGS.process_id)
+  except ValueError as err:
+    sys.exit(f"grpo_math: error: {err}")
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO; -v 0 brings it back
   try:

@@ -12,6 +12,7 @@
 from experiments.methods.base import Method
 from experiments.methods.dpo import DPO
 from experiments.methods.grpo import GRPO
+from experiments.methods.placement import Placement
 from experiments.methods.ppo import PPO
 from experiments.methods.rft import RFT, OnlineRFT
 from experiments.methods.rollouts import Rollouts
@@ -19,4 +20,4 @@ from experiments.methods.sft import SFT
 
 METHODS = {m.name: m for m in (SFT, RFT, OnlineRFT, DPO, PPO, GRPO)}
 
-__all__ = ("METHODS", "Method", "Rollouts")
+__all__ = ("METHODS", "Method", "Placement", "Rollouts")

@@ -2,7 +2,6 @@
 pairs from the SFT policy's samples of the same prompt, the frozen reference is the SFT policy."""
 
 from absl import flags
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -50,8 +49,7 @@ class DPO(base.Method):
     if not len(self.pairs):
       raise ValueError("DPO: no prompt has both a correct and a wrong sample from the start policy")
     self.data = scored.samples
-    self.ref = jax.jit(lambda params, tokens, mask: logprobs_lib.token_logprobs(
-        params, self.config, tokens, mask, chunk_size=FLAGS.logprob_chunk))
+    self.ref = self.rollouts.placement.logprobs(self.config, chunk_size=FLAGS.logprob_chunk)
     stats["dpo_pairs"] = float(len(self.pairs))
     return stats
 

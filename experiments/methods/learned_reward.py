@@ -15,7 +15,6 @@ import time
 
 from absl import flags
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import evaluation
@@ -23,6 +22,7 @@ from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import reward_models as rm
 from grpo_jax import training
 from grpo_jax.training import replay as replay_lib
+from experiments.methods import placement as placement_lib
 
 FLAGS = flags.FLAGS
 
@@ -71,31 +71,34 @@ def learned() -> bool:
 class LearnedReward:
   """A frozen (within an iteration) ORM or PRM scoring the policy's samples."""
 
-  def __init__(self, tokenizer, policy_config):
+  def __init__(self, tokenizer, policy_config, placement=None):
     params, config, kind = rm.load_reward_model(FLAGS.reward_model, dtype=FLAGS.dtype, param_dtype=FLAGS.dtype)
     if kind != FLAGS.reward:
       raise ValueError(f"--reward={FLAGS.reward} but {FLAGS.reward_model} holds a reward model of kind {kind}")
     if config.vocab_size != policy_config.vocab_size:
       raise ValueError(f"{FLAGS.reward_model}: vocabulary of {config.vocab_size} tokens, the policy's has "
                        f"{policy_config.vocab_size}; a reward model must share the policy's tokenizer")
-    self.params, self.config, self.kind, self.tokenizer = params, config, kind, tokenizer
-    self._outcome = jax.jit(rm.outcome_scores, static_argnums=1)
-    self._steps = jax.jit(rm.step_scores, static_argnums=1)
+    self.placement = placement or placement_lib.Placement()
+    self.params = self.placement.put_params(params)
+    self.config, self.kind, self.tokenizer = config, kind, tokenizer
+    outcome, steps = jax.jit(rm.outcome_scores, static_argnums=1), jax.jit(rm.step_scores, static_argnums=1)
+    rows, host = self.placement.rows, self.placement.host
+    self._outcome = lambda params, config, *arrays: host(outcome(params, config, *rows(arrays)))
+    self._steps = lambda params, config, *arrays: host(steps(params, config, *rows(arrays)))
 
   def steps(self, samples, texts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """PRM: `(σ(step scores) [N, K], completion-relative step ends [N, K], step mask [N, K])`."""
     ends, mask = rm.sample_segment_ends(self.tokenizer, np.asarray(samples.tokens), np.asarray(samples.lengths),
                                         texts, FLAGS.prm_max_steps)
-    tokens, attention = logprobs_lib.sequences_from_samples(samples)
+    tokens, attention = map(np.asarray, logprobs_lib.sequences_from_samples(samples))
     prompt_len = samples.prompt_tokens.shape[1]
-    scores = self._steps(self.params, self.config, tokens, attention, jnp.asarray(ends + prompt_len),
-                         jnp.asarray(mask))
+    scores = self._steps(self.params, self.config, tokens, attention, (ends + prompt_len).astype(np.int32), mask)
     return np.asarray(jax.nn.sigmoid(scores)) * mask, ends, mask
 
   def outcome(self, samples, texts) -> np.ndarray:
     """`[N]` rewards in (0, 1): σ(ORM score), or for a PRM σ(min step score) (Math-Shepherd's verdict)."""
     if self.kind == "orm":
-      tokens, attention = logprobs_lib.sequences_from_samples(samples)
+      tokens, attention = map(np.asarray, logprobs_lib.sequences_from_samples(samples))
       return np.asarray(jax.nn.sigmoid(self._outcome(self.params, self.config, tokens, attention)), np.float32)
     rewards, _, mask = self.steps(samples, texts)
     return np.where(mask.any(-1), np.min(np.where(mask, rewards, np.inf), axis=-1), 0.0).astype(np.float32)

@@ -56,7 +56,10 @@ class PPO(base.Method):
 
   def __init__(self, config, task, rollouts, reference):
     super().__init__(config, task, rollouts, reference)
-    self.values = jax.jit(lambda params, tokens, mask: objectives.token_values(params, config, tokens, mask))
+    values = jax.jit(lambda params, tokens, mask: objectives.token_values(params, config, tokens, mask))
+    place = rollouts.placement
+    self.values = lambda params, tokens, mask: place.host(values(params, *place.rows((np.asarray(tokens),
+                                                                                      np.asarray(mask)))))
 
   def init_params(self, policy, key):
     if FLAGS.value_init == "policy":

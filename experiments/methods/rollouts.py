@@ -13,6 +13,7 @@ from grpo_jax import losses
 from grpo_jax import rewards as rewards_lib
 from grpo_jax import sampling
 from grpo_jax import training
+from experiments.methods import placement as placement_lib
 
 FLAGS = flags.FLAGS
 
@@ -32,24 +33,24 @@ def take_rows(samples: sampling.SampleOutput, rows) -> sampling.SampleOutput:
 class Rollouts:
   """Samples completions of the task's prompts from a policy and scores them with the task's reward."""
 
-  def __init__(self, config, task, reward_model=None):
+  def __init__(self, config, task, reward_model=None, placement: placement_lib.Placement | None = None):
     self.config, self.task = config, task
     self.reward_model = reward_model  # a `learned_reward.LearnedReward`, or None for the task's rule reward
+    self.placement = placement or placement_lib.Placement()
     self.prompts_truncated = 0  # prompts cut from the left to --max_prompt_len, since the start
-    temperature = FLAGS.temperature
-    chunk = FLAGS.logprob_chunk
-    # Log-probs of the sampling distribution π ∝ exp(logits / T); params are arguments, never constants.
-    self.logprobs = jax.jit(lambda params, tokens, mask: logprobs_lib.token_logprobs(
-        params, config, tokens, mask, chunk_size=chunk, temperature=temperature))
+    # Log-probs of the sampling distribution π ∝ exp(logits / T), as whole host arrays; params are
+    # arguments, never compile-time constants.
+    self.logprobs = self.placement.logprobs(config, chunk_size=FLAGS.logprob_chunk, temperature=FLAGS.temperature)
 
   def sample(self, params, examples, key, num_samples: int) -> Scored:
     task, tok = self.task, self.task.tokenizer
     tokens, mask, cut = training.encode_prompts(tok, [task.prompt(e) for e in examples], FLAGS.max_prompt_len)
     self.prompts_truncated += cut
+    tokens, mask = self.placement.rows((tokens, mask))  # each process provides its own prompts
     samples = sampling.sample(params, self.config, tokens, mask, key, num_samples=num_samples,
                               max_new_tokens=FLAGS.max_new_tokens, temperature=FLAGS.temperature,
-                              top_k=FLAGS.top_k, top_p=FLAGS.top_p)
-    samples = jax.tree.map(np.asarray, samples)
+                              top_k=FLAGS.top_k, top_p=FLAGS.top_p, **self.placement.sample_kwargs())
+    samples = self.placement.host(samples)  # every process scores every sample (host code is cheap)
     t0 = time.time()
     texts = evaluation.decode(tok, samples)
     repeated = [e for e in examples for _ in range(num_samples)]

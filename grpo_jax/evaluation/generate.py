@@ -5,7 +5,9 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from grpo_jax import distributed
 from grpo_jax import sampling
+from grpo_jax import sharding
 from grpo_jax.models import ModelConfig
 from grpo_jax.training import rollout
 
@@ -19,11 +21,13 @@ def decode(tokenizer, samples: sampling.SampleOutput) -> list[str]:
 
 def generate(params, config: ModelConfig, tokenizer, prompts: Sequence[str], key: jax.Array, *,
              batch_size: int, max_prompt_len: int, max_new_tokens: int, num_samples: int = 1,
-             greedy: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
-             ) -> tuple[list[list[str]], np.ndarray]:
+             greedy: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+             mesh=None, rules=None) -> tuple[list[list[str]], np.ndarray]:
   """Generates `num_samples` completions per prompt in batches of `batch_size` prompts.
 
   The last batch is padded with copies of its first prompt, so every call has the same shape.
+  With `mesh` and `rules` the sampler runs sharded (`sampling.sample`); every process provides its
+  rows of each batch and gets all completions back.
 
   Returns:
     `(texts, lengths)`: per prompt its list of completions, and token lengths `[len(prompts), num_samples]`.
@@ -34,9 +38,14 @@ def generate(params, config: ModelConfig, tokenizer, prompts: Sequence[str], key
     real = len(chunk)
     chunk += [chunk[0]] * (batch_size - real)
     tokens, mask, _ = rollout.encode_prompts(tokenizer, chunk, max_prompt_len)
+    if mesh is not None:
+      batch = sharding.batch_sharding(mesh, rules)
+      tokens, mask = distributed.global_batch(
+          jax.tree.map(lambda x: x[distributed.process_rows(len(x), batch)], (tokens, mask)), batch)
     out = sampling.sample(params, config, tokens, mask, jax.random.fold_in(key, start), num_samples=num_samples,
                           max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                          greedy=greedy)
+                          greedy=greedy, mesh=mesh, rules=rules)
+    out = distributed.all_gather(out)
     decoded = decode(tokenizer, out)
     for i in range(real):
       texts.append(decoded[i * num_samples:(i + 1) * num_samples])

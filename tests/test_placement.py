@@ -1,0 +1,95 @@
+"""The runner on a device mesh and across processes gives the single-device result.
+
+Each case runs `python -m experiments.grpo_math` in child processes: one CPU device; 8 fake CPU devices on
+a (2, 2, 2) data/fsdp/tensor mesh; two processes with 4 CPU devices each joined by `jax.distributed`
+(gloo collectives, a loopback coordinator), each providing its own rows of the prompts and batches.
+"""
+
+import json
+import pathlib
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from grpo_jax import models
+from tests.conftest import with_cpu_devices
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+FLAGS = ["--max_prompt_len=16", "--max_new_tokens=16", "--num_train=200", "--num_test=8", "--batch_size=4",
+         "--group_size=4", "--eval_batch_size=8", "--tensorboard=false", "--eval_every=0", "--steps=2",
+         "--learning_rate=1e-3", "--overlong_buffer=12", "--save_every=1"]  # length shaping: varied rewards
+MESH = ["--mesh=data:2,fsdp:2,tensor:2", "--sharding_rules=fsdp_tp"]
+
+
+def _cli(work_dir, policy, *args, devices=1, env=None, background=False):
+  cmd = [sys.executable, "-m", "experiments.grpo_math", f"--work_dir={work_dir}", f"--init_checkpoint={policy}",
+         *FLAGS, *args]
+  env = with_cpu_devices(devices, env)
+  if background:
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+  root = tmp_path_factory.mktemp("placement")
+  policy = models.build_default_checkpoint(root / "policy", seed=2, num_hidden_layers=1, hidden_size=64,
+                                           intermediate_size=128)
+  result = _cli(root / "one", policy)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return policy, root / "one"
+
+
+def _rewards(work_dir):
+  lines = (pathlib.Path(work_dir) / "metrics.jsonl").read_text().splitlines()
+  return [(r["train/reward_mean"], r["train/reward_std"]) for r in map(json.loads, lines) if "train/loss" in r]
+
+
+def _assert_same_run(expected_dir, actual_dir):
+  assert _rewards(actual_dir) == _rewards(expected_dir)  # the same samples and rewards at every step
+  expected = models.load_hf(expected_dir / "final_policy")[0]
+  actual = models.load_hf(actual_dir / "final_policy")[0]
+  start = models.load_hf(expected_dir.parent / "policy")[0]
+  moved = max(float(np.abs(a - s).max()) for a, s in zip(jax.tree.leaves(expected), jax.tree.leaves(start)))
+  assert moved > 1e-4
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), expected, actual)
+
+
+def test_eight_devices_match_one(single, tmp_path):
+  policy, one = single
+  result = _cli(tmp_path / "eight", policy, *MESH, devices=8)
+  assert result.returncode == 0, result.stderr[-3000:]
+  _assert_same_run(one, tmp_path / "eight")
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_match_one(single, tmp_path):
+  policy, one = single
+  port = _free_port()
+  procs = [_cli(tmp_path / "two", policy, *MESH, f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+                f"--process_id={i}", devices=4, background=True) for i in range(2)]
+  logs = [p.communicate(timeout=600)[0] for p in procs]
+  for p, log in zip(procs, logs):
+    assert p.returncode == 0, log[-3000:]
+  _assert_same_run(one, tmp_path / "two")
+  assert (tmp_path / "two" / "checkpoints" / "2").is_dir()  # saved together by both processes
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--mesh=data:3"], "mesh"),
+    (["--mesh=data:8"], "--batch_size = 4 must be a multiple of the mesh's data-parallel size 8"),
+])
+def test_bad_mesh_is_one_clear_line(single, tmp_path, args, message):
+  policy, _ = single
+  result = _cli(tmp_path / "bad", policy, *args, devices=8)
+  assert result.returncode != 0 and message in result.stderr, result.stderr[-2000:]
+  assert "Traceback" not in result.stderr
