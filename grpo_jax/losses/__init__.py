@@ -16,6 +16,9 @@ from grpo_jax.losses.advantages import whiten
 from grpo_jax.losses.aggregation import aggregate
 from grpo_jax.losses.aggregation import aggregation_weights
 from grpo_jax.losses.dpo import dpo_loss
+from grpo_jax.losses.flow_grpo import broadcast_outcome_advantages
+from grpo_jax.losses.flow_grpo import flow_grpo_loss
+from grpo_jax.losses.flow_grpo import flow_grpo_weights
 from grpo_jax.losses.gae import discounted_returns
 from grpo_jax.losses.gae import gae
 from grpo_jax.losses.grpo import grpo_loss
@@ -31,6 +34,9 @@ from grpo_jax.losses.paradigm import sft_coefficient
 from grpo_jax.losses.ppo import kl_penalized_rewards
 from grpo_jax.losses.ppo import last_token_mask
 from grpo_jax.losses.ppo import ppo_loss
+from grpo_jax.losses.reward import outcome_bce_loss
+from grpo_jax.losses.reward import pairwise_reward_loss
+from grpo_jax.losses.reward import step_bce_loss
 from grpo_jax.losses.shaping import overlong_penalty
 from grpo_jax.losses.surrogate import clip_fractions
 from grpo_jax.losses.surrogate import clipped_surrogate
@@ -40,12 +46,15 @@ from grpo_jax.losses.value import value_loss
 __all__ = (
     "aggregate",
     "aggregation_weights",
+    "broadcast_outcome_advantages",
     "clip_fractions",
     "clipped_surrogate",
     "discounted_returns",
     "dpo_coefficient",
     "dpo_loss",
     "exact_kl",
+    "flow_grpo_loss",
+    "flow_grpo_weights",
     "gae",
     "group_advantages",
     "grpo_coefficient",
@@ -55,7 +64,9 @@ __all__ = (
     "last_token_mask",
     "log_importance_ratios",
     "online_rft_coefficient",
+    "outcome_bce_loss",
     "overlong_penalty",
+    "pairwise_reward_loss",
     "paradigm_loss",
     "ppo_coefficient",
     "ppo_loss",
@@ -64,6 +75,7 @@ __all__ = (
     "rft_coefficient",
     "rloo_advantages",
     "sft_coefficient",
+    "step_bce_loss",
     "value_loss",
     "whiten",
 )
