@@ -325,17 +325,7 @@ def _check_flags():
 
 def _sft_lineage(source: pathlib.Path) -> bool:
   """Whether the start policy is this runner's SFT planner (then RL draws problems SFT did not see)."""
-  marker = pathlib.Path(source) / SFT_MARKER
-  if not marker.is_file():
-    return False
-  try:
-    recorded = json.loads(marker.read_text())
-  except ValueError as err:
-    raise grpo_math.RunError(f"{marker}: not valid JSON ({err})") from None
-  if recorded.get("sft_examples") != FLAGS.sft_examples:
-    raise grpo_math.RunError(f"{source} was fine-tuned on the first {recorded.get('sft_examples')} problems; pass "
-                             f"--sft_examples={recorded.get('sft_examples')}")
-  return recorded.get("task") == FLAGS.task
+  return grpo_math._sft_lineage(source, SFT_MARKER)
 
 
 def run() -> dict:
@@ -408,8 +398,7 @@ def run() -> dict:
                                                 f"{pct(final_eval['tool_error_rate'])}"),
           ("wall time (this run)", f"{summary['wall_time_s'] / 60:.1f} min"),
           ("peak host memory (RSS)", f"{peak_mib:,.0f} MiB")]
-  width = max(len(r[0]) for r in rows)
-  print("\n".join(["", "summary", "-" * (width + 10)] + [f"{a:<{width}}  {b}" for a, b in rows]))
+  grpo_math.print_table("summary", rows)
   print(f"final planner (HF format): {work_dir / 'final_policy'}")
   return summary
 

@@ -448,9 +448,10 @@ def _load_policy(work_dir: pathlib.Path, placement: methods_lib.Placement | None
 SFT_MARKER = "grpo_jax_sft.json"  # written into a run's sft_policy: it was fine-tuned on the first --sft_examples
 
 
-def _sft_lineage(source: pathlib.Path) -> bool:
-  """Whether the start policy is a stage-1 SFT policy; then GRPO draws prompts from the problems SFT did not see."""
-  marker = pathlib.Path(source) / SFT_MARKER
+def _sft_lineage(source: pathlib.Path, marker_name: str = SFT_MARKER) -> bool:
+  """Whether the start policy is a stage-1 SFT policy (its `marker_name` file says so); then RL draws prompts
+  from the problems SFT did not see."""
+  marker = pathlib.Path(source) / marker_name
   if not marker.is_file():
     return False
   try:
@@ -555,10 +556,15 @@ def run() -> dict:
           (f"format rate, after {FLAGS.algo}", f"{100 * final_eval['format_rate']:.1f}%"),
           ("wall time (this run)", f"{summary['wall_time_s'] / 60:.1f} min"),
           ("peak host memory (RSS)", f"{peak_mib:,.0f} MiB")]
-  width = max(len(r[0]) for r in rows)
-  print("\n".join(["", "summary", "-" * (width + 10)] + [f"{a:<{width}}  {b}" for a, b in rows]))
+  print_table("summary", rows)
   print(f"final policy (HF format): {work_dir / 'final_policy'}")
   return summary
+
+
+def print_table(title: str, rows: list[tuple[str, str]]) -> None:
+  """A run's closing table: a title, a rule, then `name  value` lines."""
+  width = max(len(r[0]) for r in rows)
+  print("\n".join(["", title, "-" * (width + 10)] + [f"{a:<{width}}  {b}" for a, b in rows]))
 
 
 def _check_divisible(data_parallel: int) -> None:

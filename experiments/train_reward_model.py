@@ -181,9 +181,7 @@ def run() -> dict:
                (f"{level} AUC, before -> after", f"{before[f'{level}/auc']:.3f} -> {after[f'{level}/auc']:.3f}")]
   rows.append(("wall time", f"{summary['time_total_s']:.0f} s (sampling and labels {collect_time:.0f} s, "
                f"training {train_time:.0f} s)"))
-  width = max(len(r[0]) for r in rows)
-  print("\n".join(["", f"reward model ({FLAGS.rm_kind})", "-" * (width + 10)]
-                  + [f"{a:<{width}}  {b}" for a, b in rows]))
+  grpo_math.print_table(f"reward model ({FLAGS.rm_kind})", rows)
   print(f"reward model: {model_dir}")
   return summary
 
