@@ -43,6 +43,9 @@ def test_process_advantages_hand_computed(variant):
   adv = variant(losses.process_advantages, eps=0.0)(step_rewards, step_ends, step_mask, mask)
   # R = {1, 0, 0, 1}: mean 0.5, std 0.5, so normalised rewards are ±1.
   np.testing.assert_allclose(adv, [[[0, 0, -1, -1, 0], [0, 1, 1, 0, 0]]], atol=1e-6)
+  # scale="none": centred rewards ±0.5 summed the same way, unscaled.
+  unscaled = variant(losses.process_advantages, scale="none")(step_rewards, step_ends, step_mask, mask)
+  np.testing.assert_allclose(unscaled, [[[0, 0, -0.5, -0.5, 0], [0, 0.5, 0.5, 0, 0]]], atol=1e-6)
 
 
 def test_process_advantages_one_step_at_the_end_is_outcome_supervision():

@@ -71,6 +71,7 @@ def process_advantages(
     step_mask: chex.Array,
     mask: chex.Array,
     *,
+    scale: Scale = "group",
     eps: float = 1e-4,
     ddof: int = 0,
 ) -> chex.Array:
@@ -78,6 +79,9 @@ def process_advantages(
 
     r̃ = (r − mean(R)) / (std(R) + eps),   R = all step rewards of the G outputs of a prompt,
     Â_{i,t} = Σ_{j : index(j) ≥ t} r̃_i^{index(j)}.
+
+  `scale="none"` keeps r − mean(R) (as Dr. GRPO does for outcome rewards): with a learned reward
+  model's continuous scores, dividing by a small group std turns score noise into unit advantages.
 
   Args:
     step_rewards: `[P, G, K]` reward of step j of output i, K the most steps.
@@ -97,7 +101,12 @@ def process_advantages(
   valid = jnp.asarray(step_mask, bool)
   r = _checks.f32(step_rewards)
   std, mean = _std(r, axis=(-2, -1), ddof=ddof, where=valid)
-  normed = jnp.where(valid, _safe_div(r - mean, std + eps), 0.0)
+  if scale == "group":
+    normed = jnp.where(valid, _safe_div(r - mean, std + eps), 0.0)
+  elif scale == "none":
+    normed = jnp.where(valid, r - mean, 0.0)
+  else:
+    raise ValueError(f"process_advantages: unknown scale {scale!r}; expected 'group' or 'none'")
   num_tokens = mask.shape[-1]
   # Place each normalised step reward on its end token, then sum from the right.
   at_end = jnp.einsum("pgk,pgkt->pgt", normed, jax.nn.one_hot(step_ends, num_tokens, dtype=jnp.float32))
