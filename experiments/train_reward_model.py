@@ -78,7 +78,7 @@ def _collect(params, config, task, examples, key, step_labels):
 
 
 def _print_eval(name, values):
-  parts = [f"{k} {v:.3f}" for k, v in values.items() if not k.endswith(("count", "positive_rate"))]
+  parts = [f"{k} {v:.3f}" for k, v in values.items() if not k.endswith(("count", "positive_rate", "pairs"))]
   print(f"{name}: " + ", ".join(parts), file=sys.stderr)
 
 
@@ -179,6 +179,9 @@ def run() -> dict:
                 f"{100 * after[f'{level}/accuracy']:.1f}% (majority class "
                 f"{100 * max(after[f'{level}/positive_rate'], 1 - after[f'{level}/positive_rate']):.1f}%)"),
                (f"{level} AUC, before -> after", f"{before[f'{level}/auc']:.3f} -> {after[f'{level}/auc']:.3f}")]
+  rows.append(("outcome AUC within problems, before -> after",
+               f"{before['outcome/group_auc']:.3f} -> {after['outcome/group_auc']:.3f} "
+               f"({int(after['outcome/group_pairs'])} right/wrong pairs; what GRPO sees)"))
   rows.append(("wall time", f"{summary['time_total_s']:.0f} s (sampling and labels {collect_time:.0f} s, "
                f"training {train_time:.0f} s)"))
   grpo_math.print_table(f"reward model ({FLAGS.rm_kind})", rows)

@@ -96,6 +96,8 @@ def test_loss_falls_on_a_tiny_labelled_set(kind, loss):
   metrics = rm.evaluate(state.params, CONFIG, data, kind=kind)
   level = "step" if kind == "prm" else "outcome"
   assert metrics[f"{level}/auc"] > 0.9 and metrics[f"{level}/count"] == data.loss_mask.sum()
+  right = data.outcome.reshape(8, 4) > 0.5  # 8 problems of 4 rows
+  assert metrics["outcome/group_pairs"] == np.sum(right.sum(1) * (~right).sum(1))
 
 
 def test_gradient_accumulation_is_exact():
@@ -111,6 +113,24 @@ def test_gradient_accumulation_is_exact():
     results.append((state.params, float(metrics["loss"])))
   np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-5)
   jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-4, atol=1e-6), results[0][0], results[1][0])
+
+
+def test_group_auc_counts_only_pairs_within_a_problem():
+  # Problem 7: pos 0.9 vs neg 0.2 ✓, 0.5 ✗(0.9>0.5 ✓) → pos {0.9}, neg {0.2, 0.5}: 2 wins of 2.
+  # Problem 3: pos {0.1, 0.4} vs neg {0.4}: 0.1 < 0.4 ✗, 0.4 = 0.4 ½ → ½ of 2.
+  # Problem 5 (all wrong) adds no pair. Pooled: (2 + ½) / 4. Globally the easy problem 7 ranks
+  # high and the AUC is higher than within problems.
+  scores = [0.9, 0.2, 0.5, 0.1, 0.4, 0.4, 0.8]
+  labels = [1, 0, 0, 1, 1, 0, 0]
+  groups = [7, 7, 7, 3, 3, 3, 5]
+  auc, pairs = rm.group_auc(scores, labels, groups)
+  assert pairs == 4 and auc == 2.5 / 4
+  # A reward model that only knows the problem: within-problem chance, globally perfect.
+  difficulty = [1.0, 1.0, 0.0, 0.0]
+  assert rm.group_auc(difficulty, [1, 0, 0, 0], [1, 1, 2, 2]) == (0.5, 1)
+  assert rm.binary_auc(difficulty, [1, 0, 0, 0]) == 5 / 6
+  auc, pairs = rm.group_auc([0.3, 0.1], [1, 1], [1, 1])
+  assert pairs == 0 and np.isnan(auc)
 
 
 def test_binary_auc_and_accuracy_hand_computed():

@@ -13,7 +13,7 @@ from grpo_jax.reward_models.collect import STEP_LABELS, label_samples, sample_re
 from grpo_jax.reward_models.data import (RewardData, build_reward_data, concat, exact_step_labels,
                                          monte_carlo_step_labels, outcome_labels, problem_id, take)
 from grpo_jax.reward_models.io import HEAD_FILE, load_reward_model, save_reward_model
-from grpo_jax.reward_models.metrics import binary_accuracy, binary_auc
+from grpo_jax.reward_models.metrics import binary_accuracy, binary_auc, group_auc
 from grpo_jax.reward_models.model import (KINDS, init_reward_params, last_token_index, outcome_scores,
                                           step_scores, token_scores)
 from grpo_jax.reward_models.positions import sample_segment_ends, segment_token_ends
@@ -35,6 +35,7 @@ __all__ = (
     "evaluate",
     "exact_step_labels",
     "fit",
+    "group_auc",
     "init_reward_params",
     "label_samples",
     "last_token_index",

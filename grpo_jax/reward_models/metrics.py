@@ -1,4 +1,5 @@
-"""Held-out quality of a reward model: accuracy and ROC AUC of its scores against binary labels."""
+"""Held-out quality of a reward model: accuracy and ROC AUC of its scores against binary labels, and the
+within-problem AUC that decides whether GRPO can use it."""
 
 import numpy as np
 
@@ -30,6 +31,37 @@ def binary_auc(scores, labels) -> float:
     ranks[order[a:b]] = 0.5 * (a + 1 + b)
   u = ranks[y].sum() - n_pos * (n_pos + 1) / 2
   return float(u / (n_pos * n_neg))
+
+
+def group_auc(scores, labels, groups) -> tuple[float, int]:
+  """Within-problem AUC: P(s⁺ > s⁻) + ½ P(s⁺ = s⁻) over (right, wrong) pairs of the same problem.
+
+  GRPO normalises rewards within each group of samples of one problem, so only this ranking
+  reaches the policy: a reward model can have a high global AUC by scoring easy problems high and
+  still rank a problem's own samples at chance (0.5), which GRPO turns into pure noise.
+
+  Args:
+    scores: `[M]` scores.
+    labels: `[M]` labels; > 0.5 is positive.
+    groups: `[M]` problem ids.
+
+  Returns:
+    `(auc, pairs)`: the AUC (NaN when no problem has both classes) and the number of pairs.
+  """
+  s = np.asarray(scores, np.float64).reshape(-1)
+  y = np.asarray(labels, np.float64).reshape(-1) > 0.5
+  g = np.asarray(groups).reshape(-1)
+  if not s.shape == y.shape == g.shape:
+    raise ValueError(f"group_auc: {s.size} scores, {y.size} labels, {g.size} groups")
+  wins, pairs = 0.0, 0
+  for group in np.unique(g):
+    in_group = g == group
+    pos, neg = s[in_group & y], s[in_group & ~y]
+    if pos.size and neg.size:
+      diff = pos[:, None] - neg[None, :]
+      wins += float(np.sum(diff > 0) + 0.5 * np.sum(diff == 0))
+      pairs += diff.size
+  return (wins / pairs if pairs else float("nan")), pairs
 
 
 def binary_accuracy(logits, labels) -> float:

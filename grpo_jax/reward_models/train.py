@@ -142,13 +142,19 @@ def evaluate(params, config: ModelConfig, data: RewardData, *, kind: str, batch_
   """Held-out accuracy and AUC of a reward model on labelled rows.
 
   "outcome/*": the completion-level verdict against the final answer's correctness (ORM: its score;
-  PRM: its minimum step score). PRM also "step/*": every segment score against its step label.
+  PRM: its minimum step score), with "outcome/group_auc" its AUC within problems (`group_auc`) and
+  "outcome/group_pairs" the number of (right, wrong) pairs behind it. PRM also "step/*": every
+  segment score against its step label.
   """
   logits = score(params, config, data, batch_size=batch_size)
   if kind == "orm":
-    return metrics_lib.summarize(logits[:, 0], data.outcome, data.loss_mask[:, 0], prefix="outcome/")
-  result = metrics_lib.summarize(logits, data.labels, data.loss_mask, prefix="step/")
-  outcome = outcome_from_steps(logits, data.loss_mask)
-  result.update(metrics_lib.summarize(np.where(np.isfinite(outcome), outcome, -1e9), data.outcome,
-                                      prefix="outcome/"))
+    result = metrics_lib.summarize(logits[:, 0], data.outcome, data.loss_mask[:, 0], prefix="outcome/")
+    outcome = np.where(data.loss_mask[:, 0], logits[:, 0], -1e9)
+  else:
+    result = metrics_lib.summarize(logits, data.labels, data.loss_mask, prefix="step/")
+    outcome = outcome_from_steps(logits, data.loss_mask)
+    outcome = np.where(np.isfinite(outcome), outcome, -1e9)
+    result.update(metrics_lib.summarize(outcome, data.outcome, prefix="outcome/"))
+  auc, pairs = metrics_lib.group_auc(outcome, data.outcome, data.group)
+  result.update({"outcome/group_auc": auc, "outcome/group_pairs": float(pairs)})
   return result
