@@ -17,6 +17,7 @@ optimiser state are pytrees; checkpoints resume exactly.
 """
 
 import json
+import math
 import pathlib
 import resource
 import shutil
@@ -413,8 +414,10 @@ def run_rl(method: methods_lib.Method, policy, task: Task, logger, ckpt: trainin
 
 def _progress_line(values: dict) -> str:
   parts = [("reward", "train/reward_mean", ".3f"), ("acc", "train/accuracy", ".3f"), ("loss", "train/loss", ".4f"),
-           ("kl", "train/kl", ".4f"), ("kl", "train/kl_reward", ".3f"), ("vf", "train/value_loss", ".4f"), ("len", "train/response_length", ".1f")]
-  return " ".join(f"{name} {values[k]:{fmt}}" for name, k, fmt in parts if k in values)
+           ("kl", "train/kl", ".4f"), ("kl", "train/kl_reward", ".3f"), ("vf", "train/value_loss", ".4f"),
+           ("len", "train/response_length", ".1f"), ("rm_auc", "train/reward_group_auc", ".2f")]
+  return " ".join(f"{name} {values[k]:{fmt}}" for name, k, fmt in parts
+                  if isinstance(values.get(k), (int, float)) and math.isfinite(values[k]))
 
 
 # MAIN

@@ -11,6 +11,7 @@ from experiments import grpo_math
 from experiments import methods
 from grpo_jax import models
 from grpo_jax import reward_models as rm
+from grpo_jax import sampling
 
 FLAGS = flags.FLAGS
 TINY = ["--max_prompt_len=16", "--max_new_tokens=24", "--num_train=200", "--num_test=8", "--batch_size=4",
@@ -123,3 +124,18 @@ def test_reward_model_kind_must_match(tmp_path, checkpoints):
   policy_dir, orm_dir, _ = checkpoints
   with pytest.raises(ValueError, match="holds a reward model of kind orm"):
     _run(tmp_path, policy_dir, "--steps=1", "--reward=prm", f"--reward_model={orm_dir}")
+
+
+def test_batch_stats_measure_the_reward_against_correctness_within_groups():
+  rollouts = methods.Rollouts.__new__(methods.Rollouts)  # stats() reads only these two attributes
+  rollouts.prompts_truncated = 0
+  samples = sampling.SampleOutput(*[np.zeros((6, 2))] * len(sampling.SampleOutput._fields))
+  rewards = np.array([0.9, 0.2, 0.8, 0.1, 0.7, 0.7], np.float32)  # 2 groups of 3
+  correct = np.array([1, 0, 0, 1, 1, 0], np.float32)
+  scored = methods.rollouts.Scored(samples, rewards, correct, 0.0)
+  rollouts.reward_model = None
+  assert "reward_group_auc" not in rollouts.stats(scored, 3)  # a rule reward is the truth
+  rollouts.reward_model = object()
+  # Group 1: 0.9 beats 0.2 and 0.8; group 2: 0.1 loses to 0.7, 0.7 ties 0.7 -> (2 + 0 + ½) / 4.
+  assert rollouts.stats(scored, 3)["reward_group_auc"] == 2.5 / 4
+  assert "reward_group_auc" not in rollouts.stats(scored, 1)

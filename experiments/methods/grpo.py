@@ -89,7 +89,7 @@ class GRPO(base.Method):
       ref_logp = jnp.zeros(samples.tokens.shape, jnp.float32)
     batch = training.batch_from_samples(samples, jnp.asarray(loss_mask), old_logp, ref_logp, advantages)
     jax.block_until_ready(batch)
-    stats = self.rollouts.stats(scored)
+    stats = self.rollouts.stats(scored, g)
     stats.update(zero_variance_groups=float(np.mean(np.ptp(rewards.reshape(b, g), axis=1) == 0)),
                  sampling_rounds=float(len(rounds)), time_sampling=sample_time,
                  time_scoring=score_time + time.time() - t1)

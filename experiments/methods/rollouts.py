@@ -10,6 +10,7 @@ import numpy as np
 from grpo_jax import evaluation
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import losses
+from grpo_jax import reward_models
 from grpo_jax import rewards as rewards_lib
 from grpo_jax import sampling
 from grpo_jax import training
@@ -75,9 +76,16 @@ class Rollouts:
     """The completion columns `[N, T]` of a `[N, P + T]` array."""
     return full[:, full.shape[1] - samples.tokens.shape[1]:]
 
-  def stats(self, scored: Scored) -> dict:
+  def stats(self, scored: Scored, group_size: int = 1) -> dict:
+    """Batch statistics; with a learned reward and G > 1 also "reward_group_auc", the reward's AUC against
+    correctness within the groups (`reward_models.group_auc`): its fall below the reward model's held-out
+    value while "reward_mean" rises is reward hacking, measured."""
     s = scored.samples
-    return {"reward_mean": float(scored.rewards.mean()), "reward_std": float(scored.rewards.std()),
-            "accuracy": float(scored.correct.mean()), "response_length": float(s.lengths.mean()),
-            "truncated_frac": float(s.truncated.mean()), "prompts_truncated": float(self.prompts_truncated),
-            "generated_tokens": float(s.lengths.sum())}
+    stats = {"reward_mean": float(scored.rewards.mean()), "reward_std": float(scored.rewards.std()),
+             "accuracy": float(scored.correct.mean()), "response_length": float(s.lengths.mean()),
+             "truncated_frac": float(s.truncated.mean()), "prompts_truncated": float(self.prompts_truncated),
+             "generated_tokens": float(s.lengths.sum())}
+    if self.reward_model is not None and group_size > 1:
+      groups = np.arange(len(scored.rewards)) // group_size
+      stats["reward_group_auc"], _ = reward_models.group_auc(scored.rewards, scored.correct, groups)
+    return stats
