@@ -68,3 +68,11 @@ def test_toolset():
   assert tools.describe() == "echo: \nsleepy: sleeps for its argument in seconds"
   with pytest.raises(ValueError, match="distinct"):
     agents.ToolSet([Echo(), Echo()])
+
+
+def test_a_tool_must_implement_execute():
+  class NoExecute(agents.Tool):
+    name = "noop"
+
+  with pytest.raises(TypeError, match="execute"):
+    NoExecute()

@@ -5,6 +5,7 @@ A tool call never raises and never runs code from its arguments: `call_tool` tur
 the text the executor hands back to the planner.
 """
 
+import abc
 import dataclasses
 import threading
 import time
@@ -39,8 +40,8 @@ class Deadline:
       raise ToolError(f"time limit of {self.seconds:g} s exceeded")
 
 
-class Tool:
-  """Base class of tools: subclasses set `name` and `description` and implement `parse` and `execute`.
+class Tool(abc.ABC):
+  """Base class of tools: subclasses set `name` and `description` and implement `execute` (and `parse`).
 
   `cooperative` tools call `deadline.check()` often enough themselves and run inline; the others run
   in a daemon thread that is abandoned at the time limit.
@@ -53,9 +54,9 @@ class Tool:
     """Validates the argument text; raises ToolError with a clear message."""
     return args
 
+  @abc.abstractmethod
   def execute(self, parsed: Any, context: Any, deadline: Deadline) -> str:
     """Runs the parsed call and returns the result text; raises ToolError on failure."""
-    raise NotImplementedError
 
 
 def _cut(text: str, limit: int = MAX_OBSERVATION_CHARS) -> str:
