@@ -9,7 +9,9 @@ training problems (problems the SFT stage never saw) and of --rm_eval_prompts he
 Completions are labelled by their final answer (ORM) or step by step (PRM): exactly on the
 synthetic task, else by Math-Shepherd Monte Carlo rollouts (--mc_rollouts per step). The reward
 model (the policy's backbone plus a scalar head, DeepSeekMath §4.1, arXiv 2402.03300) trains on
-the training samples; held-out accuracy and AUC are reported before and after. Output in --rm_dir:
+the training samples; held-out accuracy and AUC (overall and within problems) are reported before
+and after. --rm_init starts the reward model from another checkpoint with the policy's tokenizer
+(a larger or better-trained model: a stronger verifier than the policy itself). Output in --rm_dir:
 `reward_model/` (HF backbone + reward_head.safetensors + tokenizer), `metrics.jsonl`,
 `summary.json`. Task, sampling and model flags are those of experiments.grpo_math.
 """
@@ -33,6 +35,8 @@ from grpo_jax.training import checkpointing
 
 flags.DEFINE_string("policy", "", "HF-format directory of the policy that samples the training data (the SFT "
                     "model, e.g. <grpo_math work_dir>/sft_policy); the reward model starts from its backbone.")
+flags.DEFINE_string("rm_init", "", "HF-format directory of the reward model's backbone (default: --policy). Any "
+                    "size, but the policy's tokenizer.")
 flags.DEFINE_enum("rm_kind", "orm", list(rm.KINDS), "orm: score the last token; prm: score every step's end.")
 flags.DEFINE_string("rm_dir", "runs/reward_model", "Output directory of the reward model, logs and summary.")
 flags.DEFINE_enum("rm_step_labels", "auto", ["auto", *rm.STEP_LABELS], "PRM step labels: exact (synthetic "
@@ -75,6 +79,18 @@ def _collect(params, config, task, examples, key, step_labels):
       max_new_tokens=FLAGS.max_new_tokens, batch_size=min(FLAGS.rm_sample_batch, len(examples)),
       temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p, step_labels=step_labels,
       max_steps=FLAGS.rm_max_steps, mc_rollouts=FLAGS.mc_rollouts)
+
+
+def _load_backbone(path: str, policy_config):
+  """--rm_init's params and config, after checking it reads the policy's tokens."""
+  rm_dir = pathlib.Path(path)
+  if not rm_dir.is_dir():
+    raise grpo_math.RunError(f"--rm_init={path} is not a directory")
+  params, config = models.load_hf(rm_dir, dtype=FLAGS.dtype, param_dtype=FLAGS.dtype, remat=FLAGS.remat)
+  if config.vocab_size != policy_config.vocab_size:
+    raise grpo_math.RunError(f"--rm_init={path} has a vocabulary of {config.vocab_size} tokens, the policy "
+                             f"{policy_config.vocab_size}; the reward model must read the policy's tokens")
+  return params, config
 
 
 def _print_eval(name, values):
@@ -126,7 +142,12 @@ def run() -> dict:
       FLAGS.rm_learning_rate, warmup_steps=warmup, total_steps=max(FLAGS.rm_steps, 1),
       schedule="cosine" if FLAGS.rm_steps > warmup + 1 else "constant", weight_decay=FLAGS.weight_decay,
       max_grad_norm=FLAGS.max_grad_norm or None)
-  rm_params = rm.init_reward_params(params, config, jax.random.fold_in(key, 3))
+  backbone, rm_config = params, config
+  if FLAGS.rm_init:
+    backbone, rm_config = _load_backbone(FLAGS.rm_init, config)
+  rm_params = rm.init_reward_params(backbone, rm_config, jax.random.fold_in(key, 3))
+  del backbone
+  config = rm_config  # from here on, the reward model's
   state = training.init_train_state(rm_params, optimizer)
   train_step = rm.make_reward_train_step(config, optimizer, kind=FLAGS.rm_kind, loss=FLAGS.rm_loss)
   before = rm.evaluate(state.params, config, eval_data, kind=FLAGS.rm_kind)
@@ -162,7 +183,7 @@ def run() -> dict:
 
   # SAVE
   rm.save_reward_model(state.params, config, model_dir, kind=FLAGS.rm_kind, tokenizer_dir=policy_dir)
-  summary = {"kind": FLAGS.rm_kind, "loss": FLAGS.rm_loss,
+  summary = {"kind": FLAGS.rm_kind, "loss": FLAGS.rm_loss, "backbone": FLAGS.rm_init or str(policy_dir),
              "step_labels": "outcome" if FLAGS.rm_kind == "orm" else step_labels,
              "train_completions": int(train_data.tokens.shape[0]), "eval_completions": int(eval_data.tokens.shape[0]),
              "train_answer_accuracy": float(train_data.outcome.mean()),

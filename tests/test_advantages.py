@@ -48,6 +48,23 @@ def test_process_advantages_hand_computed(variant):
   np.testing.assert_allclose(unscaled, [[[0, 0, -0.5, -0.5, 0], [0, 0.5, 0.5, 0, 0]]], atol=1e-6)
 
 
+def test_process_advantages_center_tokens_removes_the_drift(variant):
+  # Both outputs score their first step 1 and their second 0 (R = {1, 0, 1, 0}, r̃ = ±1): every
+  # suffix sum is 0 or -1, so no token is reinforced. Output 0 ends steps at 1, 3 (4 tokens),
+  # output 1 at 0, 2 (3 tokens); the mean over the 7 tokens is -4/7.
+  step_rewards = jnp.array([[[1.0, 0.0], [1.0, 0.0]]])
+  step_ends = jnp.array([[[1, 3], [0, 2]]])
+  step_mask = jnp.ones((1, 2, 2), bool)
+  mask = jnp.array([[[1, 1, 1, 1, 0], [1, 1, 1, 0, 0]]], bool)
+  plain = variant(losses.process_advantages, eps=0.0)(step_rewards, step_ends, step_mask, mask)
+  np.testing.assert_allclose(plain, [[[0, 0, -1, -1, 0], [0, -1, -1, 0, 0]]], atol=1e-6)
+  centred = variant(losses.process_advantages, eps=0.0, center_tokens=True)(step_rewards, step_ends, step_mask,
+                                                                             mask)
+  a, b = 4 / 7, -3 / 7
+  np.testing.assert_allclose(centred, [[[a, a, b, b, 0], [a, b, b, 0, 0]]], atol=1e-6)
+  np.testing.assert_allclose(jnp.sum(centred), 0.0, atol=1e-6)
+
+
 def test_process_advantages_one_step_at_the_end_is_outcome_supervision():
   rewards = jax.random.uniform(jax.random.PRNGKey(3), (2, 4))
   lengths = jnp.array([[5, 3, 6, 2], [1, 6, 4, 4]])

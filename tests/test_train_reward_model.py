@@ -9,7 +9,9 @@ import sys
 from absl import flags
 import jax
 import numpy as np
+import pytest
 
+from experiments import grpo_math
 from experiments import train_reward_model
 from grpo_jax import models
 from grpo_jax import reward_models as rm
@@ -51,6 +53,24 @@ def test_smoke_orm_pairwise(tmp_path):
   assert summary["kind"] == "orm" and summary["loss"] == "pairwise" and summary["after/outcome/count"] == 8
   _, _, kind = rm.load_reward_model(tmp_path / "rm" / "reward_model")
   assert kind == "orm"
+
+
+def test_rm_init_starts_from_another_backbone(tmp_path):
+  verifier = models.build_default_checkpoint(tmp_path / "verifier", seed=7, num_hidden_layers=2, hidden_size=48,
+                                             intermediate_size=96)
+  summary = _run(tmp_path, "--rm_kind=orm", "--rm_steps=0", f"--rm_init={verifier}")
+  assert summary["backbone"] == str(verifier) and "after/outcome/group_auc" in summary
+  params, config, _ = rm.load_reward_model(tmp_path / "rm" / "reward_model")
+  assert (config.num_hidden_layers, config.hidden_size) == (2, 48)  # the verifier's shape, not the policy's (1, 32)
+  start, _ = models.load_hf(verifier)
+  np.testing.assert_array_equal(params["backbone"]["embed"]["embedding"], start["embed"]["embedding"])  # 0 steps
+
+
+def test_rm_init_must_read_the_policys_tokens(tmp_path):
+  other = models.build_default_checkpoint(tmp_path / "other", num_hidden_layers=1, hidden_size=32,
+                                          intermediate_size=64, vocab_size=300)
+  with pytest.raises(grpo_math.RunError, match="vocabulary of 300 tokens"):
+    _run(tmp_path, "--rm_kind=orm", "--rm_steps=0", f"--rm_init={other}")
 
 
 def test_errors_are_one_line(tmp_path):

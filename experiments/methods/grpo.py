@@ -77,7 +77,7 @@ class GRPO(base.Method):
       advantages = losses.process_advantages(
           step_rewards.reshape(b, g, k), jnp.asarray(ends.reshape(b, g, k)), step_mask.reshape(b, g, k),
           samples.mask.reshape(b, g, t), scale="none" if FLAGS.advantage_scale == "none" else "group",
-          eps=FLAGS.advantage_eps).reshape(b * g, t)
+          center_tokens=FLAGS.process_center_tokens, eps=FLAGS.advantage_eps).reshape(b * g, t)
     else:
       advantages = losses.group_advantages(rewards.reshape(b, g), scale=FLAGS.advantage_scale,
                                            eps=FLAGS.advantage_eps).reshape(-1)

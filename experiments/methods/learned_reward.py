@@ -30,6 +30,9 @@ flags.DEFINE_string("reward_model", "", "With --reward=orm|prm: a reward-model d
                     "experiments.train_reward_model (HF-format backbone + reward_head.safetensors).")
 flags.DEFINE_enum("supervision", "outcome", ["outcome", "process"], "outcome: one reward per completion "
                   "(GRPO+OS); process: a PRM reward per step (GRPO+PS, needs --reward=prm).")
+flags.DEFINE_bool("process_center_tokens", False, "GRPO+PS: subtract the group's mean token advantage (a "
+                  "constant baseline; the paper's suffix sums drift negative when later steps score lower). "
+                  "See losses.process_advantages.")
 flags.DEFINE_integer("prm_max_steps", 8, "PRM: most scored steps per completion (the first K-1 and the last).")
 flags.DEFINE_integer("iterations", 1, "Iterative RL: iterations I (1: plain RL, the reward model stays frozen).")
 flags.DEFINE_integer("steps_per_iteration", 0, "Iterative RL: policy steps M per iteration; the run is I*M steps.")

@@ -72,6 +72,7 @@ def process_advantages(
     mask: chex.Array,
     *,
     scale: Scale = "group",
+    center_tokens: bool = False,
     eps: float = 1e-4,
     ddof: int = 0,
 ) -> chex.Array:
@@ -83,11 +84,20 @@ def process_advantages(
   `scale="none"` keeps r − mean(R) (as Dr. GRPO does for outcome rewards): with a learned reward
   model's continuous scores, dividing by a small group std turns score noise into unit advantages.
 
+  The r̃ average zero over steps, but the suffix sums do not average zero over tokens: a step
+  counts once for every token before its end, so when later steps score lower (after a first error
+  every later step is wrong) nearly every token gets a negative advantage, and the update pushes
+  down the sampled tokens as a whole. `center_tokens=True` subtracts the group's mean token
+  advantage, Â_{i,t} − mean_{i',t'} Â_{i',t'}: a constant baseline, so the expected gradient is
+  unchanged and only that drift is removed (an option of grpo_jax, not of the paper).
+
   Args:
     step_rewards: `[P, G, K]` reward of step j of output i, K the most steps.
     step_ends: `[P, G, K]` int, index(j): the token position (in `[0, T)`) where step j ends.
     step_mask: `[P, G, K]` true for real steps (outputs have different step counts).
     mask: `[P, G, T]` completion mask.
+    scale: "group" divides by the std of R, "none" does not.
+    center_tokens: subtract the mean advantage over the group's masked tokens.
     eps: added to the std.
     ddof: delta degrees of freedom of the std.
 
@@ -111,7 +121,11 @@ def process_advantages(
   # Place each normalised step reward on its end token, then sum from the right.
   at_end = jnp.einsum("pgk,pgkt->pgt", normed, jax.nn.one_hot(step_ends, num_tokens, dtype=jnp.float32))
   suffix_sum = jnp.flip(jnp.cumsum(jnp.flip(at_end, -1), axis=-1), -1)
-  return suffix_sum * _checks.as_mask(mask)
+  m = _checks.as_mask(mask)
+  if center_tokens:
+    count = jnp.maximum(jnp.sum(m, axis=(-2, -1), keepdims=True), 1.0)
+    suffix_sum = suffix_sum - jnp.sum(suffix_sum * m, axis=(-2, -1), keepdims=True) / count
+  return suffix_sum * m
 
 
 def rloo_advantages(rewards: chex.Array) -> chex.Array:
