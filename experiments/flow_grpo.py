@@ -315,7 +315,7 @@ def _check_flags():
   for name in UNSUPPORTED:
     if name in FLAGS and FLAGS[name].value != FLAGS[name].default:
       raise grpo_math.RunError(f"--{name} is a grpo_math option that Flow-GRPO does not use; leave it at its default")
-  if FLAGS.reward in ("orm", "prm"):
+  if FLAGS.reward in ("orm", "prm", "exact_steps"):
     raise grpo_math.RunError("--reward: Flow-GRPO scores the generator's answer with rule rewards, not a reward model")
   if FLAGS.group_size is None:
     FLAGS.group_size = 8

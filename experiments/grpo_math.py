@@ -68,7 +68,8 @@ flags.DEFINE_integer("max_prompt_len", 16, "Prompt tokens (longer prompts are cu
 flags.DEFINE_integer("max_new_tokens", 40, "Completion budget in tokens.")
 flags.DEFINE_string("reward", "correctness:1.0", "Reward spec 'name:weight,...' (correctness, format, "
                     "arithmetic_format, boxed_format, step_correctness), or a learned reward model: 'orm' or "
-                    "'prm' with --reward_model (see --supervision, --iterations).")
+                    "'prm' with --reward_model (see --supervision, --iterations), or 'exact_steps': the synthetic "
+                    "task's exact step labels as a perfect PRM.")
 
 # STAGE 1: SFT
 flags.DEFINE_integer("sft_examples", 2000, "SFT demonstrations: the first N training problems, with solutions; "
@@ -214,8 +215,10 @@ class Task:
     split = FLAGS.sft_examples if sft_lineage and 0 < FLAGS.sft_examples < len(self.train) else 0
     self.sft_pool = self.train[:split] if split else self.train
     self.rl_pool = self.train[split:]
-    # A learned reward (--reward=orm|prm) scores in the rollouts; the rule reward is then correctness, for logs.
-    self.reward_fn = rewards_lib.make_reward_fn("correctness" if FLAGS.reward in ("orm", "prm") else FLAGS.reward)
+    # A learned or step reward (--reward=orm|prm|exact_steps) scores in the rollouts; the rule reward is then
+    # correctness, for logs.
+    scored_elsewhere = FLAGS.reward in ("orm", "prm", "exact_steps")
+    self.reward_fn = rewards_lib.make_reward_fn("correctness" if scored_elsewhere else FLAGS.reward)
     self.is_formatted = (rewards_lib.has_final_answer_format if FLAGS.task != "math"
                          else lambda c: rewards_lib.extract_boxed(c) is not None)
 
@@ -531,7 +534,7 @@ def run() -> dict:
   print(f"stage 2: {FLAGS.algo}, {FLAGS.steps} steps of {FLAGS.batch_size} prompts x {FLAGS.group_size} samples",
         file=sys.stderr)
   reference = jax.tree.map(jnp.copy, params)  # frozen π_ref: the start policy
-  reward_model = learned_reward.LearnedReward(tokenizer, config, placement) if learned_reward.learned() else None
+  reward_model = learned_reward.make(tokenizer, config, placement)
   rollouts = methods_lib.Rollouts(config, task, reward_model, placement)
   method = methods_lib.METHODS[FLAGS.algo](config, task, rollouts, reference)
   if FLAGS.iterations > 1:

@@ -9,6 +9,7 @@ import pytest
 
 from experiments import grpo_math
 from experiments import methods
+from grpo_jax import data
 from grpo_jax import models
 from grpo_jax import reward_models as rm
 from grpo_jax import sampling
@@ -112,6 +113,8 @@ def test_iterative_rl_resumes_exactly(tmp_path, checkpoints):
     (["--supervision=process"], "--supervision=process needs --reward=prm"),
     (["--reward=orm"], "--reward=orm|prm and --reward_model=DIR go together"),
     (["--iterations=2", "--steps_per_iteration=2"], "--iterations > 1 needs"),
+    (["--reward=exact_steps", "--task=gsm8k"], "--reward=exact_steps needs --task=synthetic"),
+    (["--reward=exact_steps", "--iterations=2", "--steps_per_iteration=2"], "--iterations > 1 needs"),
 ])
 def test_bad_flag_combinations(tmp_path, args, message):
   FLAGS.unparse_flags()
@@ -139,3 +142,41 @@ def test_batch_stats_measure_the_reward_against_correctness_within_groups():
   # Group 1: 0.9 beats 0.2 and 0.8; group 2: 0.1 loses to 0.7, 0.7 ties 0.7 -> (2 + 0 + ½) / 4.
   assert rollouts.stats(scored, 3)["reward_group_auc"] == 2.5 / 4
   assert "reward_group_auc" not in rollouts.stats(scored, 1)
+
+
+def test_exact_step_reward_labels_every_step(checkpoints):
+  policy_dir, _, _ = checkpoints
+  tokenizer = models.load_tokenizer(policy_dir)
+  example = data.Example(question="5+3+7", answer="15", solution="5+3=8\n8+7=15\n#### 15")
+  texts = ["5+3=8\n8+7=13\n#### 13", "5+3=8\n8+7=15\n#### 15", "5+3=9\n9+7=16\n#### 15"]
+  ids = [tokenizer.encode(t) for t in texts]
+  tokens = np.full((3, 30), tokenizer.pad_token_id, np.int32)
+  for i, row in enumerate(ids):
+    tokens[i, :len(row)] = row
+  zeros = np.zeros((3, 1), np.int32)
+  samples = sampling.SampleOutput(zeros, zeros.astype(bool), tokens, np.zeros(tokens.shape, np.float32),
+                                  tokens != tokenizer.pad_token_id, np.array([len(r) for r in ids], np.int32),
+                                  np.zeros(3, bool))
+  FLAGS.unparse_flags()
+  FLAGS(["grpo_math"])
+  try:
+    reward = methods.learned_reward.ExactStepReward(tokenizer)
+    rewards, ends, mask = reward.steps(samples, texts, [example] * 3)
+    outcome = reward.outcome(samples, texts, [example] * 3)
+  finally:
+    FLAGS.unparse_flags()
+  # Segments: two steps and the answer line. A wrong step makes every later segment wrong, even a right
+  # final answer (row 3).
+  np.testing.assert_array_equal(mask.sum(1), [3, 3, 3])
+  np.testing.assert_array_equal(rewards[:, :3], [[1, 0, 0], [1, 1, 1], [0, 0, 0]])
+  np.testing.assert_array_equal(outcome, [0, 1, 0])
+  np.testing.assert_array_equal(ends[0, :3], [4, 11, 19])  # the last character of each segment
+
+
+def test_grpo_with_exact_step_rewards_runs(tmp_path, checkpoints):
+  policy_dir, _, _ = checkpoints
+  _run(tmp_path, policy_dir, "--steps=2", "--reward=exact_steps", "--supervision=process")
+  records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines() if "train/reward_mean" in l]
+  assert [r["step"] for r in records] == [1, 2]
+  # All steps right implies a right answer: the outcome reward never exceeds the accuracy.
+  assert all(0 <= r["train/reward_mean"] <= r["train/accuracy"] for r in records)

@@ -39,7 +39,7 @@ class GRPO(base.Method):
 
   def collect(self, params, position: int, key):
     b, g = FLAGS.batch_size, FLAGS.group_size
-    rounds, kept, spare = [], [], []
+    rounds, round_examples, kept, spare = [], [], [], []
     score_time = 0.0
     t0 = time.time()
     for r in range(FLAGS.dynamic_sampling_max_rounds if FLAGS.dynamic_sampling else 1):
@@ -48,6 +48,7 @@ class GRPO(base.Method):
       position += b
       score_time += scored.score_time
       rounds.append(scored)
+      round_examples.append(examples)
       varied = np.ptp(scored.rewards.reshape(b, g), axis=1) > 0
       for i in range(b):
         (kept if varied[i] or not FLAGS.dynamic_sampling else spare).append((r, i))
@@ -71,8 +72,9 @@ class GRPO(base.Method):
     if FLAGS.mask_truncated:
       loss_mask &= ~samples.truncated[:, None]
     if FLAGS.supervision == "process":  # GRPO+PS: PRM rewards per step, normalised over the group's steps
-      step_rewards, ends, step_mask = self.rollouts.reward_model.steps(samples, evaluation.decode(
-          self.task.tokenizer, samples))
+      row_examples = [round_examples[r][row // g] for r, row in rows]
+      step_rewards, ends, step_mask = self.rollouts.reward_model.steps(
+          samples, evaluation.decode(self.task.tokenizer, samples), row_examples)
       k, t = step_rewards.shape[1], samples.tokens.shape[1]
       advantages = losses.process_advantages(
           step_rewards.reshape(b, g, k), jnp.asarray(ends.reshape(b, g, k)), step_mask.reshape(b, g, k),

@@ -4,6 +4,8 @@
   --reward=prm --reward_model=DIR --supervision=process  GRPO+PS: σ(PRM score) of every step, normalised
                                                           over the group, summed over the steps ending at
                                                           or after each token (`losses.process_advantages`)
+  --reward=exact_steps --supervision=process             GRPO+PS on the synthetic task's exact step labels: a
+                                                          perfect PRM, the upper bound of a learned one
   --iterations=I --steps_per_iteration=M                 iterative RL (Algorithm 1): the reference becomes
                                                           the policy at each iteration start; after M steps
                                                           the reward model trains on fresh samples of the
@@ -20,6 +22,7 @@ import numpy as np
 from grpo_jax import evaluation
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import reward_models as rm
+from grpo_jax.reward_models import positions
 from grpo_jax import training
 from grpo_jax.training import replay as replay_lib
 from experiments.methods import placement as placement_lib
@@ -56,8 +59,11 @@ flags.register_validator("rm_update_learning_rate", lambda v: v > 0, message="--
 def register_validators():
   """Cross-checks with the runner's --reward; called once the runner has defined it."""
   flags.register_multi_flags_validator(
-      ["reward", "supervision"], lambda f: f["supervision"] == "outcome" or f["reward"] == "prm",
-      message="--supervision=process needs --reward=prm (step rewards come from a process reward model)")
+      ["reward", "supervision"], lambda f: f["supervision"] == "outcome" or f["reward"] in STEP_REWARDS,
+      message="--supervision=process needs --reward=prm (a process reward model) or exact_steps (synthetic task)")
+  flags.register_multi_flags_validator(
+      ["reward", "task"], lambda f: f["reward"] != "exact_steps" or f["task"] == "synthetic",
+      message="--reward=exact_steps needs --task=synthetic, whose steps can be checked exactly")
   flags.register_multi_flags_validator(
       ["reward", "reward_model"], lambda f: (f["reward"] in ("orm", "prm")) == bool(f["reward_model"]),
       message="--reward=orm|prm and --reward_model=DIR go together")
@@ -67,8 +73,25 @@ def register_validators():
       message="--iterations > 1 needs --steps_per_iteration >= 1 and a learned reward (--reward=orm|prm)")
 
 
+STEP_REWARDS = ("prm", "exact_steps")  # the --reward values that score every step
+
+
 def learned() -> bool:
   return FLAGS.reward in ("orm", "prm")
+
+
+def make(tokenizer, policy_config, placement=None):
+  """The reward scorer of --reward: a LearnedReward, an ExactStepReward, or None for a rule reward."""
+  if learned():
+    return LearnedReward(tokenizer, policy_config, placement)
+  if FLAGS.reward == "exact_steps":
+    return ExactStepReward(tokenizer)
+  return None
+
+
+def _min_step(rewards: np.ndarray, mask: np.ndarray) -> np.ndarray:
+  """`[N]` the lowest step reward of each completion (Math-Shepherd's verdict); 0 without steps."""
+  return np.where(mask.any(-1), np.min(np.where(mask, rewards, np.inf), axis=-1), 0.0).astype(np.float32)
 
 
 class LearnedReward:
@@ -89,8 +112,9 @@ class LearnedReward:
     self._outcome = lambda params, config, *arrays: host(outcome(params, config, *rows(arrays)))
     self._steps = lambda params, config, *arrays: host(steps(params, config, *rows(arrays)))
 
-  def steps(self, samples, texts) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """PRM: `(σ(step scores) [N, K], completion-relative step ends [N, K], step mask [N, K])`."""
+  def steps(self, samples, texts, examples=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """PRM: `(σ(step scores) [N, K], completion-relative step ends [N, K], step mask [N, K])`; `examples`
+    (the problems) is unused: a reward model sees only the text."""
     ends, mask = rm.sample_segment_ends(self.tokenizer, np.asarray(samples.tokens), np.asarray(samples.lengths),
                                         texts, FLAGS.prm_max_steps)
     tokens, attention = map(np.asarray, logprobs_lib.sequences_from_samples(samples))
@@ -98,13 +122,35 @@ class LearnedReward:
     scores = self._steps(self.params, self.config, tokens, attention, (ends + prompt_len).astype(np.int32), mask)
     return np.asarray(jax.nn.sigmoid(scores)) * mask, ends, mask
 
-  def outcome(self, samples, texts) -> np.ndarray:
+  def outcome(self, samples, texts, examples=None) -> np.ndarray:
     """`[N]` rewards in (0, 1): σ(ORM score), or for a PRM σ(min step score) (Math-Shepherd's verdict)."""
     if self.kind == "orm":
       tokens, attention = map(np.asarray, logprobs_lib.sequences_from_samples(samples))
       return np.asarray(jax.nn.sigmoid(self._outcome(self.params, self.config, tokens, attention)), np.float32)
-    rewards, _, mask = self.steps(samples, texts)
-    return np.where(mask.any(-1), np.min(np.where(mask, rewards, np.inf), axis=-1), 0.0).astype(np.float32)
+    return _min_step(*self.steps(samples, texts)[::2])
+
+
+class ExactStepReward:
+  """A perfect PRM on the synthetic task: every step's exact label (`reward_models.exact_step_labels`,
+  propagated: after the first wrong step all are wrong) is its reward. GRPO+PS on it bounds what a
+  learned PRM can give; `--reward=exact_steps`."""
+
+  def __init__(self, tokenizer):
+    self.tokenizer = tokenizer
+
+  def steps(self, samples, texts, examples) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`(exact labels [N, K], completion-relative step ends [N, K], step mask [N, K])`."""
+    ends, mask = rm.sample_segment_ends(self.tokenizer, np.asarray(samples.tokens), np.asarray(samples.lengths),
+                                        texts, FLAGS.prm_max_steps)
+    labels, label_mask = positions.pad_segments(rm.exact_step_labels(texts, examples), FLAGS.prm_max_steps,
+                                                np.float32)
+    if not np.array_equal(label_mask, mask):
+      raise ValueError("exact step labels and the completions' segments disagree in number")
+    return labels * mask, ends, mask
+
+  def outcome(self, samples, texts, examples) -> np.ndarray:
+    """`[N]` 1 where every step is right (the lowest label), else 0."""
+    return _min_step(*self.steps(samples, texts, examples)[::2])
 
 
 class RewardModelUpdates:

@@ -36,7 +36,8 @@ class Rollouts:
 
   def __init__(self, config, task, reward_model=None, placement: placement_lib.Placement | None = None):
     self.config, self.task = config, task
-    self.reward_model = reward_model  # a `learned_reward.LearnedReward`, or None for the task's rule reward
+    # A `learned_reward.LearnedReward` or `ExactStepReward`, or None for the task's rule reward.
+    self.reward_model = reward_model
     self.placement = placement or placement_lib.Placement()
     self.prompts_truncated = 0  # prompts cut from the left to --max_prompt_len, since the start
     # Log-probs of the sampling distribution π ∝ exp(logits / T), as whole host arrays; params are
@@ -57,7 +58,7 @@ class Rollouts:
     repeated = [e for e in examples for _ in range(num_samples)]
     correct = np.asarray(rewards_lib.score(texts, repeated, "correctness"), np.float32)
     if self.reward_model is not None:
-      rewards = self.reward_model.outcome(samples, texts)
+      rewards = self.reward_model.outcome(samples, texts, repeated)
     else:
       rewards = np.asarray(rewards_lib.score(texts, repeated, task.reward_fn), np.float32)
     if FLAGS.overlong_buffer:
