@@ -67,9 +67,9 @@ flags.DEFINE_enum("prompt_template", "auto", ["auto", "plain", "chat"],
 flags.DEFINE_integer("max_prompt_len", 16, "Prompt tokens (longer prompts are cut from the left).")
 flags.DEFINE_integer("max_new_tokens", 40, "Completion budget in tokens.")
 flags.DEFINE_string("reward", "correctness:1.0", "Reward spec 'name:weight,...' (correctness, format, "
-                    "arithmetic_format, boxed_format, step_correctness), or a learned reward model: 'orm' or "
-                    "'prm' with --reward_model (see --supervision, --iterations), or 'exact_steps': the synthetic "
-                    "task's exact step labels as a perfect PRM.")
+                    "arithmetic_format, boxed_format, step_correctness), or a learned reward model: 'orm' (an orm "
+                    "or orm_steps model) or 'prm' with --reward_model (see --supervision, --iterations), or "
+                    "'exact_steps': the synthetic task's exact step labels as a perfect PRM.")
 
 # STAGE 1: SFT
 flags.DEFINE_integer("sft_examples", 2000, "SFT demonstrations: the first N training problems, with solutions; "

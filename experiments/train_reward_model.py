@@ -37,7 +37,9 @@ flags.DEFINE_string("policy", "", "HF-format directory of the policy that sample
                     "model, e.g. <grpo_math work_dir>/sft_policy); the reward model starts from its backbone.")
 flags.DEFINE_string("rm_init", "", "HF-format directory of the reward model's backbone (default: --policy). Any "
                     "size, but the policy's tokenizer.")
-flags.DEFINE_enum("rm_kind", "orm", list(rm.KINDS), "orm: score the last token; prm: score every step's end.")
+flags.DEFINE_enum("rm_kind", "orm", list(rm.KINDS), "orm: outcome labels, score the last token; prm: step "
+                  "labels, score every step's end; orm_steps: outcome labels, score every step's end, pooled by "
+                  "a noisy-AND (P(correct) = product of the step probabilities).")
 flags.DEFINE_string("rm_dir", "runs/reward_model", "Output directory of the reward model, logs and summary.")
 flags.DEFINE_enum("rm_step_labels", "auto", ["auto", *rm.STEP_LABELS], "PRM step labels: exact (synthetic "
                   "task), Math-Shepherd Monte Carlo mc_hard (any rollout right) or mc_soft (the fraction); "
@@ -47,7 +49,7 @@ flags.DEFINE_integer("rm_prompts", 1000, "Training problems to sample completion
 flags.DEFINE_integer("rm_eval_prompts", 200, "Held-out problems (from the test set) for accuracy and AUC.")
 flags.DEFINE_integer("rm_samples_per_prompt", 4, "Completions sampled per problem.")
 flags.DEFINE_integer("rm_sample_batch", 64, "Problems per sampler call.")
-flags.DEFINE_integer("rm_max_steps", 8, "PRM: most scored segments per completion (the first K-1 and the last).")
+flags.DEFINE_integer("rm_max_steps", 8, "PRM and orm_steps: most scored segments per completion (the first K-1 and the last).")
 flags.DEFINE_enum("rm_loss", "bce", list(rm.LOSSES), "bce, or the Bradley-Terry pairwise loss (orm) over "
                   "(right, wrong) pairs of one problem.")
 flags.DEFINE_integer("rm_steps", 300, "Reward-model optimiser steps.")
@@ -126,7 +128,7 @@ def run() -> dict:
   t0 = time.time()
   print(f"sampling {FLAGS.rm_samples_per_prompt} completions for {len(train_examples)} training and "
         f"{len(eval_examples)} held-out problems from {policy_dir} ({FLAGS.rm_kind}, labels: "
-        f"{'outcome' if FLAGS.rm_kind == 'orm' else step_labels})", file=sys.stderr)
+        f"{'outcome' if FLAGS.rm_kind in rm.OUTCOME_KINDS else step_labels})", file=sys.stderr)
   train_data, _ = _collect(params, config, task, train_examples, jax.random.fold_in(key, 1), step_labels)
   eval_data, _ = _collect(params, config, task, eval_examples, jax.random.fold_in(key, 2), step_labels)
   collect_time = time.time() - t0
@@ -184,7 +186,7 @@ def run() -> dict:
   # SAVE
   rm.save_reward_model(state.params, config, model_dir, kind=FLAGS.rm_kind, tokenizer_dir=policy_dir)
   summary = {"kind": FLAGS.rm_kind, "loss": FLAGS.rm_loss, "backbone": FLAGS.rm_init or str(policy_dir),
-             "step_labels": "outcome" if FLAGS.rm_kind == "orm" else step_labels,
+             "step_labels": "outcome" if FLAGS.rm_kind in rm.OUTCOME_KINDS else step_labels,
              "train_completions": int(train_data.tokens.shape[0]), "eval_completions": int(eval_data.tokens.shape[0]),
              "train_answer_accuracy": float(train_data.outcome.mean()),
              "eval_answer_accuracy": float(eval_data.outcome.mean()),

@@ -144,9 +144,8 @@ def test_batch_stats_measure_the_reward_against_correctness_within_groups():
   assert "reward_group_auc" not in rollouts.stats(scored, 1)
 
 
-def test_exact_step_reward_labels_every_step(checkpoints):
-  policy_dir, _, _ = checkpoints
-  tokenizer = models.load_tokenizer(policy_dir)
+def _three_samples(tokenizer):
+  """Three completions of one problem as a SampleOutput with a one-token (masked) prompt."""
   example = data.Example(question="5+3+7", answer="15", solution="5+3=8\n8+7=15\n#### 15")
   texts = ["5+3=8\n8+7=13\n#### 13", "5+3=8\n8+7=15\n#### 15", "5+3=9\n9+7=16\n#### 15"]
   ids = [tokenizer.encode(t) for t in texts]
@@ -157,6 +156,13 @@ def test_exact_step_reward_labels_every_step(checkpoints):
   samples = sampling.SampleOutput(zeros, zeros.astype(bool), tokens, np.zeros(tokens.shape, np.float32),
                                   tokens != tokenizer.pad_token_id, np.array([len(r) for r in ids], np.int32),
                                   np.zeros(3, bool))
+  return samples, texts, example
+
+
+def test_exact_step_reward_labels_every_step(checkpoints):
+  policy_dir, _, _ = checkpoints
+  tokenizer = models.load_tokenizer(policy_dir)
+  samples, texts, example = _three_samples(tokenizer)
   FLAGS.unparse_flags()
   FLAGS(["grpo_math"])
   try:
@@ -180,3 +186,27 @@ def test_grpo_with_exact_step_rewards_runs(tmp_path, checkpoints):
   assert [r["step"] for r in records] == [1, 2]
   # All steps right implies a right answer: the outcome reward never exceeds the accuracy.
   assert all(0 <= r["train/reward_mean"] <= r["train/accuracy"] for r in records)
+
+
+def test_orm_steps_reward_is_the_noisy_and_of_its_step_scores(tmp_path, checkpoints):
+  policy_dir = checkpoints[0]
+  params, config = models.load_hf(policy_dir)
+  rm_params = rm.init_reward_params(params, config, jax.random.key(5), head_scale=3.0)
+  rm.save_reward_model(rm_params, config, tmp_path / "orm_steps", kind="orm_steps")
+  tokenizer = models.load_tokenizer(policy_dir)
+  samples, texts, _ = _three_samples(tokenizer)
+  FLAGS.unparse_flags()
+  FLAGS(["grpo_math", "--reward=orm", f"--reward_model={tmp_path / 'orm_steps'}"])
+  try:
+    reward = methods.learned_reward.LearnedReward(tokenizer, config)
+    outcome = reward.outcome(samples, texts)
+  finally:
+    FLAGS.unparse_flags()
+  tokens = np.concatenate([samples.prompt_tokens, samples.tokens], axis=1)
+  attention = np.concatenate([samples.prompt_mask, samples.mask], axis=1)
+  ends = np.array([[4, 11, 19]] * 3) + 1  # each segment's last character, after the one-token prompt
+  step_logits = np.asarray(rm.step_scores(rm_params, config, tokens, attention, ends, np.ones((3, 3), bool)))
+  np.testing.assert_allclose(outcome, np.prod(1 / (1 + np.exp(-step_logits)), axis=1), rtol=1e-5)
+  assert np.ptp(outcome) > 1e-3  # the three completions score differently
+  with pytest.raises(ValueError, match="holds a reward model of kind orm_steps"):
+    _run(tmp_path / "run", policy_dir, "--steps=1", "--reward=prm", f"--reward_model={tmp_path / 'orm_steps'}")

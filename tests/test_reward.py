@@ -65,3 +65,45 @@ def test_pairwise_hand_computed(variant):
   np.testing.assert_allclose(shifted, loss, rtol=1e-5)
   matrix, _ = variant(reward.pairwise_reward_loss)(jnp.zeros((2, 2)), jnp.zeros((2, 2)))
   np.testing.assert_allclose(matrix, LN2, rtol=1e-6)
+
+
+def test_noisy_and_hand_computed(variant):
+  # Row 0: σ(ln 3) · σ(0) = 3/4 · 1/2 = 3/8, logit ln(3/5); row 1: one step, σ(−ln 3) = 1/4, logit −ln 3;
+  # row 2 has no step: p = 1 and it is left out of the loss. Losses: −ln(3/8) (y = 1), −ln(3/4) (y = 0).
+  logits = jnp.array([[LN3, 0.0, 5.0], [-LN3, 9.0, 9.0], [1.0, 1.0, 1.0]])
+  mask = jnp.array([[True, True, False], [True, False, False], [False, False, False]])
+  labels = jnp.array([1.0, 0.0, 1.0])
+  pooled = variant(reward.noisy_and_logits)(logits, mask)
+  np.testing.assert_allclose(pooled[:2], [np.log(3 / 5), -LN3], rtol=1e-5)
+  assert pooled[2] > 15  # p = 1, clamped to a large finite logit
+  loss, metrics = variant(reward.noisy_and_outcome_loss)(logits, labels, mask)
+  np.testing.assert_allclose(loss, (-np.log(3 / 8) - np.log(3 / 4)) / 2, rtol=1e-5)
+  np.testing.assert_allclose(metrics["accuracy"], 1 / 2, rtol=1e-6)  # 3/8 < 1/2 misses y = 1; 1/4 is right
+  np.testing.assert_allclose(metrics["mean_probability"], (3 / 8 + 1 / 4) / 2, rtol=1e-5)
+  loss, _ = variant(reward.noisy_and_outcome_loss)(logits, labels, mask, num_examples=4)
+  np.testing.assert_allclose(loss, (-np.log(3 / 8) - np.log(3 / 4)) / 4, rtol=1e-5)
+
+
+def test_noisy_and_gradient_blames_the_doubted_step():
+  # A wrong answer: dℓ/ds_j = p/(1 − p) · (1 − σ(s_j)), largest at the step the model already doubts;
+  # a right one: −(1 − σ(s_j)). Masked steps get no gradient.
+  logits = jnp.array([[3.0, -1.0, 2.0, 7.0]])
+  mask = jnp.array([[True, True, True, False]])
+  sig = jax.nn.sigmoid(logits[0, :3])
+  p = float(jnp.prod(sig))
+  for label, expected in ((0.0, p / (1 - p) * (1 - sig)), (1.0, -(1 - sig))):
+    grad = jax.grad(lambda s: reward.noisy_and_outcome_loss(s, jnp.array([label]), mask)[0])(logits)
+    np.testing.assert_allclose(grad[0, :3], expected, rtol=1e-5)
+    assert grad[0, 3] == 0.0
+  assert int(jnp.argmax(grad[0, :3] ** 2)) == 1
+
+
+def test_noisy_and_is_stable_at_extremes():
+  logits = jnp.array([[40.0, 40.0], [-40.0, 40.0], [-40.0, -40.0]])
+  mask = jnp.ones((3, 2), bool)
+  pooled = reward.noisy_and_logits(logits, mask)
+  assert np.all(np.isfinite(pooled)) and pooled[0] > 15
+  np.testing.assert_allclose(pooled[1:], [-40.0, -80.0], rtol=1e-5)  # log p − log(1 − p) → log p
+  loss, _ = reward.noisy_and_outcome_loss(logits, jnp.array([1.0, 0.0, 0.0]), mask)
+  grads = jax.grad(lambda s: reward.noisy_and_outcome_loss(s, jnp.array([1.0, 0.0, 0.0]), mask)[0])(logits)
+  assert np.isfinite(loss) and loss < 1e-5 and np.all(np.isfinite(grads))

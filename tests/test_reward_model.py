@@ -76,12 +76,15 @@ def _labelled_set(n=32, length=8, k=3, seed=0):
                        np.arange(n, dtype=np.int32) // 4, outcome)
 
 
-@pytest.mark.parametrize("kind,loss", [("prm", "bce"), ("orm", "bce"), ("orm", "pairwise")])
+@pytest.mark.parametrize("kind,loss", [("prm", "bce"), ("orm", "bce"), ("orm", "pairwise"), ("orm_steps", "bce")])
 def test_loss_falls_on_a_tiny_labelled_set(kind, loss):
   data = _labelled_set()
   if kind == "orm":  # one scored position per sequence: the first step's end
     data = data._replace(positions=data.positions[:, :1], labels=data.labels[:, :1],
                          loss_mask=np.ones((32, 1), bool))
+  if kind == "orm_steps":  # outcome labels only: right iff every step is right, on every step end
+    outcome = np.all((data.labels > 0.5) | ~data.loss_mask, axis=1).astype(np.float32)
+    data = data._replace(labels=outcome[:, None] * data.loss_mask, outcome=outcome)
   policy = models.init_params(CONFIG, jax.random.key(0))
   optimizer = optax.adam(3e-3)
   state = training.init_train_state(rm.init_reward_params(policy, CONFIG, jax.random.key(1)), optimizer)
@@ -90,12 +93,24 @@ def test_loss_falls_on_a_tiny_labelled_set(kind, loss):
                           block=4 if loss == "pairwise" else 1)
   losses = [m["loss"] for _, m in history]
   assert len(losses) == 40 and len(data.group) == 32  # 32 sequences, a few dozen labelled steps
-  if loss == "bce":
+  if loss == "bce" and kind != "orm_steps":
     np.testing.assert_allclose(losses[0], np.log(2.0), rtol=1e-5)  # zero head: every σ is 1/2
+  if kind == "orm_steps":  # zero head: p = 2^-k for k steps
+    first = rm.take(data, rm.batch_indices(32, 16, 0, seed=0))
+    p = 0.5 ** first.loss_mask.sum(1)
+    expected = -np.mean(first.outcome * np.log(p) + (1 - first.outcome) * np.log(1 - p))
+    np.testing.assert_allclose(losses[0], expected, rtol=1e-5)
   assert np.mean(losses[-5:]) < 0.5 * losses[0], losses
   metrics = rm.evaluate(state.params, CONFIG, data, kind=kind)
   level = "step" if kind == "prm" else "outcome"
-  assert metrics[f"{level}/auc"] > 0.9 and metrics[f"{level}/count"] == data.loss_mask.sum()
+  count = len(data.outcome) if kind == "orm_steps" else data.loss_mask.sum()
+  assert metrics[f"{level}/auc"] > 0.9 and metrics[f"{level}/count"] == count
+  if kind == "orm_steps":  # trained on outcomes only, its step scores rank the hidden step labels (0.83), better
+    # than giving every step its row's outcome does (0.71: right rows have only right steps)
+    step_truth, real = _labelled_set().labels[data.loss_mask], data.loss_mask
+    by_row = np.broadcast_to(data.outcome[:, None], real.shape)[real]
+    step_auc = rm.binary_auc(rm.score(state.params, CONFIG, data)[real], step_truth)
+    assert step_auc > rm.binary_auc(by_row, step_truth) + 0.08
   right = data.outcome.reshape(8, 4) > 0.5  # 8 problems of 4 rows
   assert metrics["outcome/group_pairs"] == np.sum(right.sum(1) * (~right).sum(1))
 
@@ -185,6 +200,11 @@ def test_build_reward_data_from_samples(tmp_path):
   assert chars == ["1", "8", "2", "2", "2", "9", "9"]
   np.testing.assert_array_equal(prm.outcome, [1.0, 0.0])
   assert prm.group[0] == prm.group[1] == rm.problem_id(example)
+  # orm_steps: the PRM's positions, every real one labelled with the outcome.
+  orm_steps = rm.build_reward_data(samples, texts, [example] * 2, tok, kind="orm_steps", max_steps=5)
+  np.testing.assert_array_equal(orm_steps.positions, prm.positions)
+  np.testing.assert_array_equal(orm_steps.loss_mask, prm.loss_mask)
+  np.testing.assert_array_equal(orm_steps.labels, [[1, 1, 1, 1, 0], [0, 0, 0, 0, 0]])
   with pytest.raises(ValueError, match="row 1: 2 step labels for 3 segments"):
     rm.build_reward_data(samples, texts, [example] * 2, tok, kind="prm", max_steps=5,
                          step_label_rows=[labels[0], labels[1][:2]])

@@ -55,6 +55,15 @@ def test_smoke_orm_pairwise(tmp_path):
   assert kind == "orm"
 
 
+def test_smoke_orm_steps(tmp_path):
+  summary = _run(tmp_path, "--rm_kind=orm_steps", "--rm_steps=2")
+  assert summary["kind"] == "orm_steps" and summary["step_labels"] == "outcome"
+  assert summary["after/outcome/count"] == 8 and not any(k.startswith("after/step/") for k in summary)
+  assert 0 <= summary["train/outcome/accuracy"] <= 1
+  _, _, kind = rm.load_reward_model(tmp_path / "rm" / "reward_model")
+  assert kind == "orm_steps"
+
+
 def test_rm_init_starts_from_another_backbone(tmp_path):
   verifier = models.build_default_checkpoint(tmp_path / "verifier", seed=7, num_hidden_layers=2, hidden_size=48,
                                              intermediate_size=96)

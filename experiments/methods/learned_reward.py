@@ -36,7 +36,8 @@ flags.DEFINE_enum("supervision", "outcome", ["outcome", "process"], "outcome: on
 flags.DEFINE_bool("process_center_tokens", False, "GRPO+PS: subtract the group's mean token advantage (a "
                   "constant baseline; the paper's suffix sums drift negative when later steps score lower). "
                   "See losses.process_advantages.")
-flags.DEFINE_integer("prm_max_steps", 8, "PRM: most scored steps per completion (the first K-1 and the last).")
+flags.DEFINE_integer("prm_max_steps", 8, "PRM and orm_steps: most scored steps per completion (the first K-1 "
+                     "and the last).")
 flags.DEFINE_integer("iterations", 1, "Iterative RL: iterations I (1: plain RL, the reward model stays frozen).")
 flags.DEFINE_integer("steps_per_iteration", 0, "Iterative RL: policy steps M per iteration; the run is I*M steps.")
 flags.DEFINE_float("replay_fraction", 0.1, "Iterative RL: share of historical data in each reward-model update.")
@@ -99,7 +100,7 @@ class LearnedReward:
 
   def __init__(self, tokenizer, policy_config, placement=None):
     params, config, kind = rm.load_reward_model(FLAGS.reward_model, dtype=FLAGS.dtype, param_dtype=FLAGS.dtype)
-    if kind != FLAGS.reward:
+    if kind != FLAGS.reward and not (FLAGS.reward == "orm" and kind in rm.OUTCOME_KINDS):
       raise ValueError(f"--reward={FLAGS.reward} but {FLAGS.reward_model} holds a reward model of kind {kind}")
     if config.vocab_size != policy_config.vocab_size:
       raise ValueError(f"{FLAGS.reward_model}: vocabulary of {config.vocab_size} tokens, the policy's has "
@@ -113,8 +114,8 @@ class LearnedReward:
     self._steps = lambda params, config, *arrays: host(steps(params, config, *rows(arrays)))
 
   def steps(self, samples, texts, examples=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """PRM: `(σ(step scores) [N, K], completion-relative step ends [N, K], step mask [N, K])`; `examples`
-    (the problems) is unused: a reward model sees only the text."""
+    """PRM or orm_steps: `(σ(step scores) [N, K], completion-relative step ends [N, K], step mask [N, K])`;
+    `examples` (the problems) is unused: a reward model sees only the text."""
     ends, mask = rm.sample_segment_ends(self.tokenizer, np.asarray(samples.tokens), np.asarray(samples.lengths),
                                         texts, FLAGS.prm_max_steps)
     tokens, attention = map(np.asarray, logprobs_lib.sequences_from_samples(samples))
@@ -123,11 +124,15 @@ class LearnedReward:
     return np.asarray(jax.nn.sigmoid(scores)) * mask, ends, mask
 
   def outcome(self, samples, texts, examples=None) -> np.ndarray:
-    """`[N]` rewards in (0, 1): σ(ORM score), or for a PRM σ(min step score) (Math-Shepherd's verdict)."""
+    """`[N]` rewards in (0, 1): σ(ORM score); for orm_steps the noisy-AND Π_j σ(step score j) (1 without
+    steps); for a PRM σ(min step score) (Math-Shepherd's verdict)."""
     if self.kind == "orm":
       tokens, attention = map(np.asarray, logprobs_lib.sequences_from_samples(samples))
       return np.asarray(jax.nn.sigmoid(self._outcome(self.params, self.config, tokens, attention)), np.float32)
-    return _min_step(*self.steps(samples, texts)[::2])
+    probabilities, _, mask = self.steps(samples, texts)
+    if self.kind == "orm_steps":
+      return np.prod(np.where(mask, probabilities, 1.0), axis=-1).astype(np.float32)
+    return _min_step(probabilities, mask)
 
 
 class ExactStepReward:

@@ -34,6 +34,8 @@ from grpo_jax.losses.paradigm import sft_coefficient
 from grpo_jax.losses.ppo import kl_penalized_rewards
 from grpo_jax.losses.ppo import last_token_mask
 from grpo_jax.losses.ppo import ppo_loss
+from grpo_jax.losses.reward import noisy_and_logits
+from grpo_jax.losses.reward import noisy_and_outcome_loss
 from grpo_jax.losses.reward import outcome_bce_loss
 from grpo_jax.losses.reward import pairwise_reward_loss
 from grpo_jax.losses.reward import step_bce_loss
@@ -63,6 +65,8 @@ __all__ = (
     "kl_penalized_rewards",
     "last_token_mask",
     "log_importance_ratios",
+    "noisy_and_logits",
+    "noisy_and_outcome_loss",
     "online_rft_coefficient",
     "outcome_bce_loss",
     "overlong_penalty",

@@ -84,6 +84,65 @@ def step_bce_loss(
   return _masked_bce(logits, labels, step_mask, num_steps)
 
 
+def _log1mexp(x: chex.Array) -> chex.Array:
+  """log(1 − eˣ) for x < 0, accurate on both sides of −log 2 (Mächler, 2012)."""
+  x = jnp.minimum(x, -1e-7)
+  return jnp.where(x > -jnp.log(2.0), jnp.log(-jnp.expm1(x)), jnp.log1p(-jnp.exp(x)))
+
+
+def noisy_and_logits(step_logits: chex.Array, step_mask: chex.Array) -> chex.Array:
+  """The outcome logit of a solution that is right only if every step is right (noisy-AND):
+
+    p_i = Π_j σ(s_ij),   logit_i = log p_i − log(1 − p_i),
+
+  over the real steps j of completion i (σ(logit_i) = p_i). A completion without steps has p = 1.
+
+  Args:
+    step_logits: `[N, K]` step scores s_ij.
+    step_mask: `[N, K]` true for real steps.
+
+  Returns:
+    `[N]` float32 logits.
+  """
+  chex.assert_rank([step_logits, step_mask], 2)
+  chex.assert_equal_shape([step_logits, step_mask])
+  log_p = jnp.sum(jnp.where(jnp.asarray(step_mask, bool), jax.nn.log_sigmoid(_checks.f32(step_logits)), 0.0), -1)
+  return log_p - _log1mexp(log_p)
+
+
+def noisy_and_outcome_loss(
+    step_logits: chex.Array,
+    labels: chex.Array,
+    step_mask: chex.Array,
+    *,
+    num_examples: chex.Numeric | None = None,
+) -> tuple[chex.Array, dict[str, chex.Array]]:
+  """Outcome BCE of a reward model scored at every step end and pooled by a noisy-AND:
+
+    ℓ = (1/N) Σ_i −[y_i log p_i + (1 − y_i) log(1 − p_i)],   p_i = Π_j σ(s_ij),
+
+  y_i whether completion i's final answer is right (outcome supervision only, as an ORM,
+  DeepSeekMath §4.1.2). A right answer pushes every step score up; a wrong one pushes down
+  mostly the step the model already doubts (∂ℓ/∂s_ij ∝ 1 − σ(s_ij)), so the per-step scores
+  learn to find the error from outcome labels alone (multiple-instance learning with a noisy-AND,
+  Kraus et al., arXiv 1511.05286; an outcome-trained PRM in the sense of Math-Shepherd's
+  min-aggregation, arXiv 2312.08935). Rows without a real step are left out.
+
+  Args:
+    step_logits: `[N, K]` step scores s_ij.
+    labels: `[N]` outcome labels y_i in [0, 1].
+    step_mask: `[N, K]` true for real steps.
+    num_examples: the normaliser N; default the rows with a real step (pass the minibatch's when
+      accumulating gradients).
+
+  Returns:
+    `(loss, metrics)` as `outcome_bce_loss`, on the pooled logits.
+  """
+  chex.assert_rank(labels, 1)
+  logits = noisy_and_logits(step_logits, step_mask)
+  return _masked_bce(logits, labels, jnp.any(jnp.asarray(step_mask, bool), axis=-1), num_examples)
+
+
 def _masked_bce(logits, labels, mask, count):
   s, y = _checks.f32(logits), _checks.f32(labels)
   valid = jnp.ones(s.shape, bool) if mask is None else jnp.asarray(mask, bool)

@@ -3,7 +3,7 @@
   from grpo_jax import reward_models as rm
   params = rm.init_reward_params(policy_params, config, key)            # backbone copied, fresh head
   s = rm.outcome_scores(params, config, tokens, mask)                   # [N] logits, σ(s) = P(correct)
-  s = rm.step_scores(params, config, tokens, mask, step_ends, step_mask) # [N, K] logits
+  s = rm.step_scores(params, config, tokens, mask, step_ends, step_mask) # [N, K] logits (PRM, orm_steps)
   rm.save_reward_model(params, config, out_dir, kind="prm"); rm.load_reward_model(out_dir)
 
 DeepSeekMath §4.1.2-4.1.4 (arXiv 2402.03300); step labels as in Math-Shepherd (arXiv 2312.08935).
@@ -14,18 +14,20 @@ from grpo_jax.reward_models.data import (RewardData, build_reward_data, concat, 
                                          monte_carlo_step_labels, outcome_labels, problem_id, take)
 from grpo_jax.reward_models.io import HEAD_FILE, load_reward_model, save_reward_model
 from grpo_jax.reward_models.metrics import binary_accuracy, binary_auc, group_auc
-from grpo_jax.reward_models.model import (KINDS, init_reward_params, last_token_index, outcome_scores,
-                                          step_scores, token_scores)
+from grpo_jax.reward_models.model import (KINDS, OUTCOME_KINDS, STEP_KINDS, init_reward_params, last_token_index,
+                                          outcome_scores, step_scores, token_scores)
 from grpo_jax.reward_models.positions import sample_segment_ends, segment_token_ends
 from grpo_jax.reward_models.rollout import policy_rollout
 from grpo_jax.reward_models.train import (LOSSES, batch_indices, evaluate, fit, make_reward_train_step,
-                                          outcome_from_steps, reward_objective, score)
+                                          noisy_and_from_steps, outcome_from_steps, reward_objective, score)
 
 __all__ = (
     "HEAD_FILE",
     "KINDS",
     "LOSSES",
+    "OUTCOME_KINDS",
     "RewardData",
+    "STEP_KINDS",
     "STEP_LABELS",
     "batch_indices",
     "binary_accuracy",
@@ -42,6 +44,7 @@ __all__ = (
     "load_reward_model",
     "make_reward_train_step",
     "monte_carlo_step_labels",
+    "noisy_and_from_steps",
     "outcome_from_steps",
     "outcome_labels",
     "outcome_scores",

@@ -25,10 +25,10 @@ def label_samples(samples: sampling.SampleOutput, texts: Sequence[str], examples
   Args:
     samples, texts, examples: as `build_reward_data`.
     tokenizer: the policy's tokenizer.
-    kind: "orm" or "prm".
+    kind: "orm", "orm_steps" (outcome labels) or "prm".
     step_labels: PRM labels: "exact" (`check_steps`, synthetic task) or Math-Shepherd Monte
       Carlo "mc_hard" / "mc_soft" (needs `policy`, `config`, `key`).
-    max_steps: K of a PRM.
+    max_steps: K of a PRM or "orm_steps".
     policy, config: the policy that continues each prefix for Monte Carlo labels.
     mc_rollouts: k continuations per prefix.
     mc_max_new_tokens: continuation budget.
@@ -36,8 +36,8 @@ def label_samples(samples: sampling.SampleOutput, texts: Sequence[str], examples
     temperature: Monte Carlo sampling temperature.
     key: PRNG key of the rollouts.
   """
-  if kind == "orm":
-    return data_lib.build_reward_data(samples, texts, examples, tokenizer, kind="orm")
+  if kind in ("orm", "orm_steps"):
+    return data_lib.build_reward_data(samples, texts, examples, tokenizer, kind=kind, max_steps=max_steps)
   if step_labels == "exact":
     rows = data_lib.exact_step_labels(texts, examples)
   elif step_labels in ("mc_hard", "mc_soft"):

@@ -95,9 +95,11 @@ def build_reward_data(samples: SampleOutput, texts: Sequence[str], examples: Seq
     texts: the decoded completions (`grpo_jax.evaluation.decode`).
     examples: the problem of each row.
     tokenizer: the policy's tokenizer.
-    kind: "orm" (K = 1: the last completion token, labelled by correctness) or "prm"
-      (K = max_steps: each segment's end token, labelled by `step_label_rows`).
-    max_steps: K of a PRM; longer completions keep their first K − 1 segments and the last.
+    kind: "orm" (K = 1: the last completion token, labelled by correctness), "prm"
+      (K = max_steps: each segment's end token, labelled by `step_label_rows`) or "orm_steps"
+      (each segment's end token, every one labelled with the completion's correctness; the
+      noisy-AND loss reads only the first label of a row).
+    max_steps: K of a PRM or "orm_steps"; longer completions keep their first K − 1 segments and the last.
     step_label_rows: PRM only: per completion, one label per segment (`exact_step_labels`,
       `monte_carlo_step_labels`).
 
@@ -117,11 +119,14 @@ def build_reward_data(samples: SampleOutput, texts: Sequence[str], examples: Seq
     last = prompt_len + np.maximum(samples.lengths.astype(np.int32), 1) - 1
     return RewardData(tokens, attention, last[:, None].astype(np.int32), outcome[:, None],
                       (samples.lengths > 0)[:, None], group, outcome)
-  if kind != "prm":
-    raise ValueError(f"unknown reward model kind {kind!r}; expected 'orm' or 'prm'")
+  if kind not in ("prm", "orm_steps"):
+    raise ValueError(f"unknown reward model kind {kind!r}; expected 'orm', 'orm_steps' or 'prm'")
+  ends, mask = positions_lib.sample_segment_ends(tokenizer, samples.tokens, samples.lengths, texts, max_steps)
+  if kind == "orm_steps":
+    labels = np.where(mask, outcome[:, None], 0.0).astype(np.float32)
+    return RewardData(tokens, attention, (prompt_len + ends).astype(np.int32), labels, mask, group, outcome)
   if step_label_rows is None or len(step_label_rows) != n:
     raise ValueError("build_reward_data: a PRM needs one row of step labels per completion")
-  ends, mask = positions_lib.sample_segment_ends(tokenizer, samples.tokens, samples.lengths, texts, max_steps)
   labels, label_mask = positions_lib.pad_segments(step_label_rows, max_steps, np.float32)
   if not np.array_equal(label_mask, mask):
     bad = int(np.argmax(np.any(label_mask != mask, axis=1)))

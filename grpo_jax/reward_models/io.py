@@ -3,7 +3,7 @@
   <dir>/config.json, model.safetensors   the backbone, loadable by `grpo_jax.models.load_hf` (and by
                                          transformers as a causal LM whose output layer is tied to
                                          the embeddings: the policy's lm_head is not part of a reward model)
-  <dir>/reward_head.safetensors          "kernel" [E] and "bias" [1], metadata {"kind": "orm"|"prm"}
+  <dir>/reward_head.safetensors          "kernel" [E] and "bias" [1], metadata {"kind": "orm"|"orm_steps"|"prm"}
   <dir>/tokenizer files                  copied from the policy when `tokenizer_dir` is given
 """
 

@@ -5,6 +5,11 @@ completion o (`grpo_jax.models.scalar_apply`); σ(r_φ) is the probability that 
 read at its last token) or the solution so far (PRM, read at the end token of each step) is
 correct (DeepSeekMath §4.1.2-4.1.3, arXiv 2402.03300; Lightman et al., arXiv 2305.20050).
 
+Kinds: "orm" (outcome labels, read at the last token), "prm" (step labels, read at every step end)
+and "orm_steps": outcome labels, read at every step end and pooled by a noisy-AND, P(correct) =
+Π_j σ(s_j) (`grpo_jax.losses.noisy_and_outcome_loss`), an outcome reward model whose structure
+lets it check steps.
+
 Params are those of `init_scalar_params`: {"backbone": <policy params without lm_head>,
 "head": {"kernel": [E], "bias": []}}. Scores are logits; `jax.nn.sigmoid` makes them
 probabilities. Every function is pure over arrays and jits with `config` static.
@@ -18,7 +23,9 @@ from grpo_jax.models import heads
 from grpo_jax.models.config import ModelConfig
 
 Params = heads.Params
-KINDS = ("orm", "prm")
+KINDS = ("orm", "orm_steps", "prm")
+OUTCOME_KINDS = ("orm", "orm_steps")  # trained on outcome labels only
+STEP_KINDS = ("orm_steps", "prm")  # scored at every step end
 
 
 def init_reward_params(policy_params: Params, config: ModelConfig, key: jax.Array, *,

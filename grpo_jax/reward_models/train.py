@@ -31,8 +31,9 @@ def reward_objective(params, batch: RewardData, totals: dict, *, config: ModelCo
                      pairs_within_problem: bool = True):
   """The reward-model loss of a (micro-)batch of `RewardData`.
 
-  "bce": `outcome_bce_loss` on the last token (ORM) or `step_bce_loss` on every segment end (PRM),
-  normalised by the minibatch's count of scored positions. "pairwise" (ORM only):
+  "bce": `outcome_bce_loss` on the last token (ORM), `step_bce_loss` on every segment end (PRM),
+  normalised by the minibatch's count of scored positions, or `noisy_and_outcome_loss` on the
+  segment ends ("orm_steps"), normalised by its count of completions. "pairwise" (ORM only):
   `pairwise_reward_loss` over every (right, wrong) pair of completions of the micro-batch (of one
   problem when `pairs_within_problem`), normalised by the micro-batch's pair count.
   """
@@ -41,6 +42,9 @@ def reward_objective(params, batch: RewardData, totals: dict, *, config: ModelCo
     if kind == "orm":
       return reward_losses.outcome_bce_loss(scores[:, 0], batch.labels[:, 0], batch.loss_mask[:, 0],
                                             num_examples=totals["num_tokens"])
+    if kind == "orm_steps":
+      return reward_losses.noisy_and_outcome_loss(scores, batch.labels[:, 0], batch.loss_mask,
+                                                  num_examples=totals["num_sequences"])
     return reward_losses.step_bce_loss(scores, batch.labels, batch.loss_mask, num_steps=totals["num_tokens"])
   if loss != "pairwise" or kind != "orm":
     raise ValueError(f"unknown reward loss {loss!r} for kind {kind!r}; the pairwise loss is for ORMs")
@@ -131,6 +135,13 @@ def score(params, config: ModelConfig, data: RewardData, *, batch_size: int = 25
   return np.concatenate(out, axis=0)
 
 
+def noisy_and_from_steps(step_logits: np.ndarray, step_mask: np.ndarray) -> np.ndarray:
+  """An "orm_steps" model's outcome logit (`losses.noisy_and_logits`); -inf for a completion without
+  segments."""
+  pooled = np.asarray(reward_losses.noisy_and_logits(jnp.asarray(step_logits), jnp.asarray(step_mask)))
+  return np.where(np.any(step_mask, axis=1), pooled, -np.inf)
+
+
 def outcome_from_steps(step_logits: np.ndarray, step_mask: np.ndarray) -> np.ndarray:
   """A PRM's outcome score: the minimum step logit, σ(min s) = min σ(s) (Math-Shepherd's aggregate);
   -inf for a completion without segments."""
@@ -142,17 +153,21 @@ def evaluate(params, config: ModelConfig, data: RewardData, *, kind: str, batch_
   """Held-out accuracy and AUC of a reward model on labelled rows.
 
   "outcome/*": the completion-level verdict against the final answer's correctness (ORM: its score;
-  PRM: its minimum step score), with "outcome/group_auc" its AUC within problems (`group_auc`) and
-  "outcome/group_pairs" the number of (right, wrong) pairs behind it. PRM also "step/*": every
-  segment score against its step label.
+  "orm_steps": its noisy-AND over the step scores; PRM: its minimum step score), with
+  "outcome/group_auc" its AUC within problems (`group_auc`) and "outcome/group_pairs" the number
+  of (right, wrong) pairs behind it. PRM also "step/*": every segment score against its step label.
   """
   logits = score(params, config, data, batch_size=batch_size)
   if kind == "orm":
     result = metrics_lib.summarize(logits[:, 0], data.outcome, data.loss_mask[:, 0], prefix="outcome/")
     outcome = np.where(data.loss_mask[:, 0], logits[:, 0], -1e9)
   else:
-    result = metrics_lib.summarize(logits, data.labels, data.loss_mask, prefix="step/")
-    outcome = outcome_from_steps(logits, data.loss_mask)
+    result = {}
+    if kind == "prm":
+      result = metrics_lib.summarize(logits, data.labels, data.loss_mask, prefix="step/")
+      outcome = outcome_from_steps(logits, data.loss_mask)
+    else:
+      outcome = noisy_and_from_steps(logits, data.loss_mask)
     outcome = np.where(np.isfinite(outcome), outcome, -1e9)
     result.update(metrics_lib.summarize(outcome, data.outcome, prefix="outcome/"))
   auc, pairs = metrics_lib.group_auc(outcome, data.outcome, data.group)
