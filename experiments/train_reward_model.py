@@ -25,12 +25,14 @@ from absl import app
 from absl import flags
 from absl import logging
 import jax
+import numpy as np
 
 from experiments import grpo_math
 from grpo_jax import data
 from grpo_jax import models
 from grpo_jax import reward_models as rm
 from grpo_jax import training
+from grpo_jax.reward_models import positions
 from grpo_jax.training import checkpointing
 
 flags.DEFINE_string("policy", "", "HF-format directory of the policy that samples the training data (the SFT "
@@ -49,7 +51,8 @@ flags.DEFINE_integer("rm_prompts", 1000, "Training problems to sample completion
 flags.DEFINE_integer("rm_eval_prompts", 200, "Held-out problems (from the test set) for accuracy and AUC.")
 flags.DEFINE_integer("rm_samples_per_prompt", 4, "Completions sampled per problem.")
 flags.DEFINE_integer("rm_sample_batch", 64, "Problems per sampler call.")
-flags.DEFINE_integer("rm_max_steps", 8, "PRM and orm_steps: most scored segments per completion (the first K-1 and the last).")
+flags.DEFINE_integer("rm_max_steps", 8, "PRM and orm_steps: most scored segments per completion (the first "
+                     "K-1 and the last).")
 flags.DEFINE_enum("rm_loss", "bce", list(rm.LOSSES), "bce, or the Bradley-Terry pairwise loss (orm) over "
                   "(right, wrong) pairs of one problem.")
 flags.DEFINE_integer("rm_steps", 300, "Reward-model optimiser steps.")
@@ -130,7 +133,14 @@ def run() -> dict:
         f"{len(eval_examples)} held-out problems from {policy_dir} ({FLAGS.rm_kind}, labels: "
         f"{'outcome' if FLAGS.rm_kind in rm.OUTCOME_KINDS else step_labels})", file=sys.stderr)
   train_data, _ = _collect(params, config, task, train_examples, jax.random.fold_in(key, 1), step_labels)
-  eval_data, _ = _collect(params, config, task, eval_examples, jax.random.fold_in(key, 2), step_labels)
+  eval_data, eval_texts = _collect(params, config, task, eval_examples, jax.random.fold_in(key, 2), step_labels)
+  hidden = None  # orm_steps on the synthetic task: exact step labels, never trained on, to check its step scores
+  if FLAGS.rm_kind == "orm_steps" and FLAGS.task == "synthetic":
+    repeated = [e for e in eval_examples for _ in range(FLAGS.rm_samples_per_prompt)]
+    hidden, hidden_mask = positions.pad_segments(rm.exact_step_labels(eval_texts, repeated), FLAGS.rm_max_steps,
+                                                 np.float32)
+    if not np.array_equal(hidden_mask, eval_data.loss_mask):
+      raise grpo_math.RunError("exact step labels and the held-out completions' segments disagree in number")
   collect_time = time.time() - t0
   label_rate = float(train_data.labels[train_data.loss_mask].mean())
   print(f"{train_data.tokens.shape[0]} training / {eval_data.tokens.shape[0]} held-out completions, "
@@ -152,7 +162,7 @@ def run() -> dict:
   config = rm_config  # from here on, the reward model's
   state = training.init_train_state(rm_params, optimizer)
   train_step = rm.make_reward_train_step(config, optimizer, kind=FLAGS.rm_kind, loss=FLAGS.rm_loss)
-  before = rm.evaluate(state.params, config, eval_data, kind=FLAGS.rm_kind)
+  before = rm.evaluate(state.params, config, eval_data, kind=FLAGS.rm_kind, step_labels=hidden)
   logger.log(0, before, prefix="eval/")
   _print_eval("held-out before training", before)
   logger.start(FLAGS.rm_steps)
@@ -172,12 +182,12 @@ def run() -> dict:
     done += chunk
     if done < FLAGS.rm_steps:
       logger.newline()
-      values = rm.evaluate(state.params, config, eval_data, kind=FLAGS.rm_kind)
+      values = rm.evaluate(state.params, config, eval_data, kind=FLAGS.rm_kind, step_labels=hidden)
       logger.log(done, values, prefix="eval/")
       _print_eval(f"held-out at step {done}", values)
   logger.newline()
   train_time = time.time() - t0
-  after = rm.evaluate(state.params, config, eval_data, kind=FLAGS.rm_kind)
+  after = rm.evaluate(state.params, config, eval_data, kind=FLAGS.rm_kind, step_labels=hidden)
   train_fit = rm.evaluate(state.params, config, train_data, kind=FLAGS.rm_kind)
   logger.log(FLAGS.rm_steps, after, prefix="eval/")
   logger.close()

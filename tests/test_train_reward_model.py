@@ -58,8 +58,10 @@ def test_smoke_orm_pairwise(tmp_path):
 def test_smoke_orm_steps(tmp_path):
   summary = _run(tmp_path, "--rm_kind=orm_steps", "--rm_steps=2")
   assert summary["kind"] == "orm_steps" and summary["step_labels"] == "outcome"
-  assert summary["after/outcome/count"] == 8 and not any(k.startswith("after/step/") for k in summary)
-  assert 0 <= summary["train/outcome/accuracy"] <= 1
+  assert summary["after/outcome/count"] == 8
+  # Its step scores are checked against the synthetic task's exact step labels, which it never trained on.
+  assert summary["after/step/count"] == summary["before/step/count"] >= 8  # a segment or more per completion
+  assert "train/step/count" not in summary  # the training rows carry outcome labels only
   _, _, kind = rm.load_reward_model(tmp_path / "rm" / "reward_model")
   assert kind == "orm_steps"
 

@@ -149,13 +149,15 @@ def outcome_from_steps(step_logits: np.ndarray, step_mask: np.ndarray) -> np.nda
   return np.where(np.any(step_mask, axis=1), lowest, -np.inf)
 
 
-def evaluate(params, config: ModelConfig, data: RewardData, *, kind: str, batch_size: int = 256) -> dict[str, float]:
+def evaluate(params, config: ModelConfig, data: RewardData, *, kind: str, batch_size: int = 256,
+             step_labels: np.ndarray | None = None) -> dict[str, float]:
   """Held-out accuracy and AUC of a reward model on labelled rows.
 
   "outcome/*": the completion-level verdict against the final answer's correctness (ORM: its score;
   "orm_steps": its noisy-AND over the step scores; PRM: its minimum step score), with
   "outcome/group_auc" its AUC within problems (`group_auc`) and "outcome/group_pairs" the number
-  of (right, wrong) pairs behind it. PRM also "step/*": every segment score against its step label.
+  of (right, wrong) pairs behind it. PRM also "step/*": every segment score against its step label;
+  "orm_steps" the same against `step_labels` (`[N, K]`, e.g. exact labels it never trained on) if given.
   """
   logits = score(params, config, data, batch_size=batch_size)
   if kind == "orm":
@@ -167,6 +169,8 @@ def evaluate(params, config: ModelConfig, data: RewardData, *, kind: str, batch_
       result = metrics_lib.summarize(logits, data.labels, data.loss_mask, prefix="step/")
       outcome = outcome_from_steps(logits, data.loss_mask)
     else:
+      if step_labels is not None:
+        result = metrics_lib.summarize(logits, step_labels, data.loss_mask, prefix="step/")
       outcome = noisy_and_from_steps(logits, data.loss_mask)
     outcome = np.where(np.isfinite(outcome), outcome, -1e9)
     result.update(metrics_lib.summarize(outcome, data.outcome, prefix="outcome/"))
