@@ -10,6 +10,7 @@ from grpo_jax.data.example import Example
 from grpo_jax.evaluation.generate import decode
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.reward_models import data as data_lib
+from grpo_jax.reward_models import model
 from grpo_jax.reward_models import rollout as rollout_lib
 from grpo_jax.training import rollout as batch_lib
 
@@ -36,7 +37,7 @@ def label_samples(samples: sampling.SampleOutput, texts: Sequence[str], examples
     temperature: Monte Carlo sampling temperature.
     key: PRNG key of the rollouts.
   """
-  if kind in ("orm", "orm_steps"):
+  if kind in model.OUTCOME_KINDS:
     return data_lib.build_reward_data(samples, texts, examples, tokenizer, kind=kind, max_steps=max_steps)
   if step_labels == "exact":
     rows = data_lib.exact_step_labels(texts, examples)

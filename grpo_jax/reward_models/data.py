@@ -14,6 +14,7 @@ import numpy as np
 
 from grpo_jax.data import step_labels
 from grpo_jax.data.example import Example
+from grpo_jax.reward_models import model
 from grpo_jax.reward_models import positions as positions_lib
 from grpo_jax.rewards import rule
 from grpo_jax.sampling import SampleOutput
@@ -119,7 +120,7 @@ def build_reward_data(samples: SampleOutput, texts: Sequence[str], examples: Seq
     last = prompt_len + np.maximum(samples.lengths.astype(np.int32), 1) - 1
     return RewardData(tokens, attention, last[:, None].astype(np.int32), outcome[:, None],
                       (samples.lengths > 0)[:, None], group, outcome)
-  if kind not in ("prm", "orm_steps"):
+  if kind not in model.STEP_KINDS:
     raise ValueError(f"unknown reward model kind {kind!r}; expected 'orm', 'orm_steps' or 'prm'")
   ends, mask = positions_lib.sample_segment_ends(tokenizer, samples.tokens, samples.lengths, texts, max_steps)
   if kind == "orm_steps":
