@@ -1,5 +1,6 @@
 """Hugging Face checkpoints (config.json + *.safetensors) <-> params dicts, without torch."""
 
+import contextlib
 import dataclasses
 import json
 import pathlib
@@ -80,23 +81,38 @@ def read_config(path: str | pathlib.Path, **runtime) -> ModelConfig:
     raise CheckpointError(f"missing config.json in checkpoint directory {path}")
   try:
     d = json.loads(config_file.read_text())
-  except json.JSONDecodeError as err:
+  except (json.JSONDecodeError, UnicodeDecodeError) as err:
     raise CheckpointError(f"{config_file}: not valid JSON ({err})") from None
   return ModelConfig.from_hf_dict(d, source=str(config_file), **runtime)
+
+
+@contextlib.contextmanager
+def _reading(f: pathlib.Path):
+  """Turns every error raised while reading safetensors file `f` into one CheckpointError naming it."""
+  try:
+    yield
+  except CheckpointError:
+    raise
+  except (safetensors.SafetensorError, OSError, ValueError, RuntimeError) as err:
+    reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    raise CheckpointError(f"{f}: unreadable safetensors file ({reason}); is it truncated or corrupt?") from None
 
 
 def _tensor_files(path: pathlib.Path) -> dict[str, pathlib.Path]:
   """HF tensor name -> safetensors file holding it."""
   index = path / _INDEX
   if index.is_file():
-    weight_map = json.loads(index.read_text())["weight_map"]
-    return {name: path / f for name, f in weight_map.items()}
+    try:
+      weight_map = json.loads(index.read_text())["weight_map"]
+      return {name: path / f for name, f in weight_map.items()}
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as err:
+      raise CheckpointError(f"{index}: not a safetensors index with a 'weight_map' object ({err!r})") from None
   files = sorted(path.glob("*.safetensors"))
   if not files:
     raise CheckpointError(f"no *.safetensors files in checkpoint directory {path}")
   where = {}
   for f in files:
-    with safetensors.safe_open(f, framework="np") as st:
+    with _reading(f), safetensors.safe_open(f, framework="np") as st:
       where.update({name: f for name in st.keys()})
   return where
 
@@ -138,7 +154,7 @@ def load_hf(path: str | pathlib.Path, *, dtype="float32", param_dtype=None, rema
 
   Raises:
     CheckpointError: missing directory, config.json or safetensors files; unsupported
-      architecture; a missing or mis-shaped tensor.
+      architecture; a missing or mis-shaped tensor; a truncated or corrupt file.
   """
   path = pathlib.Path(path)
   config = read_config(path, dtype=dtype, param_dtype=param_dtype or dtype, remat=remat)
@@ -157,7 +173,7 @@ def load_hf(path: str | pathlib.Path, *, dtype="float32", param_dtype=None, rema
   for f, file_specs in by_file.items():
     if not f.is_file():
       raise CheckpointError(f"{path}: missing safetensors file {f.name} named by {_INDEX}")
-    with safetensors.safe_open(f, framework="np") as st:
+    with _reading(f), safetensors.safe_open(f, framework="np") as st:
       for spec in file_specs:
         shape = tuple(st.get_slice(spec.hf_name).get_shape())
         if shape != spec.hf_shape:
