@@ -1,5 +1,9 @@
 """The runner's methods (`experiments/methods`): PPO's roles, the data each method trains on, and every
-`--algo` end to end on a tiny SFT policy."""
+`--algo` end to end on a tiny SFT policy.
+
+A tiny SFT policy's accuracy depends on the processor's rounding (6% on one machine, 0% on another), so no
+test here relies on it: `known_answers` makes some sampled rows right and some wrong by construction.
+"""
 
 import json
 
@@ -11,9 +15,11 @@ import pytest
 
 from experiments import grpo_math
 from experiments import methods
+from experiments.methods import rollouts as rollouts_lib
 from experiments.methods import dpo as dpo_lib
 from experiments.methods import ppo as ppo_lib
 from grpo_jax import models
+from grpo_jax import sampling as sampling_lib
 from grpo_jax import training
 
 FLAGS = flags.FLAGS
@@ -29,12 +35,59 @@ def _parse(*args):
 
 @pytest.fixture(scope="module")
 def sft_policy(tmp_path_factory):
-  """A tiny policy after 150 SFT steps: right on a few problems, so RFT and DPO have data."""
+  """A tiny policy after 40 SFT steps (a stage-1 run: its sft_policy carries the lineage marker)."""
   work = tmp_path_factory.mktemp("stage1")
-  _parse(f"--work_dir={work}", "--sft_steps=150", "--steps=0")
+  _parse(f"--work_dir={work}", "--sft_steps=40", "--steps=0")
   grpo_math.run()
   FLAGS.unparse_flags()
   return work / "sft_policy"
+
+
+def _inject_known_answers(samples, examples, num_samples, tokenizer):
+  """Rows r = 0 mod 4 answer `#### <answer>` (right), rows r = 1 mod 4 `#### <answer + 1>` (wrong); the
+  other rows keep the policy's own samples. Row r belongs to prompt r // num_samples."""
+  s = sampling_lib.SampleOutput(*[np.array(x) for x in samples])
+  width = s.tokens.shape[1]
+  for row in range(len(s.tokens)):
+    if row % 4 > 1:
+      continue
+    answer = examples[row // num_samples].answer
+    text = f"#### {answer}" if row % 4 == 0 else f"#### {int(answer) + 1}"
+    ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+    assert len(ids) <= width, (text, width)
+    s.tokens[row] = tokenizer.pad_token_id or 0
+    s.tokens[row, :len(ids)] = ids
+    s.mask[row] = np.arange(width) < len(ids)
+    s.logprobs[row] = np.where(s.mask[row], np.log(0.5), 0.0)
+    s.lengths[row], s.truncated[row] = len(ids), False
+  return s
+
+
+@pytest.fixture
+def known_answers(monkeypatch):
+  """Every `Rollouts.sample` call (online steps and the offline datasets of RFT/DPO) returns some right and
+  some wrong completions whatever the policy, and these are scored by the real rewards."""
+  real_sample = rollouts_lib.sampling.sample
+  real_method = rollouts_lib.Rollouts.sample
+
+  def sample(self, params, examples, key, num_samples):
+    def injected(*args, **kwargs):
+      out = real_sample(*args, **kwargs)
+      return _inject_known_answers(out, examples, num_samples, self.task.tokenizer)
+    monkeypatch.setattr(rollouts_lib.sampling, "sample", injected)
+    try:
+      return real_method(self, params, examples, key, num_samples)
+    finally:
+      monkeypatch.setattr(rollouts_lib.sampling, "sample", real_sample)
+
+  monkeypatch.setattr(rollouts_lib.Rollouts, "sample", sample)
+
+
+def test_known_answers_are_scored_right_and_wrong(sft_policy, known_answers):
+  method, params, _ = _method("online_rft", sft_policy)
+  scored = method.rollouts.sample(params, [method.task.train_example(i) for i in range(4)], jax.random.key(0), 4)
+  np.testing.assert_array_equal(scored.correct[0::4], 1.0)
+  np.testing.assert_array_equal(scored.correct[1::4], 0.0)
 
 
 def _method(name, sft_policy, *args):
@@ -47,7 +100,7 @@ def _method(name, sft_policy, *args):
   return method, params, reference
 
 
-def test_ppo_step_changes_only_policy_and_value(sft_policy):
+def test_ppo_step_changes_only_policy_and_value(sft_policy, known_answers):
   method, params, reference = _method("ppo", sft_policy, "--batch_size=8", "--group_size=1", "--learning_rate=1e-3",
                                       "--reward=correctness:1.0,format:0.5")  # format: non-zero advantages
   reference_before = jax.tree.map(np.array, reference)
@@ -57,9 +110,8 @@ def test_ppo_step_changes_only_policy_and_value(sft_policy):
   state = training.init_train_state(trained, optimizer)
   before = jax.tree.map(np.array, state.params)
   step = training.make_train_step(method.objective(), optimizer)
-  for i in range(3):  # until some sample is right and the advantages are non-zero
-    batch, stats, _ = method.collect(state.params, 8 * i, jax.random.key(i))
-    state, metrics = step(state, batch)
+  batch, stats, _ = method.collect(state.params, 0, jax.random.key(0))  # known answers: non-zero advantages
+  state, metrics = step(state, batch)
   assert isinstance(batch, training.PPOBatch) and batch.tokens.shape[0] == 8  # G = 1: one sample per prompt
   for role in ("policy", "value"):
     moved = jax.tree.leaves(jax.tree.map(lambda a, b: not np.array_equal(a, b), before[role], state.params[role]))
@@ -110,7 +162,7 @@ def test_ppo_explained_variance():
 
 
 @pytest.mark.parametrize("algo", ["ppo", "online_rft", "rft", "dpo", "sft"])
-def test_every_algo_runs_end_to_end(sft_policy, tmp_path, algo):
+def test_every_algo_runs_end_to_end(sft_policy, tmp_path, algo, known_answers):
   _parse(f"--work_dir={tmp_path}", f"--init_checkpoint={sft_policy}", f"--algo={algo}", "--steps=2",
          "--eval_every=0", "--learning_rate=1e-3", "--reward=correctness:1.0,format:0.5")
   summary = grpo_math.run()
@@ -120,10 +172,13 @@ def test_every_algo_runs_end_to_end(sft_policy, tmp_path, algo):
   assert [r["step"] for r in records if "train/loss" in r] == [1, 2]
   final, start = models.load_hf(tmp_path / "final_policy")[0], models.load_hf(sft_policy)[0]
   moved = not np.array_equal(final["embed"]["embedding"], start["embed"]["embedding"])
-  if algo == "online_rft":  # GC = I(correct): the policy moves exactly when some sample was right
-    assert moved == any(r["train/accuracy"] > 0 for r in records if "train/accuracy" in r)
-  else:
-    assert moved
+  assert moved  # known answers: some samples are right, so even online RFT (GC = I(correct)) has data
+  if algo in ("ppo", "online_rft"):
+    assert all(0.25 <= r["train/accuracy"] for r in records if "train/accuracy" in r)
   if algo in ("rft", "dpo"):
     data = [r for r in records if any(k.startswith("data/") for k in r)]
     assert data and data[0]["data/offline_samples"] == 32 * 4
+    if algo == "rft":  # at least the 32 injected right answers (one per prompt), distinct per prompt
+      assert data[0]["data/rft_examples"] >= 32
+    else:  # every prompt has an injected right and wrong sample: one pair each
+      assert data[0]["data/dpo_pairs"] == 32
