@@ -12,6 +12,8 @@ def _requirements():
   return [l.strip() for l in lines if l.strip() and not l.startswith("#")]
 
 
+_TPU = "jax[tpu]"  # jax's own extra pins libtpu (and jaxlib) to the jax release it installs
+
 setuptools.setup(
     name="grpo_jax",
     version="0.1.0",
@@ -27,6 +29,10 @@ setuptools.setup(
             "pytest>=8",
             "rlax>=0.1.6",  # oracle for GAE parity
             "torch==2.13.0",  # CPU wheel; oracle for model-logit parity
+            _TPU,  # the TPU compiler: tests compile for TPU topologies ahead of time (no TPU needed)
         ],
+        # libtpu at the installed jax's version: run on TPUs, or compile for them on any machine
+        # (scripts/aot_compile.py).
+        "tpu": [_TPU],
     },
 )
