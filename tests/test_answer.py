@@ -43,7 +43,7 @@ def test_extract_boxed_deep_nesting_is_fast():
   assert extract_boxed(text) == "{" * depth + "x" + "}" * depth
   assert extract_boxed("\\boxed{" * depth) is None  # many unclosed boxes: still linear
   assert extract_boxed("}" * depth + "\\boxed{1}") == "1"
-  assert time.perf_counter() - start < 2.0
+  assert time.perf_counter() - start < 60  # linear: well under 1 s here; a quadratic scan takes hours
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -104,7 +104,7 @@ def test_adversarial_inputs_are_fast():
     answers_equal(text, "5")
     answers_equal(text, text)
     extract_answer(text)
-  assert time.perf_counter() - start < 5.0
+  assert time.perf_counter() - start < 60  # linear: about 1 s here; a quadratic scan takes hours
 
 
 def test_answer_key_groups_equivalents():

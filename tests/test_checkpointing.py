@@ -10,6 +10,7 @@ import pytest
 
 from grpo_jax import training
 from grpo_jax.training import checkpointing
+from tests.conftest import HANG_GUARD_S
 
 
 def _state(value):
@@ -89,7 +90,7 @@ def test_restore_across_device_counts(tmp_path):
   env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(
       [os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=8"]))
   child = subprocess.run([sys.executable, __file__, str(tmp_path / "ckpt")], env=env, capture_output=True,
-                         text=True, timeout=300)
+                         text=True, timeout=HANG_GUARD_S)
   assert child.returncode == 0, child.stderr[-4000:]
   state, meta = ckpt.restore(_model_state(0.0), step=2)
   assert meta == {"step": 2}

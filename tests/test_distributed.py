@@ -20,6 +20,7 @@ from grpo_jax import sampling
 from grpo_jax import sharding
 from grpo_jax import training
 from grpo_jax.training import update as update_lib
+from tests.conftest import HANG_GUARD_S
 
 CONFIG = models.ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                             num_attention_heads=4, num_key_value_heads=2, head_dim=8, eos_token_ids=(1,),
@@ -92,7 +93,7 @@ def test_two_processes_end_with_the_single_process_params(tmp_path):
   procs = _spawn("grpo", tmp_path, _free_port())
   expected_state, expected_tokens, expected_loss = _grpo_steps(None)
   expected_params = expected_state.params
-  logs = [p.communicate(timeout=300)[0] for p in procs]
+  logs = [p.communicate(timeout=HANG_GUARD_S)[0] for p in procs]
   for p, log in zip(procs, logs):
     assert p.returncode == 0, log[-4000:]
   results = [np.load(tmp_path / f"process_{i}.npz") for i in range(2)]
@@ -114,12 +115,10 @@ def test_two_processes_end_with_the_single_process_params(tmp_path):
 
 def test_a_dead_process_stops_the_other(tmp_path):
   procs = _spawn("die", tmp_path, _free_port())
-  start = time.time()
-  logs = [p.communicate(timeout=120)[0] for p in procs]
+  logs = [p.communicate(timeout=HANG_GUARD_S)[0] for p in procs]
   assert procs[1].returncode == 3, logs[1][-3000:]
   assert procs[0].returncode not in (0, None), logs[0][-3000:]  # an error, not a hang or a success
-  assert time.time() - start < 100
-  assert "survivor finished" not in logs[0]
+  assert "survivor finished" not in logs[0]  # stopped within its 600 s loop (the heartbeat timeout is 5 s)
 
 
 def test_initialize_arguments(monkeypatch):
@@ -170,7 +169,7 @@ def _worker(mode: str, out: pathlib.Path):
   if index == 1:
     os._exit(3)  # dies without a word to the others
   time.sleep(2)
-  for _ in range(30):  # collectives with a dead peer: an error, then the service stops this process
+  for _ in range(600):  # collectives with a dead peer: an error, then the service stops this process
     total(x).block_until_ready()
     time.sleep(1)
   print("survivor finished", flush=True)

@@ -13,6 +13,7 @@ import pytest
 
 from experiments import flow_grpo
 from grpo_jax import models
+from tests.conftest import HANG_GUARD_S
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TINY = ["--tiny_layers=1", "--tiny_hidden_size=32", "--num_train=120", "--num_test=8", "--sft_examples=60",
@@ -65,7 +66,7 @@ def test_resume_is_exact(tmp_path):
 def _cli(*args, cwd):
   env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
   return subprocess.run([sys.executable, "-m", "experiments.flow_grpo", *args], cwd=cwd, env=env,
-                        capture_output=True, text=True, timeout=300)
+                        capture_output=True, text=True, timeout=HANG_GUARD_S)
 
 
 @pytest.mark.parametrize("args,message", [

@@ -13,6 +13,8 @@ import pytest
 
 from experiments import grpo_math
 from grpo_jax import models
+from tests.conftest import HANG_GUARD_S
+from tests.known_answers import known_answers  # noqa: F401  (a fixture)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TINY = ["--max_prompt_len=16", "--max_new_tokens=24", "--num_train=200", "--num_test=16", "--batch_size=4",
@@ -30,7 +32,7 @@ def _params(path):
   return params
 
 
-def test_smoke_sft_then_grpo(tmp_path):
+def test_smoke_sft_then_grpo(tmp_path, known_answers):  # right and wrong samples: the policy moves
   summary = _run(tmp_path, "--sft_steps=10", "--steps=3", "--eval_every=2", "--eval_samples=2")
   assert set(summary) >= {"start_accuracy", "final_accuracy", "final_format_rate"}
   records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -66,7 +68,7 @@ def test_resume_is_exact(tmp_path):
 def _cli(*args, cwd):
   env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
   return subprocess.run([sys.executable, "-m", "experiments.grpo_math", *args], cwd=cwd, env=env,
-                        capture_output=True, text=True, timeout=300)
+                        capture_output=True, text=True, timeout=HANG_GUARD_S)
 
 
 @pytest.mark.parametrize("args,message", [

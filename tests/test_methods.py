@@ -15,12 +15,11 @@ import pytest
 
 from experiments import grpo_math
 from experiments import methods
-from experiments.methods import rollouts as rollouts_lib
 from experiments.methods import dpo as dpo_lib
 from experiments.methods import ppo as ppo_lib
 from grpo_jax import models
-from grpo_jax import sampling as sampling_lib
 from grpo_jax import training
+from tests.known_answers import known_answers  # noqa: F401  (a fixture)
 
 FLAGS = flags.FLAGS
 TINY = ["--max_prompt_len=16", "--max_new_tokens=24", "--num_train=400", "--num_test=16", "--batch_size=4",
@@ -41,46 +40,6 @@ def sft_policy(tmp_path_factory):
   grpo_math.run()
   FLAGS.unparse_flags()
   return work / "sft_policy"
-
-
-def _inject_known_answers(samples, examples, num_samples, tokenizer):
-  """Rows r = 0 mod 4 answer `#### <answer>` (right), rows r = 1 mod 4 `#### <answer + 1>` (wrong); the
-  other rows keep the policy's own samples. Row r belongs to prompt r // num_samples."""
-  s = sampling_lib.SampleOutput(*[np.array(x) for x in samples])
-  width = s.tokens.shape[1]
-  for row in range(len(s.tokens)):
-    if row % 4 > 1:
-      continue
-    answer = examples[row // num_samples].answer
-    text = f"#### {answer}" if row % 4 == 0 else f"#### {int(answer) + 1}"
-    ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
-    assert len(ids) <= width, (text, width)
-    s.tokens[row] = tokenizer.pad_token_id or 0
-    s.tokens[row, :len(ids)] = ids
-    s.mask[row] = np.arange(width) < len(ids)
-    s.logprobs[row] = np.where(s.mask[row], np.log(0.5), 0.0)
-    s.lengths[row], s.truncated[row] = len(ids), False
-  return s
-
-
-@pytest.fixture
-def known_answers(monkeypatch):
-  """Every `Rollouts.sample` call (online steps and the offline datasets of RFT/DPO) returns some right and
-  some wrong completions whatever the policy, and these are scored by the real rewards."""
-  real_sample = rollouts_lib.sampling.sample
-  real_method = rollouts_lib.Rollouts.sample
-
-  def sample(self, params, examples, key, num_samples):
-    def injected(*args, **kwargs):
-      out = real_sample(*args, **kwargs)
-      return _inject_known_answers(out, examples, num_samples, self.task.tokenizer)
-    monkeypatch.setattr(rollouts_lib.sampling, "sample", injected)
-    try:
-      return real_method(self, params, examples, key, num_samples)
-    finally:
-      monkeypatch.setattr(rollouts_lib.sampling, "sample", real_sample)
-
-  monkeypatch.setattr(rollouts_lib.Rollouts, "sample", sample)
 
 
 def test_known_answers_are_scored_right_and_wrong(sft_policy, known_answers):

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from grpo_jax import models
-from tests.conftest import with_cpu_devices
+from tests.conftest import HANG_GUARD_S, with_cpu_devices
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FLAGS = ["--max_prompt_len=16", "--max_new_tokens=16", "--num_train=200", "--num_test=8", "--batch_size=4",
@@ -31,7 +31,7 @@ def _cli(work_dir, policy, *args, devices=1, env=None, background=False):
   env = with_cpu_devices(devices, env)
   if background:
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-  return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_two_processes_match_one(single, tmp_path):
   port = _free_port()
   procs = [_cli(tmp_path / "two", policy, *MESH, f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
                 f"--process_id={i}", devices=4, background=True) for i in range(2)]
-  logs = [p.communicate(timeout=600)[0] for p in procs]
+  logs = [p.communicate(timeout=HANG_GUARD_S)[0] for p in procs]
   for p, log in zip(procs, logs):
     assert p.returncode == 0, log[-3000:]
   _assert_same_run(one, tmp_path / "two")

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from experiments import ppo_cartpole
+from tests.conftest import HANG_GUARD_S
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -76,7 +77,7 @@ def test_short_run_learns_and_repeats_exactly(tmp_path):
 def _cli(*args, cwd):
   env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
   return subprocess.run([sys.executable, "-m", "experiments.ppo_cartpole", *args], cwd=cwd, env=env,
-                        capture_output=True, text=True, timeout=120)
+                        capture_output=True, text=True, timeout=HANG_GUARD_S)
 
 
 @pytest.mark.parametrize("args,message", [

@@ -15,6 +15,7 @@ from experiments import grpo_math
 from experiments import train_reward_model
 from grpo_jax import models
 from grpo_jax import reward_models as rm
+from tests.conftest import HANG_GUARD_S
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TINY = ["--max_prompt_len=16", "--max_new_tokens=12", "--num_train=40", "--num_test=8", "--sft_examples=0",
@@ -92,6 +93,6 @@ def test_errors_are_one_line(tmp_path):
            (["--rm_kind=prm", "--rm_loss=pairwise"], "--rm_loss=pairwise needs --rm_kind=orm")]
   for args, message in cases:
     out = subprocess.run([sys.executable, "-m", "experiments.train_reward_model", f"--rm_dir={tmp_path / 'x'}",
-                          *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+                          *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert out.returncode != 0 and message in out.stderr, out.stderr[-500:]
   jax.clear_caches()
