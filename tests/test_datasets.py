@@ -113,3 +113,12 @@ def test_hf_converts_rows_without_network(monkeypatch):
   with pytest.raises(DatasetError, match=r"openai/gsm8k\[test\]\[2\]: field 'answer' is missing"):
     load_hf_dataset("gsm8k", "test")
   assert calls[0] == ("openai/gsm8k", "main", "train")
+
+
+def test_non_utf8_line_names_file_and_line(tmp_path):
+  path = tmp_path / "latin1.jsonl"
+  good = json.dumps(GSM8K_RECORD).encode()
+  path.write_bytes(good + b"\n" + '{"question": "caf\u00e9", "answer": "#### 1"}'.encode("latin-1") + b"\n")
+  with pytest.raises(DatasetError, match="not UTF-8 text") as info:
+    load_gsm8k(path)
+  assert str(info.value).startswith(f"{path}:2: ") and "0xe9" in str(info.value)

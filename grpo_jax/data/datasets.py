@@ -85,11 +85,15 @@ def read_jsonl(path: str | os.PathLike) -> Iterator[tuple[str, Any]]:
 
 
 def _records(path: str) -> Iterator[tuple[str, Any]]:
-  with open(path, encoding="utf-8") as f:
-    for number, line in enumerate(f, start=1):
+  with open(path, "rb") as f:  # bytes, so an undecodable line is reported with its number
+    for number, raw in enumerate(f, start=1):
+      where = f"{path}:{number}"
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise DatasetError(f"{where}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
       if not line.strip():
         continue
-      where = f"{path}:{number}"
       try:
         record = json.loads(line)
       except json.JSONDecodeError as e:
