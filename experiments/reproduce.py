@@ -1,0 +1,711 @@
+r"""Reproduces a paper's ablation with one command: runs over seeds, mean ± standard error, tables, plots.
+
+  python -m experiments.reproduce --study=paradigm                  # DeepSeekMath Fig 5 / Table 10
+  python -m experiments.reproduce --study=majk_passk --profile=quick --parallel=2
+  python -m experiments.reproduce --study=path/to/my_study.json --seeds=5
+  python -m experiments.reproduce --list                            # the studies and their runs
+
+A study (`experiments/studies/`) is data: a list of runs (flag sets of the runners `experiments.grpo_math`,
+`experiments.flow_grpo`, `experiments.train_reward_model`), the metrics to read from what they write, and
+the plots to draw. Each run and seed is its own process, `python -m <runner> <flags> --seed=S
+--work_dir=DIR`, in a directory named by a hash of its runner and flags (under --runs_dir), so a run that
+two studies share (the SFT policy, plain GRPO) runs once, and a run whose `summary.json` exists is skipped:
+a study stopped halfway continues where it was, and `--seeds=5` after `--seeds=3` runs only seeds 3 and 4.
+A run interrupted after a checkpoint continues with the runner's `--resume`. A failed run is reported with
+its log's last line and does not stop the others (only the runs that need its output).
+
+Output in --out_dir (default runs/reproduce/NAME): `results.json` (one entry per cell: study, run, metric,
+step, the seeds, their values, mean and standard error), `results.md` (the tables, the plots, the commands,
+each run's wall time), the PNG plots, `runs/<run>/seed<S>` links to the run directories and `logs/`.
+Profiles: `full` runs the runners' own settings, `quick` the study's shortened ones (fewer steps, a smaller
+held-out set; `results.md` lists the flags it adds).
+"""
+
+import concurrent.futures
+import dataclasses
+import datetime
+import hashlib
+import json
+import math
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from absl import app
+from absl import flags
+
+from experiments import studies as studies_lib
+from experiments.studies import spec
+
+flags.DEFINE_string("study", None, "A study name (--list shows them) or a JSON file of a study spec.")
+flags.DEFINE_integer("seeds", 3, "Seeds 0..N-1 of every run (model init, data order and sampling change with "
+                     "it); default: the study's own (3, headline 5).")
+flags.DEFINE_string("profile", "quick", "quick: the study's shortened settings; full: the runners' own settings.")
+flags.DEFINE_string("out_dir", "", "Results, plots, logs and run links; default runs/reproduce/<study>.")
+flags.DEFINE_string("runs_dir", "runs/reproduce/runs", "Where run directories live (shared by all studies: a "
+                    "run with the same runner and flags is reused).")
+flags.DEFINE_integer("parallel", 1, "Runs at once (each process uses every core it finds).")
+flags.DEFINE_list("only", [], "Run only these runs (and what they need); aggregate all that exist.")
+flags.DEFINE_bool("dry_run", False, "Print the commands and which would run or be skipped, run nothing.")
+flags.DEFINE_bool("aggregate_only", False, "Run nothing; aggregate, tabulate and plot what exists.")
+flags.DEFINE_bool("list", False, "List the studies, their runs and profiles, and exit.")
+
+FLAGS = flags.FLAGS
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent  # the repository: runners run from here
+RESUMABLE = (spec.GRPO_MATH, spec.FLOW_GRPO)  # runners whose --resume continues from a checkpoint
+_REF = re.compile(r"\{run:([\w.-]+)\}")
+
+
+class StudyError(Exception):
+  """A problem with a study spec or the command line, reported as one line."""
+
+
+# PLAN: runs x seeds -> jobs
+
+
+@dataclasses.dataclass
+class Job:
+  run: spec.Run
+  seed: int
+  directory: pathlib.Path
+  argv: list[str]
+  needs: list[str]  # names of the runs of the same seed it reads from
+
+  @property
+  def key(self) -> tuple[str, int]:
+    return (self.run.name, self.seed)
+
+  @property
+  def summary(self) -> pathlib.Path:
+    return self.directory / "summary.json"
+
+  @property
+  def log(self) -> pathlib.Path:
+    return self.directory.parent / f"{self.directory.name}.log"
+
+  @property
+  def record(self) -> pathlib.Path:
+    return self.directory.parent / f"{self.directory.name}.run.json"
+
+
+def load_study(name: str) -> spec.Study:
+  """A registered study by name, or a JSON spec file."""
+  if name in studies_lib.STUDIES:
+    return studies_lib.STUDIES[name]
+  path = pathlib.Path(name)
+  if path.suffix == ".json" or path.is_file():
+    try:
+      return spec.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, KeyError) as err:
+      raise StudyError(f"{path}: not a study spec ({type(err).__name__}: {err})") from None
+  raise StudyError(f"no study {name!r}; known: {', '.join(studies_lib.STUDIES)} (or a .json spec file)")
+
+
+def _flag_args(values: dict[str, Any]) -> list[str]:
+  args = []
+  for name, value in values.items():
+    if value is True:
+      args.append(f"--{name}")
+    elif value is False:
+      args.append(f"--no{name}")
+    elif isinstance(value, (list, tuple)):
+      args.append(f"--{name}={','.join(str(v) for v in value)}")
+    else:
+      args.append(f"--{name}={value}")
+  return args
+
+
+def _needs(values: dict[str, Any]) -> list[str]:
+  return sorted({m for v in values.values() if isinstance(v, str) for m in _REF.findall(v)})
+
+
+def _prefix(run: spec.Run) -> list[str]:
+  return list(run.command) if run.command else [sys.executable, "-m", run.module]
+
+
+def plan(study: spec.Study, profile: str, seeds: list[int], runs_dir: pathlib.Path) -> list[Job]:
+  """The study's jobs, dependencies first, each in `runs_dir/<runner>-<hash>/seed<S>`.
+
+  The hash covers the runner, the flags (before {run:..} and {seed} are filled in) and, recursively, the
+  runs they name, so equal configurations share a directory across studies and profiles never collide.
+  """
+  if profile != "full" and profile not in study.profiles:
+    raise StudyError(f"study {study.name} has no profile {profile!r}; it has full"
+                     + "".join(f", {p}" for p in study.profiles))
+  runs = study.runs_in(profile)
+  merged = {r.name: study.flags_for(r, profile) for r in runs}
+  for run in runs:
+    for flag in ("seed", run.output_flag):
+      if flag in merged[run.name]:
+        raise StudyError(f"study {study.name}, run {run.name}: --{flag} is set by reproduce, leave it out")
+    unknown = set(_needs(merged[run.name])) - set(merged)
+    if unknown:
+      raise StudyError(f"study {study.name}, run {run.name}: names runs that are not in profile {profile}: "
+                       f"{sorted(unknown)}")
+
+  hashes: dict[str, str] = {}
+
+  def digest(name: str, visiting: tuple[str, ...] = ()) -> str:
+    if name in visiting:
+      raise StudyError(f"study {study.name}: runs need each other in a cycle: {' -> '.join(visiting + (name,))}")
+    if name not in hashes:
+      run = study.run(name)
+      blob = {"command": list(run.command) or [run.module], "out_flag": run.output_flag,
+              "flags": {k: str(v) for k, v in sorted(merged[name].items())},
+              "needs": {n: digest(n, visiting + (name,)) for n in _needs(merged[name])}}
+      hashes[name] = hashlib.sha1(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:10]
+    return hashes[name]
+
+  order: list[str] = []
+
+  def visit(name: str):
+    if name not in order:
+      for need in _needs(merged[name]):
+        visit(need)
+      order.append(name)
+
+  for run in runs:
+    digest(run.name)
+    visit(run.name)
+
+  jobs = []
+  for seed in seeds:
+    dirs: dict[str, pathlib.Path] = {}
+    for name in order:
+      run = study.run(name)
+      slug = (run.module.rsplit(".", 1)[-1] if not run.command else name)
+      directory = (runs_dir / f"{slug}-{hashes[name]}" / f"seed{seed}").resolve()
+      dirs[name] = directory
+
+      def fill(value, dirs=dirs, seed=seed):
+        if not isinstance(value, str):
+          return value
+        return _REF.sub(lambda m: str(dirs[m.group(1)]), value).replace("{seed}", str(seed))
+
+      values = {k: fill(v) for k, v in merged[name].items()}
+      argv = _prefix(run) + _flag_args(values) + [f"--seed={seed}", f"--{run.output_flag}={directory}"]
+      jobs.append(Job(run, seed, directory, argv, _needs(merged[name])))
+  return jobs
+
+
+# EXECUTE
+
+
+@dataclasses.dataclass
+class Outcome:
+  status: str  # "done" (ran now), "cached" (summary existed), "failed", "blocked" (a needed run failed)
+  message: str = ""
+  wall_time_s: float | None = None
+
+
+def last_line(path: pathlib.Path) -> str:
+  """The last non-empty line of a log (progress lines end in \\r, not \\n)."""
+  try:
+    text = path.read_text(errors="replace")
+  except OSError:
+    return "(no log)"
+  lines = [ln.strip() for ln in re.split(r"[\r\n]+", text) if ln.strip()]
+  return lines[-1] if lines else "(empty log)"
+
+
+def _loadavg() -> list[float] | None:
+  try:
+    return [round(x, 2) for x in os.getloadavg()]
+  except OSError:
+    return None
+
+
+def _prepare(job: Job) -> list[str]:
+  """The argv to run: with --resume where the runner left a checkpoint, else in a fresh directory."""
+  argv = list(job.argv)
+  if job.directory.exists():
+    ckpts = job.directory / "checkpoints"
+    if job.run.module in RESUMABLE and not job.run.command and ckpts.is_dir() and any(ckpts.iterdir()):
+      return argv + ["--resume"]
+    shutil.rmtree(job.directory)
+  return argv
+
+
+def _run_one(job: Job, processes: dict, lock: threading.Lock) -> Outcome:
+  argv = _prepare(job)
+  job.directory.parent.mkdir(parents=True, exist_ok=True)
+  env = dict(os.environ)
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+  record = {"argv": argv, "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "loadavg_start": _loadavg()}
+  t0 = time.time()
+  with open(job.log, "w") as log:
+    log.write("$ " + " ".join(argv) + "\n")
+    log.flush()
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+    with lock:
+      processes[job.key] = proc
+    code = proc.wait()
+    with lock:
+      processes.pop(job.key, None)
+  wall = time.time() - t0
+  record.update(returncode=code, wall_time_s=round(wall, 1), loadavg_end=_loadavg())
+  job.record.write_text(json.dumps(record, indent=2))
+  if code == 0 and job.summary.is_file():
+    return Outcome("done", wall_time_s=wall)
+  why = last_line(job.log) if code != 0 else "exited 0 without writing summary.json"
+  return Outcome("failed", f"exit {code}: {why}", wall)
+
+
+def execute(jobs: list[Job], parallel: int, echo=print) -> dict[tuple[str, int], Outcome]:
+  """Runs the jobs whose summary.json is missing, `parallel` at once, each after the runs it needs."""
+  outcomes: dict[tuple[str, int], Outcome] = {}
+  pending = []
+  for job in jobs:
+    if job.summary.is_file():
+      outcomes[job.key] = Outcome("cached", wall_time_s=_recorded_time(job))
+    else:
+      pending.append(job)
+  total, started = len(pending), 0
+  processes: dict = {}
+  lock = threading.Lock()
+  running: dict[concurrent.futures.Future, Job] = {}
+  with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+    try:
+      while pending or running:
+        for job in list(pending):
+          if len(running) >= max(1, parallel):
+            break
+          states = [outcomes.get((n, job.seed)) for n in job.needs]
+          if any(s is not None and s.status in ("failed", "blocked") for s in states):
+            bad = [n for n, s in zip(job.needs, states) if s is not None and s.status in ("failed", "blocked")]
+            outcomes[job.key] = Outcome("blocked", f"needs {', '.join(bad)}, which did not finish")
+            pending.remove(job)
+            echo(f"[{job.run.name} seed {job.seed}] not started: {outcomes[job.key].message}")
+            continue
+          if all(s is not None for s in states):
+            pending.remove(job)
+            started += 1
+            echo(f"[{started}/{total}] {job.run.name} seed {job.seed}: started ({job.directory})")
+            running[pool.submit(_run_one, job, processes, lock)] = job
+        if not running:
+          continue
+        done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+        for future in done:
+          job = running.pop(future)
+          try:
+            outcome = future.result()
+          except OSError as err:
+            outcome = Outcome("failed", f"could not start: {err}")
+          outcomes[job.key] = outcome
+          took = f" in {outcome.wall_time_s / 60:.1f} min" if outcome.wall_time_s is not None else ""
+          echo(f"{job.run.name} seed {job.seed}: {outcome.status}{took}"
+               + (f": {outcome.message} (log {job.log})" if outcome.message else ""))
+    except KeyboardInterrupt:
+      with lock:
+        for proc in processes.values():
+          proc.terminate()
+      raise
+  return outcomes
+
+
+def _recorded_time(job: Job) -> float | None:
+  try:
+    return float(json.loads(job.record.read_text())["wall_time_s"])
+  except (OSError, ValueError, KeyError, TypeError):
+    try:
+      return float(json.loads(job.summary.read_text()).get("wall_time_s"))
+    except (OSError, ValueError, TypeError):
+      return None
+
+
+# AGGREGATE
+
+
+def mean_se(values: list[float]) -> tuple[float, float | None]:
+  """Mean and standard error of the mean, s / √n with the sample standard deviation (n − 1); None if n < 2."""
+  n = len(values)
+  if n == 0:
+    raise ValueError("mean_se of no values")
+  mean = math.fsum(values) / n
+  if n < 2:
+    return mean, None
+  var = math.fsum((v - mean) ** 2 for v in values) / (n - 1)
+  return mean, math.sqrt(var / n)
+
+
+def read_curve(path: pathlib.Path) -> dict[str, dict[int, float]]:
+  """metrics.jsonl as key -> step -> value; a step logged twice (a resumed run) keeps its last record."""
+  curves: dict[str, dict[int, float]] = {}
+  if not path.is_file():
+    return curves
+  for line in path.read_text().splitlines():
+    try:
+      record = json.loads(line)
+    except ValueError:
+      continue  # a line cut short by an interruption
+    step = record.get("step")
+    if not isinstance(step, int):
+      continue
+    for key, value in record.items():
+      if key not in ("step", "time") and isinstance(value, (int, float)) and math.isfinite(value):
+        curves.setdefault(key, {})[step] = float(value)
+  return curves
+
+
+def _number(value) -> float | None:
+  return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def collect(study: spec.Study, jobs: list[Job]) -> list[dict]:
+  """Cells: one per (run, metric, step), from every seed whose run finished."""
+  values: dict[tuple[str, str, int | None], dict[int, float]] = {}
+  extra: dict[tuple[str, str, int | None], dict] = {}
+  for job in jobs:
+    if not job.summary.is_file():
+      continue
+    summary = json.loads(job.summary.read_text())
+    curves = None
+    for metric in study.metrics:
+      if metric.runs and job.run.name not in metric.runs:
+        continue
+      for name, key, minus, k in metric.expand():
+        if metric.source == "summary":
+          v, m = _number(summary.get(key)), (_number(summary.get(minus)) if minus else 0.0)
+          points = {None: v - m} if v is not None and m is not None else {}
+        else:
+          curves = read_curve(job.directory / "metrics.jsonl") if curves is None else curves
+          base, sub = curves.get(key, {}), (curves.get(minus, {}) if minus else None)
+          points = {s: v - (sub[s] if sub is not None else 0.0) for s, v in base.items()
+                    if sub is None or s in sub}
+        for step, v in points.items():
+          cell = (job.run.name, name, step)
+          values.setdefault(cell, {})[job.seed] = v
+          extra[cell] = {"k": k, "percent": metric.percent, "label": metric.display}
+  order = {r.name: i for i, r in enumerate(study.runs)}
+  metric_order = {name: i for i, (name, *_rest) in enumerate(n for m in study.metrics for n in m.expand())}
+  cells = []
+  for (run, metric, step), by_seed in sorted(
+      values.items(), key=lambda kv: (order[kv[0][0]], metric_order.get(kv[0][1], 0), -1 if kv[0][2] is None
+                                      else kv[0][2])):
+    seeds = sorted(by_seed)
+    mean, se = mean_se([by_seed[s] for s in seeds])
+    cells.append({"study": study.name, "run": run, "metric": metric, "step": step, **extra[(run, metric, step)],
+                  "n": len(seeds), "seeds": seeds, "values": [by_seed[s] for s in seeds], "mean": mean, "se": se})
+  return cells
+
+
+# REPORT: results.json, results.md, plots
+
+
+def _fmt(cell: dict | None, with_n: bool = True) -> str:
+  if cell is None:
+    return "-"
+  scale = 100.0 if cell["percent"] else 1.0
+  digits = 1 if cell["percent"] else 3
+  text = f"{scale * cell['mean']:.{digits}f}"
+  if cell["se"] is not None:
+    text += f" ± {scale * cell['se']:.{digits}f}"
+  return text + (f" ({cell['n']})" if with_n else "")
+
+
+def tables(study: spec.Study, cells: list[dict]) -> list[str]:
+  """Markdown tables: a curve metric by step, a templated metric by k, the scalar metrics side by side."""
+  index = {(c["run"], c["metric"], c["step"]): c for c in cells}
+  runs = [r for r in study.runs if any(c["run"] == r.name for c in cells)]
+  out = []
+  scalars = []
+  for metric in study.metrics:
+    if metric.source == "curve":
+      steps = sorted({c["step"] for c in cells if c["metric"] == metric.name})
+      rows = [r for r in runs if any((r.name, metric.name, s) in index for s in steps)]
+      if not rows:
+        continue
+      out.append(f"**{metric.display}** by step (mean ± s.e. (seeds))\n")
+      out.append("| run | " + " | ".join(f"step {s}" for s in steps) + " |")
+      out.append("|---|" + "---|" * len(steps))
+      for r in rows:
+        out.append(f"| {r.display} | " + " | ".join(_fmt(index.get((r.name, metric.name, s))) for s in steps) + " |")
+      out.append("")
+    elif metric.ks:
+      names = [(n, k) for n, _, _, k in metric.expand()]
+      rows = [r for r in runs if any((r.name, n, None) in index for n, _ in names)]
+      if not rows:
+        continue
+      out.append(f"**{metric.display.format(k='K')}** by K (mean ± s.e. (seeds))\n")
+      out.append("| run | " + " | ".join(f"K={k}" for _, k in names) + " |")
+      out.append("|---|" + "---|" * len(names))
+      for r in rows:
+        out.append(f"| {r.display} | " + " | ".join(_fmt(index.get((r.name, n, None))) for n, _ in names) + " |")
+      out.append("")
+    else:
+      scalars.append(metric)
+  if scalars:
+    rows = [r for r in runs if any((r.name, m.name, None) in index for m in scalars)]
+    cols = [m for m in scalars if any((r.name, m.name, None) in index for r in rows)]
+    if rows and cols:
+      out.append("Mean ± s.e. (seeds)\n")
+      out.append("| run | " + " | ".join(m.display for m in cols) + " |")
+      out.append("|---|" + "---|" * len(cols))
+      for r in rows:
+        out.append(f"| {r.display} | " + " | ".join(_fmt(index.get((r.name, m.name, None))) for m in cols) + " |")
+      out.append("")
+      seeds = sorted({s for c in cells for s in c["seeds"]})
+      out.append("Per seed\n")
+      out.append("| run | metric | " + " | ".join(f"seed {s}" for s in seeds) + " |")
+      out.append("|---|---|" + "---|" * len(seeds))
+      for r in rows:
+        for m in cols:
+          cell = index.get((r.name, m.name, None))
+          if cell is None:
+            continue
+          by_seed = dict(zip(cell["seeds"], cell["values"]))
+          scale, digits = (100.0, 1) if cell["percent"] else (1.0, 3)
+          out.append(f"| {r.display} | {m.display} | " + " | ".join(
+              f"{scale * by_seed[s]:.{digits}f}" if s in by_seed else "-" for s in seeds) + " |")
+      out.append("")
+  return out
+
+
+def draw(study: spec.Study, cells: list[dict], out_dir: pathlib.Path) -> list[pathlib.Path]:
+  """The study's plots as PNGs; a panel with nothing to draw says so."""
+  import matplotlib
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt
+
+  by_metric: dict[str, list[dict]] = {}
+  for c in cells:
+    by_metric.setdefault(c["metric"], []).append(c)
+  written = []
+  for plot in study.plots:
+    fig, axes = plt.subplots(1, len(plot.panels), figsize=(5.2 * len(plot.panels), 4.0), squeeze=False)
+    for ax, panel in zip(axes[0], plot.panels):
+      runs = [study.run(n) for n in panel.runs] if panel.runs else list(study.runs)
+      percent, drawn = True, False
+      if plot.x == "run":
+        metrics = panel.metrics
+        groups = [r for r in runs if any(c["run"] == r.name for m in metrics for c in by_metric.get(m, ()))]
+        width = 0.8 / max(1, len(metrics))
+        for j, m in enumerate(metrics):
+          found = {c["run"]: c for c in by_metric.get(m, ()) if c["step"] is None}
+          xs = [i for i, r in enumerate(groups) if r.name in found]
+          if not xs:
+            continue
+          cs = [found[groups[i].name] for i in xs]
+          percent = cs[0]["percent"]
+          scale = 100.0 if percent else 1.0
+          label = cs[0]["label"]
+          ax.bar([x + (j - (len(metrics) - 1) / 2) * width for x in xs], [scale * c["mean"] for c in cs], width,
+                 yerr=[scale * (c["se"] or 0.0) for c in cs], capsize=3, label=label)
+          drawn = True
+        ax.set_xticks(range(len(groups)))
+        ax.set_xticklabels([r.display for r in groups], rotation=20, ha="right", fontsize=8)
+        if len(metrics) > 1:
+          ax.legend(fontsize=8)
+      else:
+        for run in runs:
+          if plot.x == "step":
+            cs = sorted((c for c in by_metric.get(panel.metric, ()) if c["run"] == run.name and c["step"] is not None),
+                        key=lambda c: c["step"])
+            xs = [c["step"] for c in cs]
+          else:
+            cs = sorted((c for c in cells if c["run"] == run.name and c["k"] is not None
+                         and c["metric"] == panel.metric.format(k=c["k"])), key=lambda c: c["k"])
+            xs = [c["k"] for c in cs]
+          if not cs:
+            continue
+          percent = cs[0]["percent"]
+          scale = 100.0 if percent else 1.0
+          mean = [scale * c["mean"] for c in cs]
+          se = [scale * (c["se"] or 0.0) for c in cs]
+          n = min(c["n"] for c in cs)
+          line, = ax.plot(xs, mean, marker="o", markersize=3, label=f"{run.display} (n={n})")
+          ax.fill_between(xs, [m - s for m, s in zip(mean, se)], [m + s for m, s in zip(mean, se)],
+                          color=line.get_color(), alpha=0.2, linewidth=0)
+          drawn = True
+        if plot.x == "k":
+          ax.set_xscale("log", base=2)
+          ks = sorted({c["k"] for c in cells if c["k"] is not None})
+          ax.set_xticks(ks)
+          ax.set_xticklabels([str(k) for k in ks])
+        if drawn:
+          ax.legend(fontsize=8)
+      if not drawn:
+        ax.text(0.5, 0.5, "no finished runs", ha="center", va="center", transform=ax.transAxes)
+      ax.set_title(panel.title or (panel.metric if isinstance(panel.metric, str) else ""), fontsize=10)
+      ax.set_xlabel(plot.xlabel or {"step": "training step", "k": "K", "run": ""}[plot.x])
+      ax.set_ylabel(panel.ylabel or (f"{panel.metrics[0]} (%)" if percent else panel.metrics[0]))
+      ax.grid(alpha=0.3)
+    title = plot.title or study.title
+    fig.suptitle(f"{title}\nmean ± standard error over seeds", fontsize=10)
+    fig.tight_layout()
+    path = out_dir / plot.file
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+  return written
+
+
+def report(study: spec.Study, profile: str, seeds: list[int], jobs: list[Job],
+           outcomes: dict[tuple[str, int], Outcome], out_dir: pathlib.Path, invocation: dict) -> dict:
+  """Writes results.json, results.md and the plots; returns the results."""
+  out_dir.mkdir(parents=True, exist_ok=True)
+  cells = collect(study, jobs)
+  plots = draw(study, cells, out_dir)
+  runs = {}
+  for run in study.runs_in(profile):
+    own = [j for j in jobs if j.run.name == run.name]
+    times = {j.seed: (outcomes[j.key].wall_time_s if j.key in outcomes else _recorded_time(j)) for j in own}
+    held_out = set()
+    for j in own:
+      if j.summary.is_file():
+        n = json.loads(j.summary.read_text()).get("num_eval_problems")
+        if n is not None:
+          held_out.add(n)
+    runs[run.name] = {
+        "label": run.display, "module": run.module, "flags": study.flags_for(run, profile),
+        "command_seed0": " ".join(own[0].argv) if own else "",
+        "directories": {j.seed: str(j.directory) for j in own},
+        "status": {j.seed: (outcomes[j.key].status if j.key in outcomes
+                            else ("cached" if j.summary.is_file() else "missing")) for j in own},
+        "wall_time_s": times, "num_eval_problems": sorted(held_out)}
+  failures = [{"run": k[0], "seed": k[1], "status": o.status, "message": o.message}
+              for k, o in sorted(outcomes.items()) if o.status in ("failed", "blocked")]
+  compute = sum(t for r in runs.values() for t in r["wall_time_s"].values() if t is not None)
+  results = {"study": study.name, "title": study.title, "profile": profile, "seeds": seeds,
+             "profile_flags": {m: dict(f) for m, f in study.profiles.get(profile, {}).items()},
+             "note": study.notes.get(profile, ""), "invocation": invocation,
+             "compute_time_s": round(compute, 1), "runs": runs, "failures": failures, "cells": cells,
+             "plots": [p.name for p in plots]}
+  (out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+  (out_dir / "results.md").write_text(markdown(study, results, cells, plots))
+  return results
+
+
+def markdown(study: spec.Study, results: dict, cells: list[dict], plots: list[pathlib.Path]) -> str:
+  lines = [f"# {study.title}", ""]
+  if study.description:
+    lines += [study.description.strip(), ""]
+  held_out = sorted({n for r in results["runs"].values() for n in r["num_eval_problems"]})
+  lines.append(f"Study `{study.name}`, profile `{results['profile']}`, seeds {', '.join(map(str, results['seeds']))}; "
+               f"held-out problems per evaluation: {', '.join(map(str, held_out)) or 'n/a'}. Each cell is the mean "
+               "± standard error over seeds (s / √n), with the number of seeds in parentheses.")
+  if results["note"]:
+    lines += ["", f"Profile `{results['profile']}`: {results['note']}"]
+  for module, values in results["profile_flags"].items():
+    lines.append(f"Flags it adds to every `{module}` run: `{' '.join(_flag_args(values))}`.")
+  lines.append("")
+  lines += tables(study, cells)
+  for p in plots:
+    lines += [f"![{p.stem}]({p.name})", ""]
+  inv = results["invocation"]
+  lines += ["## Runs", "",
+            f"Total run time of all runs (sum over runs and seeds, as recorded when each ran): "
+            f"{results['compute_time_s'] / 60:.1f} min. This invocation: {inv.get('wall_time_s', 0) / 60:.1f} min "
+            f"wall, --parallel={inv.get('parallel')}, load average {inv.get('loadavg_start')} at the start and "
+            f"{inv.get('loadavg_end')} at the end.", "",
+            "| run | wall time per seed (min) | status | command (seed 0) |", "|---|---|---|---|"]
+  for name, r in results["runs"].items():
+    times = ", ".join("-" if t is None else f"{t / 60:.1f}" for t in r["wall_time_s"].values())
+    status = ", ".join(sorted(set(r["status"].values())))
+    command = r["command_seed0"].replace(str(ROOT) + "/", "").replace(sys.executable, "python")
+    lines.append(f"| {r['label']} | {times} | {status} | `{command}` |")
+  if results["failures"]:
+    lines += ["", "## Failures", ""]
+    lines += [f"- {f['run']} seed {f['seed']}: {f['status']}: {f['message']}" for f in results["failures"]]
+  return "\n".join(lines) + "\n"
+
+
+def _link_runs(jobs: list[Job], out_dir: pathlib.Path) -> None:
+  """out_dir/runs/<run>/seed<S> -> the run directory; out_dir/logs/<run>-seed<S>.log -> its log."""
+  for job in jobs:
+    for link, target in ((out_dir / "runs" / job.run.name / f"seed{job.seed}", job.directory),
+                         (out_dir / "logs" / f"{job.run.name}-seed{job.seed}.log", job.log)):
+      try:
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink() or link.exists():
+          link.unlink()
+        link.symlink_to(target)
+      except OSError:
+        pass  # links are a convenience
+
+
+# MAIN
+
+
+def reproduce(study: spec.Study, *, profile: str, seeds: list[int], out_dir: pathlib.Path, runs_dir: pathlib.Path,
+              parallel: int = 1, only: list[str] | None = None, dry_run: bool = False, aggregate_only: bool = False,
+              echo=print) -> dict | None:
+  """Plans, runs (what is missing) and reports a study; returns results.json's content (None on a dry run)."""
+  jobs = plan(study, profile, seeds, runs_dir)
+  todo = jobs
+  if only:
+    unknown = set(only) - {r.name for r in study.runs}
+    if unknown:
+      raise StudyError(f"--only: no runs {sorted(unknown)} in study {study.name}")
+    wanted, stack = set(), list(only)
+    while stack:
+      name = stack.pop()
+      if name not in wanted:
+        wanted.add(name)
+        stack += next(j for j in jobs if j.run.name == name).needs
+    todo = [j for j in jobs if j.run.name in wanted]
+  if dry_run:
+    for job in todo:
+      state = "skip (summary.json exists)" if job.summary.is_file() else "run"
+      echo(f"# {job.run.name} seed {job.seed}: {state}\n" + " ".join(job.argv))
+    return None
+  t0, load0 = time.time(), _loadavg()
+  started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+  outcomes = {} if aggregate_only else execute(todo, parallel, echo)
+  out_dir.mkdir(parents=True, exist_ok=True)
+  _link_runs(jobs, out_dir)
+  invocation = {"started": started, "wall_time_s": round(time.time() - t0, 1), "parallel": parallel,
+                "loadavg_start": load0, "loadavg_end": _loadavg(), "cpu_count": os.cpu_count(),
+                "ran": sum(o.status == "done" for o in outcomes.values()),
+                "cached": sum(o.status == "cached" for o in outcomes.values()),
+                "failed": sum(o.status in ("failed", "blocked") for o in outcomes.values())}
+  results = report(study, profile, seeds, jobs, outcomes, out_dir, invocation)
+  echo(f"{study.name}: {invocation['ran']} runs ran, {invocation['cached']} were done already, "
+       f"{invocation['failed']} failed or blocked; {len(results['cells'])} cells -> {out_dir / 'results.json'}, "
+       f"{out_dir / 'results.md'}" + "".join(f", {p}" for p in results["plots"]))
+  for f in results["failures"]:
+    echo(f"  {f['run']} seed {f['seed']} {f['status']}: {f['message']}")
+  return results
+
+
+def _list() -> None:
+  for study in studies_lib.STUDIES.values():
+    print(f"{study.name}: {study.title}")
+    print(f"  profiles: full, {', '.join(study.profiles)}")
+    for run in study.runs:
+      print(f"  - {run.name} ({run.module}): {' '.join(_flag_args(dict(run.flags)))}")
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  if FLAGS.list:
+    _list()
+    return
+  if not FLAGS.study:
+    sys.exit("reproduce: error: --study is required (--list shows the studies)")
+  if FLAGS.seeds < 1 or FLAGS.parallel < 1:
+    sys.exit("reproduce: error: --seeds and --parallel must be >= 1")
+  try:
+    study = load_study(FLAGS.study)
+    out_dir = pathlib.Path(FLAGS.out_dir or f"runs/reproduce/{study.name}")
+    seeds = FLAGS.seeds if FLAGS["seeds"].present else study.seeds
+    results = reproduce(study, profile=FLAGS.profile, seeds=list(range(seeds)), out_dir=out_dir,
+                        runs_dir=pathlib.Path(FLAGS.runs_dir), parallel=FLAGS.parallel, only=FLAGS.only,
+                        dry_run=FLAGS.dry_run, aggregate_only=FLAGS.aggregate_only)
+  except (StudyError, ValueError) as err:
+    sys.exit(f"reproduce: error: {err}")
+  if results and results["failures"]:
+    sys.exit(1)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,40 @@
+"""What the studies share: the quick profile, the shared SFT policy and plain GRPO, the usual metrics.
+
+A run with the same runner and flags is one directory for every study (reproduce hashes them), so the
+SFT policy of a seed is trained once and plain GRPO from it runs once, whichever study asks first.
+"""
+
+from experiments.studies.spec import FLOW_GRPO, GRPO_MATH, SAMPLE_EVAL, TRAIN_REWARD_MODEL, Metric, Run
+
+# The quick profile: every study, 3 seeds, in about an hour on a 2-core CPU. Stage 2 is 60 steps of
+# 16 prompts x 8 samples (the full runs: 200 x 32 x 8, 12.5 times the samples), evaluated every 15 steps
+# on 200 held-out problems (full: 500 every 100). SFT (600 steps on 2,000 solutions) is the full one.
+QUICK_STEPS = 60
+QUICK_EVAL = {"num_test": 200}
+QUICK = {
+    GRPO_MATH: {"steps": QUICK_STEPS, "batch_size": 16, "eval_every": 15, "save_every": 15, "tensorboard": False,
+                **QUICK_EVAL},
+    SAMPLE_EVAL: dict(QUICK_EVAL),
+    TRAIN_REWARD_MODEL: {"rm_eval_prompts": 100, "tensorboard": False},
+    FLOW_GRPO: {"steps": 30, "eval_every": 0, "save_every": 10, "tensorboard": False, **QUICK_EVAL},
+}
+QUICK_NOTE = ("60 RL steps of 16 prompts x 8 samples (the full profile and the README: 200 steps of 32 x 8), "
+              "held-out accuracy on 200 problems every 15 steps (full: 500 problems every 100 steps), the full "
+              "SFT stage; Flow-GRPO 30 steps (full: 60). Expect smaller gains than the README's.")
+
+
+def rl(name: str, label: str, quick: dict | None = None, **flags) -> Run:
+  """A stage-2 run of grpo_math from the seed's shared SFT policy; `quick`: its own quick-profile flags."""
+  return Run(name, {"init_checkpoint": "{run:sft}/sft_policy", **flags}, label=label,
+             profiles={"quick": quick} if quick else {})
+
+
+# The stage-1 SFT policy of a seed (the default SFT: 600 steps on 2,000 worked solutions), and its accuracy.
+SFT = Run("sft", {"steps": 0, "eval_every": 0}, label="SFT (stage 1)")
+# GRPO+OS with the rule reward (the default stage 2) from the shared SFT policy.
+GRPO = rl("grpo", "GRPO")
+
+ACCURACY = Metric("accuracy", "eval/accuracy", source="curve", label="held-out greedy accuracy")
+START = Metric("start", "start_accuracy", label="start (SFT)")
+FINAL = Metric("final", "final_accuracy", label="after RL")
+GAIN = Metric("gain", "final_accuracy", minus="start_accuracy", label="gain (points)")

@@ -1,0 +1,46 @@
+"""DeepSeekMath Fig 5 and Table 10: the methods of the unified paradigm from one SFT policy."""
+
+import dataclasses
+
+from experiments.studies import common
+from experiments.studies.spec import Panel, Plot, Study
+
+RL_RUNS = ("rft", "online_rft", "grpo", "grpo_ps", "ppo", "dpo")
+
+STUDY = Study(
+    name="paradigm",
+    title="DeepSeekMath Fig 5 / Table 10: the paradigm's methods from one SFT policy",
+    description=(
+        "Every method starts from the same stage-1 SFT policy of its seed (`--init_checkpoint`) with the same "
+        "samples per step. GRPO+OS: the rule (correctness) reward; GRPO+PS: process supervision on the synthetic "
+        "task's exact step labels (a perfect PRM); Online RFT; RFT (correct offline samples of the SFT policy); "
+        "PPO with a critic (B·G prompts, G = 1); DPO on (right, wrong) pairs of SFT samples at lr 2e-5 (at the "
+        "shared lr it over-fits its pairs, see the README). The paper (Fig 5, 1.3B model) reports "
+        "GRPO+PS > GRPO+OS > Online RFT > RFT."),
+    runs=(
+        common.SFT,
+        common.rl("rft", "RFT", algo="rft", quick={"offline_prompts": 512}),
+        common.rl("online_rft", "Online RFT", algo="online_rft"),
+        dataclasses.replace(common.GRPO, label="GRPO+OS (rule reward)"),
+        common.rl("grpo_ps", "GRPO+PS (exact step labels)", reward="exact_steps", supervision="process"),
+        common.rl("ppo", "PPO (critic, G = 1)", algo="ppo", batch_size=256, group_size=1,
+                  quick={"batch_size": 128}),
+        common.rl("dpo", "DPO (lr 2e-5)", algo="dpo", learning_rate=2e-5),
+    ),
+    metrics=(
+        dataclasses.replace(common.ACCURACY, runs=RL_RUNS),
+        common.START, common.FINAL, common.GAIN,
+    ),
+    plots=(
+        Plot("fig5.png", (Panel("accuracy", ("rft", "online_rft", "grpo", "grpo_ps"),
+                                title="Fig 5: RFT, Online RFT, GRPO+OS, GRPO+PS"),
+                          Panel("accuracy", ("grpo", "ppo", "dpo"), title="Table 10's others: PPO, DPO")),
+             title="DeepSeekMath Fig 5: held-out greedy accuracy against RL steps, from one SFT policy",
+             xlabel="RL step"),
+        Plot("gain.png", (Panel("gain", RL_RUNS, title="gain over the SFT policy", ylabel="points"),), x="run",
+             title="Held-out accuracy gain of each method over its SFT start"),
+    ),
+    profiles={"quick": common.QUICK},
+    notes={"quick": common.QUICK_NOTE + " RFT samples 512 offline prompts x 8 (full: 2,048 x 8); PPO 128 prompts "
+                                        "x 1 sample per step (full: 256 x 1)."},
+)

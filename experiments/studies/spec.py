@@ -1,0 +1,212 @@
+"""What a study is: runs (flag sets of the runners), the metrics read from them, and the plots drawn.
+
+A study is data. `python -m experiments.reproduce --study=NAME` expands it over seeds and a profile into
+processes (`python -m <module> --flag=value ... --seed=S --work_dir=DIR`), runs them, and aggregates what
+they wrote (`summary.json`, `metrics.jsonl`) into cells: (study, run, metric, step) -> per-seed values,
+mean and standard error. Adding a study is a `Study(...)` of a few lines in a module of this package (or a
+JSON file of the same fields, `--study=path/to/study.json`).
+
+Flag values may name another run of the same seed: "{run:sft}/sft_policy" is the run directory of the run
+called "sft" (it runs first; if it fails, the runs that need it are not started). "{seed}" is the seed.
+"""
+
+import dataclasses
+from typing import Any, Mapping
+
+GRPO_MATH = "experiments.grpo_math"
+FLOW_GRPO = "experiments.flow_grpo"
+TRAIN_REWARD_MODEL = "experiments.train_reward_model"
+SAMPLE_EVAL = "experiments.studies.sample_eval"
+
+# The flag each runner takes its output directory from (default: work_dir).
+OUT_FLAGS = {TRAIN_REWARD_MODEL: "rm_dir"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One configuration, run once per seed as its own process.
+
+  Attributes:
+    name: the run's name in the study (tables, legends, `{run:NAME}` references).
+    flags: flag name -> value (True: --name, False: --noname, None: left out).
+    module: the runner, `python -m module`.
+    label: display name in tables and plots (default: name).
+    profiles: profile name -> flags that override `flags` in that profile.
+    command: an argv prefix that replaces `python -m module` (tests use fake runners).
+    out_flag: the flag that takes the run directory (default: by module, else work_dir).
+    only_in: the profiles the run belongs to (default: all).
+  """
+  name: str
+  flags: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  module: str = GRPO_MATH
+  label: str = ""
+  profiles: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+  command: tuple[str, ...] = ()
+  out_flag: str = ""
+  only_in: tuple[str, ...] = ()
+
+  @property
+  def display(self) -> str:
+    return self.label or self.name
+
+  @property
+  def output_flag(self) -> str:
+    return self.out_flag or OUT_FLAGS.get(self.module, "work_dir")
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+  """A number read from every seed of some runs: one cell per (run, step) or (run, k).
+
+  Attributes:
+    name: the cell's metric name ("accuracy"; with `ks`, a template such as "maj@{k}").
+    key: what to read: a summary.json key (source "summary") or a metrics.jsonl key (source "curve");
+      with `ks`, a template as well ("final_maj@{k}").
+    source: "summary" (one value per seed) or "curve" (metrics.jsonl: one cell per logged step; when a
+      step was logged twice, after a --resume, its last record counts).
+    runs: the runs it is read from (default: every run whose output has the key).
+    minus: a second key of the same source, subtracted seed by seed (a gain: final minus start).
+    ks: the values of {k}.
+    percent: a fraction shown as a percentage.
+    label: display name (default: name).
+  """
+  name: str
+  key: str
+  source: str = "summary"
+  runs: tuple[str, ...] = ()
+  minus: str = ""
+  ks: tuple[int, ...] = ()
+  percent: bool = True
+  label: str = ""
+
+  def __post_init__(self):
+    if self.source not in ("summary", "curve"):
+      raise ValueError(f"metric {self.name}: source must be 'summary' or 'curve', not {self.source!r}")
+    if self.ks and ("{k}" not in self.name or "{k}" not in self.key):
+      raise ValueError(f"metric {self.name}: with ks, name and key are templates with {{k}}")
+    if self.ks and self.source == "curve":
+      raise ValueError(f"metric {self.name}: ks needs source 'summary'")
+
+  @property
+  def display(self) -> str:
+    return self.label or self.name
+
+  def expand(self) -> list[tuple[str, str, str, int | None]]:
+    """(cell metric name, key, minus key, k) for each k (one entry, k None, without ks)."""
+    if not self.ks:
+      return [(self.name, self.key, self.minus, None)]
+    return [(self.name.format(k=k), self.key.format(k=k), self.minus.format(k=k), k) for k in self.ks]
+
+
+@dataclasses.dataclass(frozen=True)
+class Panel:
+  """One axes of a plot.
+
+  Attributes:
+    metric: a metric name (x "step"), a metric template (x "k"), or several metric names (x "run": a bar
+      per metric in each run's group).
+    runs: the runs drawn (default: every run with cells of the metric).
+    title: the panel's title.
+    ylabel: the y-axis label (default: the metric's label).
+  """
+  metric: str | tuple[str, ...]
+  runs: tuple[str, ...] = ()
+  title: str = ""
+  ylabel: str = ""
+
+  @property
+  def metrics(self) -> tuple[str, ...]:
+    return (self.metric,) if isinstance(self.metric, str) else tuple(self.metric)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plot:
+  """A PNG figure: panels side by side, each line (or bar) a run's mean with its standard error.
+
+  Attributes:
+    file: the PNG's file name in the output directory.
+    panels: the axes, left to right.
+    x: "step" (a curve metric against the logged step, shaded mean ± s.e. band per run), "k" (a templated
+      metric against k on a log2 axis, the same band), or "run" (grouped bars with s.e. error bars).
+    title: the figure's title.
+    xlabel: the x-axis label.
+  """
+  file: str
+  panels: tuple[Panel, ...]
+  x: str = "step"
+  title: str = ""
+  xlabel: str = ""
+
+  def __post_init__(self):
+    if self.x not in ("step", "k", "run"):
+      raise ValueError(f"plot {self.file}: x must be 'step', 'k' or 'run', not {self.x!r}")
+    if not self.file.endswith(".png"):
+      raise ValueError(f"plot {self.file}: the file must be a .png")
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+  """Runs, metrics and plots; `profiles` adds flags to every run of a runner in a profile.
+
+  Attributes:
+    name: the study's name (`--study=NAME`).
+    title: one line: the paper figure or table it reproduces.
+    runs: the runs (the order of tables and legends).
+    metrics: the numbers aggregated into cells.
+    plots: the figures.
+    profiles: profile name -> module -> flags added to each run of that module (a run's own flags win,
+      and its `profiles` entry wins over both).
+    notes: profile name -> a sentence printed with the table (what the profile shortens).
+    description: what the study shows and how to read it (printed above the table).
+    seeds: the number of seeds when --seeds is not given (default 3).
+  """
+  name: str
+  title: str
+  runs: tuple[Run, ...]
+  metrics: tuple[Metric, ...]
+  plots: tuple[Plot, ...] = ()
+  profiles: Mapping[str, Mapping[str, Mapping[str, Any]]] = dataclasses.field(default_factory=dict)
+  notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  description: str = ""
+  seeds: int = 3
+
+  def __post_init__(self):
+    names = [r.name for r in self.runs]
+    if len(set(names)) != len(names):
+      raise ValueError(f"study {self.name}: run names repeat: {names}")
+    known = set(names)
+    for m in self.metrics:
+      if set(m.runs) - known:
+        raise ValueError(f"study {self.name}, metric {m.name}: unknown runs {sorted(set(m.runs) - known)}")
+    for p in self.plots:
+      for panel in p.panels:
+        if set(panel.runs) - known:
+          raise ValueError(f"study {self.name}, plot {p.file}: unknown runs {sorted(set(panel.runs) - known)}")
+
+  def run(self, name: str) -> Run:
+    return next(r for r in self.runs if r.name == name)
+
+  def runs_in(self, profile: str) -> tuple[Run, ...]:
+    return tuple(r for r in self.runs if not r.only_in or profile in r.only_in)
+
+  def flags_for(self, run: Run, profile: str) -> dict[str, Any]:
+    """The run's flags in a profile: the profile's flags for its module, its own, its own profile's."""
+    merged = dict(self.profiles.get(profile, {}).get(run.module, {}))
+    merged.update(run.flags)
+    merged.update(run.profiles.get(profile, {}))
+    return {k: v for k, v in merged.items() if v is not None}
+
+
+def from_dict(d: Mapping[str, Any]) -> Study:
+  """A Study from plain data (a parsed JSON file): the same fields, nested as lists and objects."""
+  d = dict(d)
+  runs = tuple(Run(**{**r, "command": tuple(r.get("command", ())), "only_in": tuple(r.get("only_in", ()))})
+               for r in d.pop("runs"))
+  metrics = tuple(Metric(**{**m, "runs": tuple(m.get("runs", ())), "ks": tuple(m.get("ks", ()))})
+                  for m in d.pop("metrics"))
+  plots = []
+  for p in d.pop("plots", ()):
+    panels = tuple(Panel(**{**q, "metric": q["metric"] if isinstance(q["metric"], str) else tuple(q["metric"]),
+                            "runs": tuple(q.get("runs", ()))}) for q in p["panels"])
+    plots.append(Plot(**{**p, "panels": panels}))
+  return Study(runs=runs, metrics=metrics, plots=tuple(plots), **d)

@@ -1,0 +1,242 @@
+"""experiments.reproduce: a study of two tiny runs end to end, skip on rerun, failures, mean ± s.e."""
+
+import json
+import math
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from experiments import reproduce
+from experiments import studies
+from experiments.studies import spec
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# A fake runner: writes a curve and a summary whose numbers depend on the seed and a --level flag, counts its
+# invocations, and fails with a last log line when --fail is given.
+FAKE_RUNNER = r"""
+import json, pathlib, sys
+args = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "1") for a in sys.argv[1:])
+work = pathlib.Path(args["work_dir"]); work.mkdir(parents=True, exist_ok=True)
+with open(work.parent / "invocations.txt", "a") as f:
+    f.write(f"{args['seed']}\n")
+if "fail" in args:
+    print("progress 1/2\rstep 2: error: the loss is nan", file=sys.stderr); sys.exit(3)
+seed, level = int(args["seed"]), float(args.get("level", 0))
+start = 0.1 * seed
+if "start_from" in args:
+    start = json.loads((pathlib.Path(args["start_from"]) / "summary.json").read_text())["final_accuracy"]
+with open(work / "metrics.jsonl", "w") as f:
+    for step in (0, 5, 10):
+        f.write(json.dumps({"step": step, "eval/accuracy": start + level * step}) + "\n")
+    f.write(json.dumps({"step": 10, "eval/accuracy": start + level * 10 + 0.01}) + "\n")  # a resumed step again
+(work / "summary.json").write_text(json.dumps({"start_accuracy": start, "final_accuracy": start + level * 10 + 0.01,
+                                               "num_eval_problems": 8, "maj@1": 0.1, "maj@2": 0.2}))
+"""
+
+
+def _study(fail: bool = False) -> spec.Study:
+  fake = (sys.executable, "-c", FAKE_RUNNER)
+  runs = (spec.Run("base", {"level": 0.01}, command=fake, label="base method"),
+          spec.Run("better", {"level": 0.02, "start_from": "{run:base}", "fail": fail or None}, command=fake),
+          spec.Run("after", {"level": 0.0, "start_from": "{run:better}"}, command=fake))
+  metrics = (spec.Metric("accuracy", "eval/accuracy", source="curve"),
+             spec.Metric("final", "final_accuracy"),
+             spec.Metric("gain", "final_accuracy", minus="start_accuracy"),
+             spec.Metric("maj@{k}", "maj@{k}", ks=(1, 2), runs=("base",)))
+  plots = (spec.Plot("curve.png", (spec.Panel("accuracy"),)),
+           spec.Plot("k.png", (spec.Panel("maj@{k}"),), x="k"),
+           spec.Plot("bars.png", (spec.Panel(("final", "gain")),), x="run"))
+  return spec.Study("tiny", "Two tiny runs", runs, metrics, plots,
+                    profiles={"quick": {"experiments.grpo_math": {"shorter": True}}})
+
+
+def _cells(results):
+  return {(c["run"], c["metric"], c["step"]): c for c in results["cells"]}
+
+
+def test_mean_se_by_hand():
+  mean, se = reproduce.mean_se([0.40, 0.46, 0.43])
+  assert mean == pytest.approx(0.43)
+  # deviations -0.03, 0.03, 0: sample variance 0.0018 / 2 = 0.0009; s.e. = sqrt(0.0009 / 3)
+  assert se == pytest.approx(math.sqrt(0.0009 / 3))
+  assert reproduce.mean_se([0.5]) == (0.5, None)
+  with pytest.raises(ValueError):
+    reproduce.mean_se([])
+
+
+def test_aggregation_of_hand_made_summaries(tmp_path):
+  study = spec.Study("hand", "Hand-made", (spec.Run("grpo"), spec.Run("rft", {"algo": "rft"})),
+                     (spec.Metric("final", "final_accuracy"),
+                      spec.Metric("gain", "final_accuracy", minus="start_accuracy"),
+                      spec.Metric("acc", "eval/accuracy", source="curve", runs=("grpo",))))
+  jobs = reproduce.plan(study, "full", [0, 1, 2, 3], tmp_path)
+  finals = {"grpo": [0.40, 0.46, 0.43, None], "rft": [0.30, 0.34, 0.32, 0.36]}
+  for job in jobs:
+    final = finals[job.run.name][job.seed]
+    if final is None:
+      continue  # seed 3 of grpo did not finish: its cells have three seeds
+    job.directory.mkdir(parents=True)
+    job.summary.write_text(json.dumps({"final_accuracy": final, "start_accuracy": 0.30}))
+    (job.directory / "metrics.jsonl").write_text(
+        "\n".join(json.dumps({"step": s, "eval/accuracy": v}) for s, v in
+                  [(0, 0.30), (100, 0.1), (100, final - 0.05), (200, final)]) + "\n{\"step\": 2")
+  cells = {(c["run"], c["metric"], c["step"]): c for c in reproduce.collect(study, jobs)}
+  grpo = cells[("grpo", "final", None)]
+  assert grpo["seeds"] == [0, 1, 2] and grpo["n"] == 3
+  assert grpo["values"] == [0.40, 0.46, 0.43]
+  assert grpo["mean"] == pytest.approx(0.43) and grpo["se"] == pytest.approx(math.sqrt(0.0009 / 3))
+  rft = cells[("rft", "final", None)]
+  assert rft["mean"] == pytest.approx(0.33)
+  # (0.03^2 + 0.01^2 + 0.01^2 + 0.03^2) / 3 = 0.002 / 3; s.e. = sqrt(that / 4)
+  assert rft["se"] == pytest.approx(math.sqrt(0.002 / 3 / 4))
+  assert cells[("rft", "gain", None)]["values"] == pytest.approx([0.0, 0.04, 0.02, 0.06])
+  # the curve: every logged step, the last record of a step that was logged twice (a resumed run)
+  assert cells[("grpo", "acc", 100)]["values"] == pytest.approx([0.35, 0.41, 0.38])
+  assert cells[("grpo", "acc", 0)]["se"] == pytest.approx(0.0)
+  assert ("rft", "acc", 100) not in cells
+  table = "\n".join(reproduce.tables(study, list(cells.values())))
+  assert "| grpo | 43.0 ± 1.7 (3) |" in table
+
+
+def test_study_end_to_end_skip_on_rerun_and_failures(tmp_path):
+  out, runs_dir = tmp_path / "out", tmp_path / "runs"
+  lines = []
+  results = reproduce.reproduce(_study(), profile="full", seeds=[0, 1], out_dir=out, runs_dir=runs_dir,
+                                echo=lines.append)
+  assert results["invocation"]["ran"] == 6 and not results["failures"]
+  cells = _cells(results)
+  assert cells[("base", "accuracy", 10)]["values"] == pytest.approx([0.11, 0.21])  # the step's last record
+  assert cells[("base", "accuracy", 10)]["se"] == pytest.approx(0.05)
+  # "better" starts where "base" ended, seed by seed; "after" where "better" ended
+  assert cells[("better", "final", None)]["values"] == pytest.approx([0.32, 0.42])
+  assert cells[("after", "gain", None)]["values"] == pytest.approx([0.01, 0.01])
+  assert cells[("base", "maj@2", None)]["k"] == 2 and ("better", "maj@2", None) not in cells
+  for name in ("results.json", "results.md", "curve.png", "k.png", "bars.png"):
+    assert (out / name).is_file() and (out / name).stat().st_size > 0
+  assert (out / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  on_disk = json.loads((out / "results.json").read_text())
+  assert on_disk["cells"] == json.loads(json.dumps(results["cells"]))
+  assert {"study", "run", "metric", "step", "seeds", "values", "mean", "se"} <= set(on_disk["cells"][0])
+  text = (out / "results.md").read_text()
+  assert "base method" in text and "![curve](curve.png)" in text and "| step 0 | step 5 | step 10 |" in text
+  assert (out / "runs" / "better" / "seed1" / "summary.json").is_file()
+
+  # Rerun: every summary exists, nothing runs; a third seed runs only seed 2.
+  invocations = lambda: sorted(p.read_text().split() for p in runs_dir.glob("*/invocations.txt"))
+  before = invocations()
+  results = reproduce.reproduce(_study(), profile="full", seeds=[0, 1], out_dir=out, runs_dir=runs_dir,
+                                echo=lines.append)
+  assert results["invocation"]["ran"] == 0 and results["invocation"]["cached"] == 6
+  assert invocations() == before
+  results = reproduce.reproduce(_study(), profile="full", seeds=[0, 1, 2], out_dir=out, runs_dir=runs_dir,
+                                echo=lines.append)
+  assert results["invocation"]["ran"] == 3 and _cells(results)[("base", "final", None)]["n"] == 3
+
+  # Another profile adds flags, so other directories: nothing is reused by mistake.
+  quick = reproduce.plan(_study(), "quick", [0], runs_dir)
+  assert "--shorter" in quick[0].argv and quick[0].argv[-2:] == ["--seed=0", f"--work_dir={quick[0].directory}"]
+  assert not any(j.summary.is_file() for j in quick)
+
+
+def test_failed_run_is_reported_and_does_not_stop_the_others(tmp_path):
+  lines = []
+  results = reproduce.reproduce(_study(fail=True), profile="full", seeds=[0, 1], out_dir=tmp_path / "out",
+                                runs_dir=tmp_path / "runs", parallel=2, echo=lines.append)
+  failures = {(f["run"], f["seed"]): f for f in results["failures"]}
+  assert set(failures) == {("better", 0), ("better", 1), ("after", 0), ("after", 1)}
+  assert failures[("better", 0)]["status"] == "failed"
+  assert failures[("better", 0)]["message"] == "exit 3: step 2: error: the loss is nan"
+  assert failures[("after", 1)]["status"] == "blocked"
+  assert _cells(results)[("base", "final", None)]["n"] == 2  # the independent run finished on both seeds
+  assert "step 2: error: the loss is nan" in (tmp_path / "out" / "results.md").read_text()
+  assert any("failed" in line and "the loss is nan" in line for line in lines)
+
+
+def test_plan_hashes_flags_and_dependencies(tmp_path):
+  study = _study()
+  a = reproduce.plan(study, "full", [0], tmp_path)
+  b = reproduce.plan(study, "full", [0], tmp_path)
+  assert [j.directory for j in a] == [j.directory for j in b]
+  changed = spec.Study("tiny", "x", (spec.Run("base", {"level": 0.5}, command=study.runs[0].command),) +
+                       study.runs[1:], study.metrics)
+  c = reproduce.plan(changed, "full", [0], tmp_path)
+  # base changed, and so did the runs that read it
+  assert all(x.directory != y.directory for x, y in zip(a, c))
+  assert f"--start_from={a[0].directory}" in a[1].argv
+  with pytest.raises(reproduce.StudyError, match="cycle"):
+    reproduce.plan(spec.Study("loop", "x", (spec.Run("a", {"x": "{run:b}"}), spec.Run("b", {"x": "{run:a}"})), ()),
+                   "full", [0], tmp_path)
+  with pytest.raises(reproduce.StudyError, match="no profile"):
+    reproduce.plan(study, "medium", [0], tmp_path)
+  with pytest.raises(reproduce.StudyError, match="set by reproduce"):
+    reproduce.plan(spec.Study("s", "x", (spec.Run("a", {"seed": 3}),), ()), "full", [0], tmp_path)
+
+
+def test_json_spec_from_the_command_line(tmp_path):
+  """`--study=file.json`: the same study as data, through the CLI; --dry_run runs nothing."""
+  study = {"name": "tiny_json", "title": "From JSON",
+           "runs": [{"name": "only", "flags": {"level": 0.03}, "command": [sys.executable, "-c", FAKE_RUNNER]}],
+           "metrics": [{"name": "final", "key": "final_accuracy"}],
+           "plots": [{"file": "bars.png", "x": "run", "panels": [{"metric": ["final"]}]}]}
+  path = tmp_path / "study.json"
+  path.write_text(json.dumps(study))
+  base = [sys.executable, "-m", "experiments.reproduce", f"--study={path}", "--seeds=2", "--profile=full",
+          f"--out_dir={tmp_path / 'out'}", f"--runs_dir={tmp_path / 'runs'}"]
+  dry = subprocess.run(base + ["--dry_run"], cwd=ROOT, capture_output=True, text=True)
+  assert dry.returncode == 0, dry.stderr
+  assert "--level=0.03 --seed=1" in dry.stdout and not (tmp_path / "out").exists()
+  done = subprocess.run(base, cwd=ROOT, capture_output=True, text=True)
+  assert done.returncode == 0, done.stderr
+  results = json.loads((tmp_path / "out" / "results.json").read_text())
+  assert results["cells"][0]["values"] == pytest.approx([0.31, 0.41]) and (tmp_path / "out" / "bars.png").is_file()
+
+
+def test_registered_studies_are_well_formed(tmp_path):
+  """Every study plans in every profile; its runs name real runners; plots name metrics it has."""
+  assert {"paradigm", "majk_passk", "iterative", "variants", "flow_grpo", "headline"} <= set(studies.STUDIES)
+  for study in studies.STUDIES.values():
+    names = {n for m in study.metrics for n, *_ in m.expand()} | {m.name for m in study.metrics}
+    for plot in study.plots:
+      for panel in plot.panels:
+        assert set(panel.metrics) <= names, (study.name, plot.file, panel.metrics)
+    for profile in ["full", *study.profiles]:
+      jobs = reproduce.plan(study, profile, [0, 1], tmp_path)
+      assert len(jobs) == 2 * len(study.runs_in(profile))
+      for job in jobs:
+        assert (ROOT / (job.run.module.replace(".", "/") + ".py")).is_file(), job.run.module
+
+
+def test_registered_study_flags_parse(tmp_path):
+  """Each runner accepts every flag of every study and profile: absl parses them with the runners' validators
+  in one child process (nothing runs), and no run passes a flag that only another runner defines."""
+  commands = []
+  for study in studies.STUDIES.values():
+    for profile in ["full", *study.profiles]:
+      commands += [[job.run.module] + job.argv[3:] for job in reproduce.plan(study, profile, [0], tmp_path)]
+  check = r"""
+import json, sys
+from absl import flags
+runners = ["experiments.flow_grpo", "experiments.train_reward_model", "experiments.studies.sample_eval"]
+for name in runners:
+    __import__(name)
+own = {m: {f.name for f in flags.FLAGS.flags_by_module_dict().get(m, [])} for m in runners}
+bad = []
+for module, *args in json.loads(sys.stdin.read()):
+    names = {a[2:].split("=", 1)[0] for a in args}
+    foreign = {n for m, defined in own.items() if m != module for n in defined & names}
+    if foreign:
+        bad.append(f"{module}: flags of another runner: {sorted(foreign)}")
+    flags.FLAGS.unparse_flags()
+    try:
+        flags.FLAGS([module] + args)
+    except flags.Error as err:
+        bad.append(f"{module} {' '.join(args)}: {err}")
+print("\n".join(bad))
+sys.exit(1 if bad else 0)
+"""
+  result = subprocess.run([sys.executable, "-c", check], input=json.dumps(commands), cwd=ROOT, capture_output=True,
+                          text=True)
+  assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
