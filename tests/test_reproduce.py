@@ -6,11 +6,16 @@ import pathlib
 import subprocess
 import sys
 
+from absl import flags as absl_flags
+import numpy as np
 import pytest
 
+from experiments import grpo_math
 from experiments import reproduce
 from experiments import studies
+from experiments.studies import sample_eval
 from experiments.studies import spec
+from grpo_jax import models
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -240,3 +245,39 @@ sys.exit(1 if bad else 0)
   result = subprocess.run([sys.executable, "-c", check], input=json.dumps(commands), cwd=ROOT, capture_output=True,
                           text=True)
   assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+
+
+def test_sample_eval_reports_every_power_of_two(tmp_path, monkeypatch):
+  """studies.sample_eval: Maj@k and unbiased Pass@k for k = 1, 2, 4 from one set of 4 samples per problem
+  (completions injected, so the numbers are worked out by hand, whatever the tiny model would say)."""
+  assert sample_eval.ks_up_to(64) == [1, 2, 4, 8, 16, 32, 64] and sample_eval.ks_up_to(6) == [1, 2, 4, 6]
+  policy = models.build_default_checkpoint(tmp_path / "policy", seed=0, num_hidden_layers=1, hidden_size=32,
+                                           intermediate_size=96)
+  calls = []
+
+  def fake_generate(params, config, tokenizer, prompts, key, *, greedy=False, num_samples=1, **kwargs):
+    answers = [e.answer for e in task_examples]
+    right, wrong = (lambda i: f"#### {answers[i]}"), (lambda i: f"#### {int(answers[i]) + 1}")
+    calls.append((greedy, num_samples, len(prompts)))
+    if greedy:  # problem 0 right, problem 1 wrong
+      return [[right(0)], [wrong(1)]], np.array([6, 6])
+    # problem 0: r r w r (maj right at every k); problem 1: w w w r (maj wrong at every k)
+    return [[right(0), right(0), wrong(0), right(0)], [wrong(1), wrong(1), wrong(1), right(1)]], np.array([6] * 8)
+
+  absl_flags.FLAGS.unparse_flags()
+  absl_flags.FLAGS(["sample_eval", f"--init_checkpoint={policy}", f"--work_dir={tmp_path / 'out'}", "--num_test=2",
+                    "--num_train=20", "--eval_samples=4", "--tensorboard=false"])
+  task_examples = grpo_math.Task(models.load_tokenizer(policy), sft_lineage=False).test
+  monkeypatch.setattr(sample_eval.evaluation, "generate", fake_generate)
+  try:
+    summary = sample_eval.run()
+  finally:
+    absl_flags.FLAGS.unparse_flags()
+  assert calls == [(True, 1, 2), (False, 4, 2)]
+  assert summary["ks"] == [1, 2, 4] and summary["accuracy"] == 0.5
+  # pass@k = 1 - C(n-c, k) / C(n, k) per problem, n = 4, c = 3 and 1
+  assert summary["pass@1"] == pytest.approx((3 / 4 + 1 / 4) / 2)
+  assert summary["pass@2"] == pytest.approx((1.0 + (1 - 3 / 6)) / 2)
+  assert summary["pass@4"] == pytest.approx(1.0)
+  assert [summary[f"maj@{k}"] for k in (1, 2, 4)] == [0.5, 0.5, 0.5]
+  assert json.loads((tmp_path / "out" / "summary.json").read_text())["pass@2"] == pytest.approx(0.75)
