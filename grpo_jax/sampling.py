@@ -86,8 +86,8 @@ _STATIC = ("config", "num_samples", "max_new_tokens", "top_k", "top_p", "greedy"
 
 def _place_cache(cache: transformer.KVCache) -> transformer.KVCache:
   """Names the cache's axes for the sharding hook (identity outside `axis_rules`)."""
-  kv = lambda x: constrain(x, ("batch", "length", "kv_heads", None))
-  return cache._replace(k=tuple(map(kv, cache.k)), v=tuple(map(kv, cache.v)),
+  kv = lambda x: constrain(x, (None,) * transformer.cache_batch_axis(x) + ("batch", "length", "kv_heads", None))
+  return cache._replace(k=jax.tree.map(kv, cache.k), v=jax.tree.map(kv, cache.v),
                         mask=constrain(cache.mask, ("batch", "length")))
 
 
@@ -102,8 +102,11 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, temperature, *, config
   cache = _place_cache(transformer.init_cache(config, n_prompts, prompt_len + steps))
   hidden, cache = transformer.hidden_states(params, config, prompt_tokens, attention_mask=prompt_mask, cache=cache)
   logits = transformer.logits_from_hidden(params, config, hidden[:, -1])
-  repeat = lambda x: jnp.repeat(x, num_samples, axis=0) if x.ndim else x
-  cache, logits = jax.tree.map(repeat, (cache, logits))
+  repeat = lambda x, axis=0: jnp.repeat(x, num_samples, axis=axis) if x.ndim else x
+  repeat_kv = lambda x: repeat(x, transformer.cache_batch_axis(x))  # [(L,) B, S, K, D]
+  cache = cache._replace(k=jax.tree.map(repeat_kv, cache.k), v=jax.tree.map(repeat_kv, cache.v),
+                         mask=repeat(cache.mask))
+  logits = repeat(logits)
   cache = _place_cache(cache)
   prompt_tokens, prompt_mask = repeat(prompt_tokens), repeat(prompt_mask)
   n_prompt_tokens = jnp.sum(prompt_mask, axis=-1, dtype=jnp.int32)

@@ -152,15 +152,20 @@ def batch_shardings(mesh: Mesh, rules: Mapping, batch: Any) -> Any:
 
 
 def _leaf_logical_axes(path, leaf) -> tuple | None:
-  """Logical axes of a leaf found by its last two dict keys (a param, or a moment shaped like one)."""
+  """Logical axes of a leaf found by its dict keys (a param, or a moment shaped like one)."""
   keys = [p.key for p in path if isinstance(p, jax.tree_util.DictKey)]
   if len(keys) < 2:
     return None
+  tree = leaf
+  for key in reversed(keys):  # the whole dict path, so a stacked layer (`layers/...`) is seen as one
+    tree = {key: tree}
   try:
-    axes = transformer.logical_axes_of({keys[-2]: {keys[-1]: leaf}})
+    axes = transformer.logical_axes_of(tree)
   except (KeyError, ValueError):
     return None
-  return axes[keys[-2]][keys[-1]]
+  for key in keys:
+    axes = axes[key]
+  return axes
 
 
 def param_shardings(mesh: Mesh, rules: Mapping, params: Any, logical_axes: Any = None) -> Any:

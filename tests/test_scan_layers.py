@@ -20,6 +20,7 @@ UNROLLED = models.ModelConfig(vocab_size=61, hidden_size=32, intermediate_size=4
                               num_attention_heads=4, num_key_value_heads=2, head_dim=8, qkv_bias=True,
                               tie_word_embeddings=False, eos_token_ids=(3,), pad_token_id=0)
 SCANNED = UNROLLED.replace(scan_layers=True)
+_apply = jax.jit(models.apply, static_argnums=1)
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +65,7 @@ def test_same_logits_and_gradients(params, remat, policy):
                models.stack_layers(g1, UNROLLED))
   assert float(jnp.abs(g2["layers"]["attn"]["q_proj"]["kernel"][2]).max()) > 0
   logits1, _ = models.apply(params, UNROLLED, tokens, attention_mask=mask)
-  logits2, _ = jax.jit(models.apply, static_argnums=1)(models.stack_layers(params, UNROLLED), SCANNED, tokens,
-                                                       attention_mask=mask)
+  logits2, _ = _apply(models.stack_layers(params, UNROLLED), SCANNED, tokens, attention_mask=mask)
   np.testing.assert_allclose(logits2, logits1, rtol=1e-5, atol=1e-5)
 
 
@@ -74,22 +74,22 @@ def test_unrolled_remat_policies_keep_values(params):
   loss = lambda p, c: jnp.mean(models.apply(p, c, tokens)[0] ** 2)
   grad = jax.jit(jax.grad(loss), static_argnums=1)
   g1 = grad(params, UNROLLED)
-  for policy in models.REMAT_POLICIES:
+  for policy in ("dots_no_batch", "dots"):  # "full" is test_transformer's remat test
     g2 = grad(params, UNROLLED.replace(remat=True, remat_policy=policy))
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), g2, g1)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), g2, g1)
 
 
 def test_cached_decoding(params):
   stacked = models.stack_layers(params, UNROLLED)
   tokens = _tokens(2, 12, seed=1)
   mask = jnp.ones((2, 12), bool).at[1, :3].set(False)
-  full, _ = models.apply(params, UNROLLED, tokens, attention_mask=mask)
+  full, _ = _apply(params, UNROLLED, tokens, attention_mask=mask)
   cache = models.init_cache(SCANNED, 2, 16)
   assert cache.k.shape == (3, 2, 16, 2, 8)
   out = []
   for start, stop in [(0, 8)] + [(t, t + 1) for t in range(8, 12)]:
-    logits, cache = models.apply(stacked, SCANNED, tokens[:, start:stop], attention_mask=mask[:, start:stop],
-                                 cache=cache)
+    logits, cache = _apply(stacked, SCANNED, tokens[:, start:stop], attention_mask=mask[:, start:stop],
+                           cache=cache)
     out.append(logits)
   assert int(cache.index) == 12 and cache.k.shape == (3, 2, 16, 2, 8)
   np.testing.assert_allclose(jnp.concatenate(out, axis=1)[mask], full[mask], atol=1e-5)

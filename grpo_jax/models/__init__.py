@@ -6,7 +6,7 @@ Example:
   logits, cache = models.apply(params, config, tokens, attention_mask=mask)
 """
 
-from grpo_jax.models.config import CheckpointError, ModelConfig, RopeScaling, SUPPORTED_MODEL_TYPES
+from grpo_jax.models.config import REMAT_POLICIES, CheckpointError, ModelConfig, RopeScaling, SUPPORTED_MODEL_TYPES
 from grpo_jax.models.heads import init_scalar_params, scalar_apply, scalar_logical_axes
 from grpo_jax.models.hf_io import load_hf, read_config, save_hf
 from grpo_jax.models.sharding import LOGICAL_AXES, axis_rules, constrain, logical_to_spec
@@ -14,7 +14,7 @@ from grpo_jax.models.tiny import build_default_checkpoint, tiny_config
 from grpo_jax.models.tokenizer import build_char_tokenizer, load_tokenizer, save_char_tokenizer
 from grpo_jax.models.transformer import (CausalLM, Decoder, KVCache, apply, backbone, hidden_states, init_cache,
                                          init_params, logits_from_hidden, param_logical_axes, rope_inv_freq,
-                                         unembedding)
+                                         stack_layers, unembedding, unstack_layers)
 
 __all__ = (
     "CausalLM",
@@ -23,6 +23,7 @@ __all__ = (
     "KVCache",
     "LOGICAL_AXES",
     "ModelConfig",
+    "REMAT_POLICIES",
     "RopeScaling",
     "SUPPORTED_MODEL_TYPES",
     "apply",
@@ -46,6 +47,8 @@ __all__ = (
     "save_hf",
     "scalar_apply",
     "scalar_logical_axes",
+    "stack_layers",
     "tiny_config",
     "unembedding",
+    "unstack_layers",
 )

@@ -6,6 +6,10 @@ from typing import Any
 import jax.numpy as jnp
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
+# What a rematerialised layer keeps for the backward pass (`remat_policy`; see transformer.REMAT_POLICIES):
+# full: only its input (everything recomputed); dots_no_batch: also the outputs of the weight matmuls
+# (attention scores recomputed); dots: every matmul output.
+REMAT_POLICIES = ("full", "dots_no_batch", "dots")
 
 _ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
@@ -42,9 +46,12 @@ class ModelConfig:
   """Architecture plus run-time numerics of a decoder-only transformer.
 
   Hashable, so it can be a static argument of `jax.jit`. Field names follow the
-  Hugging Face config; `dtype` (activations), `param_dtype` (weights) and
-  `remat` (per-layer rematerialisation) are run-time settings that are not
-  written to config.json.
+  Hugging Face config; `dtype` (activations), `param_dtype` (weights), `remat`
+  (per-layer rematerialisation) with its `remat_policy` (one of REMAT_POLICIES),
+  and `scan_layers` (the layer stack as one `lax.scan` over stacked weights,
+  params under `layers/...` with a leading [num_hidden_layers] axis, instead
+  of unrolled `layers_{i}/...`) are run-time settings that are not written to
+  config.json.
   """
 
   vocab_size: int
@@ -70,6 +77,8 @@ class ModelConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   remat: bool = False
+  remat_policy: str = "full"
+  scan_layers: bool = False
 
   def __post_init__(self):
     if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -79,6 +88,8 @@ class ModelConfig:
       raise CheckpointError(
           f"num_attention_heads={self.num_attention_heads} is not a multiple of "
           f"num_key_value_heads={self.num_key_value_heads}")
+    if self.remat_policy not in REMAT_POLICIES:
+      raise ValueError(f"unknown remat_policy={self.remat_policy!r}; choose from {REMAT_POLICIES}")
     object.__setattr__(self, "dtype", jnp.dtype(self.dtype).name)
     object.__setattr__(self, "param_dtype", jnp.dtype(self.param_dtype).name)
     object.__setattr__(self, "eos_token_ids", tuple(int(i) for i in self.eos_token_ids))
@@ -98,7 +109,7 @@ class ModelConfig:
     Args:
       d: the parsed config.json.
       source: path named in error messages.
-      **runtime: `dtype`, `param_dtype`, `remat`.
+      **runtime: `dtype`, `param_dtype`, `remat`, `remat_policy`, `scan_layers`.
 
     Raises:
       CheckpointError: unsupported architecture or feature, or a missing key.

@@ -11,6 +11,7 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
+from grpo_jax.models import transformer
 from grpo_jax.models.config import CheckpointError, ModelConfig
 from grpo_jax.models.transformer import Params
 
@@ -72,7 +73,8 @@ def _tensor_specs(config: ModelConfig) -> list[_Tensor]:
 
 
 def read_config(path: str | pathlib.Path, **runtime) -> ModelConfig:
-  """Reads `path/config.json` into a ModelConfig (runtime: dtype, param_dtype, remat)."""
+  """Reads `path/config.json` into a ModelConfig (runtime: dtype, param_dtype, remat, remat_policy,
+  scan_layers)."""
   path = pathlib.Path(path)
   if not path.is_dir():
     raise CheckpointError(f"checkpoint directory does not exist: {path}")
@@ -130,8 +132,32 @@ def _place(value: np.ndarray, dtype, sharding) -> jax.Array:
   return jax.make_array_from_callback(value.shape, sharding, lambda index: np.asarray(value[index], dtype))
 
 
+def _layer_sharding(stacked):
+  """The sharding of one layer's slice of a stacked (scanned-layout) weight: the leading axis dropped."""
+  if stacked is None or not isinstance(stacked, jax.sharding.NamedSharding):
+    return stacked
+  return jax.sharding.NamedSharding(stacked.mesh, jax.sharding.PartitionSpec(*stacked.spec[1:]))
+
+
+def _stack_placed(params: Params, config: ModelConfig, shardings) -> Params:
+  """Loaded unrolled params -> the scanned layout, one weight at a time (the per-layer arrays freed as it goes)."""
+  keys = [f"layers_{i}" for i in range(config.num_hidden_layers)]
+  layers = [params.pop(k) for k in keys]
+  leaves = [jax.tree_util.tree_flatten_with_path(layer)[0] for layer in layers]
+  treedef = jax.tree.structure(layers[0])
+  stacked = []
+  for j, (path, _) in enumerate(leaves[0]):
+    parts = [leaves[i][j][1] for i in range(len(layers))]
+    target = None if shardings is None else _leaf(shardings[transformer.STACKED], tuple(p.key for p in path))
+    stacked.append(jax.jit(lambda *xs: jax.numpy.stack(xs), out_shardings=target)(*parts))
+    for x in parts:
+      x.delete()
+  params[transformer.STACKED] = jax.tree.unflatten(treedef, stacked)
+  return params
+
+
 def load_hf(path: str | pathlib.Path, *, dtype="float32", param_dtype=None, remat: bool = False,
-            shardings=None) -> tuple[Params, ModelConfig]:
+            remat_policy: str = "full", scan_layers: bool = False, shardings=None) -> tuple[Params, ModelConfig]:
   """Loads a Qwen2/Qwen2.5, Qwen3 or Llama 3.x checkpoint straight into a params dict.
 
   With `shardings`, each tensor is read from its safetensors file into host memory
@@ -146,6 +172,10 @@ def load_hf(path: str | pathlib.Path, *, dtype="float32", param_dtype=None, rema
     dtype: activation dtype of the returned config.
     param_dtype: dtype of the returned params (default: `dtype`).
     remat: rematerialise each layer in the backward pass.
+    remat_policy: what a rematerialised layer keeps (`models.REMAT_POLICIES`).
+    scan_layers: return the scanned layout (`layers/...`, stacked over layers;
+      see `models.stack_layers`); the tensors are read per layer and stacked one
+      weight at a time.
     shardings: None (default device), a params-shaped tree of `jax.sharding.Sharding`,
       or a function config -> such a tree (e.g. `grpo_jax.sharding.param_shardings`).
 
@@ -157,7 +187,8 @@ def load_hf(path: str | pathlib.Path, *, dtype="float32", param_dtype=None, rema
       architecture; a missing or mis-shaped tensor; a truncated or corrupt file.
   """
   path = pathlib.Path(path)
-  config = read_config(path, dtype=dtype, param_dtype=param_dtype or dtype, remat=remat)
+  config = read_config(path, dtype=dtype, param_dtype=param_dtype or dtype, remat=remat, remat_policy=remat_policy,
+                       scan_layers=scan_layers)
   where = _tensor_files(path)
   specs = _tensor_specs(config)
   for spec in specs:
@@ -168,6 +199,11 @@ def load_hf(path: str | pathlib.Path, *, dtype="float32", param_dtype=None, rema
     by_file.setdefault(where[spec.hf_name], []).append(spec)
   if callable(shardings):
     shardings = shardings(config)
+  stacked_shardings = shardings
+  if scan_layers and shardings is not None:  # read per layer into each layer's slice of the stacked sharding
+    shardings = {k: v for k, v in shardings.items() if k != transformer.STACKED}
+    layer = jax.tree.map(_layer_sharding, stacked_shardings[transformer.STACKED])
+    shardings.update({f"layers_{i}": layer for i in range(config.num_hidden_layers)})
   param_dtype = jax.numpy.dtype(config.param_dtype)
   params: Params = {}
   for f, file_specs in by_file.items():
@@ -183,6 +219,8 @@ def load_hf(path: str | pathlib.Path, *, dtype="float32", param_dtype=None, rema
         for key in spec.path[:-1]:
           node = node.setdefault(key, {})
         node[spec.path[-1]] = _place(value, param_dtype, None if shardings is None else _leaf(shardings, spec.path))
+  if scan_layers:
+    params = _stack_placed(params, config, stacked_shardings)
   return params, config
 
 
@@ -195,6 +233,8 @@ def save_hf(params: Params, config: ModelConfig, path: str | pathlib.Path) -> pa
   """
   path = pathlib.Path(path)
   path.mkdir(parents=True, exist_ok=True)
+  if config.scan_layers:  # the checkpoint is the same either way: unstack on the host
+    params = transformer.unstack_layers(jax.device_get(params), config)
   tensors = {}
   for spec in _tensor_specs(config):
     node = params

@@ -2,7 +2,9 @@
 
 Grouped-query attention with RoPE (Llama 3 frequency scaling optional), RMSNorm,
 SwiGLU MLP, optional q/k/v(/o) bias, optional per-head q/k RMSNorm (Qwen3), tied
-or untied embeddings, optional per-layer rematerialisation.
+or untied embeddings, optional per-layer rematerialisation (with a policy of what
+to keep), and the layer stack either unrolled or as one `lax.scan` over stacked
+weights (`config.scan_layers`: one layer is traced and compiled instead of L).
 
 The trainers hold parameters as plain nested dicts, so the public entry points
 are functional: `init_params(config, key)`, `apply(params, config, tokens, ...)`
@@ -20,6 +22,10 @@ Parameter layout (leaves of the params dict, logical axis names in brackets):
   layers_{i}/{input,post_attn}_norm/scale [embed]
   final_norm/scale                  [embed]
   lm_head/kernel                    [embed, vocab]            (untied only)
+
+With `config.scan_layers` the L layers' weights are stacked: `layers/attn/q_proj/kernel`
+is [L, embed, heads, None] (the stacked axis unsharded), and so on; `stack_layers` and
+`unstack_layers` convert between the two layouts, which compute the same function.
 """
 
 import functools
@@ -31,25 +37,33 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.config import REMAT_POLICIES, ModelConfig
 from grpo_jax.models.sharding import constrain
 
 Params = dict[str, Any]
 
 _BTE = ("batch", "length", "embed")
+_KV = ("batch", "length", "kv_heads", None)
+STACKED = "layers"  # the params key of the stacked layers (config.scan_layers)
+
+# config.remat_policy -> jax.checkpoint policy (None: save nothing but the layer's input).
+_POLICIES = {"full": None, "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+             "dots": jax.checkpoint_policies.checkpoint_dots}
+assert set(_POLICIES) == set(REMAT_POLICIES)
 
 
 class KVCache(NamedTuple):
   """Static-shape key/value cache.
 
   Attributes:
-    k: per layer, keys [B, S, kv_heads, head_dim].
-    v: per layer, values [B, S, kv_heads, head_dim].
+    k: per layer, keys [B, S, kv_heads, head_dim]; with `config.scan_layers`, one
+      array [L, B, S, kv_heads, head_dim].
+    v: values, as `k`.
     mask: [B, S] bool, True where the slot holds a real (non-padding) token.
     index: [] int32, the next slot to write (the same for every row).
   """
-  k: tuple[jax.Array, ...]
-  v: tuple[jax.Array, ...]
+  k: tuple[jax.Array, ...] | jax.Array
+  v: tuple[jax.Array, ...] | jax.Array
   mask: jax.Array
   index: jax.Array
 
@@ -57,9 +71,17 @@ class KVCache(NamedTuple):
 def init_cache(config: ModelConfig, batch_size: int, max_length: int) -> KVCache:
   """An empty cache of `max_length` slots, in the activation dtype."""
   shape = (batch_size, max_length, config.num_key_value_heads, config.head_dim)
+  mask, index = jnp.zeros((batch_size, max_length), bool), jnp.zeros((), jnp.int32)
+  if config.scan_layers:
+    shape = (config.num_hidden_layers, *shape)
+    return KVCache(k=jnp.zeros(shape, config.dtype), v=jnp.zeros(shape, config.dtype), mask=mask, index=index)
   zeros = tuple(jnp.zeros(shape, config.dtype) for _ in range(config.num_hidden_layers))
-  return KVCache(k=zeros, v=tuple(jnp.zeros(shape, config.dtype) for _ in zeros),
-                 mask=jnp.zeros((batch_size, max_length), bool), index=jnp.zeros((), jnp.int32))
+  return KVCache(k=zeros, v=tuple(jnp.zeros(shape, config.dtype) for _ in zeros), mask=mask, index=index)
+
+
+def cache_batch_axis(x: jax.Array) -> int:
+  """The batch axis of a cache's key or value array (1 when stacked over layers, else 0)."""
+  return x.ndim - 4
 
 
 def rope_inv_freq(config: ModelConfig) -> np.ndarray:
@@ -203,6 +225,16 @@ def _call_layer(layer, *args):
   return layer(*args)
 
 
+def _stacked_layer(config: ModelConfig, rngs: nnx.Rngs) -> DecoderLayer:
+  """A DecoderLayer whose every weight has a leading [num_hidden_layers] axis (called only through the scan).
+
+  Its values are never used: params come in through `_merge` (init_params draws them).
+  """
+  graphdef, state = nnx.split(DecoderLayer(config, rngs=rngs))
+  state = jax.tree.map(lambda x: jnp.broadcast_to(x, (config.num_hidden_layers, *x.shape)), state)
+  return nnx.merge(graphdef, state)
+
+
 class Embed(nnx.Module):
   """Token embedding table [vocab, embed]."""
 
@@ -219,8 +251,11 @@ class Decoder(nnx.Module):
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     self.config = config
     self.embed = Embed(config, rngs=rngs)
-    for i in range(config.num_hidden_layers):
-      setattr(self, f"layers_{i}", DecoderLayer(config, rngs=rngs))
+    if config.scan_layers:
+      setattr(self, STACKED, _stacked_layer(config, rngs))
+    else:
+      for i in range(config.num_hidden_layers):
+        setattr(self, f"layers_{i}", DecoderLayer(config, rngs=rngs))
     self.final_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, param_dtype=config.param_dtype)
 
   def __call__(self, tokens, *, positions=None, attention_mask=None, cache: KVCache | None = None):
@@ -246,19 +281,45 @@ class Decoder(nnx.Module):
     cos, sin = _rope_tables(c, positions)
 
     x = constrain(self.embed(tokens).astype(c.dtype), _BTE)
-    new_k, new_v = [], []
-    for i in range(c.num_hidden_layers):
-      layer = getattr(self, f"layers_{i}")
-      kv = None if cache is None else (cache.k[i], cache.v[i])
-      call = nnx.remat(_call_layer) if c.remat else _call_layer
-      x, kv = call(layer, x, cos, sin, allowed, kv, index)
-      if kv is not None:
-        new_k.append(kv[0])
-        new_v.append(kv[1])
+    if c.scan_layers:
+      x, new_k, new_v = self._scan(x, cos, sin, allowed, cache, index)
+    else:
+      new_k, new_v = [], []
+      for i in range(c.num_hidden_layers):
+        layer = getattr(self, f"layers_{i}")
+        kv = None if cache is None else (cache.k[i], cache.v[i])
+        call = nnx.remat(_call_layer, policy=_POLICIES[c.remat_policy]) if c.remat else _call_layer
+        x, kv = call(layer, x, cos, sin, allowed, kv, index)
+        if kv is not None:
+          new_k.append(kv[0])
+          new_v.append(kv[1])
+      new_k, new_v = tuple(new_k), tuple(new_v)
     x = self.final_norm(x)
     if cache is not None:
-      cache = KVCache(k=tuple(new_k), v=tuple(new_v), mask=key_mask, index=index + l)
+      cache = KVCache(k=new_k, v=new_v, mask=key_mask, index=index + l)
     return x, cache
+
+  def _scan(self, x, cos, sin, allowed, cache, index):
+    """The stacked layers as one `lax.scan`; the stacked cache rides in the carry, updated in place."""
+    c = self.config
+    graphdef, state = nnx.split(getattr(self, STACKED))
+
+    def body(carry, xs):
+      x, ks, vs = carry
+      layer_state, i = xs
+      layer = nnx.merge(graphdef, layer_state)
+      kv = None if ks is None else (constrain(ks[i], _KV), constrain(vs[i], _KV))
+      x, kv = layer(x, cos, sin, allowed, kv, index)
+      if kv is not None:
+        ks = jax.lax.dynamic_update_index_in_dim(ks, kv[0], i, 0)
+        vs = jax.lax.dynamic_update_index_in_dim(vs, kv[1], i, 0)
+      return (x, ks, vs), None
+
+    if c.remat:
+      body = jax.checkpoint(body, policy=_POLICIES[c.remat_policy], prevent_cse=False)
+    carry = (x, None, None) if cache is None else (x, cache.k, cache.v)
+    (x, ks, vs), _ = jax.lax.scan(body, carry, (state, jnp.arange(c.num_hidden_layers)))
+    return x, ks, vs
 
 
 class LMHead(nnx.Module):
@@ -298,14 +359,42 @@ def _pure_dict(state) -> Params:
   return nnx.to_pure_dict(state) if hasattr(nnx, "to_pure_dict") else state.to_pure_dict()
 
 
+def _layer_keys(config: ModelConfig) -> list[str]:
+  return [f"layers_{i}" for i in range(config.num_hidden_layers)]
+
+
+def stack_layers(params: Params, config: ModelConfig) -> Params:
+  """Unrolled params (`layers_{i}/...`) -> the scanned layout (`layers/...`, leading [L] axis).
+
+  Works on any params-shaped dict holding the layers (policy, backbone, a reward
+  model's "backbone"); other entries are kept as they are.
+  """
+  keys = _layer_keys(config)
+  out = {k: v for k, v in params.items() if k not in keys}
+  out[STACKED] = jax.tree.map(lambda *xs: jnp.stack(xs), *[params[k] for k in keys])
+  return out
+
+
+def unstack_layers(params: Params, config: ModelConfig) -> Params:
+  """The scanned layout -> unrolled params (inverse of `stack_layers`)."""
+  out = {k: v for k, v in params.items() if k != STACKED}
+  for i, key in enumerate(_layer_keys(config)):
+    out[key] = jax.tree.map(lambda x, i=i: x[i], params[STACKED])
+  return out
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def init_params(config: ModelConfig, key: jax.Array) -> Params:
   """Random parameters as a plain nested dict, distributed as `CausalLM(config, rngs)` initialises them.
 
   Kernels and embeddings are normal(0, 0.02), biases zero, norm scales one. All
   weights are cut from a single normal draw (one threefry program instead of
-  one per weight, which keeps compilation fast).
+  one per weight, which keeps compilation fast). With `config.scan_layers` the
+  values are those of the unrolled layout, stacked: the same key gives the same
+  model in both layouts.
   """
+  if config.scan_layers:
+    return stack_layers(init_params(config.replace(scan_layers=False), key), config)
   shapes = _pure_dict(_abstract(CausalLM, config)[1])
   leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
   sizes = [int(np.prod(leaf.shape)) for path, leaf in leaves if path[-1].key in ("kernel", "embedding")]
@@ -404,11 +493,17 @@ _LEAF_AXES = {
 
 
 def logical_axes_of(params_shapes: Params) -> Params:
-  """Logical axis names for every leaf of a params (or params-shaped) dict."""
+  """Logical axis names for every leaf of a params (or params-shaped) dict.
+
+  A leaf under a `layers` key (the scanned layout) has an extra leading layer
+  axis, named None (never sharded).
+  """
 
   def names(path, leaf):
     key = tuple(p.key for p in path[-2:])
     axes = _LEAF_AXES[key]
+    if any(getattr(p, "key", None) == STACKED for p in path[:-2]):
+      axes = (None, *axes)
     if len(axes) != len(leaf.shape):
       raise ValueError(f"logical axes {axes} do not match shape {leaf.shape} at {jax.tree_util.keystr(path)}")
     return axes
