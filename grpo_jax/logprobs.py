@@ -101,16 +101,21 @@ def jit_token_logprobs(config: ModelConfig, *, mesh: Mesh | None = None, rules: 
                                                                    jax.random.key(0)))
   compiled = {}
 
-  def call(params, tokens, attention_mask):
-    shape = tuple(tokens.shape)
+  def jitted(shape):
+    """The jitted function for tokens of `shape` and the rows' sharding (built once per shape)."""
+    shape = tuple(shape)
     if shape not in compiled:
       rows = sharding.logical_sharding(mesh, rules, ("batch", None), shape)
       out = (rows, rows) if return_entropy else rows
       compiled[shape] = (sharding.jit_with_rules(body, mesh, rules, in_shardings=(params_sh, rows, rows),
                                                  out_shardings=out), rows)
-    fn, rows = compiled[shape]
+    return compiled[shape]
+
+  def call(params, tokens, attention_mask):
+    fn, rows = jitted(tokens.shape)
     return fn(*sharding.put((params, tokens, attention_mask), (params_sh, rows, rows)))
 
+  call.jitted = lambda shape: jitted(shape)[0]  # ahead of time: call.jitted(shape).lower(abstract args)
   return call
 
 

@@ -207,16 +207,8 @@ def sample(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: j
   chex.assert_equal_shape([prompt_tokens, prompt_mask])
   if not greedy and not temperature > 0:
     raise ValueError(f"temperature must be > 0 (use greedy=True for argmax), got {temperature}")
-  if not 0.0 < top_p <= 1.0:
-    raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-  if max_new_tokens < 1 or num_samples < 1:
-    raise ValueError(f"max_new_tokens and num_samples must be >= 1, got {max_new_tokens}, {num_samples}")
-  eos = config.eos_token_ids if eos_token_ids is None else tuple(eos_token_ids)
-  stop_ids = tuple(sorted({int(i) for i in (*eos, *stop_token_ids)}))
-  if pad_id is None:
-    pad_id = 0 if config.pad_token_id is None else config.pad_token_id
-  static = dict(config=config, num_samples=int(num_samples), max_new_tokens=int(max_new_tokens), top_k=int(top_k),
-                top_p=float(top_p), greedy=bool(greedy), stop_ids=stop_ids, pad_id=int(pad_id))
+  static = _static_args(config, num_samples=num_samples, max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p,
+                        greedy=greedy, eos_token_ids=eos_token_ids, stop_token_ids=stop_token_ids, pad_id=pad_id)
   if (mesh is None) != (rules is None):
     raise ValueError("sample: pass both mesh and rules, or neither")
   if mesh is None:
@@ -230,3 +222,32 @@ def sample(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: j
       (params, as_int(prompt_tokens), as_bool(prompt_mask), key, np.float32(temperature)),
       (param_sh, row_sh, row_sh, scalar_sh, scalar_sh))
   return fn(params, prompt_tokens, prompt_mask, key, temperature)
+
+
+def _static_args(config: ModelConfig, *, num_samples, max_new_tokens, top_k, top_p, greedy, eos_token_ids,
+                 stop_token_ids, pad_id) -> dict:
+  """The compile-time arguments of `_sample_impl`, checked."""
+  if not 0.0 < top_p <= 1.0:
+    raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+  if max_new_tokens < 1 or num_samples < 1:
+    raise ValueError(f"max_new_tokens and num_samples must be >= 1, got {max_new_tokens}, {num_samples}")
+  eos = config.eos_token_ids if eos_token_ids is None else tuple(eos_token_ids)
+  stop_ids = tuple(sorted({int(i) for i in (*eos, *stop_token_ids)}))
+  if pad_id is None:
+    pad_id = 0 if config.pad_token_id is None else config.pad_token_id
+  return dict(config=config, num_samples=int(num_samples), max_new_tokens=int(max_new_tokens), top_k=int(top_k),
+              top_p=float(top_p), greedy=bool(greedy), stop_ids=stop_ids, pad_id=int(pad_id))
+
+
+def jit_sample(config: ModelConfig, prompt_shape: tuple[int, int], *, mesh: Mesh, rules: Mapping,
+               num_samples: int = 1, max_new_tokens: int = 64, top_k: int = 0, top_p: float = 1.0,
+               greedy: bool = False, eos_token_ids: Sequence[int] | None = None, stop_token_ids: Sequence[int] = (),
+               pad_id: int | None = None):
+  """The jitted program that `sample(..., mesh=mesh, rules=rules)` runs for prompts of `prompt_shape`.
+
+  `fn(params, prompt_tokens, prompt_mask, key, temperature) -> SampleOutput`, with explicit in/out
+  shardings; for compiling ahead of time: `fn.lower(<jax.ShapeDtypeStruct args>).compile()`.
+  """
+  static = _static_args(config, num_samples=num_samples, max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p,
+                        greedy=greedy, eos_token_ids=eos_token_ids, stop_token_ids=stop_token_ids, pad_id=pad_id)
+  return _sharded_sampler(mesh, sharding.freeze_rules(rules), tuple(prompt_shape), **static)[0]
