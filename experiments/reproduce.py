@@ -566,8 +566,8 @@ def report(study: spec.Study, profile: str, seeds: list[int], jobs: list[Job],
           held_out.add(n)
     runs[run.name] = {
         "label": run.display, "module": run.module, "flags": study.flags_for(run, profile),
-        "command_seed0": " ".join(own[0].argv) if own else "",
-        "directories": {j.seed: str(j.directory) for j in own},
+        "command_seed0": _shown(" ".join(own[0].argv)) if own else "",
+        "directories": {j.seed: _shown(str(j.directory)) for j in own},
         "status": {j.seed: (outcomes[j.key].status if j.key in outcomes
                             else ("cached" if j.summary.is_file() else "missing")) for j in own},
         "wall_time_s": times, "num_eval_problems": sorted(held_out)}
@@ -582,6 +582,11 @@ def report(study: spec.Study, profile: str, seeds: list[int], jobs: list[Job],
   (out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
   (out_dir / "results.md").write_text(markdown(study, results, cells, plots))
   return results
+
+
+def _shown(text: str) -> str:
+  """Paths inside the repository relative to it, the interpreter as `python`."""
+  return text.replace(sys.executable, "python").replace(str(ROOT) + "/", "")
 
 
 def markdown(study: spec.Study, results: dict, cells: list[dict], plots: list[pathlib.Path]) -> str:
@@ -610,8 +615,7 @@ def markdown(study: spec.Study, results: dict, cells: list[dict], plots: list[pa
   for name, r in results["runs"].items():
     times = ", ".join("-" if t is None else f"{t / 60:.1f}" for t in r["wall_time_s"].values())
     status = ", ".join(sorted(set(r["status"].values())))
-    command = r["command_seed0"].replace(str(ROOT) + "/", "").replace(sys.executable, "python")
-    lines.append(f"| {r['label']} | {times} | {status} | `{command}` |")
+    lines.append(f"| {r['label']} | {times} | {status} | `{r['command_seed0']}` |")
   if results["failures"]:
     lines += ["", "## Failures", ""]
     lines += [f"- {f['run']} seed {f['seed']}: {f['status']}: {f['message']}" for f in results["failures"]]
