@@ -30,6 +30,7 @@ import math
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -483,7 +484,7 @@ def draw(study: spec.Study, cells: list[dict], out_dir: pathlib.Path) -> list[pa
     fig, axes = plt.subplots(1, len(plot.panels), figsize=(5.2 * len(plot.panels), 4.0), squeeze=False)
     for ax, panel in zip(axes[0], plot.panels):
       runs = [study.run(n) for n in panel.runs] if panel.runs else list(study.runs)
-      percent, drawn = True, False
+      percent, drawn, label = True, False, panel.metrics[0]
       if plot.x == "run":
         metrics = panel.metrics
         groups = [r for r in runs if any(c["run"] == r.name for m in metrics for c in by_metric.get(m, ()))]
@@ -516,7 +517,7 @@ def draw(study: spec.Study, cells: list[dict], out_dir: pathlib.Path) -> list[pa
             xs = [c["k"] for c in cs]
           if not cs:
             continue
-          percent = cs[0]["percent"]
+          percent, label = cs[0]["percent"], cs[0]["label"]
           scale = 100.0 if percent else 1.0
           mean = [scale * c["mean"] for c in cs]
           se = [scale * (c["se"] or 0.0) for c in cs]
@@ -536,7 +537,8 @@ def draw(study: spec.Study, cells: list[dict], out_dir: pathlib.Path) -> list[pa
         ax.text(0.5, 0.5, "no finished runs", ha="center", va="center", transform=ax.transAxes)
       ax.set_title(panel.title or (panel.metric if isinstance(panel.metric, str) else ""), fontsize=10)
       ax.set_xlabel(plot.xlabel or {"step": "training step", "k": "K", "run": ""}[plot.x])
-      ax.set_ylabel(panel.ylabel or (f"{panel.metrics[0]} (%)" if percent else panel.metrics[0]))
+      label = label.replace("{k}", "K")
+      ax.set_ylabel(panel.ylabel or (f"{label} (%)" if percent else label))
       ax.grid(alpha=0.3)
     title = plot.title or study.title
     fig.suptitle(f"{title}\nmean ± standard error over seeds", fontsize=10)
@@ -566,7 +568,7 @@ def report(study: spec.Study, profile: str, seeds: list[int], jobs: list[Job],
           held_out.add(n)
     runs[run.name] = {
         "label": run.display, "module": run.module, "flags": study.flags_for(run, profile),
-        "command_seed0": _shown(" ".join(own[0].argv)) if own else "",
+        "command_seed0": _shown(shlex.join(own[0].argv)) if own else "",
         "directories": {j.seed: _shown(str(j.directory)) for j in own},
         "status": {j.seed: (outcomes[j.key].status if j.key in outcomes
                             else ("cached" if j.summary.is_file() else "missing")) for j in own},
@@ -615,7 +617,8 @@ def markdown(study: spec.Study, results: dict, cells: list[dict], plots: list[pa
   for name, r in results["runs"].items():
     times = ", ".join("-" if t is None else f"{t / 60:.1f}" for t in r["wall_time_s"].values())
     status = ", ".join(sorted(set(r["status"].values())))
-    lines.append(f"| {r['label']} | {times} | {status} | `{r['command_seed0']}` |")
+    command = r["command_seed0"].replace("\n", " ")
+    lines.append(f"| {r['label']} | {times} | {status} | `{command}` |")
   if results["failures"]:
     lines += ["", "## Failures", ""]
     lines += [f"- {f['run']} seed {f['seed']}: {f['status']}: {f['message']}" for f in results["failures"]]
