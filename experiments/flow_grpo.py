@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import grpo_math
+from experiments.methods import resume as resume_lib
 from grpo_jax import agents
 from grpo_jax import data
 from grpo_jax import logprobs as logprobs_lib
@@ -248,11 +249,14 @@ def run_flow_grpo(policy, reference, config, agent: Agent, task: grpo_math.Task,
   key = jax.random.PRNGKey(FLAGS.seed)
   position, start = 0, 0
   if FLAGS.resume and ckpt.latest_step() is not None:
-    state, meta = ckpt.restore(state)
+    state, meta = ckpt.restore_intact(
+        state, check=lambda meta, step: resume_lib.check_flags(meta.get("flags"), step, grpo_math._note))
+    dropped = logger.rewind(meta.get("metrics_offset"))  # records of steps after the checkpoint: re-run below
     start, position = int(meta["step"]), int(meta["data_position"])
     key = jnp.asarray(meta["key"], jnp.uint32)
     sft_accuracy = meta.get("sft_accuracy", sft_accuracy)
-    print(f"resumed from step {start} in {ckpt.directory}", file=sys.stderr)
+    print(f"resumed from step {start} in {ckpt.directory}" + (
+        f" ({dropped} metrics.jsonl records of later steps dropped)" if dropped else ""), file=sys.stderr)
   loss_kwargs = dict(epsilon=FLAGS.epsilon, epsilon_high=FLAGS.epsilon_high, beta=FLAGS.beta, kl=FLAGS.kl or "k3",
                      dual_clip=FLAGS.dual_clip)
   temperature = FLAGS.temperature  # π ∝ exp(logits / T), the distribution the actions were sampled from
@@ -299,7 +303,8 @@ def run_flow_grpo(policy, reference, config, agent: Agent, task: grpo_math.Task,
       print(f"step {step}: held-out accuracy {values['eval/accuracy']:.3f}", file=sys.stderr)
     if (FLAGS.save_every and step % FLAGS.save_every == 0) or step == FLAGS.steps or step == FLAGS.stop_after:
       ckpt.save(step, state, {"step": step, "data_position": position, "key": np.asarray(key).tolist(),
-                              "sft_accuracy": sft_accuracy})
+                              "sft_accuracy": sft_accuracy, "flags": resume_lib.run_flags(),
+                              "metrics_offset": logger.offset()})
     if step == FLAGS.stop_after:
       logger.newline()
       print(f"stopping after step {step} (--stop_after); continue with --resume", file=sys.stderr)
@@ -337,10 +342,12 @@ def run() -> dict:
                              "--work_dir")
   if FLAGS.resume and not (ckpt_dir.is_dir() and any(ckpt_dir.iterdir())):
     raise grpo_math.RunError(f"--resume: no checkpoint in {ckpt_dir}")
+  if FLAGS.resume:  # refuse other flags before anything (flags.txt included) is written
+    resume_lib.check_before_writing(ckpt_dir, grpo_math._note)
   t_start = time.time()
   work_dir.mkdir(parents=True, exist_ok=True)
   (work_dir / "flags.txt").write_text(FLAGS.flags_into_string())
-  params, config, tokenizer, needs_sft, source = grpo_math._load_policy(work_dir)
+  params, config, tokenizer, needs_sft, source = grpo_math._load_policy(work_dir, marker_name=SFT_MARKER)
   task = grpo_math.Task(tokenizer, sft_lineage=needs_sft or _sft_lineage(source))
   agent = Agent(tokenizer)
   logger = training.MetricsLogger(work_dir, FLAGS.steps, tensorboard=FLAGS.tensorboard)
@@ -353,9 +360,8 @@ def run() -> dict:
   if needs_sft and FLAGS.sft_steps:
     print(f"stage 1: SFT on teacher trajectories, {FLAGS.sft_steps} steps", file=sys.stderr)
     params = warm_start(params, config, agent, task, logger)
-    grpo_math.export(params, config, source, work_dir / "sft_policy")
-    (work_dir / "sft_policy" / SFT_MARKER).write_text(json.dumps({"sft_examples": FLAGS.sft_examples,
-                                                                  "seed": FLAGS.seed, "task": FLAGS.task}))
+    grpo_math.export(params, config, source, work_dir / "sft_policy",
+                     {SFT_MARKER: grpo_math.sft_marker(FLAGS.task, FLAGS.sft_examples, FLAGS.seed)})
   start_eval = {}
   if not FLAGS.resume:
     start_eval = logger.log(0, evaluate_agent(params, config, agent, task, eval_key), prefix="eval/")
@@ -412,7 +418,11 @@ def main(argv):
     run()
   except (grpo_math.RunError, models.CheckpointError, data.DatasetError, checkpointing.CheckpointError,
           FloatingPointError, ValueError, OSError) as err:
+    training.end_progress_line()
     sys.exit(f"flow_grpo: error: {err}")
+  except BaseException:
+    training.end_progress_line()
+    raise
 
 
 if __name__ == "__main__":

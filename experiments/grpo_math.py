@@ -33,6 +33,7 @@ import numpy as np
 
 from experiments import methods as methods_lib
 from experiments.methods import learned_reward
+from experiments.methods import resume as resume_lib
 from grpo_jax import data
 from grpo_jax import distributed
 from grpo_jax import evaluation
@@ -135,7 +136,7 @@ FLAGS = flags.FLAGS
 
 
 def _validators():
-  positive = ["tiny_layers", "tiny_hidden_size", "sft_batch_size", "num_train", "num_test", "max_prompt_len", "max_new_tokens", "batch_size", "num_epochs",
+  positive = ["tiny_layers", "sft_batch_size", "num_train", "num_test", "max_prompt_len", "max_new_tokens", "batch_size", "num_epochs",
               "grad_accum_steps", "eval_batch_size", "keep_checkpoints", "dynamic_sampling_max_rounds"]
   for name in positive:
     flags.register_validator(name, lambda v: v is not None and v >= 1, message=f"--{name} must be >= 1")
@@ -172,6 +173,11 @@ def _validators():
       ["sft_steps", "sft_batch_size", "grad_accum_steps"],
       lambda f: f["sft_steps"] == 0 or f["sft_batch_size"] % f["grad_accum_steps"] == 0,
       message="--sft_batch_size must be divisible by --grad_accum_steps")
+  heads = models.tiny_config().num_attention_heads
+  flags.register_validator(
+      "tiny_hidden_size", lambda v: v is not None and v >= 1 and v % (2 * heads) == 0,
+      message=f"--tiny_hidden_size must be a positive multiple of {2 * heads} (the embedded model's {heads} attention "
+              f"heads each need an even head size for RoPE)")
   learned_reward.register_validators()
 
 
@@ -302,6 +308,12 @@ def _combine(name: str, values: list[float]) -> float:
   return float(np.mean(values))
 
 
+def _note(line: str) -> None:
+  """A one-line note on stderr, on a line of its own."""
+  training.end_progress_line()
+  print(line, file=sys.stderr)
+
+
 def _check_finite(values: dict, where: str):
   bad = [k for k, v in values.items() if not np.isfinite(v)]
   if bad:
@@ -342,7 +354,9 @@ def run_rl(method: methods_lib.Method, policy, task: Task, logger, ckpt: trainin
 
   position, start = 0, 0
   if FLAGS.resume and ckpt.latest_step() is not None:
-    tree, meta = ckpt.restore(checkpoint_tree(state))
+    tree, meta = ckpt.restore_intact(
+        checkpoint_tree(state), check=lambda meta, step: resume_lib.check_flags(meta.get("flags"), step, _note))
+    dropped = logger.rewind(meta.get("metrics_offset"))  # records of steps after the checkpoint: re-run below
     state = tree["train"]
     if updates:
       method.reference = tree["reference"]
@@ -350,7 +364,8 @@ def run_rl(method: methods_lib.Method, policy, task: Task, logger, ckpt: trainin
     start, position = int(meta["step"]), int(meta["data_position"])
     key = jnp.asarray(meta["key"], jnp.uint32)
     sft_accuracy = meta.get("sft_accuracy", sft_accuracy)
-    print(f"resumed from step {start} in {ckpt.directory}", file=sys.stderr)
+    print(f"resumed from step {start} in {ckpt.directory}" + (
+        f" ({dropped} metrics.jsonl records of later steps dropped)" if dropped else ""), file=sys.stderr)
   # Offline data comes from the start policy (the reference), so a resumed run rebuilds the same dataset.
   prepared = method.prepare(policy, jax.random.fold_in(jax.random.PRNGKey(FLAGS.seed), 2))
   if prepared:
@@ -406,7 +421,8 @@ def run_rl(method: methods_lib.Method, policy, task: Task, logger, ckpt: trainin
     if (FLAGS.save_every and step % FLAGS.save_every == 0) or step == FLAGS.steps or step == FLAGS.stop_after:
       ckpt.save(step, checkpoint_tree(state), {"step": step, "data_position": position,
                                                "key": np.asarray(key).tolist(), "sft_accuracy": sft_accuracy,
-                                               "algo": method.name})
+                                               "algo": method.name, "flags": resume_lib.run_flags(),
+                                               "metrics_offset": logger.offset()})
     if step == FLAGS.stop_after:
       logger.newline()
       print(f"stopping after step {step} (--stop_after); continue with --resume", file=sys.stderr)
@@ -431,16 +447,26 @@ def _tiny_overrides() -> dict:
               intermediate_size=3 * FLAGS.tiny_hidden_size)
 
 
-def _load_policy(work_dir: pathlib.Path, placement: methods_lib.Placement | None = None):
-  """(params, config, tokenizer, needs_sft, path) of the starting policy, placed by `placement`'s rules."""
+SFT_MARKER = "grpo_jax_sft.json"  # written into a run's sft_policy: it was fine-tuned on the first --sft_examples
+
+
+def _load_policy(work_dir: pathlib.Path, placement: methods_lib.Placement | None = None,
+                 marker_name: str = SFT_MARKER):
+  """(params, config, tokenizer, needs_sft, path) of the starting policy, placed by `placement`'s rules;
+  `marker_name` is the runner's SFT marker, which the work dir's own sft_policy must hold."""
   runtime = dict(dtype=FLAGS.dtype, param_dtype=FLAGS.dtype, remat=FLAGS.remat)
   sft_dir = work_dir / "sft_policy"
   if FLAGS.init_checkpoint:
     path, needs_sft = pathlib.Path(FLAGS.init_checkpoint), False
   elif FLAGS.model:
     path, needs_sft = pathlib.Path(FLAGS.model), False
-  elif (sft_dir / "model.safetensors").is_file() or FLAGS.sft_steps == 0:
-    path, needs_sft = (sft_dir if (sft_dir / "model.safetensors").is_file() else work_dir / "base_model"), False
+  elif sft_dir.exists():  # exported whole with its marker (`export`), by an earlier run in this work_dir
+    if not (sft_dir / marker_name).is_file():
+      raise RunError(f"{sft_dir} has no {marker_name}: not an SFT policy this runner exported whole; remove it "
+                     f"to redo stage 1, or pass it as --init_checkpoint")
+    path, needs_sft = sft_dir, False
+  elif FLAGS.sft_steps == 0:
+    path, needs_sft = work_dir / "base_model", False
   else:
     path, needs_sft = work_dir / "base_model", True
   if path == work_dir / "base_model":
@@ -451,7 +477,6 @@ def _load_policy(work_dir: pathlib.Path, placement: methods_lib.Placement | None
   return params, config, models.load_tokenizer(path), needs_sft, path
 
 
-SFT_MARKER = "grpo_jax_sft.json"  # written into a run's sft_policy: it was fine-tuned on the first --sft_examples
 
 
 def _sft_lineage(source: pathlib.Path, marker_name: str = SFT_MARKER) -> bool:
@@ -470,8 +495,9 @@ def _sft_lineage(source: pathlib.Path, marker_name: str = SFT_MARKER) -> bool:
   return recorded.get("task") == FLAGS.task
 
 
-def export(params, config, source: pathlib.Path, target: pathlib.Path) -> None:
-  """Writes params in HF format with the source checkpoint's tokenizer files, as they were.
+def export(params, config, source: pathlib.Path, target: pathlib.Path, extra_files: dict | None = None) -> None:
+  """Writes params in HF format with the source checkpoint's tokenizer files, as they were, plus
+  `extra_files` (name -> text, e.g. the SFT marker); the directory appears whole or not at all.
 
   Every process calls it (global arrays are gathered); process 0 writes.
   """
@@ -479,12 +505,20 @@ def export(params, config, source: pathlib.Path, target: pathlib.Path) -> None:
   if not distributed.is_main_process():
     distributed.barrier(f"export {target.name}")
     return
-  models.save_hf(params, config, target)
-  for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-               "vocab.json", "merges.txt", "generation_config.json", "chat_template.jinja"):
-    if (source / name).is_file():
-      shutil.copyfile(source / name, target / name)
+  with training.atomic_directory(target) as tmp:
+    models.save_hf(params, config, tmp)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                 "vocab.json", "merges.txt", "generation_config.json", "chat_template.jinja"):
+      if (source / name).is_file():
+        shutil.copyfile(source / name, tmp / name)
+    for name, text in (extra_files or {}).items():
+      (tmp / name).write_text(text)
   distributed.barrier(f"export {target.name}")
+
+
+def sft_marker(task: str, sft_examples: int, seed: int) -> str:
+  """The marker file's text: which problems stage 1 fine-tuned on."""
+  return json.dumps({"sft_examples": sft_examples, "seed": seed, "task": task})
 
 
 def run() -> dict:
@@ -506,6 +540,8 @@ def run() -> dict:
   _check_divisible(placement.data_parallel)
   if jax.process_count() > 1 and FLAGS.iterations > 1:
     raise RunError("--iterations > 1 (reward-model retraining) runs in one process only for now")
+  if FLAGS.resume:  # refuse other flags before anything (flags.txt included) is written
+    resume_lib.check_before_writing(ckpt_dir, _note)
   main_process = distributed.is_main_process()
   t_start = time.time()
   work_dir.mkdir(parents=True, exist_ok=True)
@@ -521,10 +557,8 @@ def run() -> dict:
   if needs_sft and FLAGS.sft_steps:
     print(f"stage 1: SFT warm start, {FLAGS.sft_steps} steps", file=sys.stderr)
     params = supervised_warm_start(params, config, task, logger, placement)
-    export(params, config, source, work_dir / "sft_policy")
-    if main_process:
-      (work_dir / "sft_policy" / SFT_MARKER).write_text(json.dumps({"sft_examples": FLAGS.sft_examples,
-                                                                    "seed": FLAGS.seed, "task": FLAGS.task}))
+    export(params, config, source, work_dir / "sft_policy",
+           {SFT_MARKER: sft_marker(FLAGS.task, FLAGS.sft_examples, FLAGS.seed)})
   start_accuracy = None  # on --resume it comes from the checkpoint
   if not FLAGS.resume:
     start_eval = logger.log(0, evaluate(params, config, task, eval_key, placement), prefix="eval/")
@@ -601,7 +635,11 @@ def main(argv):
     run()
   except (RunError, models.CheckpointError, data.DatasetError, checkpointing.CheckpointError,
           FloatingPointError, ValueError, OSError) as err:
+    training.end_progress_line()
     sys.exit(f"grpo_math: error: {err}")
+  except BaseException:
+    training.end_progress_line()
+    raise
 
 
 if __name__ == "__main__":

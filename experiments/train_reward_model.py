@@ -194,7 +194,8 @@ def run() -> dict:
   _print_eval("held-out after training", after)
 
   # SAVE
-  rm.save_reward_model(state.params, config, model_dir, kind=FLAGS.rm_kind, tokenizer_dir=policy_dir)
+  with training.atomic_directory(model_dir) as tmp:  # whole or not at all: a half-written one is never used
+    rm.save_reward_model(state.params, config, tmp, kind=FLAGS.rm_kind, tokenizer_dir=policy_dir)
   summary = {"kind": FLAGS.rm_kind, "loss": FLAGS.rm_loss, "backbone": FLAGS.rm_init or str(policy_dir),
              "step_labels": "outcome" if FLAGS.rm_kind in rm.OUTCOME_KINDS else step_labels,
              "train_completions": int(train_data.tokens.shape[0]), "eval_completions": int(eval_data.tokens.shape[0]),
@@ -231,7 +232,11 @@ def main(argv):
     run()
   except (grpo_math.RunError, models.CheckpointError, data.DatasetError, checkpointing.CheckpointError,
           FloatingPointError, ValueError, OSError) as err:
+    training.end_progress_line()
     sys.exit(f"train_reward_model: error: {err}")
+  except BaseException:
+    training.end_progress_line()
+    raise
 
 
 if __name__ == "__main__":

@@ -81,7 +81,8 @@ def _free_port() -> int:
 def _spawn(mode: str, out: pathlib.Path, port: int) -> list[subprocess.Popen]:
   procs = []
   for pid in range(2):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
+    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]), JAX_PLATFORMS="cpu",
+               JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2",
                JAX_PROCESS_ID=str(pid), XLA_FLAGS=" ".join(
                    [os.environ.get("XLA_FLAGS", ""), "--xla_force_host_platform_device_count=4"]))
     procs.append(subprocess.Popen([sys.executable, __file__, mode, str(out)], env=env, stdout=subprocess.PIPE,

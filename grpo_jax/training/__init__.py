@@ -1,7 +1,8 @@
 """Training machinery shared by the runners: optimiser, jitted update steps, rollouts, checkpoints, logs."""
 
+from grpo_jax.training.atomic_dir import atomic_directory
 from grpo_jax.training.checkpointing import Checkpointer
-from grpo_jax.training.logger import MetricsLogger
+from grpo_jax.training.logger import MetricsLogger, end_progress_line
 from grpo_jax.training.optimizer import make_optimizer
 from grpo_jax.training.rollout import Batch, PPOBatch, batch_from_samples, encode_prompts, pad_left, supervised_batch
 from grpo_jax.training.update import TrainState, grpo_objective, init_train_state, make_train_step, sft_objective
@@ -12,8 +13,10 @@ __all__ = (
     "Checkpointer",
     "MetricsLogger",
     "TrainState",
+    "atomic_directory",
     "batch_from_samples",
     "encode_prompts",
+    "end_progress_line",
     "grpo_objective",
     "init_train_state",
     "make_optimizer",

@@ -3,6 +3,10 @@
 Orbax writes each step to a temporary directory and renames it when complete, so a crash
 mid-save never leaves a checkpoint that restores half-written; `max_to_keep` prunes old steps.
 
+A damaged checkpoint (a truncated or corrupt file) is never used: `restore_intact` tries the
+steps newest first, says which one is damaged and why, and moves it aside to
+`<directory>_damaged/<step>` (kept for inspection, never deleted) once an older one restored.
+
 Multi-host: every process constructs the Checkpointer and calls `save`/`restore` with the same
 arguments (the directory on a file system they share); each process writes the shards of its own
 devices, process 0 the metadata, and orbax synchronises the processes. Arrays are stored whole
@@ -10,13 +14,17 @@ devices, process 0 the metadata, and orbax synchronises the processes. Arrays ar
 the reverse, given the target shardings.
 """
 
+import gc
 import pathlib
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from grpo_jax import sharding
 
@@ -42,6 +50,22 @@ def _all_finite(tree) -> bool:
   return bool(np.asarray(ok.addressable_data(0)))
 
 
+def _first_line(err: BaseException) -> str:
+  text = str(err).strip().split(" See full TensorStore details")[0]
+  return text.splitlines()[0][:300] if text else type(err).__name__
+
+
+def _collect_failed_reads() -> None:
+  """Collects orbax's other read coroutines of a failed restore now, quietly: each holds the same error, and
+  Python would print each as "Exception ignored in <coroutine>" (dozens of lines) when it is collected."""
+  previous = sys.unraisablehook
+  sys.unraisablehook = lambda unraisable: None
+  try:
+    gc.collect()
+  finally:
+    sys.unraisablehook = previous
+
+
 class Checkpointer:
   """Saves and restores `(state, metadata)` under `directory/<step>/`.
 
@@ -57,6 +81,9 @@ class Checkpointer:
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    return list(self._manager.all_steps())
 
   def save(self, step: int, state: Any, metadata: dict) -> None:
     """Saves synchronously; refuses a state with NaN or inf so no bad checkpoint is ever written."""
@@ -81,10 +108,77 @@ class Checkpointer:
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(sharding.abstract(abstract_state, shardings)), metadata=ocp.args.JsonRestore()))
-    except (ValueError, KeyError, FileNotFoundError) as err:
-      raise CheckpointError(f"checkpoint {self.directory / str(step)} does not match this run: "
-                            f"{str(err).splitlines()[0]}") from None
+    except Exception as err:  # pylint: disable=broad-except  (tensorstore raises bare Exception on bad data)
+      _collect_failed_reads()
+      raise CheckpointError(f"checkpoint {self.directory / str(step)} cannot be restored (damaged, or saved by a "
+                            f"different run): {_first_line(err)}") from None
+    if not isinstance(restored["metadata"], dict):
+      raise CheckpointError(f"checkpoint {self.directory / str(step)}: its metadata is not a JSON object")
     return restored["state"], restored["metadata"]
+
+  def metadata(self, step: int) -> dict:
+    """The JSON metadata saved with `step`, without restoring the state."""
+    try:
+      meta = self._manager.restore(step, args=ocp.args.Composite(metadata=ocp.args.JsonRestore()))["metadata"]
+    except Exception as err:  # pylint: disable=broad-except
+      raise CheckpointError(f"checkpoint {self.directory / str(step)}: unreadable metadata ({_first_line(err)})"
+                            ) from None
+    if not isinstance(meta, dict):
+      raise CheckpointError(f"checkpoint {self.directory / str(step)}: its metadata is not a JSON object")
+    return meta
+
+  def restore_intact(self, abstract_state: Any, shardings: Any = None,
+                     check: Callable[[dict, int], None] | None = None,
+                     report: Callable[[str], None] | None = None) -> tuple[Any, dict]:
+    """Restores the newest step that restores cleanly; the damaged newer ones are moved aside.
+
+    Args:
+      abstract_state, shardings: as in `restore`.
+      check: called with (metadata, step) of each candidate before its state is read; it raises to refuse
+        the run (e.g. flags that differ from the checkpoint's). Its error propagates and nothing is moved.
+      report: where the one-line notes about damaged steps go (default: stderr).
+
+    Raises:
+      CheckpointError: no step restores; the message names each step and why.
+    """
+    report = report or (lambda line: print(line, file=sys.stderr))
+    steps = sorted(self.all_steps(), reverse=True)
+    if not steps:
+      raise CheckpointError(f"no checkpoint to resume from in {self.directory}")
+    failures = []
+    for step in steps:
+      try:
+        meta = self.metadata(step)
+        if check is not None:
+          check(meta, step)
+        state, meta = self.restore(abstract_state, step, shardings)
+      except CheckpointError as err:
+        failures.append((step, str(err)))
+        report(f"{err}; trying an older checkpoint" if step != steps[-1] else str(err))
+        continue
+      for damaged, _ in failures:
+        self._move_aside(damaged)
+        report(f"checkpoint step {damaged} moved aside to {self._damaged_dir / str(damaged)}; "
+               f"continuing from step {step}")
+      return state, meta
+    raise CheckpointError(f"no intact checkpoint in {self.directory} (tried steps "
+                          f"{', '.join(str(s) for s, _ in failures)}; newest: {failures[0][1]})")
+
+  @property
+  def _damaged_dir(self) -> pathlib.Path:
+    return self.directory.with_name(self.directory.name + "_damaged")
+
+  def _move_aside(self, step: int) -> None:
+    """Moves step `step` out of the manager's directory (process 0), so the step can be saved again."""
+    if jax.process_index() == 0:
+      self._damaged_dir.mkdir(parents=True, exist_ok=True)
+      target, copy = self._damaged_dir / str(step), 1
+      while target.exists():  # an earlier damaged copy of the same step stays too
+        target, copy = self._damaged_dir / f"{step}.{copy}", copy + 1
+      (self.directory / str(step)).rename(target)
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices(f"checkpoint_move_aside_{step}")
+    self._manager.reload()
 
   def close(self) -> None:
     self._manager.close()

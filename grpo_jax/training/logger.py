@@ -10,6 +10,18 @@ import jax
 import numpy as np
 
 
+_open_line = False  # a progress bar is on the terminal's current line, not yet ended by a newline
+
+
+def end_progress_line() -> None:
+  """Ends an open progress bar's line, so that what is printed next (an error) starts on a line of its own."""
+  global _open_line
+  if _open_line:
+    sys.stderr.write("\n")
+    sys.stderr.flush()
+    _open_line = False
+
+
 def _scalar(x):
   x = np.asarray(x)
   return x.item() if x.size == 1 else None
@@ -75,10 +87,31 @@ class MetricsLogger:
     line = f"\r[{bar}] {step}/{self.total_steps} {per_step:.2f}s/step ETA {eta // 60:.0f}m{eta % 60:02.0f}s {text}"
     sys.stderr.write(line[:200].ljust(120))
     sys.stderr.flush()
+    global _open_line
+    _open_line = True
 
   def newline(self) -> None:
     if self.enabled:
-      sys.stderr.write("\n")
+      end_progress_line()
+
+  def offset(self) -> int:
+    """The length in bytes of `metrics.jsonl` so far; saved with a checkpoint, see `rewind`."""
+    return self._jsonl.tell() if self._jsonl is not None else 0
+
+  def rewind(self, offset: int | None) -> int:
+    """Drops what `metrics.jsonl` holds past `offset` (what was logged after a checkpoint, before a crash), so a
+    resumed run logs each step once. Returns the number of records dropped."""
+    if self._jsonl is None or offset is None or offset >= self._jsonl.tell():
+      return 0
+    path = pathlib.Path(self._jsonl.name)
+    self._jsonl.close()
+    with open(path, "rb") as f:
+      f.seek(offset)
+      dropped = f.read().count(b"\n")
+    with open(path, "r+b") as f:
+      f.truncate(offset)
+    self._jsonl = open(path, "a", encoding="utf-8")
+    return dropped
 
   def close(self) -> None:
     if self._jsonl is not None:

@@ -1,0 +1,157 @@
+"""`--resume` trusts nothing it has not checked: the flags a checkpoint was saved with (experiments/methods/
+resume.py), damaged checkpoints, metrics logged after the checkpoint, and what earlier runs exported."""
+
+import hashlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+from absl import flags
+import jax
+import numpy as np
+import pytest
+
+from experiments import grpo_math
+from experiments.methods import resume as resume_lib
+from grpo_jax import models
+from grpo_jax.training import checkpointing
+from tests.conftest import HANG_GUARD_S
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TINY = ["--max_prompt_len=16", "--max_new_tokens=16", "--num_train=200", "--num_test=8", "--batch_size=4",
+        "--group_size=4", "--eval_batch_size=8", "--tensorboard=false", "--tiny_layers=1", "--tiny_hidden_size=32"]
+COMMON = ["--sft_steps=0", "--steps=4", "--save_every=2", "--eval_every=0", "--learning_rate=1e-3",
+          "--overlong_buffer=12"]  # length shaping: reward variance even from a random-init policy
+
+
+def _run(work_dir, *args):
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(["grpo_math", f"--work_dir={work_dir}", *TINY, *args])
+  try:
+    return grpo_math.run()
+  finally:
+    flags.FLAGS.unparse_flags()
+
+
+def _cli(*args, cwd):
+  env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
+  return subprocess.run([sys.executable, "-m", "experiments.grpo_math", *TINY, *args], cwd=cwd, env=env,
+                        capture_output=True, text=True, timeout=HANG_GUARD_S)
+
+
+def _snapshot(directory: pathlib.Path) -> dict:
+  """Every file under `directory` with its size and hash: "nothing on disk changed" is equality of two."""
+  return {str(p.relative_to(directory)): hashlib.sha1(p.read_bytes()).hexdigest()
+          for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def _truncate_largest_array(step_dir: pathlib.Path) -> None:
+  array = max((p for p in step_dir.rglob("*") if p.is_file() and "ocdbt.process_0" in str(p)),
+              key=lambda p: p.stat().st_size)
+  array.write_bytes(array.read_bytes()[:array.stat().st_size // 2])
+
+
+def _one_line_error(result, *needles):
+  assert result.returncode != 0
+  assert "Traceback" not in result.stderr, result.stderr[-3000:]
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith("grpo_math: error: "), result.stderr[-3000:]
+  for needle in needles:
+    assert needle in last, last
+
+
+def test_check_flags_names_what_differs(monkeypatch):
+  now = {"seed": 1, "batch_size": 8, "steps": 50, "eval_every": 5}
+  monkeypatch.setattr(resume_lib, "run_flags", lambda: now)
+  recorded = {"seed": 0, "batch_size": 8, "steps": 20, "eval_every": 10, "gone_flag": 3}
+  with pytest.raises(resume_lib.ResumeError, match=r"saved with --seed=0 \(now 1\); ") as info:
+    resume_lib.check_flags(recorded, 7, print)
+  assert "--batch_size" not in str(info.value).split(";")[0] and "--steps" in str(info.value)  # in the may-change list
+  resume_lib.check_flags({**recorded, "seed": 1}, 7, print)  # only may-change flags differ: accepted
+  notes = []
+  resume_lib.check_flags(None, 7, notes.append)
+  assert notes and "flags not compared" in notes[0]
+
+
+def test_run_flags_are_the_runners_own():
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(["grpo_math", "--seed=3"])
+  recorded = resume_lib.run_flags()
+  flags.FLAGS.unparse_flags()
+  assert recorded["seed"] == 3 and recorded["algo"] == "grpo" and "offline_prompts" in recorded
+  assert "verbosity" not in recorded and "logtostderr" not in recorded
+  json.dumps(recorded)
+
+
+def test_damaged_newest_checkpoint_resumes_from_the_older_one(tmp_path, capfd):
+  _run(tmp_path / "straight", *COMMON)
+  work = tmp_path / "crashed"
+  _run(work, *COMMON)  # checkpoints 2 and 4, metrics of steps 1-4, then the newest checkpoint is damaged
+  _truncate_largest_array(work / "checkpoints" / "4")
+  capfd.readouterr()
+  _run(work, *COMMON, "--resume")
+  err = capfd.readouterr().err
+  assert "checkpoints/4 cannot be restored" in err and "trying an older checkpoint" in err
+  assert "moved aside" in err and "resumed from step 2" in err and "records of later steps dropped" in err
+  assert (work / "checkpoints_damaged" / "4").is_dir()  # kept for inspection, not deleted
+  assert sorted(p.name for p in (work / "checkpoints").iterdir() if p.name.isdigit()) == ["2", "4"]
+  straight, resumed = (models.load_hf(d / "final_policy")[0] for d in (tmp_path / "straight", work))
+  jax.tree.map(np.testing.assert_array_equal, straight, resumed)
+  records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in records if "train/loss" in r] == [1, 2, 3, 4]  # each step once
+
+
+def test_no_intact_checkpoint_is_one_line_and_moves_nothing(tmp_path):
+  work = tmp_path / "run"
+  _run(work, *COMMON)
+  for step in ("2", "4"):
+    _truncate_largest_array(work / "checkpoints" / step)
+  before = _snapshot(work / "checkpoints")
+  result = _cli(f"--work_dir={work}", *COMMON, "--resume", cwd=tmp_path)
+  _one_line_error(result, "no intact checkpoint in", "tried steps 4, 2")
+  assert _snapshot(work / "checkpoints") == before and not (work / "checkpoints_damaged").exists()
+
+
+def test_resume_with_other_flags_is_refused(tmp_path):
+  work = tmp_path / "run"
+  _run(work, *COMMON, "--stop_after=2")
+  before = _snapshot(work)
+  result = _cli(f"--work_dir={work}", *COMMON, "--resume", "--seed=1", "--batch_size=8", cwd=tmp_path)
+  _one_line_error(result, "--seed=0 (now 1)", "--batch_size=4 (now 8)", "may change on resume", "--steps")
+  assert _snapshot(work) == before
+
+
+def test_work_dirs_sft_policy_without_marker_is_refused(tmp_path):
+  work = tmp_path / "run"
+  models.build_default_checkpoint(work / "sft_policy", num_hidden_layers=1, hidden_size=32,
+                                  intermediate_size=96)  # e.g. copied by hand, or from an older version
+  with pytest.raises(grpo_math.RunError, match="has no grpo_jax_sft.json"):
+    _run(work, "--sft_steps=5", "--steps=1")
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garble"])
+def test_corrupt_init_checkpoint_is_one_line(tmp_path, damage):
+  model = models.build_default_checkpoint(tmp_path / "model", num_hidden_layers=1, hidden_size=32,
+                                          intermediate_size=96)
+  weights = model / "model.safetensors"
+  data = weights.read_bytes()
+  weights.write_bytes(data[:len(data) // 3] if damage == "truncate" else b"\xff" * 64 + data[64:])
+  result = _cli(f"--work_dir={tmp_path / 'run'}", f"--init_checkpoint={model}", "--steps=1", cwd=tmp_path)
+  _one_line_error(result, str(weights), "unreadable safetensors file")
+
+
+def test_bad_tiny_shape_writes_nothing(tmp_path):
+  result = _cli(f"--work_dir={tmp_path / 'run'}", "--tiny_hidden_size=36", cwd=tmp_path)
+  assert result.returncode != 0 and "--tiny_hidden_size must be a positive multiple of 8" in result.stderr
+  assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
+
+
+def test_checkpointer_reports_unreadable_metadata(tmp_path):
+  ckpt = checkpointing.Checkpointer(tmp_path / "ckpt")
+  ckpt.save(1, {"w": np.ones(3, np.float32)}, {"step": 1})
+  next((tmp_path / "ckpt" / "1" / "metadata").rglob("metadata")).write_text("{garbled")
+  with pytest.raises(checkpointing.CheckpointError, match="unreadable metadata"):
+    ckpt.metadata(1)
+  ckpt.close()
