@@ -249,3 +249,13 @@ def test_load_errors(tmp_path):
     rm.load_reward_model(out)
   with pytest.raises(ValueError, match="unknown reward model kind"):
     rm.save_reward_model(params, CONFIG, tmp_path / "x", kind="value")
+
+
+def test_truncated_backbone_is_one_checkpoint_error_naming_the_file(tmp_path):
+  _, params = _trained_head()
+  out = rm.save_reward_model(params, CONFIG, tmp_path / "rm", kind="orm")
+  weights = out / "model.safetensors"
+  weights.write_bytes(weights.read_bytes()[:weights.stat().st_size // 2])
+  with pytest.raises(models.CheckpointError, match="unreadable safetensors file") as info:
+    rm.load_reward_model(out)
+  assert str(weights) in str(info.value) and "\n" not in str(info.value)

@@ -45,3 +45,13 @@ def test_chat_template_and_left_padding(tok):
   assert text == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
   batch = tok(["ab", "abcd"], padding=True)
   assert batch["input_ids"][0][:2] == [0, 0] and batch["attention_mask"][0] == [0, 0, 1, 1]
+
+
+@pytest.mark.parametrize("name, damage", [("tokenizer.json", b'{"version": "1.0", "trunc'),
+                                          ("tokenizer_config.json", b"\xff\xfe not json")])
+def test_damaged_tokenizer_files_are_one_checkpoint_error(tmp_path, name, damage):
+  tk.save_char_tokenizer(tmp_path)
+  (tmp_path / name).write_bytes(damage)
+  with pytest.raises(models.CheckpointError) as info:
+    models.load_tokenizer(tmp_path)
+  assert str(tmp_path) in str(info.value) and "\n" not in str(info.value)

@@ -36,13 +36,19 @@ def load_tokenizer(path: str | pathlib.Path) -> transformers.PreTrainedTokenizer
   if config_file.is_file():
     try:
       tokenizer_class = json.loads(config_file.read_text()).get("tokenizer_class")
-    except json.JSONDecodeError as err:
-      raise CheckpointError(f"{config_file}: not valid JSON ({err})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as err:
+      raise CheckpointError(f"{config_file}: not a JSON object ({err})") from None
+  else:
+    tokenizer_class = None
+  try:
     if tokenizer_class in ("PreTrainedTokenizerFast", "TokenizersBackend"):
       # Taken as written: AutoTokenizer would pick the class of config.json's model_type (e.g.
       # Qwen2Tokenizer), which replaces tokenizer.json's pipeline with its own byte-level one.
       return transformers.PreTrainedTokenizerFast.from_pretrained(str(path))
-  return transformers.AutoTokenizer.from_pretrained(str(path))
+    return transformers.AutoTokenizer.from_pretrained(str(path))
+  except Exception as err:  # pylint: disable=broad-except  (tokenizers raises bare Exception on bad files)
+    reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    raise CheckpointError(f"{path}: unreadable tokenizer files ({reason})") from None
 
 
 def _bytes_to_unicode() -> dict[int, str]:
