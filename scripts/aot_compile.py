@@ -64,18 +64,18 @@ LIBTPU_ENV = {"ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "TPU_SKIP_MDS_QUERY": "1", "TPU
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
-  """One TPU chip, from Google Cloud's published figures."""
+  """One TPU chip: the HBM its compiler lets a program use, and Google Cloud's published peak figures."""
   name: str
-  hbm_gib: float  # HBM per chip
+  hbm_gib: float  # HBM per chip available to a program (libtpu's "available HBM"; physical: 32, 16, 95, 32)
   peak_flops: float  # dense bf16 FLOP/s per chip
   hbm_bandwidth: float  # bytes/s per chip
 
 
 CHIPS = {  # by the topology's device_kind
-    "TPU v4": Chip("v4", 32, 275e12, 1.2e12),
-    "TPU v5 lite": Chip("v5e", 16, 197e12, 0.819e12),
-    "TPU v5": Chip("v5p", 95, 459e12, 2.765e12),
-    "TPU v6 lite": Chip("v6e", 32, 918e12, 1.64e12),
+    "TPU v4": Chip("v4", 30.75, 275e12, 1.2e12),
+    "TPU v5 lite": Chip("v5e", 15.75, 197e12, 0.819e12),
+    "TPU v5": Chip("v5p", 95.74, 459e12, 2.765e12),
+    "TPU v6 lite": Chip("v6e", 31.25, 918e12, 1.64e12),
 }
 
 # Named shapes (random weights are never built; only the shapes matter).
@@ -226,6 +226,7 @@ class Compiled:
   compile_s: float
   largest: list = dataclasses.field(default_factory=list)  # the largest arrays of the compiled program
   bandwidth_s: float | None = None  # sampler: decode-loop HBM bound
+  error: str = ""  # the compiler's refusal (out of HBM); then `temp` is the compiler's figure
 
   @property
   def program_bytes(self) -> int:
@@ -251,11 +252,50 @@ def largest_arrays(hlo_text: str, n: int = 3) -> list[str]:
   return [f"{shape} {size / GiB:.2f} GiB" for shape, size in top]
 
 
+def largest_traced_arrays(jaxpr, n: int = 3) -> list[str]:
+  """The n largest distinct intermediate arrays of a jaxpr (global shapes), as 'dtype[dims] GiB (global)'."""
+  sizes = {}
+
+  def visit(jaxpr):
+    for eqn in jaxpr.eqns:
+      for v in eqn.outvars:
+        aval = getattr(v, "aval", None)
+        if hasattr(aval, "shape") and hasattr(aval, "dtype"):
+          try:
+            sizes[f"{jnp.dtype(aval.dtype).name}[{','.join(map(str, aval.shape))}]"] = (
+                math.prod(aval.shape) * jnp.dtype(aval.dtype).itemsize)
+          except TypeError:  # PRNG keys
+            pass
+      for value in eqn.params.values():
+        for sub in value if isinstance(value, (tuple, list)) else (value,):
+          sub = getattr(sub, "jaxpr", sub)
+          if hasattr(sub, "eqns"):
+            visit(sub)
+
+  visit(jaxpr)
+  top = sorted(sizes.items(), key=lambda kv: -kv[1])[:n]
+  return [f"{shape} {size / GiB:.2f} GiB (global)" for shape, size in top]
+
+
+_OUT_OF_HBM = re.compile(r"HLO temporaries \(([0-9.]+)G\) exceeds available HBM \(([0-9.]+)G\)")
+
+
 def _compile(name, jitted, args, *, num_devices, devices_per_chip, while_trips=1, resident_other=0) -> Compiled:
   t0 = time.perf_counter()
   traced = jitted.trace(*args)
   flops = matmul_flops(traced.jaxpr.jaxpr, while_trips) / num_devices * devices_per_chip
-  compiled = traced.lower().compile()
+  try:
+    compiled = traced.lower().compile()
+  except jax.errors.JaxRuntimeError as err:
+    found = _OUT_OF_HBM.search(str(err))
+    if "RESOURCE_EXHAUSTED" not in str(err) or not found:
+      raise
+    per_device_args = sum(math.prod(x.sharding.shard_shape(x.shape)) * jnp.dtype(x.dtype).itemsize
+                          for x in jax.tree.leaves(args) if jnp.issubdtype(x.dtype, jnp.number) or x.dtype == bool)
+    return Compiled(name, argument=devices_per_chip * per_device_args, output=0, alias=0,
+                    temp=int(devices_per_chip * float(found.group(1)) * GiB), code=0, resident_other=resident_other,
+                    flops=flops, xla_flops=0.0, compile_s=time.perf_counter() - t0,
+                    largest=largest_traced_arrays(traced.jaxpr.jaxpr), error=str(err).strip().splitlines()[0])
   seconds = time.perf_counter() - t0
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis()
@@ -392,14 +432,16 @@ def report(config: models.ModelConfig, tgt: Target, mesh_spec: str, rules_name: 
                  f"{_gib(r.code)} | {_gib(r.program_bytes)} | {_gib(r.resident_other)} | {_gib(r.peak_bytes)} | "
                  f"{share} | {r.flops / 1e12:.3f} | {r.xla_flops / tgt.devices_per_chip / 1e12:.3f} | "
                  f"{at_peak:.3f} | {r.compile_s:.1f} |")
-    if hbm and r.peak_bytes > hbm and problem is None:
+    if ((hbm and r.peak_bytes > hbm) or r.error) and problem is None:
       what = ("its arguments" if r.argument - r.alias >= r.temp else "its temporaries")
       problem = (f"DOES NOT FIT: {r.name} needs {_gib(r.peak_bytes)} GiB per chip on {tgt.name} "
                  f"({_gib(r.program_bytes)} program, mostly {what}, + {_gib(r.resident_other)} resident) "
-                 f"> {hbm / GiB:.2f} GiB HBM; largest arrays: {'; '.join(r.largest)}")
+                 f"> {hbm / GiB if hbm else tgt.chip.hbm_gib:.2f} GiB HBM; largest arrays: {'; '.join(r.largest)}")
   lines.append("")
   for r in results:
-    lines.append(f"{r.name}: largest arrays per device: {'; '.join(r.largest)}")
+    if r.error:
+      lines.append(f"{r.name}: the compiler refused it: {r.error}")
+    lines.append(f"{r.name}: largest arrays{'' if r.error else ' per device'}: {'; '.join(r.largest)}")
     if r.bandwidth_s is not None:
       lines.append(f"{r.name}: HBM-bandwidth bound of the decode loop: {r.bandwidth_s:.3f} s "
                    f"(T x (params + mean KV cache per chip) / {tgt.chip.hbm_bandwidth / 1e12:.2f} TB/s)")
