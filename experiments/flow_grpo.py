@@ -75,7 +75,8 @@ DEFAULTS = dict(work_dir="runs/flow_grpo", sft_steps=300, sft_batch_size=64, ste
                 group_size=8, learning_rate=5e-5, eval_every=0, save_every=20)
 # grpo_math knobs that mean nothing for the per-turn objective of eq. 5: refused unless at their defaults.
 UNSUPPORTED = ("algo", "loss_aggregation", "importance", "dynamic_sampling", "overlong_buffer", "mask_truncated",
-               "eval_samples", "reward_model", "supervision", "iterations", "steps_per_iteration")
+               "eval_samples", "reward_model", "supervision", "iterations", "steps_per_iteration",
+               "advantage_estimator")
 SFT_MARKER = "flow_grpo_sft.json"  # in sft_policy: the planner was fine-tuned on the first --sft_examples problems
 
 

@@ -534,6 +534,9 @@ def run() -> dict:
     FLAGS.steps = FLAGS.iterations * FLAGS.steps_per_iteration
   if FLAGS.supervision == "process" and FLAGS.algo != "grpo":
     raise RunError("--supervision=process is GRPO's (GRPO+PS); use --algo=grpo")
+  if FLAGS.advantage_estimator != "group" and (FLAGS.algo != "grpo" or FLAGS.supervision == "process"):
+    raise RunError(f"--advantage_estimator={FLAGS.advantage_estimator} replaces GRPO's outcome advantages: it needs "
+                   f"--algo=grpo and --supervision=outcome")
   if FLAGS.iterations > 1 and FLAGS.algo not in ("grpo", "ppo"):
     raise RunError("--iterations > 1 (iterative RL) needs an online RL method: --algo=grpo or ppo")
   placement = methods_lib.Placement.from_flags()

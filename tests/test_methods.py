@@ -141,3 +141,26 @@ def test_every_algo_runs_end_to_end(sft_policy, tmp_path, algo, known_answers):
       assert data[0]["data/rft_examples"] >= 32
     else:  # every prompt has an injected right and wrong sample: one pair each
       assert data[0]["data/dpo_pairs"] == 32
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "reinforce_pp"])
+def test_advantage_estimators_replace_the_group_normalisation(sft_policy, known_answers, estimator):
+  method, params, reference = _method("grpo", sft_policy, f"--advantage_estimator={estimator}", "--beta=0.1")
+  method.reference = jax.tree.map(lambda x: x * 1.5, reference)  # π_ref ≠ π_θ: a non-zero KL on every token
+  batch, stats, _ = method.collect(params, 0, jax.random.key(0))
+  b, g = FLAGS.batch_size, FLAGS.group_size
+  adv, mask = np.asarray(batch.advantages), np.asarray(batch.loss_mask)
+  assert adv.shape[0] == b * g
+  if estimator == "rloo":  # Â_i = r_i − mean of the other G − 1 rewards of its prompt (correctness: 0/1)
+    per_row = adv[np.arange(len(adv)), mask.argmax(1)]  # at the first completion token (prompt columns: 0)
+    groups = per_row.reshape(b, g)
+    np.testing.assert_allclose(groups.sum(1), 0.0, atol=1e-5)  # leave-one-out baselines sum to zero per group
+    np.testing.assert_allclose(groups[:, 0] - groups[:, 1], g / (g - 1), rtol=1e-5)  # r_0 − r_1 = 1, scaled
+    assert method.objective().keywords["loss_kwargs"]["beta"] == 0.1  # the KL stays in the loss
+  else:  # KL in the per-token reward, returns whitened over the batch's tokens: mean 0, std 1 where masked in
+    assert adv.ndim == 2
+    values = adv[mask]
+    assert abs(values.mean()) < 1e-4 and values.std() == pytest.approx(1.0, rel=1e-3)
+    assert len(np.unique(np.round(adv[0][mask[0]], 5))) > 1  # the k1 penalty differs token by token
+    assert method.objective().keywords["loss_kwargs"]["beta"] == 0.0  # and is not in the loss
+    assert not method.objective().keywords["use_reference"]

@@ -1,5 +1,7 @@
 """GRPO (DeepSeekMath eq. 3): G samples per prompt from π_old, group-normalised outcome rewards,
-the clipped surrogate with the k3 KL to the frozen reference in the loss; DAPO/Dr. GRPO/GSPO knobs."""
+the clipped surrogate with the k3 KL to the frozen reference in the loss; DAPO/Dr. GRPO/GSPO knobs, and
+the critic-free advantage estimators that replace the group normalisation (`--advantage_estimator`):
+RLOO's leave-one-out baseline, and REINFORCE++ (KL in the per-token reward, batch-whitened returns)."""
 
 import time
 
@@ -19,6 +21,12 @@ from grpo_jax.training import update as update_lib
 
 FLAGS = flags.FLAGS
 
+flags.DEFINE_enum("advantage_estimator", "group", ["group", "rloo", "reinforce_pp"],
+                  "GRPO's advantages: group (normalised within the G samples of a prompt, --advantage_scale), rloo "
+                  "(r_i minus the mean of the other G-1 rewards, unscaled), or reinforce_pp (REINFORCE++: the KL "
+                  "penalty β·--kl (default k1) in every token's reward instead of the loss, returns whitened over "
+                  "the batch).")
+
 
 class GRPO(base.Method):
   name = "grpo"
@@ -28,13 +36,15 @@ class GRPO(base.Method):
     return FLAGS.beta > 0
 
   def objective(self):
-    loss_kwargs = dict(epsilon=FLAGS.epsilon, epsilon_high=FLAGS.epsilon_high, beta=FLAGS.beta,
-                       kl=FLAGS.kl or "k3", aggregation=FLAGS.loss_aggregation, importance=FLAGS.importance,
+    kl_in_loss = FLAGS.advantage_estimator != "reinforce_pp"  # REINFORCE++ puts the KL in the reward
+    loss_kwargs = dict(epsilon=FLAGS.epsilon, epsilon_high=FLAGS.epsilon_high,
+                       beta=FLAGS.beta if kl_in_loss else 0.0, kl=FLAGS.kl or "k3",
+                       aggregation=FLAGS.loss_aggregation, importance=FLAGS.importance,
                        dual_clip=FLAGS.dual_clip, max_len=FLAGS.max_new_tokens)
     # The policy trained is the sampling distribution π ∝ exp(logits / T): old, reference and new log-probs
     # all use T.
     return update_lib.bind(training.grpo_objective, config=self.config, loss_kwargs=loss_kwargs,
-                           use_reference=FLAGS.beta > 0, chunk_size=FLAGS.logprob_chunk,
+                           use_reference=FLAGS.beta > 0 and kl_in_loss, chunk_size=FLAGS.logprob_chunk,
                            temperature=FLAGS.temperature)
 
   def collect(self, params, position: int, key):
@@ -71,6 +81,12 @@ class GRPO(base.Method):
     loss_mask[len(chosen) * g:] = False
     if FLAGS.mask_truncated:
       loss_mask &= ~samples.truncated[:, None]
+    old_logp = self.rollouts.old_logprobs(params, samples)
+    if FLAGS.beta > 0:
+      sequences = logprobs_lib.sequences_from_samples(samples)
+      ref_logp = self.rollouts.completion(self.rollouts.logprobs(self.reference, *sequences), samples)
+    else:
+      ref_logp = jnp.zeros(samples.tokens.shape, jnp.float32)
     if FLAGS.supervision == "process":  # GRPO+PS: PRM rewards per step, normalised over the group's steps
       row_examples = [round_examples[r][row // g] for r, row in rows]
       step_rewards, ends, step_mask = self.rollouts.reward_model.steps(
@@ -80,15 +96,15 @@ class GRPO(base.Method):
           step_rewards.reshape(b, g, k), jnp.asarray(ends.reshape(b, g, k)), step_mask.reshape(b, g, k),
           samples.mask.reshape(b, g, t), scale="none" if FLAGS.advantage_scale == "none" else "group",
           center_tokens=FLAGS.process_center_tokens, eps=FLAGS.advantage_eps).reshape(b * g, t)
+    elif FLAGS.advantage_estimator == "rloo":
+      advantages = losses.rloo_advantages(jnp.asarray(rewards.reshape(b, g))).reshape(-1)
+    elif FLAGS.advantage_estimator == "reinforce_pp":
+      token_rewards = losses.kl_penalized_rewards(jnp.asarray(rewards), old_logp, ref_logp, jnp.asarray(loss_mask),
+                                                  FLAGS.beta, kl=FLAGS.kl or "k1")
+      advantages = losses.reinforce_pp_advantages(token_rewards, jnp.asarray(loss_mask))
     else:
       advantages = losses.group_advantages(rewards.reshape(b, g), scale=FLAGS.advantage_scale,
                                            eps=FLAGS.advantage_eps).reshape(-1)
-    old_logp = self.rollouts.old_logprobs(params, samples)
-    if FLAGS.beta > 0:
-      sequences = logprobs_lib.sequences_from_samples(samples)
-      ref_logp = self.rollouts.completion(self.rollouts.logprobs(self.reference, *sequences), samples)
-    else:
-      ref_logp = jnp.zeros(samples.tokens.shape, jnp.float32)
     batch = training.batch_from_samples(samples, jnp.asarray(loss_mask), old_logp, ref_logp, advantages)
     jax.block_until_ready(batch)
     stats = self.rollouts.stats(scored, g)
