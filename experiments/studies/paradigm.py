@@ -24,7 +24,7 @@ STUDY = Study(
         dataclasses.replace(common.GRPO, label="GRPO+OS (rule reward)"),
         common.rl("grpo_ps", "GRPO+PS (exact step labels)", reward="exact_steps", supervision="process"),
         common.rl("ppo", "PPO (critic, G = 1)", algo="ppo", batch_size=256, group_size=1,
-                  quick={"batch_size": 128}),
+                  quick={"batch_size": 8 * common.QUICK_RL["batch_size"]}),
         common.rl("dpo", "DPO (lr 2e-5)", algo="dpo", learning_rate=2e-5),
     ),
     metrics=(
@@ -41,6 +41,6 @@ STUDY = Study(
              title="Held-out accuracy gain of each method over its SFT start"),
     ),
     profiles={"quick": common.QUICK},
-    notes={"quick": common.QUICK_NOTE + " RFT samples 512 offline prompts x 8 (full: 2,048 x 8); PPO 128 prompts "
+    notes={"quick": common.QUICK_NOTE + " RFT samples 512 offline prompts x 8 (full: 2,048 x 8); PPO B·G prompts "
                                         "x 1 sample per step (full: 256 x 1)."},
 )
