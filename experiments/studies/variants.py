@@ -3,18 +3,20 @@
 from experiments.studies import common
 from experiments.studies.spec import Panel, Plot, Study
 
-VARIANTS = ("grpo", "dr_grpo", "dapo", "gspo")
+VARIANTS = ("grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp")
 KL = ("grpo", "kl_k1", "kl_k2", "no_kl")
 
 STUDY = Study(
     name="variants",
-    title="GRPO and its later variants (Dr. GRPO, DAPO, GSPO), KL estimators k1/k2/k3 and β",
+    title="GRPO and its later variants (Dr. GRPO, DAPO, GSPO, RLOO, REINFORCE++), KL estimators k1/k2/k3 and β",
     description=(
         "All from the seed's SFT policy with the same samples per step; each differs from GRPO (k3 KL, β = 0.04, "
         "group-std advantages, seq-mean-token-mean) only in the flags named. Dr. GRPO: no std division, token "
         "sums over a constant. DAPO: clip-higher (ε_high 0.28), token-mean, dynamic sampling, overlong shaping "
         "(8-token buffer), no KL. GSPO: sequence-level importance ratio (the runner's ε = 0.2, not the paper's "
-        "3e-4). KL: the estimator in GRPO's loss at β = 0.04, and β = 0 (no reference)."),
+        "3e-4). RLOO: the leave-one-out baseline in place of the group normalisation. REINFORCE++: k1 KL in the "
+        "per-token reward, returns whitened over the batch, no KL in the loss. KL: the estimator in GRPO's loss "
+        "at β = 0.04, and β = 0 (no reference)."),
     runs=(
         common.SFT,
         common.rl("grpo", "GRPO (k3, β = 0.04)"),
@@ -22,13 +24,15 @@ STUDY = Study(
         common.rl("dapo", "DAPO", epsilon_high=0.28, loss_aggregation="token-mean", dynamic_sampling=True,
                   overlong_buffer=8, beta=0.0),
         common.rl("gspo", "GSPO", importance="sequence"),
+        common.rl("rloo", "RLOO", advantage_estimator="rloo"),
+        common.rl("reinforce_pp", "REINFORCE++", advantage_estimator="reinforce_pp"),
         common.rl("kl_k1", "GRPO, k1 KL", kl="k1"),
         common.rl("kl_k2", "GRPO, k2 KL", kl="k2"),
         common.rl("no_kl", "GRPO, β = 0", beta=0.0),
     ),
     metrics=(common.ACCURACY, common.START, common.FINAL, common.GAIN),
     plots=(
-        Plot("variants.png", (Panel("accuracy", VARIANTS, title="GRPO, Dr. GRPO, DAPO, GSPO"),
+        Plot("variants.png", (Panel("accuracy", VARIANTS, title="GRPO, Dr. GRPO, DAPO, GSPO, RLOO, REINFORCE++"),
                               Panel("accuracy", KL, title="KL estimator (β = 0.04) and β = 0")),
              title="GRPO variants: held-out greedy accuracy against RL steps", xlabel="RL step"),
         Plot("gain.png", (Panel("gain", VARIANTS + KL[1:], title="gain over the SFT policy", ylabel="points"),),
