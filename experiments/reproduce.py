@@ -288,6 +288,9 @@ def execute(jobs: list[Job], parallel: int, echo=print) -> dict[tuple[str, int],
             continue
           if all(s is not None for s in states):
             pending.remove(job)
+            if job.summary.is_file():  # finished meanwhile (another invocation, or by hand)
+              outcomes[job.key] = Outcome("cached", wall_time_s=_recorded_time(job))
+              continue
             started += 1
             echo(f"[{started}/{total}] {job.run.name} seed {job.seed}: started ({job.directory})")
             running[pool.submit(_run_one, job, processes, lock)] = job
