@@ -12,9 +12,9 @@ by the library functions it calls, at the shapes its flags give:
 
   update    training.make_train_step(grpo_objective, AdamW): one optimiser step over the B·G rows
             (or --minibatch_size) of P + T tokens, in --grad_accum_steps micro-batches; state donated
-  logprobs  logprobs.jit_token_logprobs: the π_ref (and π_old) forward over the B·G rows
+  logprobs  logprobs.jit_token_logprobs: the π_ref (and π_old) forward over the B·G rows (or --forward_rows)
   sampler   sampling.jit_sample: prefill B prompts, G samples each, T tokens with the KV cache
-  reward    reward_models.outcome_scores: a reward model (policy backbone + scalar head) over the rows
+  reward    reward_models.outcome_scores: a reward model (policy backbone + scalar head) over the rows (same)
 
 Arguments are `jax.ShapeDtypeStruct`s carrying their shardings, so nothing is allocated; the real XLA
 compiler for the topology (libtpu, `pip install -e '.[tpu]'`) runs `jit(...).lower(...).compile()`.
@@ -198,6 +198,7 @@ class Work:
   grad_accum_steps: int = 1
   minibatch_size: int = 0
   logprob_chunk: int = 128
+  forward_rows: int = 0  # rows per call of the log-prob and reward forwards (0: all B·G at once, as the runner)
   beta: float = 0.04
   reward_model: bool = False
   learning_rate: float = 1e-6
@@ -205,6 +206,10 @@ class Work:
   @property
   def rows(self) -> int:
     return self.batch_size * self.group_size
+
+  @property
+  def forward_calls(self) -> int:
+    return self.rows // (self.forward_rows or self.rows)
 
   @property
   def length(self) -> int:
@@ -320,6 +325,9 @@ def compile_programs(config: models.ModelConfig, tgt: Target, mesh_spec: str, ru
                      ("batch_size", work.batch_size)):
     if size % dp:
       raise ValueError(f"{what} = {size} must be a multiple of the mesh's data-parallel size {dp}")
+  if work.forward_rows and (work.rows % work.forward_rows or work.forward_rows % dp):
+    raise ValueError(f"--forward_rows = {work.forward_rows} must divide batch_size*group_size = {work.rows} and be a "
+                     f"multiple of the mesh's data-parallel size {dp}")
   if minibatch % work.grad_accum_steps or work.rows % minibatch:
     raise ValueError("--minibatch_size must divide batch_size*group_size and be divisible by --grad_accum_steps")
 
@@ -341,7 +349,13 @@ def compile_programs(config: models.ModelConfig, tgt: Target, mesh_spec: str, ru
   common = dict(num_devices=len(tgt.devices), devices_per_chip=tgt.devices_per_chip)
 
   out = []
+
+  def done(r: Compiled):
+    out.append(r)
+    log(_progress(r, tgt))
+
   n, length = work.rows, work.length
+  fwd = work.forward_rows or n
   rows_sh = sharding.logical_sharding(mesh, rules, ("batch", None), (n, length))
   seq = lambda dtype, rows=n: jax.ShapeDtypeStruct((rows, length), dtype, sharding=rows_sh if rows == n else
                                                    sharding.logical_sharding(mesh, rules, ("batch", None),
@@ -359,12 +373,14 @@ def compile_programs(config: models.ModelConfig, tgt: Target, mesh_spec: str, ru
       f32, b = lambda: seq(jnp.float32, minibatch), lambda: seq(jnp.bool_, minibatch)
       batch = training.Batch(tokens=seq(jnp.int32, minibatch), attention_mask=b(), loss_mask=b(), old_logp=f32(),
                              ref_logp=f32(), advantages=f32())
-      out.append(_compile(name, step.jitted, (state, batch), resident_other=total_resident - per_chip(state),
+      done(_compile(name, step.jitted, (state, batch), resident_other=total_resident - per_chip(state),
                           **common))
-    elif name == "logprobs":
+    elif name == "logprobs":  # one call's figures; its FLOPs times the calls of a step
       fn = logprobs_lib.jit_token_logprobs(config, mesh=mesh, rules=rules, chunk_size=work.logprob_chunk)
-      out.append(_compile(name, fn.jitted((n, length)), (params, seq(jnp.int32), seq(jnp.bool_)),
-                          resident_other=total_resident - per_chip(params) * (work.beta > 0), **common))
+      compiled = _compile(name, fn.jitted((fwd, length)), (params, seq(jnp.int32, fwd), seq(jnp.bool_, fwd)),
+                          resident_other=total_resident - per_chip(params) * (work.beta > 0), **common)
+      compiled.flops *= work.forward_calls
+      done(compiled)
     elif name == "sampler":
       b, p = work.batch_size, work.max_prompt_len
       fn = sampling.jit_sample(config, (b, p), mesh=mesh, rules=rules, num_samples=work.group_size,
@@ -385,17 +401,26 @@ def compile_programs(config: models.ModelConfig, tgt: Target, mesh_spec: str, ru
         # Each decode step reads the chip's params and its half-full (on average) KV cache.
         step_bytes = per_chip(params) + tgt.devices_per_chip * kv_bytes / 2
         compiled.bandwidth_s = work.max_new_tokens * step_bytes / tgt.chip.hbm_bandwidth
-      out.append(compiled)
+      done(compiled)
     elif name == "reward":
-      rows = sharding.logical_sharding(mesh, rules, ("batch", None), (n, length))
+      rows = sharding.logical_sharding(mesh, rules, ("batch", None), (fwd, length))
       fn = sharding.jit_with_rules(lambda prm, t, m: reward_models.outcome_scores(prm, config, t, m), mesh, rules,
                                    in_shardings=(jax.tree.map(lambda x: x.sharding, rm_params), rows, rows),
-                                   out_shardings=sharding.logical_sharding(mesh, rules, ("batch",), (n,)))
-      out.append(_compile(name, fn, (rm_params, seq(jnp.int32), seq(jnp.bool_)),
-                          resident_other=total_resident - resident["reward model"], **common))
+                                   out_shardings=sharding.logical_sharding(mesh, rules, ("batch",), (fwd,)))
+      compiled = _compile(name, fn, (rm_params, seq(jnp.int32, fwd), seq(jnp.bool_, fwd)),
+                          resident_other=total_resident - resident["reward model"], **common)
+      compiled.flops *= work.forward_calls
+      done(compiled)
     else:
       raise ValueError(f"unknown program {name!r}; choose from {PROGRAMS}")
   return out, resident
+
+
+def _progress(r: Compiled, tgt: Target) -> str:
+  verdict = f"REFUSED ({r.error})" if r.error else f"peak {_gib(r.peak_bytes)} GiB per chip"
+  return (f"{r.name}: {r.compile_s:.1f} s to trace and compile; program {_gib(r.program_bytes)} GiB (temp "
+          f"{_gib(r.temp)}) + resident {_gib(r.resident_other)}: {verdict}; {r.flops / 1e12:.3f} TFLOP per chip"
+          + (f" = {r.flops / tgt.chip.peak_flops:.3f} s at peak" if tgt.chip else ""))
 
 
 # REPORT
@@ -418,7 +443,8 @@ def report(config: models.ModelConfig, tgt: Target, mesh_spec: str, rules_name: 
               f"per chip" if tgt.chip else "") + f"; mesh {mesh_spec or 'data:-1'}, rules {rules_name}",
            f"work: B={work.batch_size} prompts x G={work.group_size} = {work.rows} rows of P+T = "
            f"{work.max_prompt_len}+{work.max_new_tokens} tokens; {work.grad_accum_steps} micro-batches of "
-           f"{(work.minibatch_size or work.rows) // work.grad_accum_steps} rows; logprob chunk {work.logprob_chunk}",
+           f"{(work.minibatch_size or work.rows) // work.grad_accum_steps} rows; log-prob and reward forwards "
+           f"{work.forward_calls} x {work.forward_rows or work.rows} rows; logprob chunk {work.logprob_chunk}",
            "resident per chip (GiB): " + ", ".join(f"{k} {_gib(v)}" for k, v in resident.items()),
            "",
            "| program | args GiB | out GiB | alias GiB | temp GiB | code GiB | program GiB | + resident GiB "
@@ -459,11 +485,12 @@ def main(argv):
                         scan_layers=f.scan_layers)
   work = Work(batch_size=f.batch_size, group_size=f.group_size, max_prompt_len=f.max_prompt_len,
               max_new_tokens=f.max_new_tokens, grad_accum_steps=f.grad_accum_steps, minibatch_size=f.minibatch_size,
-              logprob_chunk=f.logprob_chunk, beta=f.beta, reward_model=f.reward_model,
+              logprob_chunk=f.logprob_chunk, forward_rows=f.forward_rows, beta=f.beta, reward_model=f.reward_model,
               learning_rate=f.learning_rate)
+  programs = [p for p in f.programs if p != "reward" or f.reward_model]  # rule rewards: no reward model
   try:
     tgt = target(f.topology)
-    results, resident = compile_programs(config, tgt, f.mesh, f.sharding_rules, work, f.programs,
+    results, resident = compile_programs(config, tgt, f.mesh, f.sharding_rules, work, programs,
                                          log=lambda s: print(s, file=sys.stderr, flush=True))
   except ValueError as err:
     sys.exit(f"aot_compile: {err}")
@@ -481,7 +508,7 @@ def main(argv):
 
 _FLAG_NAMES = ("model", "topology", "mesh", "sharding_rules", "batch_size", "group_size", "max_prompt_len",
                "max_new_tokens", "grad_accum_steps", "minibatch_size", "dtype", "remat", "remat_policy",
-               "scan_layers", "logprob_chunk", "beta", "reward_model", "programs")
+               "scan_layers", "logprob_chunk", "forward_rows", "beta", "reward_model", "programs")
 
 
 def define_flags():
@@ -503,11 +530,14 @@ def define_flags():
   flags.DEFINE_enum("remat_policy", "full", list(models.REMAT_POLICIES), "What a rematerialised layer keeps.")
   flags.DEFINE_bool("scan_layers", False, "The layer stack as one lax.scan (faster compiles).")
   flags.DEFINE_integer("logprob_chunk", 128, "Sequence chunk of the log-prob computation.")
+  flags.DEFINE_integer("forward_rows", 0, "Rows per call of the log-prob and reward forwards (0: all B*G rows in "
+                       "one call, as the runner does today); the figures are one call's, the FLOPs a step's.")
   flags.DEFINE_float("beta", 0.04, "KL coefficient; > 0 keeps the reference params resident.")
   flags.DEFINE_bool("reward_model", False, "A reward model (policy-sized backbone + scalar head) is resident and "
                     "scores the rows.")
   flags.DEFINE_float("learning_rate", 1e-6, "Unused by the shapes; accepted so runner flagfiles load.")
-  flags.DEFINE_list("programs", list(PROGRAMS), "Programs to compile: " + ", ".join(PROGRAMS) + ".")
+  flags.DEFINE_list("programs", list(PROGRAMS), "Programs to compile: " + ", ".join(PROGRAMS) + " (reward only "
+                    "with --reward_model).")
   flags.DEFINE_float("hbm_gib", None, "HBM per chip to check against (default: the chip's; none on the host).")
   flags.DEFINE_string("json_out", "", "Append one JSON record of the figures to this file.")
   # Runner flags that a flagfile (e.g. experiments/configs/deepseekmath_gsm8k.cfg) may carry; ignored here.
