@@ -488,10 +488,13 @@ def main(argv):
               logprob_chunk=f.logprob_chunk, forward_rows=f.forward_rows, beta=f.beta, reward_model=f.reward_model,
               learning_rate=f.learning_rate)
   programs = [p for p in f.programs if p != "reward" or f.reward_model]  # rule rewards: no reward model
+  log = lambda s: print(s, file=sys.stderr, flush=True)
   try:
     tgt = target(f.topology)
-    results, resident = compile_programs(config, tgt, f.mesh, f.sharding_rules, work, programs,
-                                         log=lambda s: print(s, file=sys.stderr, flush=True))
+    if f.isolate and len(programs) > 1:
+      results, resident = _compile_in_children(programs, log)
+    else:
+      results, resident = compile_programs(config, tgt, f.mesh, f.sharding_rules, work, programs, log=log)
   except ValueError as err:
     sys.exit(f"aot_compile: {err}")
   lines = report(config, tgt, f.mesh, f.sharding_rules, work, results, resident, f.hbm_gib)
@@ -504,6 +507,36 @@ def main(argv):
   if lines[-1].startswith("DOES NOT FIT"):
     sys.exit(lines[-1])
   print(lines[-1])
+
+
+def _compile_in_children(programs: Sequence[str], log) -> tuple[list[Compiled], dict]:
+  """Each program compiled by a child run of this script (`--programs=<one> --noisolate`), so that a crash of
+  the compiler (libtpu has died with SIGSEGV, not RESOURCE_EXHAUSTED, on scanned programs far over HBM) is
+  reported as that program's failure."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import tempfile  # pylint: disable=import-outside-toplevel
+  skip = ("--programs", "--json_out", "--isolate", "--noisolate")
+  argv = [a for a in sys.argv[1:] if not a.startswith(skip)]
+  results, resident = [], {}
+  for name in programs:
+    with tempfile.TemporaryDirectory() as tmp:
+      out = os.path.join(tmp, "figures.jsonl")
+      child = subprocess.run([sys.executable, os.path.abspath(__file__), *argv, f"--programs={name}",
+                              f"--json_out={out}", "--noisolate"], stdout=subprocess.DEVNULL, check=False)
+      if os.path.exists(out):
+        record = json.loads(open(out).read().splitlines()[-1])
+        fields = {f.name for f in dataclasses.fields(Compiled)}
+        results.append(Compiled(**{k: v for k, v in record["programs"][0].items() if k in fields}))
+        resident = record["resident"]
+      elif child.returncode > 0:
+        raise ValueError(f"compiling {name} failed in a child process (exit status {child.returncode}; see above)")
+      elif child.returncode < 0:
+        how = f"signal {-child.returncode}"
+        results.append(Compiled(name, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0,
+                                error=f"the compiler died ({how}); for libtpu on a scanned program this has meant "
+                                      f"far over HBM: compile without --scan_layers for its figure"))
+        log(f"{name}: {results[-1].error}")
+  return results, resident
 
 
 _FLAG_NAMES = ("model", "topology", "mesh", "sharding_rules", "batch_size", "group_size", "max_prompt_len",
@@ -540,6 +573,8 @@ def define_flags():
                     "with --reward_model).")
   flags.DEFINE_float("hbm_gib", None, "HBM per chip to check against (default: the chip's; none on the host).")
   flags.DEFINE_string("json_out", "", "Append one JSON record of the figures to this file.")
+  flags.DEFINE_bool("isolate", True, "Compile each program in a child process (a compiler crash is then reported "
+                    "as that program's failure).")
   # Runner flags that a flagfile (e.g. experiments/configs/deepseekmath_gsm8k.cfg) may carry; ignored here.
   for name in ("task", "prompt_template", "reward", "lr_schedule", "kl", "loss_aggregation", "advantage_scale",
                "work_dir"):

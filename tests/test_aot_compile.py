@@ -41,8 +41,9 @@ def _run_script(tmp_path, *flags):
 
 
 @needs_libtpu
-@pytest.mark.parametrize("mesh, rules, extra", [("fsdp:4", "fsdp", []),
-                                                ("fsdp:2,tensor:2", "fsdp_tp", ["--scan_layers", "--remat"])])
+@pytest.mark.parametrize("mesh, rules, extra", [("fsdp:4", "fsdp", []),  # a child process per program
+                                                ("fsdp:2,tensor:2", "fsdp_tp", ["--scan_layers", "--remat",
+                                                                                "--noisolate"])])
 def test_tiny_programs_compile_for_v5e_2x2(tmp_path, mesh, rules, extra):
   result, records = _run_script(tmp_path, "--topology=v5e:2x2", f"--mesh={mesh}", f"--sharding_rules={rules}",
                                 "--dtype=bfloat16", "--programs=update,logprobs,sampler", *extra)
