@@ -525,7 +525,8 @@ def draw(study: spec.Study, cells: list[dict], out_dir: pathlib.Path) -> list[pa
           mean = [scale * c["mean"] for c in cs]
           se = [scale * (c["se"] or 0.0) for c in cs]
           n = min(c["n"] for c in cs)
-          line, = ax.plot(xs, mean, marker="o", markersize=3, label=f"{run.display} (n={n})")
+          color = f"C{[r.name for r in study.runs].index(run.name) % 10}"  # a run's colour in every panel
+          line, = ax.plot(xs, mean, marker="o", markersize=3, color=color, label=f"{run.display} (n={n})")
           ax.fill_between(xs, [m - s for m, s in zip(mean, se)], [m + s for m, s in zip(mean, se)],
                           color=line.get_color(), alpha=0.2, linewidth=0)
           drawn = True
@@ -579,9 +580,18 @@ def report(study: spec.Study, profile: str, seeds: list[int], jobs: list[Job],
   failures = [{"run": k[0], "seed": k[1], "status": o.status, "message": o.message}
               for k, o in sorted(outcomes.items()) if o.status in ("failed", "blocked")]
   compute = sum(t for r in runs.values() for t in r["wall_time_s"].values() if t is not None)
+  history = []
+  if (out_dir / "invocations.jsonl").is_file():
+    for line in (out_dir / "invocations.jsonl").read_text().splitlines():
+      try:
+        record = json.loads(line)
+      except ValueError:
+        continue
+      if record.get("profile") == profile and record.get("ran"):
+        history.append(record)
   results = {"study": study.name, "title": study.title, "profile": profile, "seeds": seeds,
              "profile_flags": {m: dict(f) for m, f in study.profiles.get(profile, {}).items()},
-             "note": study.notes.get(profile, ""), "invocation": invocation,
+             "note": study.notes.get(profile, ""), "invocation": invocation, "invocations": history,
              "compute_time_s": round(compute, 1), "runs": runs, "failures": failures, "cells": cells,
              "plots": [p.name for p in plots]}
   (out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
@@ -610,13 +620,18 @@ def markdown(study: spec.Study, results: dict, cells: list[dict], plots: list[pa
   lines += tables(study, cells)
   for p in plots:
     lines += [f"![{p.stem}]({p.name})", ""]
-  inv = results["invocation"]
   lines += ["## Runs", "",
-            f"Total run time of all runs (sum over runs and seeds, as recorded when each ran): "
-            f"{results['compute_time_s'] / 60:.1f} min. This invocation: {inv.get('wall_time_s', 0) / 60:.1f} min "
-            f"wall, --parallel={inv.get('parallel')}, load average {inv.get('loadavg_start')} at the start and "
-            f"{inv.get('loadavg_end')} at the end.", "",
-            "| run | wall time per seed (min) | status | command (seed 0) |", "|---|---|---|---|"]
+            f"Run time of all runs, summed over runs and seeds as recorded when each ran (runs shared with another "
+            f"study count here too): {results['compute_time_s'] / 60:.1f} min.", ""]
+  if results["invocations"]:
+    total = sum(i["wall_time_s"] for i in results["invocations"])
+    lines.append(f"Invocations that ran something ({total / 60:.1f} min wall in all):")
+    lines += [f"- {i['started']}: {i['wall_time_s'] / 60:.1f} min wall, {i['ran']} runs ran, {i['cached']} done "
+              f"already, {i['failed']} failed; --parallel={i['parallel']}, load average (1, 5, 15 min) "
+              f"{i['loadavg_start']} at the start, {i['loadavg_end']} at the end, {i['cpu_count']} CPUs"
+              for i in results["invocations"]]
+    lines.append("")
+  lines += ["| run | wall time per seed (min) | status | command (seed 0) |", "|---|---|---|---|"]
   for name, r in results["runs"].items():
     times = ", ".join("-" if t is None else f"{t / 60:.1f}" for t in r["wall_time_s"].values())
     status = ", ".join(sorted(set(r["status"].values())))
@@ -669,14 +684,21 @@ def reproduce(study: spec.Study, *, profile: str, seeds: list[int], out_dir: pat
     return None
   t0, load0 = time.time(), _loadavg()
   started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-  outcomes = {} if aggregate_only else execute(todo, parallel, echo)
+  if aggregate_only:
+    outcomes = {j.key: Outcome("cached", wall_time_s=_recorded_time(j)) for j in jobs if j.summary.is_file()}
+  else:
+    outcomes = execute(todo, parallel, echo)
   out_dir.mkdir(parents=True, exist_ok=True)
   _link_runs(jobs, out_dir)
-  invocation = {"started": started, "wall_time_s": round(time.time() - t0, 1), "parallel": parallel,
-                "loadavg_start": load0, "loadavg_end": _loadavg(), "cpu_count": os.cpu_count(),
+  invocation = {"started": started, "wall_time_s": round(time.time() - t0, 1), "profile": profile,
+                "seeds": len(seeds), "parallel": parallel, "only": list(only or []), "loadavg_start": load0,
+                "loadavg_end": _loadavg(), "cpu_count": os.cpu_count(),
                 "ran": sum(o.status == "done" for o in outcomes.values()),
                 "cached": sum(o.status == "cached" for o in outcomes.values()),
                 "failed": sum(o.status in ("failed", "blocked") for o in outcomes.values())}
+  if not aggregate_only:  # the study's history of invocations that ran something: its wall times
+    with open(out_dir / "invocations.jsonl", "a") as f:
+      f.write(json.dumps(invocation) + "\n")
   results = report(study, profile, seeds, jobs, outcomes, out_dir, invocation)
   echo(f"{study.name}: {invocation['ran']} runs ran, {invocation['cached']} were done already, "
        f"{invocation['failed']} failed or blocked; {len(results['cells'])} cells -> {out_dir / 'results.json'}, "

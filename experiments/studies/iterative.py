@@ -1,7 +1,11 @@
 """DeepSeekMath Fig 6: iterative RL with a learned reward model against one round of the same length."""
 
+import dataclasses
+
 from experiments.studies import common
 from experiments.studies.spec import TRAIN_REWARD_MODEL, Metric, Panel, Plot, Run, Study
+
+RL_RUNS = ("grpo", "one_round", "iterative")
 
 STUDY = Study(
     name="iterative",
@@ -32,11 +36,11 @@ STUDY = Study(
                          "rm_update_steps": 50}),
     ),
     metrics=(
-        Metric("accuracy", "eval/accuracy", source="curve", runs=("grpo", "one_round", "iterative"),
+        Metric("accuracy", "eval/accuracy", source="curve", runs=RL_RUNS,
                label="held-out greedy accuracy"),
         Metric("iteration_accuracy", "iteration/accuracy", source="curve", runs=("iterative",),
                label="held-out accuracy at each iteration's end"),
-        common.START, common.FINAL, common.GAIN,
+        *(dataclasses.replace(m, runs=RL_RUNS) for m in (common.START, common.FINAL, common.GAIN)),
         Metric("rm_auc", "after/outcome/auc", runs=("rm",), percent=False, label="reward model AUC"),
         Metric("rm_group_auc", "after/outcome/group_auc", runs=("rm",), percent=False,
                label="reward model AUC within problems"),

@@ -29,7 +29,7 @@ STUDY = Study(
     ),
     metrics=(
         dataclasses.replace(common.ACCURACY, runs=RL_RUNS),
-        common.START, common.FINAL, common.GAIN,
+        *(dataclasses.replace(m, runs=RL_RUNS) for m in (common.START, common.FINAL, common.GAIN)),
     ),
     plots=(
         Plot("fig5.png", (Panel("accuracy", ("rft", "online_rft", "grpo", "grpo_ps"),

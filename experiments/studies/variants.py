@@ -1,5 +1,7 @@
 """The later GRPO variants side by side, and the KL estimator and coefficient, on the same seeds."""
 
+import dataclasses
+
 from experiments.studies import common
 from experiments.studies.spec import Panel, Plot, Study
 
@@ -30,7 +32,8 @@ STUDY = Study(
         common.rl("kl_k2", "GRPO, k2 KL", kl="k2"),
         common.rl("no_kl", "GRPO, β = 0", beta=0.0),
     ),
-    metrics=(common.ACCURACY, common.START, common.FINAL, common.GAIN),
+    metrics=tuple(dataclasses.replace(m, runs=VARIANTS + KL[1:])
+                  for m in (common.ACCURACY, common.START, common.FINAL, common.GAIN)),
     plots=(
         Plot("variants.png", (Panel("accuracy", VARIANTS, title="GRPO, Dr. GRPO, DAPO, GSPO, RLOO, REINFORCE++"),
                               Panel("accuracy", KL, title="KL estimator (β = 0.04) and β = 0")),
