@@ -511,8 +511,8 @@ def main(argv):
 
 def _compile_in_children(programs: Sequence[str], log) -> tuple[list[Compiled], dict]:
   """Each program compiled by a child run of this script (`--programs=<one> --noisolate`), so that a crash of
-  the compiler (libtpu has died with SIGSEGV, not RESOURCE_EXHAUSTED, on scanned programs far over HBM) is
-  reported as that program's failure."""
+  the compiler (libtpu 0.0.42 died with SIGSEGV instead of RESOURCE_EXHAUSTED on log-prob forwards far over HBM)
+  is reported as that program's failure."""
   import subprocess  # pylint: disable=import-outside-toplevel
   import tempfile  # pylint: disable=import-outside-toplevel
   skip = ("--programs", "--json_out", "--isolate", "--noisolate")
@@ -533,8 +533,8 @@ def _compile_in_children(programs: Sequence[str], log) -> tuple[list[Compiled], 
       elif child.returncode < 0:
         how = f"signal {-child.returncode}"
         results.append(Compiled(name, 0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0,
-                                error=f"the compiler died ({how}); for libtpu on a scanned program this has meant "
-                                      f"far over HBM: compile without --scan_layers for its figure"))
+                                error=f"the TPU compiler crashed ({how}); seen on log-prob forwards far over HBM, "
+                                      f"which compile with a smaller --forward_rows"))
         log(f"{name}: {results[-1].error}")
   return results, resident
 
