@@ -458,6 +458,8 @@ def report(config: models.ModelConfig, tgt: Target, mesh_spec: str, rules_name: 
                  f"{_gib(r.code)} | {_gib(r.program_bytes)} | {_gib(r.resident_other)} | {_gib(r.peak_bytes)} | "
                  f"{share} | {r.flops / 1e12:.3f} | {r.xla_flops / tgt.devices_per_chip / 1e12:.3f} | "
                  f"{at_peak:.3f} | {r.compile_s:.1f} |")
+    if r.error and not r.temp and problem is None:  # a crash, no figures
+      problem = f"DOES NOT FIT: {r.name} on {tgt.name}: {r.error}"
     if ((hbm and r.peak_bytes > hbm) or r.error) and problem is None:
       what = ("its arguments" if r.argument - r.alias >= r.temp else "its temporaries")
       problem = (f"DOES NOT FIT: {r.name} needs {_gib(r.peak_bytes)} GiB per chip on {tgt.name} "
