@@ -459,7 +459,7 @@ def report(config: models.ModelConfig, tgt: Target, mesh_spec: str, rules_name: 
                  f"{share} | {r.flops / 1e12:.3f} | {r.xla_flops / tgt.devices_per_chip / 1e12:.3f} | "
                  f"{at_peak:.3f} | {r.compile_s:.1f} |")
     if r.error and not r.temp and problem is None:  # a crash, no figures
-      problem = f"DOES NOT FIT: {r.name} on {tgt.name}: {r.error}"
+      problem = f"COMPILER CRASHED: {r.name} on {tgt.name}: {r.error}"
     if ((hbm and r.peak_bytes > hbm) or r.error) and problem is None:
       what = ("its arguments" if r.argument - r.alias >= r.temp else "its temporaries")
       problem = (f"DOES NOT FIT: {r.name} needs {_gib(r.peak_bytes)} GiB per chip on {tgt.name} "
@@ -506,7 +506,7 @@ def main(argv):
       out.write(json.dumps({"flags": {k: getattr(f, k) for k in _FLAG_NAMES}, "resident": resident,
                             "programs": [dataclasses.asdict(r) | {"peak_bytes": r.peak_bytes} for r in results],
                             "verdict": lines[-1]}) + "\n")
-  if lines[-1].startswith("DOES NOT FIT"):
+  if not lines[-1].startswith("fits"):
     sys.exit(lines[-1])
   print(lines[-1])
 
