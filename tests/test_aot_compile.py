@@ -41,7 +41,7 @@ def _run_script(tmp_path, *flags):
 
 
 @needs_libtpu
-@pytest.mark.parametrize("mesh, rules, extra", [("fsdp:4", "fsdp", []),  # a child process per program
+@pytest.mark.parametrize("mesh, rules, extra", [("fsdp:4", "fsdp", ["--noisolate"]),
                                                 ("fsdp:2,tensor:2", "fsdp_tp", ["--scan_layers", "--remat",
                                                                                 "--noisolate"])])
 def test_tiny_programs_compile_for_v5e_2x2(tmp_path, mesh, rules, extra):
@@ -63,11 +63,13 @@ def test_tiny_programs_compile_for_v5e_2x2(tmp_path, mesh, rules, extra):
 
 @needs_libtpu
 def test_does_not_fit_exits_with_one_line(tmp_path):
-  result, _ = _run_script(tmp_path, "--topology=v5e:2x2", "--mesh=fsdp:4", "--programs=logprobs",
-                          "--hbm_gib=0.0001")
+  # Two programs, each compiled in a child run of the script (--isolate, the default); the parent reports.
+  result, records = _run_script(tmp_path, "--topology=v5e:2x2", "--mesh=fsdp:4", "--programs=logprobs,reward",
+                                "--reward_model", "--scan_layers", "--hbm_gib=0.0001")
   assert result.returncode != 0
   last = result.stderr.strip().splitlines()[-1]
   assert last.startswith("DOES NOT FIT: logprobs needs") and "GiB HBM; largest arrays: " in last
+  assert [p["name"] for p in records[0]["programs"]] == ["logprobs", "reward"]
 
 
 def test_bad_topology_is_one_line(tmp_path):
