@@ -86,8 +86,9 @@ _STATIC = ("config", "num_samples", "max_new_tokens", "top_k", "top_p", "greedy"
 
 def _place_cache(cache: transformer.KVCache) -> transformer.KVCache:
   """Names the cache's axes for the sharding hook (identity outside `axis_rules`)."""
-  kv = lambda x: constrain(x, (None,) * transformer.cache_batch_axis(x) + ("batch", "length", "kv_heads", None))
-  return cache._replace(k=jax.tree.map(kv, cache.k), v=jax.tree.map(kv, cache.v),
+  place = lambda axes: lambda x: constrain(x, (None,) * transformer.cache_batch_axis(x) + axes)
+  return cache._replace(k=jax.tree.map(place(transformer.CACHE_K_AXES), cache.k),
+                        v=jax.tree.map(place(transformer.CACHE_V_AXES), cache.v),
                         mask=constrain(cache.mask, ("batch", "length")))
 
 
@@ -103,7 +104,7 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, temperature, *, config
   hidden, cache = transformer.hidden_states(params, config, prompt_tokens, attention_mask=prompt_mask, cache=cache)
   logits = transformer.logits_from_hidden(params, config, hidden[:, -1])
   repeat = lambda x, axis=0: jnp.repeat(x, num_samples, axis=axis) if x.ndim else x
-  repeat_kv = lambda x: repeat(x, transformer.cache_batch_axis(x))  # [(L,) B, S, K, D]
+  repeat_kv = lambda x: repeat(x, transformer.cache_batch_axis(x))  # [(L,) B, ...]
   cache = cache._replace(k=jax.tree.map(repeat_kv, cache.k), v=jax.tree.map(repeat_kv, cache.v),
                          mask=repeat(cache.mask))
   logits = repeat(logits)

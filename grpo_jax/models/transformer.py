@@ -43,7 +43,11 @@ from grpo_jax.models.sharding import constrain
 Params = dict[str, Any]
 
 _BTE = ("batch", "length", "embed")
-_KV = ("batch", "length", "kv_heads", None)
+# The cache's logical axes: keys [B, K, S, D] and values [B, K, D, S], the layouts in which the one-token decode
+# step's two attention contractions read the cache as it lies (a [B, S, K, D] cache is transposed whole, every
+# layer, every step).
+CACHE_K_AXES = ("batch", "kv_heads", "length", None)
+CACHE_V_AXES = ("batch", "kv_heads", None, "length")
 STACKED = "layers"  # the params key of the stacked layers (config.scan_layers)
 
 # config.remat_policy -> jax.checkpoint policy (None: save nothing but the layer's input).
@@ -56,9 +60,9 @@ class KVCache(NamedTuple):
   """Static-shape key/value cache.
 
   Attributes:
-    k: per layer, keys [B, S, kv_heads, head_dim]; with `config.scan_layers`, one
-      array [L, B, S, kv_heads, head_dim].
-    v: values, as `k`.
+    k: per layer, keys [B, kv_heads, S, head_dim]; with `config.scan_layers`, one
+      array [L, B, kv_heads, S, head_dim].
+    v: per layer, values [B, kv_heads, head_dim, S] (S last); stacked likewise.
     mask: [B, S] bool, True where the slot holds a real (non-padding) token.
     index: [] int32, the next slot to write (the same for every row).
   """
@@ -70,13 +74,15 @@ class KVCache(NamedTuple):
 
 def init_cache(config: ModelConfig, batch_size: int, max_length: int) -> KVCache:
   """An empty cache of `max_length` slots, in the activation dtype."""
-  shape = (batch_size, max_length, config.num_key_value_heads, config.head_dim)
+  k_shape = (batch_size, config.num_key_value_heads, max_length, config.head_dim)
+  v_shape = (batch_size, config.num_key_value_heads, config.head_dim, max_length)
   mask, index = jnp.zeros((batch_size, max_length), bool), jnp.zeros((), jnp.int32)
   if config.scan_layers:
-    shape = (config.num_hidden_layers, *shape)
-    return KVCache(k=jnp.zeros(shape, config.dtype), v=jnp.zeros(shape, config.dtype), mask=mask, index=index)
-  zeros = tuple(jnp.zeros(shape, config.dtype) for _ in range(config.num_hidden_layers))
-  return KVCache(k=zeros, v=tuple(jnp.zeros(shape, config.dtype) for _ in zeros), mask=mask, index=index)
+    stacked = lambda shape: jnp.zeros((config.num_hidden_layers, *shape), config.dtype)
+    return KVCache(k=stacked(k_shape), v=stacked(v_shape), mask=mask, index=index)
+  layers = range(config.num_hidden_layers)
+  return KVCache(k=tuple(jnp.zeros(k_shape, config.dtype) for _ in layers),
+                 v=tuple(jnp.zeros(v_shape, config.dtype) for _ in layers), mask=mask, index=index)
 
 
 def cache_batch_axis(x: jax.Array) -> int:
@@ -169,24 +175,27 @@ class Attention(nnx.Module):
     self.num_kv_heads, self.num_groups, self.head_dim = k, c.num_groups, d
 
   def __call__(self, x, cos, sin, allowed, kv, index):
-    """x [B, L, E]; allowed [B, L, S] bool; kv: (k, v) cache [B, S, K, D] each, or None (S = L)."""
+    """x [B, L, E]; allowed [B, L, S] bool; kv: the (k [B, K, S, D], v [B, K, D, S]) cache, or None (S = L)."""
     q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
     if self.q_norm is not None:
       q, k = self.q_norm(q), self.k_norm(k)
     q = constrain(_apply_rope(q, cos, sin), ("batch", "length", "heads", None))
     k = constrain(_apply_rope(k, cos, sin), ("batch", "length", "kv_heads", None))
     v = constrain(v, ("batch", "length", "kv_heads", None))
-    if kv is not None:
-      k = jax.lax.dynamic_update_slice(kv[0], k.astype(kv[0].dtype), (0, index, 0, 0))
-      v = jax.lax.dynamic_update_slice(kv[1], v.astype(kv[1].dtype), (0, index, 0, 0))
-      kv = (k, v)
     b, l = q.shape[:2]
     q = q.reshape(b, l, self.num_kv_heads, self.num_groups, self.head_dim)
-    scores = jnp.einsum("blkgd,bskd->bkgls", q, k.astype(q.dtype), preferred_element_type=jnp.float32)
+    if kv is None:
+      k_spec, v_spec = "bskd", "bskd"
+    else:
+      k_spec, v_spec = "bksd", "bkds"
+      k = jax.lax.dynamic_update_slice(kv[0], k.transpose(0, 2, 1, 3).astype(kv[0].dtype), (0, 0, index, 0))
+      v = jax.lax.dynamic_update_slice(kv[1], v.transpose(0, 2, 3, 1).astype(kv[1].dtype), (0, 0, 0, index))
+      kv = (k, v)
+    scores = jnp.einsum(f"blkgd,{k_spec}->bkgls", q, k.astype(q.dtype), preferred_element_type=jnp.float32)
     scores = scores * (self.head_dim ** -0.5)
     scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-    out = jnp.einsum("bkgls,bskd->blkgd", probs, v.astype(q.dtype)).reshape(b, l, -1, self.head_dim)
+    out = jnp.einsum(f"bkgls,{v_spec}->blkgd", probs, v.astype(q.dtype)).reshape(b, l, -1, self.head_dim)
     return self.o_proj(constrain(out, ("batch", "length", "heads", None))), kv
 
 
@@ -308,7 +317,7 @@ class Decoder(nnx.Module):
       x, ks, vs = carry
       layer_state, i = xs
       layer = nnx.merge(graphdef, layer_state)
-      kv = None if ks is None else (constrain(ks[i], _KV), constrain(vs[i], _KV))
+      kv = None if ks is None else (constrain(ks[i], CACHE_K_AXES), constrain(vs[i], CACHE_V_AXES))
       x, kv = layer(x, cos, sin, allowed, kv, index)
       if kv is not None:
         ks = jax.lax.dynamic_update_index_in_dim(ks, kv[0], i, 0)
