@@ -34,5 +34,7 @@ setuptools.setup(
         # libtpu at the installed jax's version: run on TPUs, or compile for them on any machine
         # (scripts/aot_compile.py).
         "tpu": [_TPU],
+        # The PyTorch peers of scripts/bench_vs_torch.py (issue #16): HF generate and TRL's GRPOTrainer.
+        "bench": ["torch==2.13.0", "transformers>=5", "trl>=1.16", "datasets", "accelerate"],
     },
 )

@@ -1,0 +1,300 @@
+r"""grpo_jax against its PyTorch peers at equal work, side by side in one run (issue #16).
+
+  pip install -e '.[bench]'           # torch, transformers, trl (nothing is installed at import time)
+  JAX_PLATFORMS=cpu python scripts/bench_vs_torch.py                  # both parts
+  JAX_PLATFORMS=cpu python scripts/bench_vs_torch.py --part sampler --repeats 7
+  JAX_PLATFORMS=cpu python scripts/bench_vs_torch.py --part grpo --steps 12
+
+The reference work is one tiny Qwen2 checkpoint (hidden 128, 4 layers, GQA 4:2, character vocabulary of
+101, ~0.8M parameters), written once with `grpo_jax.models.save_hf` and loaded in torch with
+`transformers.AutoModelForCausalLM`, so both sides run the same weights.
+
+* sampler: `grpo_jax.sampling.sample` against Hugging Face `generate` (KV cache, multinomial sampling at
+  temperature 1, no top-k/top-p, no stop tokens: every row makes exactly T tokens), for each size in
+  `--sizes` (rows x new tokens; 16-token prompts, G = 8 rows per prompt).
+* grpo: one GRPO step (8 prompts x G 8, 16 new tokens, temperature 1, β 0.04, one AdamW step, the loss
+  GRPO's seq-mean-token-mean with k3 KL) built from the library's pieces as `experiments.grpo_math` runs
+  them (sample, decode + rule reward on the host, group advantages, π_ref forward, update), against
+  `trl.GRPOTrainer` (loss_type="grpo") on the same prompts and reward.
+
+Both report medians over repeats after warm-up (compilation excluded), the machine's float32 matmul
+GFLOP/s measured in this run by each framework, FLOPs counted from the shapes (matmuls and attention:
+2 per multiply-add; the backward as twice the forward), and the fraction of the roofline = FLOPs / time /
+the JAX matmul peak. The load average is printed: this benchmark is meant to be read as ratios measured
+in one run.
+"""
+
+import argparse
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax import logprobs as logprobs_lib
+from grpo_jax import losses, models, sampling, training
+from grpo_jax.evaluation import decode
+from grpo_jax.training import update as update_lib
+
+PROMPT_LEN, GROUP, PROMPTS, NEW_TOKENS, BETA, TEMPERATURE, LR = 16, 8, 8, 16, 0.04, 1.0, 3e-4
+ALPHABET = "0123456789+-*= abcdefghij"
+
+
+def _peers():
+  try:
+    import torch  # pylint: disable=import-outside-toplevel
+    import transformers  # pylint: disable=import-outside-toplevel
+  except ImportError as err:
+    sys.exit(f"bench_vs_torch needs the peers: pip install -e '.[bench]' ({err})")
+  return torch, transformers
+
+
+# ---------------------------------------------------------------- machine and FLOPs
+
+
+def matmul_gflops(torch, n: int = 1024, repeats: int = 9) -> tuple[float, float]:
+  """Float32 [n, n] @ [n, n] GFLOP/s, (jax, torch): the median of `repeats` after a warm-up."""
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+  f = jax.jit(lambda x: x @ x)
+  jax_s = _median(lambda: f(a), repeats)
+  torch.set_num_threads(os.cpu_count())
+  t = torch.randn(n, n)
+  torch_s = _median(lambda: t @ t, repeats, sync=False)
+  return 2 * n ** 3 / jax_s / 1e9, 2 * n ** 3 / torch_s / 1e9
+
+
+def forward_flops(config, tokens: int, context: float) -> float:
+  """Matmul + attention FLOPs of a forward over `tokens` tokens attending to `context` keys on average."""
+  e, h, k, d, m, v = (config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+                      config.head_dim, config.intermediate_size, config.vocab_size)
+  per_layer = 2 * e * (h * d + 2 * k * d) + 2 * h * d * e + 2 * 3 * e * m + 2 * 2 * h * d * context
+  return tokens * (config.num_hidden_layers * per_layer + 2 * e * v)
+
+
+def step_flops(config, n_rows: int, prompt_len: int, new_tokens: int, n_prompts: int) -> dict:
+  """FLOPs per phase of one GRPO step at full length (no early stops)."""
+  l = prompt_len + new_tokens
+  causal = (l + 1) / 2  # mean keys attended per position of a causal forward
+  prefill = forward_flops(config, n_prompts * prompt_len, (prompt_len + 1) / 2)
+  decode_ = forward_flops(config, n_rows * (new_tokens - 1), prompt_len + new_tokens / 2)
+  full = forward_flops(config, n_rows * l, causal)
+  return {"sampling": prefill + decode_, "reference": full, "update": 3 * full}
+
+
+def load_average() -> str:
+  return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def _median(fn, repeats, sync=True):
+  out = fn()
+  if sync:
+    jax.block_until_ready(out)
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    out = fn()
+    if sync:
+      jax.block_until_ready(out)
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+# ---------------------------------------------------------------- the shared checkpoint and prompts
+
+
+def make_checkpoint(path: pathlib.Path):
+  models.build_default_checkpoint(path, seed=0, num_hidden_layers=4, hidden_size=128, intermediate_size=384)
+  params, config = models.load_hf(path)
+  return params, config, models.load_tokenizer(path)
+
+
+def prompt_texts(n: int, seed: int = 0) -> list[str]:
+  rng = np.random.default_rng(seed)
+  return ["".join(rng.choice(list(ALPHABET), PROMPT_LEN)) for _ in range(n)]
+
+
+def reward_fn(completions: list[str]) -> list[float]:
+  """A rule reward on text (the fraction of digits), the same on both sides."""
+  return [sum(c.isdigit() for c in text) / max(len(text), 1) for text in completions]
+
+
+# ---------------------------------------------------------------- sampler vs generate
+
+
+def bench_sampler(params, config, torch_model, torch, sizes, repeats, peak, threads):
+  print(f"\n## Sampler vs HF generate (16-token prompts, G = {GROUP}, temperature 1, no stop tokens; "
+        f"median of {repeats}; HF at the best of torch threads {threads}; load {load_average()})\n")
+  print("| rows x new tokens | HF generate s | grpo_jax s | HF tokens/s | grpo_jax tokens/s | speed-up | "
+        "grpo_jax fraction of decode roofline |")
+  print("|---|---|---|---|---|---|---|")
+  results = []
+  for rows, new in sizes:
+    n_prompts = rows // GROUP
+    prompt = jax.random.randint(jax.random.key(1), (n_prompts, PROMPT_LEN), 5, config.vocab_size)
+    mask = jnp.ones_like(prompt, bool)
+    key = jax.random.key(2)
+    run = lambda: sampling.sample(params, config, prompt, mask, key, num_samples=GROUP, max_new_tokens=new,
+                                  temperature=1.0, eos_token_ids=()).tokens
+    jax_s = _median(run, repeats)
+    ids = torch.as_tensor(np.repeat(np.asarray(prompt), GROUP, axis=0), dtype=torch.long)
+    attn = torch.ones_like(ids)
+
+    def generate():
+      with torch.no_grad():
+        return torch_model.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=1.0, top_k=0,
+                                    top_p=1.0, max_new_tokens=new, min_new_tokens=new, eos_token_id=None,
+                                    pad_token_id=config.pad_token_id)
+    hf_s = float("inf")
+    for n in threads:
+      torch.set_num_threads(n)
+      hf_s = min(hf_s, _median(generate, repeats, sync=False))
+    tokens = rows * new
+    flops = forward_flops(config, rows, PROMPT_LEN + new / 2)  # one decode step, per row
+    roofline_tps = peak * 1e9 / (flops / rows)
+    print(f"| {rows} x {new} | {hf_s:.3f} | {jax_s:.3f} | {tokens / hf_s:,.0f} | {tokens / jax_s:,.0f} | "
+          f"{hf_s / jax_s:.2f}x | {tokens / jax_s / roofline_tps:.2f} |")
+    results.append(hf_s / jax_s)
+  return results
+
+
+# ---------------------------------------------------------------- GRPO step: grpo_jax
+
+
+def jax_grpo(params, config, tokenizer, prompts, steps):
+  """Times one GRPO step as the runner composes the library: returns per-phase medians (s)."""
+  optimizer = training.make_optimizer(LR, max_grad_norm=1.0)
+  loss_kwargs = dict(epsilon=0.2, beta=BETA, kl="k3", aggregation="seq-mean-token-mean")
+  objective = update_lib.bind(training.grpo_objective, config=config, loss_kwargs=loss_kwargs, use_reference=True,
+                              temperature=TEMPERATURE)
+  state = training.init_train_state(params, optimizer)
+  step_fn = training.make_train_step(objective, optimizer)
+  reference = jax.tree.map(jnp.copy, params)  # the train state's params are donated
+  ref_logprobs = logprobs_lib.jit_token_logprobs(config, temperature=TEMPERATURE)
+  times = {k: [] for k in ("sampling", "scoring", "reference", "update", "step")}
+  for i in range(steps):
+    t0 = time.perf_counter()
+    batch_prompts = [prompts[(i * PROMPTS + j) % len(prompts)] for j in range(PROMPTS)]
+    tokens, mask, _ = training.encode_prompts(tokenizer, batch_prompts, PROMPT_LEN)
+    samples = sampling.sample(state.params, config, tokens, mask, jax.random.key(i), num_samples=GROUP,
+                              max_new_tokens=NEW_TOKENS, temperature=TEMPERATURE, eos_token_ids=())
+    samples = jax.device_get(samples)
+    t1 = time.perf_counter()
+    rewards = np.asarray(reward_fn(decode(tokenizer, samples)), np.float32)
+    advantages = losses.group_advantages(rewards.reshape(PROMPTS, GROUP)).reshape(-1)
+    t2 = time.perf_counter()
+    old_logp = jnp.asarray(samples.logprobs)  # T = 1: the sampler's log-probs are π_old (as the runner)
+    sequences = logprobs_lib.sequences_from_samples(samples)
+    ref_logp = ref_logprobs(reference, *sequences)[:, PROMPT_LEN:]
+    batch = training.batch_from_samples(samples, jnp.asarray(samples.mask), old_logp, ref_logp, advantages)
+    jax.block_until_ready(batch)
+    t3 = time.perf_counter()
+    state, metrics = step_fn(state, batch)
+    jax.block_until_ready(metrics)
+    t4 = time.perf_counter()
+    for k, dt in zip(times, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t4 - t0)):
+      times[k].append(dt)
+  return {k: statistics.median(v[2:]) for k, v in times.items()}
+
+
+# ---------------------------------------------------------------- GRPO step: TRL
+
+
+def trl_grpo(path, tokenizer, prompts, steps, torch, threads):
+  import datasets  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  import trl  # pylint: disable=import-outside-toplevel
+
+  class Timer(transformers.TrainerCallback):
+    def __init__(self):
+      self.times, self.start = [], None
+
+    def on_step_begin(self, args, state, control, **kwargs):
+      self.start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+      self.times.append(time.perf_counter() - self.start)
+
+  def reward(completions, **kwargs):
+    return reward_fn(completions)
+
+  model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+  model.generation_config.eos_token_id = None
+  out = tempfile.mkdtemp(prefix="bench_trl_")
+  args = trl.GRPOConfig(
+      output_dir=out, per_device_train_batch_size=PROMPTS * GROUP, num_generations=GROUP,
+      max_completion_length=NEW_TOKENS, temperature=TEMPERATURE, top_k=0, top_p=1.0, beta=BETA, loss_type="grpo",
+      num_iterations=1, steps_per_generation=1, gradient_accumulation_steps=1, learning_rate=LR, max_grad_norm=1.0,
+      adam_beta2=0.95, max_steps=steps, logging_steps=10 ** 6, save_strategy="no", report_to="none", use_cpu=True,
+      bf16=False, fp16=False, disable_dropout=True, shuffle_dataset=False, dataloader_num_workers=0, seed=0,
+      generation_kwargs={"min_new_tokens": NEW_TOKENS, "eos_token_id": None})
+  data = datasets.Dataset.from_dict({"prompt": [prompts[i % len(prompts)] for i in range(steps * PROMPTS)]})
+  timer = Timer()
+  trainer = trl.GRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=data,
+                            processing_class=tokenizer, callbacks=[timer])
+  torch.set_num_threads(threads)
+  trainer.train()
+  return statistics.median(timer.times[2:])
+
+
+def bench_grpo(params, config, tokenizer, path, torch, steps, peak, threads):
+  prompts = prompt_texts(PROMPTS * steps)
+  jax_times = jax_grpo(params, config, tokenizer, prompts, steps)
+  trl_by_threads = {n: trl_grpo(path, tokenizer, prompts, steps, torch, n) for n in threads}
+  print("\nTRL seconds per step by torch threads: " + ", ".join(f"{n}: {s:.3f}" for n, s in trl_by_threads.items()))
+  trl_s = min(trl_by_threads.values())
+  flops = step_flops(config, PROMPTS * GROUP, PROMPT_LEN, NEW_TOKENS, PROMPTS)
+  total = sum(flops.values())
+  print(f"\n## GRPO step at equal work ({PROMPTS} prompts x G {GROUP}, {NEW_TOKENS} new tokens, temperature "
+        f"{TEMPERATURE}, β {BETA}; median of {steps - 2} steps after 2 warm-up; load {load_average()})\n")
+  print("| phase | GFLOP | grpo_jax s | fraction of roofline |")
+  print("|---|---|---|---|")
+  for phase, f in (("sampling", flops["sampling"]), ("scoring", 0.0), ("reference", flops["reference"]),
+                   ("update", flops["update"]), ("step", total)):
+    s = jax_times[phase]
+    print(f"| {phase} | {f / 1e9:.2f} | {s:.3f} | {f / s / 1e9 / peak:.2f} |")
+  print(f"\n| | seconds per GRPO step | steps/s | fraction of roofline |\n|---|---|---|---|")
+  print(f"| TRL GRPOTrainer | {trl_s:.3f} | {1 / trl_s:.2f} | {total / trl_s / 1e9 / peak:.2f} |")
+  print(f"| grpo_jax | {jax_times['step']:.3f} | {1 / jax_times['step']:.2f} | "
+        f"{total / jax_times['step'] / 1e9 / peak:.2f} |")
+  print(f"\ngrpo_jax step rate / TRL's: {trl_s / jax_times['step']:.2f}x")
+  return trl_s / jax_times["step"]
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--part", choices=["all", "sampler", "grpo"], default="all")
+  parser.add_argument("--repeats", type=int, default=5, help="sampler: timed calls per size")
+  parser.add_argument("--steps", type=int, default=10, help="GRPO: steps per framework (the first 2 warm up)")
+  parser.add_argument("--sizes", default="64x16,64x64,256x16,256x64", help="sampler: rows x new tokens")
+  parser.add_argument("--torch_threads", default=f"1,{os.cpu_count()}",
+                      help="torch intra-op thread counts to try; the peers' best is reported")
+  args = parser.parse_args()
+  torch, transformers = _peers()
+  threads = [int(n) for n in args.torch_threads.split(",")]
+  import trl  # pylint: disable=import-outside-toplevel
+  path = pathlib.Path(tempfile.mkdtemp(prefix="bench_vs_torch_")) / "tiny"
+  params, config, tokenizer = make_checkpoint(path)
+  n_params = sum(x.size for x in jax.tree.leaves(params))
+  jax_peak, torch_peak = matmul_gflops(torch)
+  print(f"jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__}, transformers "
+        f"{transformers.__version__}, trl {trl.__version__}; {os.cpu_count()} cores, load average {load_average()}")
+  print(f"model: {n_params / 1e6:.2f}M params (hidden {config.hidden_size}, {config.num_hidden_layers} layers, "
+        f"GQA {config.num_attention_heads}:{config.num_key_value_heads}, vocab {config.vocab_size}), float32")
+  print(f"float32 matmul 1024^3: jax {jax_peak:.1f} GFLOP/s, torch {torch_peak:.1f} GFLOP/s "
+        f"(roofline fractions below use jax's)")
+  if args.part in ("all", "sampler"):
+    torch_model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
+    bench_sampler(params, config, torch_model, torch, sizes, args.repeats, jax_peak, threads)
+  if args.part in ("all", "grpo"):
+    bench_grpo(params, config, tokenizer, path, torch, args.steps, jax_peak, threads)
+  print(f"\nload average at the end: {load_average()}")
+
+
+if __name__ == "__main__":
+  main()
