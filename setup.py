@@ -27,6 +27,7 @@ setuptools.setup(
     extras_require={
         "test": [
             "pytest>=8",
+            "pytest-xdist>=3.5",  # pytest.ini runs the suite on one worker per core
             "rlax>=0.1.6",  # oracle for GAE parity
             "torch==2.13.0",  # CPU wheel; oracle for model-logit parity
             _TPU,  # the TPU compiler: tests compile for TPU topologies ahead of time (no TPU needed)

@@ -11,8 +11,17 @@ import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 
-import jax
+# One on-disk XLA compilation cache for the whole run, shared by the pytest workers and the child processes
+# the tests start (they inherit these variables): the same tiny programs are compiled once, not once per test.
+# Set before JAX is imported, which reads them.
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      str(pathlib.Path(tempfile.gettempdir()) / f"grpo_jax_tests_xla_cache_{os.getuid()}"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+
+import jax  # pylint: disable=wrong-import-position
 import pytest
 
 # Full-precision float32 matmuls, so parity tests compare the math and not the backend's defaults.
