@@ -394,7 +394,7 @@ def run() -> dict:
              "sft_time_s": t_rl - t_sft, "flow_grpo_time_s": t_final - t_rl, "peak_rss_mib": peak_mib,
              **{f"start_{k[len('eval/'):]}": v for k, v in start_eval.items()},
              **{f"final_{k}": v for k, v in final_eval.items()}}
-  (work_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+  training.atomic_write_text(work_dir / "summary.json", json.dumps(summary, indent=2))
   pct = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"
   rows = [("held-out problems", f"{len(task.test)}"),
           ("greedy accuracy, SFT planner", pct(start_accuracy)),

@@ -592,7 +592,7 @@ def run() -> dict:
              "num_eval_problems": len(task.test), "wall_time_s": time.time() - t_start, "peak_rss_mib": peak_mib,
              **{f"final_{k}": v for k, v in final_eval.items()}}
   if main_process:
-    (work_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    training.atomic_write_text(work_dir / "summary.json", json.dumps(summary, indent=2))
   rows = [("held-out problems", f"{len(task.test)}"),
           ("greedy accuracy, start (SFT)", "n/a" if start_accuracy is None else f"{100 * start_accuracy:.1f}%"),
           (f"greedy accuracy, after {FLAGS.algo}", f"{100 * final_eval['accuracy']:.1f}%"),

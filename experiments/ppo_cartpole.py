@@ -42,6 +42,7 @@ import numpy as np
 import optax
 
 from grpo_jax import losses
+from grpo_jax import training
 
 
 class Config(NamedTuple):
@@ -329,7 +330,7 @@ def run(config: Config, output_dir: pathlib.Path, log_every: int = 10_000, targe
   plot(rows, output_dir / "learning_curve.png", target,
        f"PPO with grpo_jax.losses, gymnax CartPole-v1, seed {config.seed}\nmean return ≥ {target:g}: first at "
        f"{steps(first)} steps, held from {steps(held)}; final {rows[-1]['mean_return'] or 0:.0f}")
-  (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+  training.atomic_write_text(output_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
   return summary
 
 

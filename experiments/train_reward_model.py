@@ -204,7 +204,7 @@ def run() -> dict:
              **{f"before/{k}": v for k, v in before.items()}, **{f"after/{k}": v for k, v in after.items()},
              **{f"train/{k}": v for k, v in train_fit.items()},
              "time_collect_s": collect_time, "time_train_s": train_time, "time_total_s": time.time() - t_start}
-  (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+  training.atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2))
   rows = [("held-out completions", f"{summary['eval_completions']}"),
           ("policy answer accuracy (held-out samples)", f"{100 * summary['eval_answer_accuracy']:.1f}%")]
   for level in ("outcome", "step"):

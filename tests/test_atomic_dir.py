@@ -39,3 +39,11 @@ def test_a_killed_exports_leftovers_are_removed_and_never_used(tmp_path):
     (tmp / "model.safetensors").write_text("whole")
   assert sorted(p.name for p in tmp_path.iterdir()) == ["sft_policy"]
   assert (tmp_path / "sft_policy" / "model.safetensors").read_text() == "whole"
+
+
+def test_atomic_write_text_replaces_whole(tmp_path):
+  path = tmp_path / "summary.json"
+  training.atomic_write_text(path, '{"a": 1}')
+  training.atomic_write_text(path, '{"a": 2}')
+  assert path.read_text() == '{"a": 2}'
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]

@@ -1,6 +1,6 @@
 """Training machinery shared by the runners: optimiser, jitted update steps, rollouts, checkpoints, logs."""
 
-from grpo_jax.training.atomic_dir import atomic_directory
+from grpo_jax.training.atomic_dir import atomic_directory, atomic_write_text
 from grpo_jax.training.checkpointing import Checkpointer
 from grpo_jax.training.logger import MetricsLogger, end_progress_line
 from grpo_jax.training.optimizer import make_optimizer
@@ -14,6 +14,7 @@ __all__ = (
     "MetricsLogger",
     "TrainState",
     "atomic_directory",
+    "atomic_write_text",
     "batch_from_samples",
     "encode_prompts",
     "end_progress_line",

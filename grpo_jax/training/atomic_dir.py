@@ -1,4 +1,4 @@
-"""Directories that appear whole or not at all: write into a temporary sibling, then rename into place.
+"""Directories and files that appear whole or not at all: write into a temporary sibling, then rename.
 
 A run that is killed while exporting a model (`sft_policy`, `final_policy`, a reward model) leaves only a
 hidden `.<name>.tmp-*` sibling, which the next export of that name removes; a later run never finds a
@@ -42,3 +42,16 @@ def atomic_directory(target: str | os.PathLike) -> Iterator[pathlib.Path]:
   tmp.rename(target)
   if old is not None:
     shutil.rmtree(old, ignore_errors=True)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> pathlib.Path:
+  """Writes `text` to `path` through a temporary sibling and a rename: readers see the old file or the new
+  one, never a prefix (a run's summary.json, whose presence tells a study the run is done)."""
+  path = pathlib.Path(path)
+  tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+  try:
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+  finally:
+    tmp.unlink(missing_ok=True)
+  return path
