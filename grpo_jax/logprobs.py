@@ -44,14 +44,20 @@ def token_logprobs(params, config: ModelConfig, tokens: jax.Array, attention_mas
   """
   chex.assert_rank([tokens, attention_mask], 2)
   chex.assert_equal_shape([tokens, attention_mask])
-  b, l = tokens.shape
   mask = attention_mask.astype(bool)
   hidden, _ = transformer.hidden_states(params, config, tokens, positions=positions, attention_mask=mask)
-  w = transformer.unembedding(params, config).astype(hidden.dtype)  # [V, E]
-
   # Position t - 1 predicts token t.
-  h, targets = hidden[:, :-1], tokens[:, 1:]
-  n_pred = l - 1
+  valid = mask[:, 1:] & mask[:, :-1]
+  out = _predicted_logprobs(params, config, hidden[:, :-1], tokens[:, 1:], valid, chunk_size=chunk_size,
+                            return_entropy=return_entropy, temperature=temperature)
+  return jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (1, 0))), out)
+
+
+def _predicted_logprobs(params, config: ModelConfig, h: jax.Array, targets: jax.Array, valid: jax.Array, *,
+                        chunk_size: int, return_entropy: bool, temperature: float):
+  """log softmax(logits(h) / temperature)[targets] [B, n] (and the entropy), 0 where not `valid`; chunked."""
+  b, n_pred = targets.shape
+  w = transformer.unembedding(params, config).astype(h.dtype)  # [V, E]
   chunk = max(1, min(chunk_size, n_pred))
   n_chunks = -(-n_pred // chunk)
   pad = n_chunks * chunk - n_pred
@@ -71,28 +77,91 @@ def token_logprobs(params, config: ModelConfig, tokens: jax.Array, attention_mas
     return logp, entropy
 
   _, (logp, entropy) = jax.lax.scan(lambda c, x: (c, chunk_fn(*x)), None, (h, targets))
-  valid = mask[:, 1:] & mask[:, :-1]
 
   def align(x):
     x = x.swapaxes(0, 1).reshape(b, n_chunks * chunk)[:, :n_pred]
-    return jnp.pad(jnp.where(valid, x, 0.0), ((0, 0), (1, 0)))
+    return jnp.where(valid, x, 0.0)
 
   if return_entropy:
     return align(logp), align(entropy)
   return align(logp)
 
 
+def grouped_completion_logprobs(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: jax.Array,
+                                completions: jax.Array, completion_mask: jax.Array, *, group_size: int,
+                                chunk_size: int = 128, return_entropy: bool = False, temperature: float = 1.0):
+  """Log-probs [N, T] of completions whose prompts come in groups of G identical rows, each prompt run once.
+
+  Row p * G + g of `completions` continues prompt p (prompt-major rows, as the sampler returns them). The B
+  prompts go through the model once, into a KV cache repeated G times; the N = B * G completions then run
+  against it, so the forward (and its backward) costs B * P + N * T tokens instead of N * (P + T). The values
+  are those of `token_logprobs` on the concatenated rows, at the completion columns, up to float rounding
+  (the same attention over the same keys, summed in another order); gradients flow into the prompt's keys
+  and values through the cache.
+
+  Args:
+    params: policy params (differentiable).
+    config: the ModelConfig.
+    prompt_tokens: [B, P] left-padded prompts (the last column must be a real token).
+    prompt_mask: [B, P] bool, False at padding.
+    completions: [N, T] right-padded completions, N = B * group_size.
+    completion_mask: [N, T] bool, False after the end.
+    group_size: G.
+    chunk_size, return_entropy, temperature: as `token_logprobs`.
+
+  Returns:
+    logp [N, T] float32 (0 where completion_mask is False), or (logp, entropy).
+  """
+  chex.assert_rank([prompt_tokens, prompt_mask, completions, completion_mask], 2)
+  chex.assert_equal_shape([prompt_tokens, prompt_mask])
+  chex.assert_equal_shape([completions, completion_mask])
+  b, p = prompt_tokens.shape
+  n, t = completions.shape
+  if n != b * group_size:
+    raise ValueError(f"grouped_completion_logprobs: {n} completions for {b} prompts x group_size {group_size}")
+  prompt_mask, completion_mask = prompt_mask.astype(bool), completion_mask.astype(bool)
+  cache = transformer.init_cache(config, b, p + t)
+  h_prompt, cache = transformer.hidden_states(params, config, prompt_tokens, attention_mask=prompt_mask,
+                                              cache=cache)
+  repeat = lambda x, axis=0: jnp.repeat(x, group_size, axis=axis)
+  repeat_kv = lambda x: repeat(x, transformer.cache_batch_axis(x))
+  cache = cache._replace(k=jax.tree.map(repeat_kv, cache.k), v=jax.tree.map(repeat_kv, cache.v),
+                         mask=repeat(cache.mask))
+  h_completion, _ = transformer.hidden_states(params, config, completions, attention_mask=completion_mask,
+                                              cache=cache)
+  # The last prompt position predicts completion token 0; completion position j - 1 predicts token j.
+  h = jnp.concatenate([repeat(h_prompt[:, -1:]), h_completion[:, :-1]], axis=1)
+  previous = jnp.concatenate([repeat(prompt_mask[:, -1:]), completion_mask[:, :-1]], axis=1)
+  return _predicted_logprobs(params, config, h, completions, completion_mask & previous, chunk_size=chunk_size,
+                             return_entropy=return_entropy, temperature=temperature)
+
+
 def jit_token_logprobs(config: ModelConfig, *, mesh: Mesh | None = None, rules: Mapping | None = None,
-                       chunk_size: int = 128, return_entropy: bool = False, temperature: float = 1.0):
+                       chunk_size: int = 128, return_entropy: bool = False, temperature: float = 1.0,
+                       group_size: int = 1, prompt_len: int | None = None):
   """A jitted `fn(params, tokens, attention_mask)` computing `token_logprobs` (e.g. π_old or π_ref).
 
   Params are an argument, never a compile-time constant. With `mesh` and `rules`
   the function has explicit in/out shardings: params placed by the rules, rows of
   tokens, mask and outputs split over the data axes (inputs are re-sharded as
   needed); one compilation per input shape.
+
+  With `group_size` G > 1 and `prompt_len` P, the rows are sampler rows (`sequences_from_samples`): G
+  consecutive rows share their first P columns, the prompt, which runs once per group
+  (`grouped_completion_logprobs`); only the completion columns are computed, the prompt columns are 0.
   """
   kwargs = dict(chunk_size=chunk_size, return_entropy=return_entropy, temperature=temperature)
-  body = lambda params, tokens, mask: token_logprobs(params, config, tokens, mask, **kwargs)
+  if group_size > 1:
+    if prompt_len is None:
+      raise ValueError("jit_token_logprobs: group_size > 1 needs prompt_len")
+
+    def body(params, tokens, mask):
+      out = grouped_completion_logprobs(params, config, tokens[::group_size, :prompt_len],
+                                        mask[::group_size, :prompt_len], tokens[:, prompt_len:],
+                                        mask[:, prompt_len:], group_size=group_size, **kwargs)
+      return jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (prompt_len, 0))), out)
+  else:
+    body = lambda params, tokens, mask: token_logprobs(params, config, tokens, mask, **kwargs)
   if (mesh is None) != (rules is None):
     raise ValueError("jit_token_logprobs: pass both mesh and rules, or neither")
   if mesh is None:
@@ -126,18 +195,24 @@ def sequences_from_samples(samples: SampleOutput) -> tuple[jax.Array, jax.Array]
   return tokens, mask
 
 
-def completion_logprobs(params, config: ModelConfig, samples: SampleOutput, **kwargs):
+def completion_logprobs(params, config: ModelConfig, samples: SampleOutput, *, group_size: int = 1, **kwargs):
   """Log-probs [N, T] of the sampled completions under `params` (aligned with `samples.tokens`).
 
   Args:
     params: policy params.
     config: the ModelConfig.
     samples: a SampleOutput.
+    group_size: G > 1: rows come in groups of G samples of one prompt (the sampler's `num_samples`), and
+      each prompt runs once (`grouped_completion_logprobs`).
     **kwargs: `chunk_size`, `return_entropy`, `temperature` of `token_logprobs`.
 
   Returns:
     logp [N, T] (0 where samples.mask is False), or (logp, entropy).
   """
+  if group_size > 1:
+    return grouped_completion_logprobs(params, config, samples.prompt_tokens[::group_size],
+                                       samples.prompt_mask[::group_size], samples.tokens, samples.mask,
+                                       group_size=group_size, **kwargs)
   tokens, mask = sequences_from_samples(samples)
   out = token_logprobs(params, config, tokens, mask, **kwargs)
   p = samples.prompt_tokens.shape[1]

@@ -99,3 +99,44 @@ def test_sharded_logprob_function_equals_one_device(params, batch):
   np.testing.assert_allclose(logp, expected[0], atol=1e-5)
   np.testing.assert_allclose(entropy, expected[1], atol=1e-5)
   assert logp.sharding.spec == jax.sharding.PartitionSpec(("data", "fsdp"), None)
+
+
+def _grouped_samples(params, group_size=3, prompt_len=7, new_tokens=6):
+  """Sampler rows: 3 left-padded prompts x G samples, some stopping early (right padding)."""
+  prompt = jax.random.randint(jax.random.key(5), (3, prompt_len), 0, CONFIG.vocab_size)
+  prompt_mask = jnp.arange(prompt_len)[None] >= jnp.array([[0], [2], [5]])
+  samples = sampling.sample(params, CONFIG, prompt, prompt_mask, jax.random.key(6), num_samples=group_size,
+                            max_new_tokens=new_tokens, eos_token_ids=(3, 7, 11))
+  assert not bool(samples.mask.all()) and bool(samples.mask.any())  # some rows ended early
+  return samples
+
+
+@pytest.mark.parametrize("chunk_size", [4, 128])
+def test_grouped_completion_logprobs_equal_ungrouped(params, chunk_size):
+  samples = _grouped_samples(params)
+  kw = dict(chunk_size=chunk_size, return_entropy=True, temperature=0.7)
+  logp, entropy = logprobs.completion_logprobs(params, CONFIG, samples, **kw)
+  glogp, gentropy = jax.jit(lambda p: logprobs.completion_logprobs(p, CONFIG, samples, group_size=3, **kw))(params)
+  np.testing.assert_allclose(glogp, logp, atol=2e-5)
+  np.testing.assert_allclose(gentropy, entropy, atol=2e-5)
+  assert bool(jnp.all(jnp.where(samples.mask, True, glogp == 0.0)))
+  weights = jax.random.normal(jax.random.key(7), samples.tokens.shape)
+  f = lambda p, g: jnp.sum(weights * logprobs.completion_logprobs(p, CONFIG, samples, group_size=g, chunk_size=4))
+  expected, grouped = jax.grad(f)(params, 1), jax.grad(f)(params, 3)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, atol=2e-5 * float(jnp.abs(a).max()) + 1e-7),
+               expected, grouped)
+
+
+def test_grouped_jit_token_logprobs_and_errors(params):
+  samples = _grouped_samples(params)
+  tokens, mask = logprobs.sequences_from_samples(samples)
+  p = samples.prompt_tokens.shape[1]
+  full = logprobs.jit_token_logprobs(CONFIG)(params, tokens, mask)
+  grouped = logprobs.jit_token_logprobs(CONFIG, group_size=3, prompt_len=p)(params, tokens, mask)
+  assert grouped.shape == full.shape and not bool(grouped[:, :p].any())
+  np.testing.assert_allclose(grouped[:, p:], full[:, p:], atol=2e-5)
+  with pytest.raises(ValueError, match="prompt_len"):
+    logprobs.jit_token_logprobs(CONFIG, group_size=3)
+  with pytest.raises(ValueError, match="group_size"):
+    logprobs.grouped_completion_logprobs(params, CONFIG, samples.prompt_tokens[:2], samples.prompt_mask[:2],
+                                         samples.tokens, samples.mask, group_size=3)

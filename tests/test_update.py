@@ -120,3 +120,65 @@ def test_sharded_grpo_update_equals_one_device(model):
     jax.tree.map(lambda x, s: x.sharding.is_equivalent_to(s, x.ndim) or pytest.fail(f"{x.sharding} != {s}"),
                  state, shardings)
     assert metrics["loss"].sharding.is_fully_replicated
+
+
+def _sampled_batch(params, config, n_prompts=4, group_size=2, prompt_len=6, new_tokens=5):
+  from grpo_jax import sampling
+  prompt = jax.random.randint(jax.random.key(3), (n_prompts, prompt_len), 5, config.vocab_size)
+  prompt_mask = jnp.arange(prompt_len)[None] >= jnp.array([[0], [2], [1], [4]])[:n_prompts]
+  samples = sampling.sample(params, config, prompt, prompt_mask, jax.random.key(4), num_samples=group_size,
+                            max_new_tokens=new_tokens, temperature=0.8, eos_token_ids=(7, 9, 11))
+  n = n_prompts * group_size
+  rng = np.random.default_rng(1)
+  old = samples.logprobs + 0.05 * rng.normal(size=samples.tokens.shape).astype(np.float32)
+  ref = samples.logprobs + 0.1 * rng.normal(size=samples.tokens.shape).astype(np.float32)
+  return training.batch_from_samples(samples, samples.mask, old, ref, jnp.asarray(rng.normal(size=n), jnp.float32))
+
+
+@pytest.mark.parametrize("micro", [1, 2])
+def test_grouped_grpo_objective_equals_ungrouped(model, micro):
+  params, config = model
+  batch = _sampled_batch(params, config)
+  kw = dict(config=config, use_reference=True, temperature=0.8,
+            loss_kwargs=dict(epsilon=0.2, beta=0.04, aggregation="seq-mean-token-mean"))
+  optimizer = optax.sgd(1.0)
+  results = []
+  for extra in ({}, dict(group_size=2, prompt_len=6)):
+    step = training.make_train_step(update_lib.bind(training.grpo_objective, **kw, **extra), optimizer,
+                                    num_micro_batches=micro, donate=False)
+    results.append(step(training.init_train_state(params, optimizer), batch))
+  (plain, plain_metrics), (grouped, grouped_metrics) = results
+  jax.tree.map(functools.partial(np.testing.assert_allclose, atol=1e-6), grouped.params, plain.params)
+  for name in ("loss", "pg_loss", "kl_loss", "ratio_mean", "entropy"):
+    np.testing.assert_allclose(grouped_metrics[name], plain_metrics[name], rtol=1e-5, atol=1e-6)
+
+
+def test_grouped_objective_needs_whole_groups_and_prompt_len(model):
+  params, config = model
+  batch = _sampled_batch(params, config)
+  totals = update_lib._totals(batch.loss_mask)  # pylint: disable=protected-access
+  kw = dict(config=config, use_reference=False, loss_kwargs=dict(epsilon=0.2, beta=0.0))
+  with pytest.raises(ValueError, match="prompt_len"):
+    training.grpo_objective(params, batch, totals, group_size=2, **kw)
+  with pytest.raises(ValueError, match="whole groups"):
+    training.grpo_objective(params, batch, totals, group_size=3, prompt_len=6, **kw)
+
+
+def test_on_policy_objective_equals_old_logp_of_the_same_params(model):
+  """on_policy: π_old = stop_gradient(π_θ), the same loss and gradient as old_logp computed by a forward of the
+  same params (one epoch, one minibatch), without reading batch.old_logp."""
+  params, config = model
+  batch = _sampled_batch(params, config)
+  from grpo_jax import logprobs
+  logp = logprobs.token_logprobs(params, config, batch.tokens, batch.attention_mask, temperature=0.8)
+  totals = update_lib._totals(batch.loss_mask)  # pylint: disable=protected-access
+  kw = dict(config=config, use_reference=True, temperature=0.8,
+            loss_kwargs=dict(epsilon=0.2, beta=0.04, aggregation="seq-mean-token-mean"))
+  exact = batch._replace(old_logp=logp * batch.loss_mask)
+  (loss, metrics), grads = jax.value_and_grad(training.grpo_objective, has_aux=True)(params, exact, totals, **kw)
+  garbage = batch._replace(old_logp=jnp.full_like(batch.old_logp, jnp.nan))
+  (on_loss, on_metrics), on_grads = jax.value_and_grad(training.grpo_objective, has_aux=True)(
+      params, garbage, totals, on_policy=True, **kw)
+  np.testing.assert_allclose(on_loss, loss, rtol=1e-6, atol=1e-7)
+  assert float(on_metrics["ratio_mean"]) == 1.0 and float(on_metrics["clip_frac"]) == 0.0
+  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-7), on_grads, grads)

@@ -141,17 +141,50 @@ def sft_objective(params: Params, batch, totals: dict, *, config: ModelConfig, c
   return loss, {"loss": loss}
 
 
+def policy_logprobs(params: Params, batch, *, config: ModelConfig, chunk_size: int = 128, temperature: float = 1.0,
+                    group_size: int = 1, prompt_len: int | None = None):
+  """(logp, entropy) [N, L] of a `Batch`'s tokens under `params`, at `temperature`.
+
+  With `group_size` G > 1 and `prompt_len` P the batch's rows are sampler rows in groups of G that share their
+  first P columns (the prompt), and each prompt runs through the model once
+  (`logprobs.grouped_completion_logprobs`): the prompt columns come back 0 (no loss is taken there), the
+  completion columns equal the ungrouped values up to float rounding (~1e-6).
+  """
+  if group_size <= 1:
+    return logprobs_lib.token_logprobs(params, config, batch.tokens, batch.attention_mask, chunk_size=chunk_size,
+                                       return_entropy=True, temperature=temperature)
+  if prompt_len is None:
+    raise ValueError("policy_logprobs: group_size > 1 needs prompt_len")
+  n = batch.tokens.shape[0]
+  if n % group_size:
+    raise ValueError(f"policy_logprobs: {n} rows (per micro-batch) are not whole groups of {group_size}")
+  tokens, mask, p = batch.tokens, batch.attention_mask, prompt_len
+  out = logprobs_lib.grouped_completion_logprobs(
+      params, config, tokens[::group_size, :p], mask[::group_size, :p], tokens[:, p:], mask[:, p:],
+      group_size=group_size, chunk_size=chunk_size, return_entropy=True, temperature=temperature)
+  return jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (p, 0))), out)
+
+
 def grpo_objective(params: Params, batch, totals: dict, *, config: ModelConfig, loss_kwargs: dict,
-                   use_reference: bool, chunk_size: int = 128, temperature: float = 1.0):
+                   use_reference: bool, chunk_size: int = 128, temperature: float = 1.0, group_size: int = 1,
+                   prompt_len: int | None = None, on_policy: bool = False):
   """The GRPO loss (`losses.grpo_loss`) of a `Batch`, plus the policy's mean token entropy.
 
   The policy is π(·) ∝ exp(logits / temperature), the distribution the rollouts were sampled from, so
   `batch.old_logp` and `batch.ref_logp` must be log-probs at the same temperature.
+
+  Speed options (same loss up to float rounding):
+    group_size, prompt_len: rows in groups of G samples of one prompt of P columns (the sampler's
+      layout): each prompt runs once (`policy_logprobs`); micro-batches must hold whole groups.
+    on_policy: π_old is the current policy (one epoch, one minibatch: the update's params are those that
+      sampled), so π_old = stop_gradient(π_θ) exactly and `batch.old_logp` is not read (it need not be
+      computed): ρ = 1 and the gradient is that of the clipped surrogate at ρ = 1.
   """
-  logp, entropy = logprobs_lib.token_logprobs(params, config, batch.tokens, batch.attention_mask,
-                                              chunk_size=chunk_size, return_entropy=True, temperature=temperature)
+  logp, entropy = policy_logprobs(params, batch, config=config, chunk_size=chunk_size, temperature=temperature,
+                                  group_size=group_size, prompt_len=prompt_len)
+  old_logp = jax.lax.stop_gradient(logp) if on_policy else batch.old_logp
   loss, metrics = losses.grpo_loss(
-      logp, batch.old_logp, batch.ref_logp if use_reference else None, batch.advantages, batch.loss_mask,
+      logp, old_logp, batch.ref_logp if use_reference else None, batch.advantages, batch.loss_mask,
       num_sequences=totals["num_sequences"], num_tokens=totals["num_tokens"], **loss_kwargs)
   metrics["entropy"] = jax.lax.stop_gradient(_masked_mean(entropy, batch.loss_mask))
   return loss, metrics
