@@ -29,7 +29,8 @@ class SampleOutput(NamedTuple):
     prompt_mask: [N, P] bool, False at left padding.
     tokens: [N, T] int32 completion ids, pad id after the end.
     logprobs: [N, T] float32 log π(o_t | ...) under the raw (temperature 1,
-      unfiltered) policy distribution; 0 where `mask` is False.
+      unfiltered) policy distribution, or with `logprobs_at_temperature` under
+      softmax(logits / temperature) (unfiltered); 0 where `mask` is False.
     mask: [N, T] bool, True for generated tokens including the end token.
     lengths: [N] int32 number of generated tokens (= mask.sum(-1)).
     truncated: [N] bool, True when no end token came within T tokens.
@@ -81,7 +82,8 @@ def _choose(logits, key, temperature, *, top_k, top_p, greedy):
   return jax.random.categorical(key, z, axis=-1).astype(jnp.int32)
 
 
-_STATIC = ("config", "num_samples", "max_new_tokens", "top_k", "top_p", "greedy", "stop_ids", "pad_id")
+_STATIC = ("config", "num_samples", "max_new_tokens", "top_k", "top_p", "greedy", "stop_ids", "pad_id",
+           "logprobs_at_temperature")
 
 
 def _place_cache(cache: transformer.KVCache) -> transformer.KVCache:
@@ -94,7 +96,7 @@ def _place_cache(cache: transformer.KVCache) -> transformer.KVCache:
 
 def _sample_impl(params, prompt_tokens, prompt_mask, key, temperature, *, config: ModelConfig, num_samples: int,
                  max_new_tokens: int, top_k: int, top_p: float, greedy: bool, stop_ids: tuple[int, ...],
-                 pad_id: int):
+                 pad_id: int, logprobs_at_temperature: bool = False):
   n_prompts, prompt_len = prompt_tokens.shape
   n, steps = n_prompts * num_samples, max_new_tokens
   choose = functools.partial(_choose, top_k=top_k, top_p=top_p, greedy=greedy)
@@ -116,7 +118,8 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, temperature, *, config
   def record(t, logits, done, tokens, logprobs, lengths):
     """Chooses token t of every row from `logits` and writes it down."""
     tok = choose(logits, jax.random.fold_in(key, t), temperature)
-    logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), tok[:, None], axis=-1)[:, 0]
+    scored = logits / temperature if logprobs_at_temperature else logits
+    logp = jnp.take_along_axis(jax.nn.log_softmax(scored, axis=-1), tok[:, None], axis=-1)[:, 0]
     alive = ~done
     tok = jnp.where(alive, tok, pad_id)
     tokens = jax.lax.dynamic_update_slice(tokens, tok[:, None], (0, t))
@@ -173,7 +176,7 @@ def sample(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: j
            num_samples: int = 1, max_new_tokens: int = 64, temperature: float = 1.0, top_k: int = 0,
            top_p: float = 1.0, greedy: bool = False, eos_token_ids: Sequence[int] | None = None,
            stop_token_ids: Sequence[int] = (), pad_id: int | None = None, mesh: Mesh | None = None,
-           rules: Mapping | None = None) -> SampleOutput:
+           rules: Mapping | None = None, logprobs_at_temperature: bool = False) -> SampleOutput:
   """Samples `num_samples` completions for each left-padded prompt.
 
   Compiles once per (shapes, config, num_samples, max_new_tokens, top_k, top_p,
@@ -200,6 +203,9 @@ def sample(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: j
       be global arrays spanning several processes). The tokens equal those of the
       single-device sampler for the same key.
     rules: logical-axis rules (`grpo_jax.sharding.get_rules`).
+    logprobs_at_temperature: return log-probs under softmax(logits / temperature),
+      the distribution sampled from before top-k/top-p (π_old of a policy trained at
+      that temperature, so no forward recomputes it); default: at temperature 1.
 
   Returns:
     A SampleOutput with N = B * num_samples rows, prompt-major.
@@ -209,7 +215,8 @@ def sample(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: j
   if not greedy and not temperature > 0:
     raise ValueError(f"temperature must be > 0 (use greedy=True for argmax), got {temperature}")
   static = _static_args(config, num_samples=num_samples, max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p,
-                        greedy=greedy, eos_token_ids=eos_token_ids, stop_token_ids=stop_token_ids, pad_id=pad_id)
+                        greedy=greedy, eos_token_ids=eos_token_ids, stop_token_ids=stop_token_ids, pad_id=pad_id,
+                        logprobs_at_temperature=logprobs_at_temperature)
   if (mesh is None) != (rules is None):
     raise ValueError("sample: pass both mesh and rules, or neither")
   if mesh is None:
@@ -226,7 +233,7 @@ def sample(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: j
 
 
 def _static_args(config: ModelConfig, *, num_samples, max_new_tokens, top_k, top_p, greedy, eos_token_ids,
-                 stop_token_ids, pad_id) -> dict:
+                 stop_token_ids, pad_id, logprobs_at_temperature=False) -> dict:
   """The compile-time arguments of `_sample_impl`, checked."""
   if not 0.0 < top_p <= 1.0:
     raise ValueError(f"top_p must be in (0, 1], got {top_p}")
@@ -237,18 +244,20 @@ def _static_args(config: ModelConfig, *, num_samples, max_new_tokens, top_k, top
   if pad_id is None:
     pad_id = 0 if config.pad_token_id is None else config.pad_token_id
   return dict(config=config, num_samples=int(num_samples), max_new_tokens=int(max_new_tokens), top_k=int(top_k),
-              top_p=float(top_p), greedy=bool(greedy), stop_ids=stop_ids, pad_id=int(pad_id))
+              top_p=float(top_p), greedy=bool(greedy), stop_ids=stop_ids, pad_id=int(pad_id),
+              logprobs_at_temperature=bool(logprobs_at_temperature) and not greedy)
 
 
 def jit_sample(config: ModelConfig, prompt_shape: tuple[int, int], *, mesh: Mesh, rules: Mapping,
                num_samples: int = 1, max_new_tokens: int = 64, top_k: int = 0, top_p: float = 1.0,
                greedy: bool = False, eos_token_ids: Sequence[int] | None = None, stop_token_ids: Sequence[int] = (),
-               pad_id: int | None = None):
+               pad_id: int | None = None, logprobs_at_temperature: bool = False):
   """The jitted program that `sample(..., mesh=mesh, rules=rules)` runs for prompts of `prompt_shape`.
 
   `fn(params, prompt_tokens, prompt_mask, key, temperature) -> SampleOutput`, with explicit in/out
   shardings; for compiling ahead of time: `fn.lower(<jax.ShapeDtypeStruct args>).compile()`.
   """
   static = _static_args(config, num_samples=num_samples, max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p,
-                        greedy=greedy, eos_token_ids=eos_token_ids, stop_token_ids=stop_token_ids, pad_id=pad_id)
+                        greedy=greedy, eos_token_ids=eos_token_ids, stop_token_ids=stop_token_ids, pad_id=pad_id,
+                        logprobs_at_temperature=logprobs_at_temperature)
   return _sharded_sampler(mesh, sharding.freeze_rules(rules), tuple(prompt_shape), **static)[0]

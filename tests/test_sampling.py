@@ -94,6 +94,23 @@ def test_sampled_logprobs_equal_recomputed(params, prompts):
   assert bool((out.tokens[0] != out.tokens[1]).any() | (out.tokens[1] != out.tokens[2]).any())
 
 
+def test_logprobs_at_the_sampling_temperature_equal_recomputed(params, prompts):
+  """logprobs_at_temperature: π_old of the policy softmax(logits / T), as the training forward computes it;
+  the tokens are those of the default call (only the returned log-probs change)."""
+  key = jax.random.key(3)
+  kwargs = dict(num_samples=3, max_new_tokens=T, temperature=0.7, top_p=0.95)
+  out = sampling.sample(params, CONFIG, *prompts, key, logprobs_at_temperature=True, **kwargs)
+  raw = sampling.sample(params, CONFIG, *prompts, key, **kwargs)
+  np.testing.assert_array_equal(out.tokens, raw.tokens)
+  recomputed = _completion_logprobs(params, CONFIG, out, temperature=0.7)
+  np.testing.assert_allclose(out.logprobs, recomputed, atol=1e-5)
+  assert float(jnp.abs(out.logprobs - raw.logprobs).max()) > 1e-2  # not the temperature-1 values
+  greedy = sampling.sample(params, CONFIG, *prompts, key, greedy=True, logprobs_at_temperature=True,
+                           max_new_tokens=T)
+  np.testing.assert_array_equal(greedy.logprobs, sampling.sample(params, CONFIG, *prompts, key, greedy=True,
+                                                                 max_new_tokens=T).logprobs)
+
+
 def test_top_k_one_equals_greedy(params, prompts, greedy):
   out = sampling.sample(params, CONFIG, *prompts, jax.random.key(3), num_samples=2, max_new_tokens=T,
                         temperature=1.5, top_k=1, eos_token_ids=())
