@@ -384,11 +384,24 @@ def collect(study: spec.Study, jobs: list[Job]) -> list[dict]:
           base, sub = curves.get(key, {}), (curves.get(minus, {}) if minus else None)
           points = {s: v - (sub[s] if sub is not None else 0.0) for s, v in base.items()
                     if sub is None or s in sub}
+          if metric.since_start and points:
+            first = points[min(points)]
+            points = {s: v - first for s, v in points.items()}
         for step, v in points.items():
           cell = (job.run.name, name, step)
           values.setdefault(cell, {})[job.seed] = v
           extra[cell] = {"k": k, "percent": metric.percent, "label": metric.display}
+  for c in study.contrasts:
+    for (run, metric, step), by_seed in list(values.items()):
+      if run != c.a or metric != c.metric or (c.b, metric, step) not in values:
+        continue
+      other = values[(c.b, metric, step)]
+      paired = {seed: v - other[seed] for seed, v in by_seed.items() if seed in other}
+      if paired:
+        values[(c.run, metric, step)] = paired
+        extra[(c.run, metric, step)] = {**extra[(run, metric, step)], "contrast": True}
   order = {r.name: i for i, r in enumerate(study.runs)}
+  order.update({c.run: len(order) + i for i, c in enumerate(study.contrasts)})
   metric_order = {name: i for i, (name, *_rest) in enumerate(n for m in study.metrics for n in m.expand())}
   cells = []
   for (run, metric, step), by_seed in sorted(
@@ -446,6 +459,19 @@ def tables(study: spec.Study, cells: list[dict]) -> list[str]:
       out.append("")
     else:
       scalars.append(metric)
+  if study.contrasts:
+    label = {r.name: r.display for r in study.runs}
+    metrics = {m.name: m for m in study.metrics}
+    out.append("Paired differences, run a minus run b seed by seed (mean ± s.e. (seeds)); a difference more than "
+               "about two standard errors from zero is unlikely to be noise\n")
+    out.append("| a - b | metric | step | difference |")
+    out.append("|---|---|---|---|")
+    for c in study.contrasts:
+      for cell in (x for x in cells if x["run"] == c.run and x["metric"] == c.metric):
+        step = "end" if cell["step"] is None else str(cell["step"])
+        out.append(f"| {label[c.a]} - {label[c.b]} | {metrics[c.metric].display if c.metric in metrics else c.metric}"
+                   f" | {step} | {_fmt(cell)} |")
+    out.append("")
   if scalars:
     rows = [r for r in runs if any((r.name, m.name, None) in index for m in scalars)]
     cols = [m for m in scalars if any((r.name, m.name, None) in index for r in rows)]

@@ -281,3 +281,28 @@ def test_sample_eval_reports_every_power_of_two(tmp_path, monkeypatch):
   assert summary["pass@4"] == pytest.approx(1.0)
   assert [summary[f"maj@{k}"] for k in (1, 2, 4)] == [0.5, 0.5, 0.5]
   assert json.loads((tmp_path / "out" / "summary.json").read_text())["pass@2"] == pytest.approx(0.75)
+
+
+def test_contrasts_and_changes_are_paired_by_seed(tmp_path):
+  """A contrast is a − b seed by seed on the seeds both have; since_start subtracts each seed's first step."""
+  study = spec.Study("pairs", "Paired", (spec.Run("a", {"x": 1}), spec.Run("b", {"x": 2})),
+                     (spec.Metric("final", "final_accuracy"),
+                      spec.Metric("change", "eval/accuracy", source="curve", since_start=True)),
+                     contrasts=(spec.Contrast("a", "b", "final"),))
+  jobs = reproduce.plan(study, "full", [0, 1, 2], tmp_path)
+  finals = {"a": [0.50, 0.80, 0.61], "b": [0.40, 0.75, None]}  # b's seed 2 is missing
+  for job in jobs:
+    final = finals[job.run.name][job.seed]
+    if final is None:
+      continue
+    job.directory.mkdir(parents=True)
+    job.summary.write_text(json.dumps({"final_accuracy": final}))
+    (job.directory / "metrics.jsonl").write_text(
+        json.dumps({"step": 0, "eval/accuracy": final - 0.1}) + "\n" + json.dumps({"step": 5, "eval/accuracy": final}))
+  cells = {(c["run"], c["metric"], c["step"]): c for c in reproduce.collect(study, jobs)}
+  diff = cells[("a - b", "final", None)]
+  assert diff["seeds"] == [0, 1] and diff["values"] == pytest.approx([0.10, 0.05]) and diff["contrast"]
+  assert diff["mean"] == pytest.approx(0.075) and diff["se"] == pytest.approx(0.025)
+  assert cells[("a", "change", 5)]["values"] == pytest.approx([0.1, 0.1, 0.1])
+  assert cells[("a", "change", 0)]["values"] == [0.0, 0.0, 0.0]
+  assert "| a - b | final | end | 7.5 ± 2.5 (2) |" in "\n".join(reproduce.tables(study, list(cells.values())))

@@ -40,6 +40,8 @@ SFT = Run("sft", {"steps": 0, "eval_every": 0}, label="SFT (stage 1)")
 GRPO = rl("grpo", "GRPO")
 
 ACCURACY = Metric("accuracy", "eval/accuracy", source="curve", label="held-out greedy accuracy")
+CHANGE = Metric("change", "eval/accuracy", source="curve", since_start=True,
+                label="held-out accuracy change since the start (points)")
 START = Metric("start", "start_accuracy", label="start (SFT)")
 FINAL = Metric("final", "final_accuracy", label="after RL")
 GAIN = Metric("gain", "final_accuracy", minus="start_accuracy", label="gain (points)")

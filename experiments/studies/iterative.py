@@ -3,7 +3,7 @@
 import dataclasses
 
 from experiments.studies import common
-from experiments.studies.spec import TRAIN_REWARD_MODEL, Metric, Panel, Plot, Run, Study
+from experiments.studies.spec import TRAIN_REWARD_MODEL, Contrast, Metric, Panel, Plot, Run, Study
 
 RL_RUNS = ("grpo", "one_round", "iterative")
 
@@ -50,6 +50,7 @@ STUDY = Study(
                                 title="learned ORM: one round vs iterative; rule reward"),),
              title="DeepSeekMath Fig 6: iterative RL against one round of the same length", xlabel="RL step"),
     ),
+    contrasts=(Contrast("iterative", "one_round", "final"), Contrast("one_round", "grpo", "final")),
     profiles={"quick": common.QUICK},
     notes={"quick": common.QUICK_NOTE + " The reward model trains on 500 prompts x 8 SFT samples for 300 steps "
                                         "from the policy's backbone (full: 8,000 x 8, 3,000 steps, verifier "

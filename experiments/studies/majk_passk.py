@@ -1,7 +1,7 @@
 """DeepSeekMath Fig 7: Maj@K and Pass@K against K, before (SFT) and after RL (GRPO), the same seed."""
 
 from experiments.studies import common
-from experiments.studies.spec import SAMPLE_EVAL, Metric, Panel, Plot, Run, Study
+from experiments.studies.spec import SAMPLE_EVAL, Contrast, Metric, Panel, Plot, Run, Study
 
 KS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -31,6 +31,7 @@ STUDY = Study(
                           Panel("pass@{k}", ("before", "after"), title="Pass@K", ylabel="Pass@K (%)")),
              x="k", title="DeepSeekMath Fig 7: Maj@K and Pass@K (T = 0.7) before and after RL"),
     ),
+    contrasts=tuple(Contrast("after", "before", f"{m}@{k}") for m in ("maj", "pass") for k in (1, 8, 64)),
     profiles={"quick": common.QUICK},
     notes={"quick": common.QUICK_NOTE},
 )

@@ -3,9 +3,10 @@
 import dataclasses
 
 from experiments.studies import common
-from experiments.studies.spec import Panel, Plot, Study
+from experiments.studies.spec import Contrast, Panel, Plot, Study
 
 RL_RUNS = ("rft", "online_rft", "grpo", "grpo_ps", "ppo", "dpo")
+FIG5 = ("rft", "online_rft", "grpo", "grpo_ps")
 
 STUDY = Study(
     name="paradigm",
@@ -29,17 +30,23 @@ STUDY = Study(
     ),
     metrics=(
         dataclasses.replace(common.ACCURACY, runs=RL_RUNS),
+        dataclasses.replace(common.CHANGE, runs=RL_RUNS),
         *(dataclasses.replace(m, runs=RL_RUNS) for m in (common.START, common.FINAL, common.GAIN)),
     ),
     plots=(
-        Plot("fig5.png", (Panel("accuracy", ("rft", "online_rft", "grpo", "grpo_ps"),
-                                title="Fig 5: RFT, Online RFT, GRPO+OS, GRPO+PS"),
-                          Panel("accuracy", ("grpo", "ppo", "dpo"), title="Table 10's others: PPO, DPO")),
-             title="DeepSeekMath Fig 5: held-out greedy accuracy against RL steps, from one SFT policy",
-             xlabel="RL step"),
+        Plot("fig5.png", (Panel("accuracy", FIG5, title="held-out greedy accuracy"),
+                          Panel("change", FIG5, title="change since the SFT start, paired by seed",
+                                ylabel="points")),
+             title="DeepSeekMath Fig 5: RFT, Online RFT, GRPO+OS, GRPO+PS from one SFT policy", xlabel="RL step"),
+        Plot("table10.png", (Panel("change", RL_RUNS, title="change since the SFT start, paired by seed",
+                                   ylabel="points"),),
+             title="Table 10's methods, PPO and DPO included", xlabel="RL step"),
         Plot("gain.png", (Panel("gain", RL_RUNS, title="gain over the SFT policy", ylabel="points"),), x="run",
              title="Held-out accuracy gain of each method over its SFT start"),
     ),
+    contrasts=(Contrast("grpo_ps", "grpo", "final"), Contrast("grpo", "online_rft", "final"),
+               Contrast("online_rft", "rft", "final"), Contrast("grpo", "rft", "final"),
+               Contrast("ppo", "grpo", "final"), Contrast("dpo", "grpo", "final")),
     profiles={"quick": common.QUICK},
     notes={"quick": common.QUICK_NOTE + " RFT samples 512 offline prompts x 8 (full: 2,048 x 8); PPO B·G prompts "
                                         "x 1 sample per step (full: 256 x 1)."},

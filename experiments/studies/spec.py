@@ -69,6 +69,8 @@ class Metric:
     ks: the values of {k}.
     percent: a fraction shown as a percentage.
     label: display name (default: name).
+    since_start: (curves) subtract the seed's value at its first logged step: the change since the start,
+      paired seed by seed, which does not carry the spread of the start policies over seeds.
   """
   name: str
   key: str
@@ -78,6 +80,7 @@ class Metric:
   ks: tuple[int, ...] = ()
   percent: bool = True
   label: str = ""
+  since_start: bool = False
 
   def __post_init__(self):
     if self.source not in ("summary", "curve"):
@@ -96,6 +99,24 @@ class Metric:
     if not self.ks:
       return [(self.name, self.key, self.minus, None)]
     return [(self.name.format(k=k), self.key.format(k=k), self.minus.format(k=k), k) for k in self.ks]
+
+
+@dataclasses.dataclass(frozen=True)
+class Contrast:
+  """A paired difference: run `a` minus run `b` on a metric, seed by seed (the seeds both have), one cell per
+  step. It tests an ordering (does a beat b?) without the spread that both runs share through their seed.
+
+  Attributes:
+    a, b: run names.
+    metric: a metric name (a curve metric gives one cell per step both have).
+  """
+  a: str
+  b: str
+  metric: str
+
+  @property
+  def run(self) -> str:
+    return f"{self.a} - {self.b}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +180,7 @@ class Study:
     notes: profile name -> a sentence printed with the table (what the profile shortens).
     description: what the study shows and how to read it (printed above the table).
     seeds: the number of seeds when --seeds is not given (default 3).
+    contrasts: paired differences between runs (a table of their own).
   """
   name: str
   title: str
@@ -169,6 +191,7 @@ class Study:
   notes: Mapping[str, str] = dataclasses.field(default_factory=dict)
   description: str = ""
   seeds: int = 3
+  contrasts: tuple[Contrast, ...] = ()
 
   def __post_init__(self):
     names = [r.name for r in self.runs]
@@ -178,6 +201,9 @@ class Study:
     for m in self.metrics:
       if set(m.runs) - known:
         raise ValueError(f"study {self.name}, metric {m.name}: unknown runs {sorted(set(m.runs) - known)}")
+    for c in self.contrasts:
+      if {c.a, c.b} - known:
+        raise ValueError(f"study {self.name}, contrast {c.run}: unknown runs {sorted({c.a, c.b} - known)}")
     for p in self.plots:
       for panel in p.panels:
         if set(panel.runs) - known:
@@ -209,4 +235,5 @@ def from_dict(d: Mapping[str, Any]) -> Study:
     panels = tuple(Panel(**{**q, "metric": q["metric"] if isinstance(q["metric"], str) else tuple(q["metric"]),
                             "runs": tuple(q.get("runs", ()))}) for q in p["panels"])
     plots.append(Plot(**{**p, "panels": panels}))
-  return Study(runs=runs, metrics=metrics, plots=tuple(plots), **d)
+  contrasts = tuple(Contrast(**c) for c in d.pop("contrasts", ()))
+  return Study(runs=runs, metrics=metrics, plots=tuple(plots), contrasts=contrasts, **d)

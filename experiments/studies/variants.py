@@ -3,7 +3,7 @@
 import dataclasses
 
 from experiments.studies import common
-from experiments.studies.spec import Panel, Plot, Study
+from experiments.studies.spec import Contrast, Panel, Plot, Study
 
 VARIANTS = ("grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp")
 KL = ("grpo", "kl_k1", "kl_k2", "no_kl")
@@ -41,6 +41,7 @@ STUDY = Study(
         Plot("gain.png", (Panel("gain", VARIANTS + KL[1:], title="gain over the SFT policy", ylabel="points"),),
              x="run", title="Held-out accuracy gain of each variant over its SFT start"),
     ),
+    contrasts=tuple(Contrast(name, "grpo", "final") for name in VARIANTS[1:] + KL[1:]),
     profiles={"quick": common.QUICK},
     notes={"quick": common.QUICK_NOTE},
 )
