@@ -530,8 +530,11 @@ def draw(study: spec.Study, cells: list[dict], out_dir: pathlib.Path) -> list[pa
           ax.bar([x + (j - (len(metrics) - 1) / 2) * width for x in xs], [scale * c["mean"] for c in cs], width,
                  yerr=[scale * (c["se"] or 0.0) for c in cs], capsize=3, label=label)
           drawn = True
+        counts = {r.name: min((c["n"] for m in metrics for c in by_metric.get(m, ())
+                               if c["run"] == r.name and c["step"] is None), default=0) for r in groups}
         ax.set_xticks(range(len(groups)))
-        ax.set_xticklabels([r.display for r in groups], rotation=20, ha="right", fontsize=8)
+        ax.set_xticklabels([f"{r.display} (n={counts[r.name]})" for r in groups], rotation=20, ha="right",
+                           fontsize=8)
         if len(metrics) > 1:
           ax.legend(fontsize=8)
       else:
