@@ -13,9 +13,11 @@ The reference work is one tiny Qwen2 checkpoint (hidden 128, 4 layers, GQA 4:2, 
   temperature 1, no top-k/top-p, no stop tokens: every row makes exactly T tokens), for each size in
   `--sizes` (rows x new tokens; 16-token prompts, G = 8 rows per prompt).
 * grpo: one GRPO step (8 prompts x G 8, 16 new tokens, temperature 1, β 0.04, one AdamW step, the loss
-  GRPO's seq-mean-token-mean with k3 KL) built from the library's pieces as `experiments.grpo_math` runs
-  them (sample, decode + rule reward on the host, group advantages, π_ref forward, update), against
-  `trl.GRPOTrainer` (loss_type="grpo") on the same prompts and reward.
+  GRPO's seq-mean-token-mean with k3 KL) built from the library's pieces (sample, decode + rule reward on
+  the host, group advantages, π_ref forward, update), as `experiments.grpo_math` runs them today ("runner")
+  and with the speed options ("fast": shared-prompt forwards, π_old = stop_gradient(π_θ)), against
+  `trl.GRPOTrainer` (loss_type="grpo", its π_old likewise the detached current policy) on the same prompts
+  and reward, at the best of the torch thread counts tried.
 
 Both report medians over repeats after warm-up (compilation excluded), the machine's float32 matmul
 GFLOP/s measured in this run by each framework, FLOPs counted from the shapes (matmuls and attention:
@@ -76,13 +78,16 @@ def forward_flops(config, tokens: int, context: float) -> float:
   return tokens * (config.num_hidden_layers * per_layer + 2 * e * v)
 
 
-def step_flops(config, n_rows: int, prompt_len: int, new_tokens: int, n_prompts: int) -> dict:
-  """FLOPs per phase of one GRPO step at full length (no early stops)."""
+def step_flops(config, n_rows: int, prompt_len: int, new_tokens: int, n_prompts: int, grouped: bool) -> dict:
+  """FLOPs per phase of one GRPO step at full length (no early stops); `grouped`: each prompt runs once in the
+  reference forward and the update (`group_size`), else every row runs prompt + completion."""
   l = prompt_len + new_tokens
-  causal = (l + 1) / 2  # mean keys attended per position of a causal forward
   prefill = forward_flops(config, n_prompts * prompt_len, (prompt_len + 1) / 2)
   decode_ = forward_flops(config, n_rows * (new_tokens - 1), prompt_len + new_tokens / 2)
-  full = forward_flops(config, n_rows * l, causal)
+  if grouped:
+    full = prefill + forward_flops(config, n_rows * new_tokens, prompt_len + (new_tokens + 1) / 2)
+  else:
+    full = forward_flops(config, n_rows * l, (l + 1) / 2)  # (l + 1) / 2 keys per position on average
   return {"sampling": prefill + decode_, "reference": full, "update": 3 * full}
 
 
@@ -165,23 +170,32 @@ def bench_sampler(params, config, torch_model, torch, sizes, repeats, peak, thre
 # ---------------------------------------------------------------- GRPO step: grpo_jax
 
 
-def jax_grpo(params, config, tokenizer, prompts, steps):
-  """Times one GRPO step as the runner composes the library: returns per-phase medians (s)."""
+def jax_grpo(params, config, tokenizer, prompts, steps, fast: bool):
+  """Times one GRPO step composed from the library: returns per-phase medians (s).
+
+  fast=False: as `experiments.grpo_math` runs it today (T = 1: the sampler's log-probs are π_old; π_ref
+  and the update over every row's prompt + completion). fast=True: the speed options of issue #16, each
+  the same step up to float rounding: log-probs at the sampling temperature from the sampler, each
+  prompt once in the π_ref forward and the update (`group_size`, `prompt_len`), π_old = stop_gradient(π_θ)
+  in the loss (`on_policy`: one epoch, one minibatch).
+  """
   optimizer = training.make_optimizer(LR, max_grad_norm=1.0)
   loss_kwargs = dict(epsilon=0.2, beta=BETA, kl="k3", aggregation="seq-mean-token-mean")
+  speed = dict(group_size=GROUP, prompt_len=PROMPT_LEN) if fast else {}
   objective = update_lib.bind(training.grpo_objective, config=config, loss_kwargs=loss_kwargs, use_reference=True,
-                              temperature=TEMPERATURE)
-  state = training.init_train_state(params, optimizer)
+                              temperature=TEMPERATURE, on_policy=fast, **speed)
+  state = training.init_train_state(jax.tree.map(jnp.copy, params), optimizer)
   step_fn = training.make_train_step(objective, optimizer)
-  reference = jax.tree.map(jnp.copy, params)  # the train state's params are donated
-  ref_logprobs = logprobs_lib.jit_token_logprobs(config, temperature=TEMPERATURE)
+  reference = params  # the train state holds a copy: its params are donated
+  ref_logprobs = logprobs_lib.jit_token_logprobs(config, temperature=TEMPERATURE, **speed)
   times = {k: [] for k in ("sampling", "scoring", "reference", "update", "step")}
   for i in range(steps):
     t0 = time.perf_counter()
     batch_prompts = [prompts[(i * PROMPTS + j) % len(prompts)] for j in range(PROMPTS)]
     tokens, mask, _ = training.encode_prompts(tokenizer, batch_prompts, PROMPT_LEN)
     samples = sampling.sample(state.params, config, tokens, mask, jax.random.key(i), num_samples=GROUP,
-                              max_new_tokens=NEW_TOKENS, temperature=TEMPERATURE, eos_token_ids=())
+                              max_new_tokens=NEW_TOKENS, temperature=TEMPERATURE, eos_token_ids=(),
+                              logprobs_at_temperature=fast)
     samples = jax.device_get(samples)
     t1 = time.perf_counter()
     rewards = np.asarray(reward_fn(decode(tokenizer, samples)), np.float32)
@@ -229,7 +243,7 @@ def trl_grpo(path, tokenizer, prompts, steps, torch, threads):
       output_dir=out, per_device_train_batch_size=PROMPTS * GROUP, num_generations=GROUP,
       max_completion_length=NEW_TOKENS, temperature=TEMPERATURE, top_k=0, top_p=1.0, beta=BETA, loss_type="grpo",
       num_iterations=1, steps_per_generation=1, gradient_accumulation_steps=1, learning_rate=LR, max_grad_norm=1.0,
-      adam_beta2=0.95, max_steps=steps, logging_steps=10 ** 6, save_strategy="no", report_to="none", use_cpu=True,
+      adam_beta2=0.95, max_steps=steps, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
       bf16=False, fp16=False, disable_dropout=True, shuffle_dataset=False, dataloader_num_workers=0, seed=0,
       generation_kwargs={"min_new_tokens": NEW_TOKENS, "eos_token_id": None})
   data = datasets.Dataset.from_dict({"prompt": [prompts[i % len(prompts)] for i in range(steps * PROMPTS)]})
@@ -238,31 +252,43 @@ def trl_grpo(path, tokenizer, prompts, steps, torch, threads):
                             processing_class=tokenizer, callbacks=[timer])
   torch.set_num_threads(threads)
   trainer.train()
+  lengths = [r["completions/mean_length"] for r in trainer.state.log_history if "completions/mean_length" in r]
+  if lengths and min(lengths) != NEW_TOKENS:  # equal work: every completion is NEW_TOKENS long
+    print(f"warning: TRL completions averaged {min(lengths)} tokens, not {NEW_TOKENS}")
   return statistics.median(timer.times[2:])
 
 
 def bench_grpo(params, config, tokenizer, path, torch, steps, peak, threads):
   prompts = prompt_texts(PROMPTS * steps)
-  jax_times = jax_grpo(params, config, tokenizer, prompts, steps)
+  variants = {"runner": False, "fast": True}
+  jax_times = {name: jax_grpo(params, config, tokenizer, prompts, steps, fast) for name, fast in variants.items()}
   trl_by_threads = {n: trl_grpo(path, tokenizer, prompts, steps, torch, n) for n in threads}
-  print("\nTRL seconds per step by torch threads: " + ", ".join(f"{n}: {s:.3f}" for n, s in trl_by_threads.items()))
   trl_s = min(trl_by_threads.values())
-  flops = step_flops(config, PROMPTS * GROUP, PROMPT_LEN, NEW_TOKENS, PROMPTS)
-  total = sum(flops.values())
+  flops = {name: step_flops(config, PROMPTS * GROUP, PROMPT_LEN, NEW_TOKENS, PROMPTS, fast)
+           for name, fast in variants.items()}
+  work = sum(flops["runner"].values())  # the step's work as TRL does it (every row runs its prompt)
   print(f"\n## GRPO step at equal work ({PROMPTS} prompts x G {GROUP}, {NEW_TOKENS} new tokens, temperature "
         f"{TEMPERATURE}, β {BETA}; median of {steps - 2} steps after 2 warm-up; load {load_average()})\n")
-  print("| phase | GFLOP | grpo_jax s | fraction of roofline |")
-  print("|---|---|---|---|")
-  for phase, f in (("sampling", flops["sampling"]), ("scoring", 0.0), ("reference", flops["reference"]),
-                   ("update", flops["update"]), ("step", total)):
-    s = jax_times[phase]
-    print(f"| {phase} | {f / 1e9:.2f} | {s:.3f} | {f / s / 1e9 / peak:.2f} |")
-  print(f"\n| | seconds per GRPO step | steps/s | fraction of roofline |\n|---|---|---|---|")
-  print(f"| TRL GRPOTrainer | {trl_s:.3f} | {1 / trl_s:.2f} | {total / trl_s / 1e9 / peak:.2f} |")
-  print(f"| grpo_jax | {jax_times['step']:.3f} | {1 / jax_times['step']:.2f} | "
-        f"{total / jax_times['step'] / 1e9 / peak:.2f} |")
-  print(f"\ngrpo_jax step rate / TRL's: {trl_s / jax_times['step']:.2f}x")
-  return trl_s / jax_times["step"]
+  print("TRL seconds per step by torch threads: " + ", ".join(f"{n}: {s:.3f}" for n, s in trl_by_threads.items()))
+  print("\n| phase | runner GFLOP | runner s | runner fraction of roofline | fast GFLOP | fast s | "
+        "fast fraction of roofline |")
+  print("|---|---|---|---|---|---|---|")
+  for phase in ("sampling", "scoring", "reference", "update", "step"):
+    cells = []
+    for name in variants:
+      f = sum(flops[name].values()) if phase == "step" else flops[name].get(phase, 0.0)
+      s = jax_times[name][phase]
+      cells.append(f"{f / 1e9:.2f} | {s:.3f} | {f / s / 1e9 / peak:.2f}")
+    print(f"| {phase} | " + " | ".join(cells) + " |")
+  print(f"\n| | seconds per GRPO step | steps/s | vs TRL | step GFLOP (as run) | fraction of roofline |")
+  print("|---|---|---|---|---|---|")
+  print(f"| TRL GRPOTrainer (best of torch threads) | {trl_s:.3f} | {1 / trl_s:.2f} | 1.00x | {work / 1e9:.2f} | "
+        f"{work / trl_s / 1e9 / peak:.2f} |")
+  for name in variants:
+    s, f = jax_times[name]["step"], sum(flops[name].values())
+    print(f"| grpo_jax, {name} | {s:.3f} | {1 / s:.2f} | {trl_s / s:.2f}x | {f / 1e9:.2f} | "
+          f"{f / s / 1e9 / peak:.2f} |")
+  return trl_s / jax_times["fast"]["step"]
 
 
 def main():
