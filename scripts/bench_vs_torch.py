@@ -183,7 +183,7 @@ def jax_grpo(params, config, tokenizer, prompts, steps, fast: bool):
   loss_kwargs = dict(epsilon=0.2, beta=BETA, kl="k3", aggregation="seq-mean-token-mean")
   speed = dict(group_size=GROUP, prompt_len=PROMPT_LEN) if fast else {}
   objective = update_lib.bind(training.grpo_objective, config=config, loss_kwargs=loss_kwargs, use_reference=True,
-                              temperature=TEMPERATURE, on_policy=fast, **speed)
+                              temperature=TEMPERATURE, **speed, **({"on_policy": True} if fast else {}))
   state = training.init_train_state(jax.tree.map(jnp.copy, params), optimizer)
   step_fn = training.make_train_step(objective, optimizer)
   reference = params  # the train state holds a copy: its params are donated
@@ -195,7 +195,7 @@ def jax_grpo(params, config, tokenizer, prompts, steps, fast: bool):
     tokens, mask, _ = training.encode_prompts(tokenizer, batch_prompts, PROMPT_LEN)
     samples = sampling.sample(state.params, config, tokens, mask, jax.random.key(i), num_samples=GROUP,
                               max_new_tokens=NEW_TOKENS, temperature=TEMPERATURE, eos_token_ids=(),
-                              logprobs_at_temperature=fast)
+                              **({"logprobs_at_temperature": True} if fast else {}))
     samples = jax.device_get(samples)
     t1 = time.perf_counter()
     rewards = np.asarray(reward_fn(decode(tokenizer, samples)), np.float32)
@@ -258,9 +258,9 @@ def trl_grpo(path, tokenizer, prompts, steps, torch, threads):
   return statistics.median(timer.times[2:])
 
 
-def bench_grpo(params, config, tokenizer, path, torch, steps, peak, threads):
+def bench_grpo(params, config, tokenizer, path, torch, steps, peak, threads, variants):
   prompts = prompt_texts(PROMPTS * steps)
-  variants = {"runner": False, "fast": True}
+  variants = {name: name == "fast" for name in variants}
   jax_times = {name: jax_grpo(params, config, tokenizer, prompts, steps, fast) for name, fast in variants.items()}
   trl_by_threads = {n: trl_grpo(path, tokenizer, prompts, steps, torch, n) for n in threads}
   trl_s = min(trl_by_threads.values())
@@ -270,9 +270,8 @@ def bench_grpo(params, config, tokenizer, path, torch, steps, peak, threads):
   print(f"\n## GRPO step at equal work ({PROMPTS} prompts x G {GROUP}, {NEW_TOKENS} new tokens, temperature "
         f"{TEMPERATURE}, β {BETA}; median of {steps - 2} steps after 2 warm-up; load {load_average()})\n")
   print("TRL seconds per step by torch threads: " + ", ".join(f"{n}: {s:.3f}" for n, s in trl_by_threads.items()))
-  print("\n| phase | runner GFLOP | runner s | runner fraction of roofline | fast GFLOP | fast s | "
-        "fast fraction of roofline |")
-  print("|---|---|---|---|---|---|---|")
+  print("\n| phase | " + " | ".join(f"{n} GFLOP | {n} s | {n} fraction of roofline" for n in variants) + " |")
+  print("|---|" + "---|---|---|" * len(variants))
   for phase in ("sampling", "scoring", "reference", "update", "step"):
     cells = []
     for name in variants:
@@ -288,7 +287,7 @@ def bench_grpo(params, config, tokenizer, path, torch, steps, peak, threads):
     s, f = jax_times[name]["step"], sum(flops[name].values())
     print(f"| grpo_jax, {name} | {s:.3f} | {1 / s:.2f} | {trl_s / s:.2f}x | {f / 1e9:.2f} | "
           f"{f / s / 1e9 / peak:.2f} |")
-  return trl_s / jax_times["fast"]["step"]
+  return {name: trl_s / jax_times[name]["step"] for name in variants}
 
 
 def main():
@@ -296,6 +295,7 @@ def main():
   parser.add_argument("--part", choices=["all", "sampler", "grpo"], default="all")
   parser.add_argument("--repeats", type=int, default=5, help="sampler: timed calls per size")
   parser.add_argument("--steps", type=int, default=10, help="GRPO: steps per framework (the first 2 warm up)")
+  parser.add_argument("--variants", default="runner,fast", help="GRPO: grpo_jax compositions to time")
   parser.add_argument("--sizes", default="64x16,64x64,256x16,256x64", help="sampler: rows x new tokens")
   parser.add_argument("--torch_threads", default=f"1,{os.cpu_count()}",
                       help="torch intra-op thread counts to try; the peers' best is reported")
@@ -318,7 +318,7 @@ def main():
     sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
     bench_sampler(params, config, torch_model, torch, sizes, args.repeats, jax_peak, threads)
   if args.part in ("all", "grpo"):
-    bench_grpo(params, config, tokenizer, path, torch, args.steps, jax_peak, threads)
+    bench_grpo(params, config, tokenizer, path, torch, args.steps, jax_peak, threads, args.variants.split(","))
   print(f"\nload average at the end: {load_average()}")
 
 
