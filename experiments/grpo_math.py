@@ -54,6 +54,12 @@ flags.DEFINE_integer("tiny_layers", 4, "Embedded default model: decoder layers."
 flags.DEFINE_integer("tiny_hidden_size", 128, "Embedded default model: hidden size (the MLP is 3x).")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Compute and parameter dtype.")
 flags.DEFINE_bool("remat", False, "Rematerialise each layer in the backward pass (saves memory).")
+flags.DEFINE_enum("remat_policy", "full", list(models.config.REMAT_POLICIES), "With --remat: what each layer keeps "
+                  "for the backward pass: nothing (full), its matmul outputs without a batch dimension "
+                  "(dots_no_batch), or all matmul outputs (dots).")
+flags.DEFINE_bool("scan_layers", False, "Run the decoder layers as one lax.scan over stacked weights (compiles in "
+                  "a third of the time on deep models; the same HF checkpoints load and save). Checkpoints of the "
+                  "train state are layout-specific: resume with the same value.")
 flags.DEFINE_enum("task", "synthetic", ["synthetic", "gsm8k", "math"], "The task.")
 flags.DEFINE_string("train_file", "", "JSONL training problems (gsm8k: question/answer; math: problem/solution).")
 flags.DEFINE_string("test_file", "", "JSONL held-out problems.")
@@ -454,7 +460,8 @@ def _load_policy(work_dir: pathlib.Path, placement: methods_lib.Placement | None
                  marker_name: str = SFT_MARKER):
   """(params, config, tokenizer, needs_sft, path) of the starting policy, placed by `placement`'s rules;
   `marker_name` is the runner's SFT marker, which the work dir's own sft_policy must hold."""
-  runtime = dict(dtype=FLAGS.dtype, param_dtype=FLAGS.dtype, remat=FLAGS.remat)
+  runtime = dict(dtype=FLAGS.dtype, param_dtype=FLAGS.dtype, remat=FLAGS.remat, remat_policy=FLAGS.remat_policy,
+                 scan_layers=FLAGS.scan_layers)
   sft_dir = work_dir / "sft_policy"
   if FLAGS.init_checkpoint:
     path, needs_sft = pathlib.Path(FLAGS.init_checkpoint), False

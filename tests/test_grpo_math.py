@@ -133,3 +133,13 @@ def test_presets_parse(name):
   else:
     assert flags.FLAGS.group_size == 64 and flags.FLAGS.beta == 0.04 and flags.FLAGS.learning_rate == 1e-6
   flags.FLAGS.unparse_flags()
+
+
+def test_scanned_layers_train_and_export_hf(tmp_path):
+  summary = _run(tmp_path, "--sft_steps=0", "--steps=2", "--eval_every=0", "--scan_layers", "--remat",
+                 "--remat_policy=dots_no_batch", "--overlong_buffer=20")
+  assert 0 <= summary["final_accuracy"] <= 1
+  final, config = models.load_hf(tmp_path / "final_policy")  # the HF checkpoint, in the unrolled layout
+  assert not config.scan_layers and "layers_0" in final
+  base = _params(tmp_path / "base_model")
+  assert not np.array_equal(base["embed"]["embedding"], final["embed"]["embedding"])
