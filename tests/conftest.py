@@ -20,6 +20,9 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       str(pathlib.Path(tempfile.gettempdir()) / f"grpo_jax_tests_xla_cache_{os.getuid()}"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+# CPU only: with libtpu installed (the test extra, for the ahead-of-time TPU compiles, which set up their own
+# child processes), JAX would otherwise try to start a TPU backend in every worker and print its warnings.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax  # pylint: disable=wrong-import-position
 import pytest

@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from tests.conftest import HANG_GUARD_S
+
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 _SCRIPT = _ROOT / "scripts" / "aot_compile.py"
 _spec = importlib.util.spec_from_file_location("aot_compile", _SCRIPT)
@@ -35,7 +37,7 @@ def _run_script(tmp_path, *flags):
   env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
   out = tmp_path / "figures.jsonl"
   result = subprocess.run([sys.executable, str(_SCRIPT), "--model=tiny", f"--json_out={out}", *_WORK, *flags],
-                          cwd=_ROOT, env=env, capture_output=True, text=True, timeout=600)
+                          cwd=_ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
   records = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
   return result, records
 
