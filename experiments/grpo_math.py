@@ -122,8 +122,9 @@ flags.DEFINE_float("temperature", 0.7, "Sampling temperature of the rollouts; th
                    "softmax(logits / temperature), so old, reference and new log-probs all use it.")
 flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass of the rollouts.")
 flags.DEFINE_integer("top_k", 0, "Top-k of the rollouts (0: off).")
-flags.DEFINE_bool("recompute_old_logprobs", False, "Recompute π_old with a training forward instead of using "
-                  "the sampler's log-probs.")
+flags.DEFINE_bool("recompute_old_logprobs", False, "Recompute π_old with a forward pass instead of taking it "
+                  "exactly as stop_gradient(π_θ) (GRPO with one epoch over one minibatch: the default) or from the "
+                  "sampler's log-probs (at temperature 1).")
 flags.DEFINE_integer("logprob_chunk", 128, "Sequence chunk of the memory-lean log-prob computation.")
 
 # EVALUATION, LOGGING, CHECKPOINTS

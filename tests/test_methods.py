@@ -164,3 +164,17 @@ def test_advantage_estimators_replace_the_group_normalisation(sft_policy, known_
     assert len(np.unique(np.round(adv[0][mask[0]], 5))) > 1  # the k1 penalty differs token by token
     assert method.objective().keywords["loss_kwargs"]["beta"] == 0.0  # and is not in the loss
     assert not method.objective().keywords["use_reference"]
+
+
+@pytest.mark.parametrize("args, on_policy", [((), True), (("--num_epochs=2",), False),
+                                             (("--minibatch_size=8",), False), (("--recompute_old_logprobs",), False)])
+def test_grpo_skips_the_old_policy_forward_only_when_exact(sft_policy, args, on_policy):
+  method, params, _ = _method("grpo", sft_policy, *args)
+  assert method.on_policy() == on_policy and method.objective().keywords["on_policy"] == on_policy
+  batch, _, _ = method.collect(params, 0, jax.random.key(0))
+  completion = np.asarray(batch.loss_mask)
+  old = np.asarray(batch.old_logp)[completion]
+  if on_policy:
+    assert np.all(old == 0)  # not computed: the objective uses stop_gradient(π_θ)
+  else:
+    assert np.all(old <= 0) and np.any(old < 0)  # the log-probs of the sampled tokens

@@ -35,6 +35,13 @@ class GRPO(base.Method):
   def uses_reference(self):
     return FLAGS.beta > 0
 
+  def on_policy(self) -> bool:
+    """Whether π_old is exactly the policy being updated: one epoch over one minibatch (the params that
+    sampled are the params the single optimiser step differentiates), so the objective uses
+    stop_gradient(π_θ) and no π_old forward runs. `--recompute_old_logprobs` keeps the explicit forward."""
+    return (FLAGS.num_epochs == 1 and FLAGS.minibatch_size in (0, self.rows_per_step())
+            and not FLAGS.recompute_old_logprobs)
+
   def objective(self):
     kl_in_loss = FLAGS.advantage_estimator != "reinforce_pp"  # REINFORCE++ puts the KL in the reward
     loss_kwargs = dict(epsilon=FLAGS.epsilon, epsilon_high=FLAGS.epsilon_high,
@@ -45,7 +52,7 @@ class GRPO(base.Method):
     # all use T.
     return update_lib.bind(training.grpo_objective, config=self.config, loss_kwargs=loss_kwargs,
                            use_reference=FLAGS.beta > 0 and kl_in_loss, chunk_size=FLAGS.logprob_chunk,
-                           temperature=FLAGS.temperature)
+                           temperature=FLAGS.temperature, on_policy=self.on_policy())
 
   def collect(self, params, position: int, key):
     b, g = FLAGS.batch_size, FLAGS.group_size
@@ -81,7 +88,10 @@ class GRPO(base.Method):
     loss_mask[len(chosen) * g:] = False
     if FLAGS.mask_truncated:
       loss_mask &= ~samples.truncated[:, None]
-    old_logp = self.rollouts.old_logprobs(params, samples)
+    if self.on_policy() and FLAGS.advantage_estimator != "reinforce_pp":  # REINFORCE++'s reward reads π_old
+      old_logp = jnp.zeros(samples.tokens.shape, jnp.float32)  # not read: the objective uses sg(π_θ)
+    else:
+      old_logp = self.rollouts.old_logprobs(params, samples)
     if FLAGS.beta > 0:
       sequences = logprobs_lib.sequences_from_samples(samples)
       ref_logp = self.rollouts.completion(self.rollouts.logprobs(self.reference, *sequences), samples)
