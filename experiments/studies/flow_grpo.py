@@ -26,7 +26,8 @@ STUDY = Study(
     ),
     plots=(
         Plot("agentflow.png", (Panel(("start", "final"), ("grpo", "flow"), title="held-out greedy accuracy",
-                                     ylabel="accuracy (%)"),),
+                                     ylabel="accuracy (%)"),
+                               Panel("gain", ("grpo", "flow"), title="gain of RL, paired by seed", ylabel="points")),
              x="run", title="Single-turn GRPO vs a planner with tools (Flow-GRPO)"),
     ),
     contrasts=(Contrast("flow", "grpo", "gain"), Contrast("flow", "grpo", "final")),
