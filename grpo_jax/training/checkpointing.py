@@ -55,15 +55,21 @@ def _first_line(err: BaseException) -> str:
   return text.splitlines()[0][:300] if text else type(err).__name__
 
 
-def _collect_failed_reads() -> None:
-  """Collects orbax's other read coroutines of a failed restore now, quietly: each holds the same error, and
-  Python would print each as "Exception ignored in <coroutine>" (dozens of lines) when it is collected."""
+_FAILED_READ = "Encountered error while reading array index"
+
+
+def _quiet_failed_reads() -> None:
+  """After a failed restore, orbax's other read coroutines of it hold the same error, and Python prints each as
+  "Exception ignored in <coroutine>" (dozens of lines) whenever it is collected, now or at exit. This filters
+  exactly those out of `sys.unraisablehook` (once per process) and collects what it can now."""
   previous = sys.unraisablehook
-  sys.unraisablehook = lambda unraisable: None
-  try:
-    gc.collect()
-  finally:
-    sys.unraisablehook = previous
+  if not getattr(previous, "_grpo_jax_quiet", False):
+    def hook(unraisable):
+      if _FAILED_READ not in str(getattr(unraisable, "exc_value", "")):
+        previous(unraisable)
+    hook._grpo_jax_quiet = True
+    sys.unraisablehook = hook
+  gc.collect()
 
 
 class Checkpointer:
@@ -109,7 +115,7 @@ class Checkpointer:
       restored = self._manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(sharding.abstract(abstract_state, shardings)), metadata=ocp.args.JsonRestore()))
     except Exception as err:  # pylint: disable=broad-except  (tensorstore raises bare Exception on bad data)
-      _collect_failed_reads()
+      _quiet_failed_reads()
       raise CheckpointError(f"checkpoint {self.directory / str(step)} cannot be restored (damaged, or saved by a "
                             f"different run): {_first_line(err)}") from None
     if not isinstance(restored["metadata"], dict):
