@@ -38,6 +38,7 @@ STUDY = Study(
     metrics=(
         Metric("accuracy", "eval/accuracy", source="curve", runs=RL_RUNS,
                label="held-out greedy accuracy"),
+        dataclasses.replace(common.CHANGE, runs=RL_RUNS),
         Metric("iteration_accuracy", "iteration/accuracy", source="curve", runs=("iterative",),
                label="held-out accuracy at each iteration's end"),
         *(dataclasses.replace(m, runs=RL_RUNS) for m in (common.START, common.FINAL, common.GAIN)),
@@ -47,7 +48,9 @@ STUDY = Study(
     ),
     plots=(
         Plot("fig6.png", (Panel("accuracy", ("one_round", "iterative", "grpo"),
-                                title="learned ORM: one round vs iterative; rule reward"),),
+                                title="learned ORM: one round vs iterative; rule reward"),
+                          Panel("change", ("one_round", "iterative", "grpo"),
+                                title="change since the SFT start, paired by seed", ylabel="points")),
              title="DeepSeekMath Fig 6: iterative RL against one round of the same length", xlabel="RL step"),
     ),
     contrasts=(Contrast("iterative", "one_round", "final"), Contrast("one_round", "grpo", "final")),
