@@ -64,8 +64,11 @@ def _quiet_failed_reads() -> None:
   exactly those out of `sys.unraisablehook` (once per process) and collects what it can now."""
   previous = sys.unraisablehook
   if not getattr(previous, "_grpo_jax_quiet", False):
-    def hook(unraisable):
-      if _FAILED_READ not in str(getattr(unraisable, "exc_value", "")):
+    # Everything the hook uses is bound here: at interpreter exit, when the last coroutines are collected,
+    # module globals may already be gone.
+    def hook(unraisable, needles=(_FAILED_READ, "Event loop is closed"), previous=previous, text=str):
+      message = text(getattr(unraisable, "exc_value", ""))
+      if not any(needle in message for needle in needles):
         previous(unraisable)
     hook._grpo_jax_quiet = True
     sys.unraisablehook = hook
