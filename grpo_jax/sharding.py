@@ -27,6 +27,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from grpo_jax import train_state
 from grpo_jax.models import hf_io
 from grpo_jax.models import sharding as logical
 from grpo_jax.models import transformer
@@ -243,7 +244,7 @@ def init_params(config: ModelConfig, key: jax.Array, mesh: Mesh, rules: Mapping)
 
 def init_train_state(params: Any, optimizer, mesh: Mesh, rules: Mapping, *, donate: bool = False
                      ) -> tuple[Any, Any]:
-  """`training.init_train_state` with params and optimiser state placed by the rules.
+  """`train_state.init_train_state` with params and optimiser state placed by the rules.
 
   Args:
     params: policy params (any placement; already-sharded params are not gathered).
@@ -255,9 +256,7 @@ def init_train_state(params: Any, optimizer, mesh: Mesh, rules: Mapping, *, dona
     (state, shardings): the TrainState and its NamedShardings, for `make_train_step`
     and for restoring checkpoints.
   """
-  from grpo_jax.training import update  # pylint: disable=import-outside-toplevel
-
-  init = lambda p: update.init_train_state(p, optimizer)
+  init = lambda p: train_state.init_train_state(p, optimizer)
   shardings = state_shardings(mesh, rules, jax.eval_shape(init, params))
   state = jax.jit(init, out_shardings=shardings, donate_argnums=(0,) if donate else ())(params)
   return state, shardings

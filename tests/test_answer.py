@@ -1,12 +1,12 @@
-"""Tests for grpo_jax.rewards.answer: extraction, normalisation, equivalence, adversarial input."""
+"""Tests for grpo_jax.data.answer: extraction, normalisation, equivalence, adversarial input."""
 
 import fractions
 import time
 
 import pytest
 
-from grpo_jax.rewards.answer import (answer_key, answers_equal, extract_answer, extract_boxed,
-                                     normalize_answer, parse_number)
+from grpo_jax.data.answer import (answer_key, answers_equal, extract_answer, extract_boxed,
+                                  normalize_answer, parse_number)
 
 F = fractions.Fraction
 

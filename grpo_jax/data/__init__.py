@@ -1,4 +1,4 @@
-"""Tasks: the shared `Example`, the synthetic arithmetic task, GSM8K and MATH."""
+"""Tasks: the shared `Example`, final-answer parsing, the synthetic arithmetic task, GSM8K and MATH."""
 
 from grpo_jax.data.datasets import (DatasetError, load_gsm8k, load_hf_dataset, load_math,
                                     load_task)

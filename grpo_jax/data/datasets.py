@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from grpo_jax.data import synthetic
 from grpo_jax.data.example import Example
-from grpo_jax.rewards.answer import extract_answer, extract_boxed
+from grpo_jax.data.answer import extract_answer, extract_boxed
 
 _CALCULATOR = re.compile(r"<<[^<>\n]*>>")  # GSM8K calculator annotations, e.g. <<48/2=24>>
 
@@ -137,6 +137,7 @@ def load_hf_dataset(name: str, split: str, limit: int | None = None) -> list[Exa
   if name not in HF_SOURCES:
     raise DatasetError(f"unknown dataset {name!r}; expected one of {sorted(HF_SOURCES)}")
   try:
+    # An optional dependency, needed only for a hub download (third-party, no cycle).
     import datasets  # pylint: disable=import-outside-toplevel
   except ImportError:
     raise DatasetError(

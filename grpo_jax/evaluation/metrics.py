@@ -5,7 +5,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from grpo_jax.data.example import Example
-from grpo_jax.rewards.answer import answer_key, answers_equal, extract_answer
+from grpo_jax.data.answer import answer_key, answers_equal, extract_answer
 from grpo_jax.rewards.rule import has_final_answer_format
 
 

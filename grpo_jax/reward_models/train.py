@@ -22,6 +22,7 @@ from grpo_jax.models.config import ModelConfig
 from grpo_jax.reward_models import metrics as metrics_lib
 from grpo_jax.reward_models import model
 from grpo_jax.reward_models.data import RewardData, num_rows, take
+from grpo_jax.train_state import TrainState
 from grpo_jax.training import update
 
 LOSSES = ("bce", "pairwise")
@@ -88,7 +89,7 @@ def batch_indices(num_rows_: int, batch_size: int, step: int, seed: int, block: 
   return out
 
 
-def fit(state: update.TrainState, train_step, data: RewardData, *, steps: int, batch_size: int, seed: int,
+def fit(state: TrainState, train_step, data: RewardData, *, steps: int, batch_size: int, seed: int,
         start: int = 0, block: int = 1, log_every: int = 0, log=None):
   """Runs `steps` optimiser steps from step `start` on minibatches drawn by `batch_indices`
   (`block`: rows kept together, e.g. the G samples of a prompt for the pairwise loss).

@@ -23,7 +23,7 @@ import numpy as np
 from grpo_jax.data.example import Example
 from grpo_jax.data.steps import (FINAL_MARKER, check_steps, parse_step, reference_steps,
                                  split_steps)
-from grpo_jax.rewards.answer import answers_equal, extract_answer, extract_boxed
+from grpo_jax.data.answer import answers_equal, extract_answer, extract_boxed
 
 RewardFn = Callable[[str, Example], float]
 

@@ -49,6 +49,7 @@ class MetricsLogger:
     work_dir.mkdir(parents=True, exist_ok=True)
     self._jsonl = open(work_dir / "metrics.jsonl", "a", encoding="utf-8")
     if tensorboard:
+      # Imported only when asked for: tensorboardX takes about a second to import (third-party, no cycle).
       from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
       self._writer = SummaryWriter(str(work_dir / "tensorboard"))
 

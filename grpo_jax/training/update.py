@@ -8,7 +8,7 @@ aggregation weights, and so the accumulated gradient, equal those of the whole m
 
 import functools
 from collections.abc import Mapping
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +20,7 @@ from grpo_jax import losses
 from grpo_jax import sharding
 from grpo_jax.models import ModelConfig
 from grpo_jax.models.sharding import axis_rules, constrain
+from grpo_jax.train_state import TrainState
 
 Params = Any
 Objective = Callable[[Params, Any, dict], tuple[jax.Array, dict]]
@@ -29,17 +30,6 @@ _ADDITIVE = ("loss", "pg_loss", "kl_loss")
 
 # optax >= 0.2.5 has optax.tree.norm; global_norm is its deprecated older name.
 _global_norm = optax.tree.norm if hasattr(optax, "tree") and hasattr(optax.tree, "norm") else optax.global_norm
-
-
-class TrainState(NamedTuple):
-  """What the optimiser updates: a pytree, checkpointed whole."""
-  step: jax.Array
-  params: Params
-  opt_state: optax.OptState
-
-
-def init_train_state(params: Params, optimizer: optax.GradientTransformation) -> TrainState:
-  return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=optimizer.init(params))
 
 
 def _totals(loss_mask: jax.Array) -> dict:

@@ -1,0 +1,205 @@
+"""The package's imports form layers: no cycles, each module imports only its own layer or lower.
+
+Every `import` and `from ... import` of every grpo_jax module is read with `ast`, at
+top level and inside functions alike, relative imports resolved. An edge M -> X means
+that importing M may execute X: the imported module and each of its parent packages
+that is not already a parent of M (a parent of M is initialised before M runs).
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+import grpo_jax
+
+PACKAGE = "grpo_jax"
+ROOT = pathlib.Path(grpo_jax.__file__).parent
+
+# Module (or package prefix) -> layer; a module may import only its own layer or lower.
+# The longest matching prefix decides, so a module can sit below its package.
+LAYERS = {
+    # 0: arrays and text in, arrays and text out: tasks and answers, losses, the model, the state type.
+    "grpo_jax.data": 0,
+    "grpo_jax.losses": 0,
+    "grpo_jax.models": 0,
+    "grpo_jax.distributed": 0,
+    "grpo_jax.train_state": 0,
+    # 1: rule rewards (of data's examples); meshes, rules and placement (of models' params, the state).
+    "grpo_jax.rewards": 1,
+    "grpo_jax.sharding": 1,
+    # 2: running the model: sampling and log-probs.
+    "grpo_jax.sampling": 2,
+    "grpo_jax.logprobs": 2,
+    # 3: batches, objectives, the update step, checkpoints, logs.
+    "grpo_jax.training": 3,
+    # 4: what is built from training: evaluation, reward models, agents.
+    "grpo_jax.evaluation": 4,
+    "grpo_jax.reward_models": 4,
+    "grpo_jax.agents": 4,
+    # 5: the package itself.
+    "grpo_jax": 5,
+}
+
+# Imported names the library must never reach (runners and flag parsing live above it).
+FORBIDDEN = ("experiments", "absl.flags", "scripts", "tests")
+
+
+def _module_name(path: pathlib.Path) -> str:
+  parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+  if parts[-1] == "__init__":
+    parts.pop()
+  return ".".join(parts)
+
+
+def _modules() -> dict[str, pathlib.Path]:
+  return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _imported_names(module: str, is_package: bool, tree: ast.AST):
+  """Absolute dotted names imported anywhere in `tree` (`from a import b` yields `a.b` and `a`)."""
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      for alias in node.names:
+        yield alias.name
+    elif isinstance(node, ast.ImportFrom):
+      if node.level:
+        base = module.split(".") if is_package else module.split(".")[:-1]
+        base = base[:len(base) - (node.level - 1)]
+        prefix = ".".join(base + ([node.module] if node.module else []))
+      else:
+        prefix = node.module
+      yield prefix
+      for alias in node.names:
+        yield f"{prefix}.{alias.name}"
+
+
+def _resolve(name: str, known) -> str | None:
+  """The longest prefix of `name` that is a module of the package."""
+  parts = name.split(".")
+  for i in range(len(parts), 0, -1):
+    if ".".join(parts[:i]) in known:
+      return ".".join(parts[:i])
+  return None
+
+
+def _parents(name: str) -> list[str]:
+  parts = name.split(".")
+  return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def import_graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+  """(edges between package modules, every absolute name each module imports)."""
+  modules = _modules()
+  edges, names = {}, {}
+  for module, path in modules.items():
+    tree = ast.parse(path.read_text(), filename=str(path))
+    imported = set(_imported_names(module, path.name == "__init__.py", tree))
+    names[module] = imported
+    own = set(_parents(module)) | {module}
+    targets = set()
+    for name in imported:
+      target = _resolve(name, modules)
+      if target is None:
+        continue
+      targets.update(m for m in _parents(target) + [target] if m not in own)
+    edges[module] = targets
+  return edges, names
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+  """A cycle of `graph` as a path [a, b, ..., a], or None."""
+  done, stack, on_stack = set(), [], set()
+
+  def visit(node):
+    stack.append(node)
+    on_stack.add(node)
+    for nxt in sorted(graph.get(node, ())):
+      if nxt in on_stack:
+        return stack[stack.index(nxt):] + [nxt]
+      if nxt not in done:
+        found = visit(nxt)
+        if found:
+          return found
+    stack.pop()
+    on_stack.discard(node)
+    done.add(node)
+    return None
+
+  for node in sorted(graph):
+    if node not in done:
+      found = visit(node)
+      if found:
+        return found
+  return None
+
+
+def layer_of(module: str, layers=LAYERS) -> int | None:
+  match = _resolve(module, layers)
+  return None if match is None else layers[match]
+
+
+def layer_violations(graph: dict[str, set[str]], layers=LAYERS) -> list[str]:
+  """Edges from a module to a module of a higher layer."""
+  return [f"{a} (layer {layer_of(a, layers)}) imports {b} (layer {layer_of(b, layers)})"
+          for a in sorted(graph) for b in sorted(graph[a]) if layer_of(b, layers) > layer_of(a, layers)]
+
+
+# The checkers themselves, on hand-made graphs.
+
+
+def test_find_cycle_reports_the_path():
+  graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+  cycle = find_cycle(graph)
+  assert cycle is not None and cycle[0] == cycle[-1]
+  assert set(cycle) == {"a", "b", "c"} and len(cycle) == 4
+
+
+def test_find_cycle_self_loop_and_acyclic():
+  assert find_cycle({"a": {"a"}}) == ["a", "a"]
+  assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None  # a diamond is no cycle
+
+
+def test_layer_violations_on_hand_made_graph():
+  layers = {"p": 2, "p.low": 0, "q": 1}
+  graph = {"p.low": {"q"}, "q": {"p.low"}, "p.high": {"q"}}
+  assert layer_violations(graph, layers) == ["p.low (layer 0) imports q (layer 1)"]
+
+
+def test_function_local_and_relative_imports_are_edges(tmp_path):
+  source = "import os\ndef f():\n  from .sibling import thing\n  import grpo_jax.models.config\n"
+  names = set(_imported_names("grpo_jax.training.x", False, ast.parse(source)))
+  assert {"grpo_jax.training.sibling.thing", "grpo_jax.training.sibling", "grpo_jax.models.config"} <= names
+
+
+# The package.
+
+
+def test_graph_covers_the_package():
+  edges, _ = import_graph()
+  assert "grpo_jax.training.update" in edges
+  assert "grpo_jax.logprobs" in edges["grpo_jax.training.update"]
+
+
+def test_no_import_cycle():
+  edges, _ = import_graph()
+  cycle = find_cycle(edges)
+  assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_every_module_has_a_layer():
+  edges, _ = import_graph()
+  assert [m for m in edges if layer_of(m) is None] == []
+
+
+def test_modules_import_only_their_layer_or_lower():
+  edges, _ = import_graph()
+  assert layer_violations(edges) == []
+
+
+@pytest.mark.parametrize("forbidden", FORBIDDEN)
+def test_library_never_imports_runners_or_flags(forbidden):
+  _, names = import_graph()
+  bad = sorted(m for m, imported in names.items()
+               if any(n == forbidden or n.startswith(forbidden + ".") for n in imported))
+  assert bad == [], f"{bad} import {forbidden}"
