@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from grpo_jax import sharding
+from grpo_jax import partitioning
 from grpo_jax.models import transformer
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.sampling import SampleOutput
@@ -166,23 +166,23 @@ def jit_token_logprobs(config: ModelConfig, *, mesh: Mesh | None = None, rules: 
     raise ValueError("jit_token_logprobs: pass both mesh and rules, or neither")
   if mesh is None:
     return jax.jit(body)
-  params_sh = sharding.param_shardings(mesh, rules, jax.eval_shape(transformer.init_params, config,
-                                                                   jax.random.key(0)))
+  params_sh = partitioning.param_shardings(mesh, rules, jax.eval_shape(transformer.init_params, config,
+                                                                       jax.random.key(0)))
   compiled = {}
 
   def jitted(shape):
     """The jitted function for tokens of `shape` and the rows' sharding (built once per shape)."""
     shape = tuple(shape)
     if shape not in compiled:
-      rows = sharding.logical_sharding(mesh, rules, ("batch", None), shape)
+      rows = partitioning.logical_sharding(mesh, rules, ("batch", None), shape)
       out = (rows, rows) if return_entropy else rows
-      compiled[shape] = (sharding.jit_with_rules(body, mesh, rules, in_shardings=(params_sh, rows, rows),
-                                                 out_shardings=out), rows)
+      compiled[shape] = (partitioning.jit_with_rules(body, mesh, rules, in_shardings=(params_sh, rows, rows),
+                                                     out_shardings=out), rows)
     return compiled[shape]
 
   def call(params, tokens, attention_mask):
     fn, rows = jitted(tokens.shape)
-    return fn(*sharding.put((params, tokens, attention_mask), (params_sh, rows, rows)))
+    return fn(*partitioning.put((params, tokens, attention_mask), (params_sh, rows, rows)))
 
   call.jitted = lambda shape: jitted(shape)[0]  # ahead of time: call.jitted(shape).lower(abstract args)
   return call

@@ -15,10 +15,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from grpo_jax import sharding
+from grpo_jax import partitioning as sharding
 from grpo_jax.models import transformer
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.models.sharding import constrain
+from grpo_jax.models.logical_axes import constrain
 
 
 class SampleOutput(NamedTuple):

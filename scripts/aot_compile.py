@@ -49,7 +49,7 @@ from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import models
 from grpo_jax import reward_models
 from grpo_jax import sampling
-from grpo_jax import sharding
+from grpo_jax import partitioning
 from grpo_jax import training
 from grpo_jax.training import update as update_lib
 
@@ -316,9 +316,9 @@ def _compile(name, jitted, args, *, num_devices, devices_per_chip, while_trips=1
 def compile_programs(config: models.ModelConfig, tgt: Target, mesh_spec: str, rules_name: str | Mapping,
                      work: Work, programs: Sequence[str] = PROGRAMS, log=print) -> tuple[list[Compiled], dict]:
   """Compiles the runner's programs for `tgt`; returns their figures and the resident bytes per chip."""
-  mesh = sharding.make_mesh(mesh_spec, devices=list(tgt.devices))
-  rules = sharding.get_rules(rules_name)
-  dp = sharding.data_parallel_size(mesh, rules)
+  mesh = partitioning.make_mesh(mesh_spec, devices=list(tgt.devices))
+  rules = partitioning.get_rules(rules_name)
+  dp = partitioning.data_parallel_size(mesh, rules)
   minibatch = work.minibatch_size or work.rows
   for what, size in (("batch_size*group_size", work.rows), ("minibatch_size / grad_accum_steps",
                                                             minibatch // work.grad_accum_steps),
@@ -334,12 +334,12 @@ def compile_programs(config: models.ModelConfig, tgt: Target, mesh_spec: str, ru
   key = jax.random.key(0)
   optimizer = training.make_optimizer(work.learning_rate, max_grad_norm=1.0)
   params_shapes = jax.eval_shape(models.init_params, config, key)
-  params = _abstract(params_shapes, sharding.param_shardings(mesh, rules, params_shapes))
+  params = _abstract(params_shapes, partitioning.param_shardings(mesh, rules, params_shapes))
   state_shapes = jax.eval_shape(lambda p: training.init_train_state(p, optimizer), params_shapes)
-  state_sh = sharding.state_shardings(mesh, rules, state_shapes)
+  state_sh = partitioning.state_shardings(mesh, rules, state_shapes)
   state = _abstract(state_shapes, state_sh)
   rm_shapes = jax.eval_shape(lambda k: models.init_scalar_params(config, k), key)
-  rm_params = _abstract(rm_shapes, sharding.param_shardings(mesh, rules, rm_shapes))
+  rm_params = _abstract(rm_shapes, partitioning.param_shardings(mesh, rules, rm_shapes))
   resident = {"policy params + AdamW": _bytes_per_device(state),
               "reference params": _bytes_per_device(params) if work.beta > 0 else 0,
               "reward model": _bytes_per_device(rm_params) if work.reward_model else 0}
@@ -356,10 +356,10 @@ def compile_programs(config: models.ModelConfig, tgt: Target, mesh_spec: str, ru
 
   n, length = work.rows, work.length
   fwd = work.forward_rows or n
-  rows_sh = sharding.logical_sharding(mesh, rules, ("batch", None), (n, length))
+  rows_sh = partitioning.logical_sharding(mesh, rules, ("batch", None), (n, length))
   seq = lambda dtype, rows=n: jax.ShapeDtypeStruct((rows, length), dtype, sharding=rows_sh if rows == n else
-                                                   sharding.logical_sharding(mesh, rules, ("batch", None),
-                                                                             (rows, length)))
+                                                   partitioning.logical_sharding(mesh, rules, ("batch", None),
+                                                                                 (rows, length)))
   for name in programs:
     log(f"compiling {name} ...")
     if name == "update":
@@ -367,7 +367,7 @@ def compile_programs(config: models.ModelConfig, tgt: Target, mesh_spec: str, ru
           training.grpo_objective, config=config, use_reference=work.beta > 0, chunk_size=work.logprob_chunk,
           loss_kwargs=dict(epsilon=0.2, beta=work.beta, kl="k3", aggregation="seq-mean-token-mean",
                            max_len=work.max_new_tokens))
-      batch_sh = sharding.batch_sharding(mesh, rules)
+      batch_sh = partitioning.batch_sharding(mesh, rules)
       step = training.make_train_step(objective, optimizer, work.grad_accum_steps, state_shardings=state_sh,
                                       batch_shardings=batch_sh, mesh=mesh, rules=rules)
       f32, b = lambda: seq(jnp.float32, minibatch), lambda: seq(jnp.bool_, minibatch)
@@ -385,8 +385,8 @@ def compile_programs(config: models.ModelConfig, tgt: Target, mesh_spec: str, ru
       b, p = work.batch_size, work.max_prompt_len
       fn = sampling.jit_sample(config, (b, p), mesh=mesh, rules=rules, num_samples=work.group_size,
                                max_new_tokens=work.max_new_tokens)
-      prompt_sh = sharding.logical_sharding(mesh, rules, ("batch", None), (b, p))
-      scalar = sharding.replicated(mesh)
+      prompt_sh = partitioning.logical_sharding(mesh, rules, ("batch", None), (b, p))
+      scalar = partitioning.replicated(mesh)
       args = (params, jax.ShapeDtypeStruct((b, p), jnp.int32, sharding=prompt_sh),
               jax.ShapeDtypeStruct((b, p), jnp.bool_, sharding=prompt_sh),
               jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=scalar),
@@ -395,7 +395,7 @@ def compile_programs(config: models.ModelConfig, tgt: Target, mesh_spec: str, ru
                           resident_other=total_resident - per_chip(params), **common)
       if tgt.chip is not None:
         kv_shape = (n, length, config.num_key_value_heads, config.head_dim)
-        kv_sh = sharding.logical_sharding(mesh, rules, ("batch", "length", "kv_heads", None), kv_shape)
+        kv_sh = partitioning.logical_sharding(mesh, rules, ("batch", "length", "kv_heads", None), kv_shape)
         kv_bytes = (2 * config.num_hidden_layers * math.prod(kv_sh.shard_shape(kv_shape))
                     * jnp.dtype(config.dtype).itemsize)
         # Each decode step reads the chip's params and its half-full (on average) KV cache.
@@ -403,10 +403,11 @@ def compile_programs(config: models.ModelConfig, tgt: Target, mesh_spec: str, ru
         compiled.bandwidth_s = work.max_new_tokens * step_bytes / tgt.chip.hbm_bandwidth
       done(compiled)
     elif name == "reward":
-      rows = sharding.logical_sharding(mesh, rules, ("batch", None), (fwd, length))
-      fn = sharding.jit_with_rules(lambda prm, t, m: reward_models.outcome_scores(prm, config, t, m), mesh, rules,
-                                   in_shardings=(jax.tree.map(lambda x: x.sharding, rm_params), rows, rows),
-                                   out_shardings=sharding.logical_sharding(mesh, rules, ("batch",), (fwd,)))
+      rows = partitioning.logical_sharding(mesh, rules, ("batch", None), (fwd, length))
+      fn = partitioning.jit_with_rules(lambda prm, t, m: reward_models.outcome_scores(prm, config, t, m),
+                                       mesh, rules,
+                                       in_shardings=(jax.tree.map(lambda x: x.sharding, rm_params), rows, rows),
+                                       out_shardings=partitioning.logical_sharding(mesh, rules, ("batch",), (fwd,)))
       compiled = _compile(name, fn, (rm_params, seq(jnp.int32, fwd), seq(jnp.bool_, fwd)),
                           resident_other=total_resident - resident["reward model"], **common)
       compiled.flops *= work.forward_calls
@@ -553,7 +554,7 @@ def define_flags():
   flags.DEFINE_string("topology", "v5e:2x4", "TPU topology (v4:2x2x1, v5e:2x4, v5p:2x2x1, v6e:2x4, ...) or 'cpu' "
                       "(this machine's devices; XLA_FLAGS=--xla_force_host_platform_device_count=8 fakes 8).")
   flags.DEFINE_string("mesh", "", "Device mesh over the topology, e.g. 'fsdp:8' or 'data:2,fsdp:4' (as the runner's).")
-  flags.DEFINE_enum("sharding_rules", "fsdp", sorted(sharding.RULES), "Rule preset (as the runner's).")
+  flags.DEFINE_enum("sharding_rules", "fsdp", sorted(partitioning.RULES), "Rule preset (as the runner's).")
   flags.DEFINE_integer("batch_size", 32, "Prompts per step (B).")
   flags.DEFINE_integer("group_size", 8, "Samples per prompt (G).")
   flags.DEFINE_integer("max_prompt_len", 16, "Prompt tokens (P).")

@@ -7,7 +7,7 @@ r"""Time per GRPO update step, tokens/s and peak memory per device, over mesh sh
 
 One update step is `training.make_train_step(grpo_objective)` on a GRPO batch of `--batch` sequences of
 `--length` tokens (random, with a completion mask), params and optimiser state placed by the rules
-(`grpo_jax.sharding`). The step is compiled and run once, then timed `--steps` times; the median is
+(`grpo_jax.partitioning`). The step is compiled and run once, then timed `--steps` times; the median is
 reported. Peak memory is the device's `peak_bytes_in_use` where the backend reports it (GPU, TPU),
 else XLA's compile-time estimate per device (arguments + outputs + temporaries − donated aliases).
 MFU (accelerators only) = model FLOPs of the step / time / peak FLOPs of the devices, with model FLOPs
@@ -27,7 +27,7 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from grpo_jax import models, sharding, training  # noqa: E402
+from grpo_jax import models, partitioning, training  # noqa: E402
 from grpo_jax.training import update as update_lib  # noqa: E402
 
 SIZES = {
@@ -75,7 +75,7 @@ def mesh_for(spec: str):
   if "-1" not in spec:
     sizes = [int(part.split(":")[1]) for part in spec.split(",") if part.strip()]
     devices = devices[:int(np.prod(sizes))]
-  return sharding.make_mesh(spec, devices)
+  return partitioning.make_mesh(spec, devices)
 
 
 def rules_for(mesh, name: str | None) -> str:
@@ -99,17 +99,17 @@ def bench(size: str, spec: str, args) -> dict:
   config = models.ModelConfig(**SIZES[size], **overrides)
   mesh = mesh_for(spec)
   rules_name = rules_for(mesh, args.rules)
-  rules = sharding.get_rules(rules_name)
+  rules = partitioning.get_rules(rules_name)
   optimizer = training.make_optimizer(1e-5, max_grad_norm=1.0)
-  params = sharding.init_params(config, jax.random.key(0), mesh, rules)
+  params = partitioning.init_params(config, jax.random.key(0), mesh, rules)
   num_params = sum(x.size for x in jax.tree.leaves(params))
-  state, shardings = sharding.init_train_state(params, optimizer, mesh, rules, donate=True)
+  state, shardings = partitioning.init_train_state(params, optimizer, mesh, rules, donate=True)
   objective = update_lib.bind(training.grpo_objective, config=config, use_reference=True,
                               chunk_size=args.logprob_chunk, loss_kwargs=dict(epsilon=0.2, beta=0.04))
-  batch_sharding = sharding.batch_sharding(mesh, rules)
+  batch_sharding = partitioning.batch_sharding(mesh, rules)
   step = training.make_train_step(objective, optimizer, args.grad_accum, state_shardings=shardings,
                                   batch_shardings=batch_sharding, mesh=mesh, rules=rules)
-  batch = sharding.put(grpo_batch(config, args.batch, args.length, args.length // 4), batch_sharding)
+  batch = partitioning.put(grpo_batch(config, args.batch, args.length, args.length // 4), batch_sharding)
   compiled = step.jitted.lower(state, batch).compile()
   state, metrics = compiled(state, batch)  # warm-up (and a check that the step runs)
   jax.block_until_ready(metrics)
@@ -137,7 +137,7 @@ def main():
   parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=sorted(SIZES))
   parser.add_argument("--meshes", nargs="+", default=["data:1", "data:8", "fsdp:8", "data:2,fsdp:2,tensor:2"],
                       help="mesh specs; data:1 runs on one device")
-  parser.add_argument("--rules", default=None, choices=sorted(sharding.RULES),
+  parser.add_argument("--rules", default=None, choices=sorted(partitioning.RULES),
                       help="rule preset for every mesh (default: by the mesh's innermost axis > 1)")
   parser.add_argument("--batch", type=int, default=16, help="sequences per update step")
   parser.add_argument("--length", type=int, default=128, help="tokens per sequence (prompt = a quarter)")

@@ -69,11 +69,11 @@ def _model_state(shift: float):
 
 def _on_eight_devices(directory: str):
   """Child: restore step 1 onto the mesh, check, save step 2 from the mesh."""
-  from grpo_jax import sharding
+  from grpo_jax import partitioning
   assert jax.device_count() == 8
-  mesh, rules = sharding.make_mesh("data:2,fsdp:2,tensor:2"), sharding.get_rules("fsdp_tp")
+  mesh, rules = partitioning.make_mesh("data:2,fsdp:2,tensor:2"), partitioning.get_rules("fsdp_tp")
   abstract = jax.eval_shape(lambda: _model_state(1.0))
-  shardings = sharding.state_shardings(mesh, rules, abstract)
+  shardings = partitioning.state_shardings(mesh, rules, abstract)
   ckpt = training.Checkpointer(directory)
   state, meta = ckpt.restore(abstract, step=1, shardings=shardings)
   assert meta == {"step": 1}

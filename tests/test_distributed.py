@@ -17,7 +17,7 @@ from grpo_jax import logprobs
 from grpo_jax import losses
 from grpo_jax import models
 from grpo_jax import sampling
-from grpo_jax import sharding
+from grpo_jax import partitioning
 from grpo_jax import training
 from grpo_jax.training import update as update_lib
 from tests.conftest import HANG_GUARD_S
@@ -40,15 +40,16 @@ def _grpo_steps(mesh_spec: str | None, rules_name: str = "fsdp_tp"):
                               loss_kwargs=dict(epsilon=0.2, beta=0.04))
   if mesh_spec is None:
     mesh = rules = None
-    params = sharding.init_params(CONFIG, key, sharding.single_device_mesh(), sharding.get_rules(rules_name))
+    params = partitioning.init_params(CONFIG, key, partitioning.single_device_mesh(),
+                                      partitioning.get_rules(rules_name))
     state = training.init_train_state(params, optimizer)
     step = training.make_train_step(objective, optimizer)
     rows = lambda tree: tree
   else:
-    mesh, rules = sharding.make_mesh(mesh_spec), sharding.get_rules(rules_name)
-    params = sharding.init_params(CONFIG, key, mesh, rules)
-    state, shardings = sharding.init_train_state(params, optimizer, mesh, rules)
-    batch_sharding = sharding.batch_sharding(mesh, rules)
+    mesh, rules = partitioning.make_mesh(mesh_spec), partitioning.get_rules(rules_name)
+    params = partitioning.init_params(CONFIG, key, mesh, rules)
+    state, shardings = partitioning.init_train_state(params, optimizer, mesh, rules)
+    batch_sharding = partitioning.batch_sharding(mesh, rules)
     step = training.make_train_step(objective, optimizer, state_shardings=shardings, batch_shardings=batch_sharding,
                                     mesh=mesh, rules=rules)
     rows = lambda tree: distributed.global_batch(
@@ -163,9 +164,9 @@ def _worker(mode: str, out: pathlib.Path):
     distributed.barrier("saved")
     distributed.shutdown()
     return
-  mesh = sharding.make_mesh("data:-1")
-  total = jax.jit(lambda x: x.sum(), out_shardings=sharding.replicated(mesh))
-  x = distributed.global_batch(np.ones((4,), np.float32), sharding.batch_sharding(mesh, sharding.RULES["dp"]))
+  mesh = partitioning.make_mesh("data:-1")
+  total = jax.jit(lambda x: x.sum(), out_shardings=partitioning.replicated(mesh))
+  x = distributed.global_batch(np.ones((4,), np.float32), partitioning.batch_sharding(mesh, partitioning.RULES["dp"]))
   print("first sum", float(total(x).addressable_data(0)), flush=True)
   if index == 1:
     os._exit(3)  # dies without a word to the others

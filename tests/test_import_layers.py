@@ -27,7 +27,7 @@ LAYERS = {
     "grpo_jax.train_state": 0,
     # 1: rule rewards (of data's examples); meshes, rules and placement (of models' params, the state).
     "grpo_jax.rewards": 1,
-    "grpo_jax.sharding": 1,
+    "grpo_jax.partitioning": 1,
     # 2: running the model: sampling and log-probs.
     "grpo_jax.sampling": 2,
     "grpo_jax.logprobs": 2,

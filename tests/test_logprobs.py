@@ -86,13 +86,13 @@ def test_sequences_from_samples():
 
 @pytest.mark.devices(8)
 def test_sharded_logprob_function_equals_one_device(params, batch):
-  from grpo_jax import sharding
+  from grpo_jax import partitioning
   tokens, mask = (jnp.tile(x, (4, 1)) for x in batch)  # 12 rows: split over the 4 data devices
   plain = logprobs.jit_token_logprobs(CONFIG, chunk_size=5, return_entropy=True, temperature=0.7)
   expected = logprobs.token_logprobs(params, CONFIG, tokens, mask, chunk_size=5, return_entropy=True,
                                      temperature=0.7)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), plain(params, tokens, mask), expected)
-  mesh, rules = sharding.make_mesh("data:2,fsdp:2,tensor:2"), sharding.get_rules("fsdp_tp")
+  mesh, rules = partitioning.make_mesh("data:2,fsdp:2,tensor:2"), partitioning.get_rules("fsdp_tp")
   sharded = logprobs.jit_token_logprobs(CONFIG, mesh=mesh, rules=rules, chunk_size=5, return_entropy=True,
                                         temperature=0.7)
   logp, entropy = sharded(params, tokens, mask)

@@ -142,13 +142,13 @@ def test_argument_checks(params, prompts):
 
 @pytest.mark.devices(8)
 def test_sharded_sampling_equals_one_device(params):
-  from grpo_jax import sharding
+  from grpo_jax import partitioning
   tokens = jnp.array([[10, 11, 12, 13, 14, 15], [0, 0, 0, 40, 41, 42], [0, 0, 0, 0, 0, 70], [0, 0, 20, 21, 22, 23]],
                      jnp.int32)
   kwargs = dict(num_samples=2, max_new_tokens=T, temperature=0.7, top_p=0.95)
   expected = sampling.sample(params, CONFIG, tokens, tokens != 0, jax.random.key(4), **kwargs)
-  mesh, rules = sharding.make_mesh("data:2,fsdp:2,tensor:2"), sharding.get_rules("fsdp_tp")
-  placed = sharding.put(params, sharding.param_shardings(mesh, rules, params))
+  mesh, rules = partitioning.make_mesh("data:2,fsdp:2,tensor:2"), partitioning.get_rules("fsdp_tp")
+  placed = partitioning.put(params, partitioning.param_shardings(mesh, rules, params))
   out = sampling.sample(placed, CONFIG, tokens, tokens != 0, jax.random.key(4), mesh=mesh, rules=rules, **kwargs)
   np.testing.assert_array_equal(out.tokens, expected.tokens)
   np.testing.assert_array_equal(out.lengths, expected.lengths)

@@ -13,7 +13,7 @@ from jax.sharding import AbstractMesh, PartitionSpec
 from grpo_jax import logprobs
 from grpo_jax import models
 from grpo_jax import sampling
-from grpo_jax import sharding
+from grpo_jax import partitioning
 from grpo_jax import training
 
 UNROLLED = models.ModelConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
@@ -122,10 +122,10 @@ def test_hf_checkpoint_in_both_layouts(params, tmp_path):
 
 
 def test_state_shardings_of_stacked_layers():
-  mesh, rules = AbstractMesh((2, 2, 2), sharding.MESH_AXES), sharding.get_rules("fsdp_tp")
+  mesh, rules = AbstractMesh((2, 2, 2), partitioning.MESH_AXES), partitioning.get_rules("fsdp_tp")
   shapes = jax.eval_shape(lambda k: training.init_train_state(models.init_params(SCANNED, k),
                                                               training.make_optimizer(1e-3)), jax.random.key(0))
-  specs = jax.tree.map(lambda s: s.spec, sharding.state_shardings(mesh, rules, shapes))
+  specs = jax.tree.map(lambda s: s.spec, partitioning.state_shardings(mesh, rules, shapes))
   kernel = PartitionSpec(None, "tensor", "fsdp")  # [L, mlp, embed]: the layer axis unsharded
   assert specs.params["layers"]["mlp"]["down_proj"]["kernel"] == kernel
   adam = specs.opt_state[1][0]
@@ -137,8 +137,8 @@ def test_state_shardings_of_stacked_layers():
 def test_load_scanned_into_shardings(tmp_path):
   config = UNROLLED.replace(vocab_size=64)
   models.save_hf(models.init_params(config, jax.random.key(0)), config, tmp_path)
-  mesh, rules = sharding.make_mesh("data:2,fsdp:2,tensor:2"), sharding.get_rules("fsdp_tp")
-  params, loaded = sharding.load_hf(tmp_path, mesh, rules, scan_layers=True)
+  mesh, rules = partitioning.make_mesh("data:2,fsdp:2,tensor:2"), partitioning.get_rules("fsdp_tp")
+  params, loaded = partitioning.load_hf(tmp_path, mesh, rules, scan_layers=True)
   assert loaded.scan_layers
   jax.tree.map(np.testing.assert_array_equal, params, models.stack_layers(models.load_hf(tmp_path)[0], config))
   kernel = params["layers"]["mlp"]["down_proj"]["kernel"]  # [3, 48, 32]

@@ -90,7 +90,7 @@ def test_reduce_metric():
 
 @pytest.mark.devices(8)
 def test_sharded_grpo_update_equals_one_device(model):
-  from grpo_jax import sharding
+  from grpo_jax import partitioning
   params, config = model
   batch = _batch(config)
   objective = update_lib.bind(training.grpo_objective, config=config, use_reference=True, chunk_size=5,
@@ -101,12 +101,12 @@ def test_sharded_grpo_update_equals_one_device(model):
   expected, expected_metrics = one_step(training.init_train_state(params, optimizer), batch)
 
   for mesh_spec, rules in [("data:2,fsdp:2,tensor:2", "fsdp_tp"), ("data:2,fsdp:-1", "fsdp")]:
-    mesh, rules = sharding.make_mesh(mesh_spec), sharding.get_rules(rules)
-    state, shardings = sharding.init_train_state(
-        sharding.put(params, sharding.param_shardings(mesh, rules, params)), optimizer, mesh, rules)
+    mesh, rules = partitioning.make_mesh(mesh_spec), partitioning.get_rules(rules)
+    state, shardings = partitioning.init_train_state(
+        partitioning.put(params, partitioning.param_shardings(mesh, rules, params)), optimizer, mesh, rules)
     step = training.make_train_step(objective, optimizer, num_micro_batches=2, state_shardings=shardings,
-                                    batch_shardings=sharding.batch_sharding(mesh, rules), mesh=mesh, rules=rules)
-    lowered = step.lower(state, sharding.put(batch, sharding.batch_sharding(mesh, rules))).as_text()
+                                    batch_shardings=partitioning.batch_sharding(mesh, rules), mesh=mesh, rules=rules)
+    lowered = step.lower(state, partitioning.put(batch, partitioning.batch_sharding(mesh, rules))).as_text()
     assert "sharding" in lowered
     old_params = state.params
     state, metrics = step(state, batch)  # an unsharded batch is re-sharded

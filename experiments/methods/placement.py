@@ -14,7 +14,7 @@ import numpy as np
 from grpo_jax import distributed
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import models
-from grpo_jax import sharding
+from grpo_jax import partitioning as sharding
 from grpo_jax import training
 
 FLAGS = flags.FLAGS

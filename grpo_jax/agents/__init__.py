@@ -19,7 +19,7 @@ from grpo_jax.agents.math_tools import TOOLS, FractionConverter, Recall, math_to
 from grpo_jax.agents.memory import Memory, MemoryEntry
 from grpo_jax.agents.modules import Executor, Generator, RuleGenerator, ToolExecutor, Verifier, rule_verifier
 from grpo_jax.agents.planner import SamplerPlanner, ScriptedPlanner, bucket_size
-from grpo_jax.agents.rollout import (PlannerOutput, PlanRequest, PromptFormat, Trajectory, Turn, episode_stats,
+from grpo_jax.agents.episodes import (PlannerOutput, PlanRequest, PromptFormat, Trajectory, Turn, episode_stats,
                                      run_episodes)
 from grpo_jax.agents.teacher import teacher_script, teacher_scripts
 from grpo_jax.agents.tools import Deadline, Observation, Tool, ToolError, ToolSet, call_tool

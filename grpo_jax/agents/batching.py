@@ -13,10 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import logprobs as logprobs_lib
-from grpo_jax.agents.rollout import Trajectory
+from grpo_jax.agents.episodes import Trajectory
 from grpo_jax.losses import flow_grpo
 from grpo_jax.models import ModelConfig
-from grpo_jax.training import rollout as rollout_lib
+from grpo_jax.training import batch as batch_lib
 
 
 class TurnBatch(NamedTuple):
@@ -58,7 +58,7 @@ def turn_rows(trajectories: Sequence[Trajectory], prompt_len: int, action_len: i
   actions = [turn.output.action_ids for _, _, turn in turns]
   if any(p is None for p in prompts) or any(a is None for a in actions):
     raise ValueError("turn_rows needs the token ids of a model planner's turns")
-  prompt, prompt_mask = rollout_lib.pad_left(prompts + [[]] * (s - len(turns)), prompt_len, pad_id)
+  prompt, prompt_mask = batch_lib.pad_left(prompts + [[]] * (s - len(turns)), prompt_len, pad_id)
   action = np.full((s, action_len), pad_id, np.int32)
   action_mask = np.zeros((s, action_len), bool)
   for r, ids in enumerate(actions):

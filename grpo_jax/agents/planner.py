@@ -11,8 +11,8 @@ import jax
 import numpy as np
 
 from grpo_jax import sampling
-from grpo_jax.agents.rollout import PlannerOutput, PlanRequest
-from grpo_jax.training import rollout as rollout_lib
+from grpo_jax.agents.episodes import PlannerOutput, PlanRequest
+from grpo_jax.training import batch as batch_lib
 
 
 def bucket_size(n: int, min_bucket: int = 8) -> int:
@@ -49,7 +49,7 @@ class SamplerPlanner:
     prompts = [r.prompt for r in requests] + [requests[0].prompt] * (rows - n)
     ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
     self.prompts_truncated += sum(len(x) > self.max_prompt_len for x in ids[:n])
-    tokens, mask = rollout_lib.pad_left(ids, self.max_prompt_len, self.pad_id)
+    tokens, mask = batch_lib.pad_left(ids, self.max_prompt_len, self.pad_id)
     out = sampling.sample(self.params, self.config, tokens, mask, key, num_samples=num_samples,
                           max_new_tokens=self.max_action_tokens, pad_id=self.pad_id, **self.sample_kwargs)
     out_tokens, lengths, truncated = (np.asarray(x) for x in (out.tokens, out.lengths, out.truncated))

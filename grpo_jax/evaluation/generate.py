@@ -7,9 +7,9 @@ import numpy as np
 
 from grpo_jax import distributed
 from grpo_jax import sampling
-from grpo_jax import sharding
+from grpo_jax import partitioning
 from grpo_jax.models import ModelConfig
-from grpo_jax.training import rollout
+from grpo_jax.training import batch as batch_lib
 
 
 def decode(tokenizer, samples: sampling.SampleOutput) -> list[str]:
@@ -37,9 +37,9 @@ def generate(params, config: ModelConfig, tokenizer, prompts: Sequence[str], key
     chunk = list(prompts[start:start + batch_size])
     real = len(chunk)
     chunk += [chunk[0]] * (batch_size - real)
-    tokens, mask, _ = rollout.encode_prompts(tokenizer, chunk, max_prompt_len)
+    tokens, mask, _ = batch_lib.encode_prompts(tokenizer, chunk, max_prompt_len)
     if mesh is not None:
-      batch = sharding.batch_sharding(mesh, rules)
+      batch = partitioning.batch_sharding(mesh, rules)
       tokens, mask = distributed.global_batch(
           jax.tree.map(lambda x: x[distributed.process_rows(len(x), batch)], (tokens, mask)), batch)
     out = sampling.sample(params, config, tokens, mask, jax.random.fold_in(key, start), num_samples=num_samples,

@@ -9,7 +9,7 @@ Example:
 from grpo_jax.models.config import REMAT_POLICIES, CheckpointError, ModelConfig, RopeScaling, SUPPORTED_MODEL_TYPES
 from grpo_jax.models.heads import init_scalar_params, scalar_apply, scalar_logical_axes
 from grpo_jax.models.hf_io import load_hf, read_config, save_hf
-from grpo_jax.models.sharding import LOGICAL_AXES, axis_rules, constrain, logical_to_spec
+from grpo_jax.models.logical_axes import LOGICAL_AXES, axis_rules, constrain, logical_to_spec
 from grpo_jax.models.tiny import build_default_checkpoint, tiny_config
 from grpo_jax.models.tokenizer import build_char_tokenizer, load_tokenizer, save_char_tokenizer
 from grpo_jax.models.transformer import (CausalLM, Decoder, KVCache, apply, backbone, hidden_states, init_cache,

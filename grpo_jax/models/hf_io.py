@@ -177,7 +177,7 @@ def load_hf(path: str | pathlib.Path, *, dtype="float32", param_dtype=None, rema
       see `models.stack_layers`); the tensors are read per layer and stacked one
       weight at a time.
     shardings: None (default device), a params-shaped tree of `jax.sharding.Sharding`,
-      or a function config -> such a tree (e.g. `grpo_jax.sharding.param_shardings`).
+      or a function config -> such a tree (e.g. `grpo_jax.partitioning.param_shardings`).
 
   Returns:
     (params, config).

@@ -38,7 +38,7 @@ import numpy as np
 from flax import nnx
 
 from grpo_jax.models.config import REMAT_POLICIES, ModelConfig
-from grpo_jax.models.sharding import constrain
+from grpo_jax.models.logical_axes import constrain
 
 Params = dict[str, Any]
 

@@ -17,7 +17,7 @@ from grpo_jax.reward_models.metrics import binary_accuracy, binary_auc, group_au
 from grpo_jax.reward_models.model import (KINDS, OUTCOME_KINDS, STEP_KINDS, init_reward_params, last_token_index,
                                           outcome_scores, step_scores, token_scores)
 from grpo_jax.reward_models.positions import sample_segment_ends, segment_token_ends
-from grpo_jax.reward_models.rollout import policy_rollout
+from grpo_jax.reward_models.monte_carlo import policy_rollout
 from grpo_jax.reward_models.train import (LOSSES, batch_indices, evaluate, fit, make_reward_train_step,
                                           noisy_and_from_steps, outcome_from_steps, reward_objective, score)
 

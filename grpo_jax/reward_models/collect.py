@@ -11,8 +11,8 @@ from grpo_jax.evaluation.generate import decode
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.reward_models import data as data_lib
 from grpo_jax.reward_models import model
-from grpo_jax.reward_models import rollout as rollout_lib
-from grpo_jax.training import rollout as batch_lib
+from grpo_jax.reward_models import monte_carlo
+from grpo_jax.training import batch as batch_lib
 
 STEP_LABELS = ("exact", "mc_hard", "mc_soft")
 
@@ -45,7 +45,7 @@ def label_samples(samples: sampling.SampleOutput, texts: Sequence[str], examples
     if policy is None or config is None or key is None:
       raise ValueError("Monte Carlo step labels need the policy params, its config and a key")
     samples = jax.tree.map(np.asarray, samples)
-    rollout = rollout_lib.policy_rollout(
+    rollout = monte_carlo.policy_rollout(
         policy, config, tokenizer, num_rollouts=mc_rollouts,
         max_prefix_len=samples.prompt_tokens.shape[1] + samples.tokens.shape[1],
         max_new_tokens=mc_max_new_tokens, batch_size=mc_batch_size, temperature=temperature)

@@ -5,7 +5,7 @@ from grpo_jax.training.atomic_dir import atomic_directory, atomic_write_text
 from grpo_jax.training.checkpointing import Checkpointer
 from grpo_jax.training.logger import MetricsLogger, end_progress_line
 from grpo_jax.training.optimizer import make_optimizer
-from grpo_jax.training.rollout import Batch, PPOBatch, batch_from_samples, encode_prompts, pad_left, supervised_batch
+from grpo_jax.training.batch import Batch, PPOBatch, batch_from_samples, encode_prompts, pad_left, supervised_batch
 from grpo_jax.training.update import grpo_objective, make_train_step, sft_objective
 
 __all__ = (

@@ -26,7 +26,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from grpo_jax import sharding
+from grpo_jax import partitioning
 
 
 class CheckpointError(ValueError):
@@ -108,7 +108,7 @@ class Checkpointer:
     Args:
       abstract_state: a state (arrays) or its `jax.ShapeDtypeStruct`s; arrays are not modified.
       step: the step; default the latest.
-      shardings: target shardings (a tree like the state, e.g. from `sharding.init_train_state`);
+      shardings: target shardings (a tree like the state, e.g. from `partitioning.init_train_state`);
         default: those of `abstract_state`'s leaves. The saved device count need not match.
     """
     step = self.latest_step() if step is None else step
@@ -116,7 +116,8 @@ class Checkpointer:
       raise CheckpointError(f"no checkpoint to resume from in {self.directory}")
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(sharding.abstract(abstract_state, shardings)), metadata=ocp.args.JsonRestore()))
+          state=ocp.args.StandardRestore(partitioning.abstract(abstract_state, shardings)),
+          metadata=ocp.args.JsonRestore()))
     except Exception as err:  # pylint: disable=broad-except  (tensorstore raises bare Exception on bad data)
       _quiet_failed_reads()
       raise CheckpointError(f"checkpoint {self.directory / str(step)} cannot be restored (damaged, or saved by a "

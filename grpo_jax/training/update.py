@@ -17,9 +17,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import losses
-from grpo_jax import sharding
+from grpo_jax import partitioning
 from grpo_jax.models import ModelConfig
-from grpo_jax.models.sharding import axis_rules, constrain
+from grpo_jax.models.logical_axes import axis_rules, constrain
 from grpo_jax.train_state import TrainState
 
 Params = Any
@@ -47,11 +47,11 @@ def make_train_step(objective: Objective, optimizer: optax.GradientTransformatio
   into `num_micro_batches` equal parts whose gradients are summed in a `lax.scan`; the sum is
   the minibatch gradient because the objective normalises by the minibatch totals.
 
-  Sharded (all optional; see `grpo_jax.sharding`):
-    state_shardings: TrainState of shardings (`sharding.init_train_state`'s second
+  Sharded (all optional; see `grpo_jax.partitioning`):
+    state_shardings: TrainState of shardings (`partitioning.init_train_state`'s second
       result): the step's input and output placement of the state.
     batch_shardings: a Batch of shardings, or one sharding for every leaf (e.g.
-      `sharding.batch_sharding(mesh, rules)`); the batch is re-sharded to it before
+      `partitioning.batch_sharding(mesh, rules)`); the batch is re-sharded to it before
       the call, so batches of any placement are accepted.
     mesh: the mesh (default: that of `state_shardings`); metrics come back replicated on it.
     rules: logical-axis rules; the model's `constrain` hook is active in the trace.
@@ -99,7 +99,7 @@ def make_train_step(objective: Objective, optimizer: optax.GradientTransformatio
 
   @functools.wraps(step)
   def call(state: TrainState, batch) -> tuple[TrainState, dict]:
-    return jitted(state, sharding.put(batch, batch_shardings))
+    return jitted(state, partitioning.put(batch, batch_shardings))
 
   call.jitted = jitted
   call.lower = lambda state, batch: jitted.lower(state, batch)

@@ -1,60 +1,20 @@
-"""Logical-axis hook for activations (models/sharding.py)."""
+"""Meshes, rule presets and placement (grpo_jax/partitioning.py)."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 
 from grpo_jax import models
-
-
-def test_constrain_is_identity_without_rules():
-  x = jnp.arange(6.0).reshape(2, 3)
-  assert models.constrain(x, ("batch", "embed")) is x
-  with pytest.raises(ValueError, match="rank 2"):
-    models.constrain(x, ("batch",))
-
-
-def test_rules_map_logical_names_to_mesh_axes():
-  rules = {"batch": "data", "mlp": "model", "embed": None}
-  assert models.logical_to_spec(("batch", None, "mlp"), rules) == PartitionSpec("data", None, "model")
-  mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "model"))
-  config = models.ModelConfig(vocab_size=11, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
-                              num_attention_heads=2, num_key_value_heads=1, head_dim=8)
-  params = models.init_params(config, jax.random.key(0))
-  tokens = jnp.ones((2, 5), jnp.int32)
-  plain = jax.jit(lambda p: models.apply(p, config, tokens)[0])(params)
-  with models.axis_rules(mesh, {**rules, "length": None, "heads": "model", "kv_heads": None, "vocab": "model"}):
-    lowered = jax.jit(lambda p: models.apply(p, config, tokens)[0]).lower(params)
-    ruled = lowered.compile()(params)
-  assert "sharding" in lowered.as_text().lower()
-  np.testing.assert_allclose(ruled, plain, rtol=1e-6)
-  assert models.constrain(tokens, ("batch", "length")) is tokens  # The context has ended.
-
-
-# Meshes, rule presets and placement (grpo_jax/sharding.py).
-
-from jax.sharding import AbstractMesh, NamedSharding  # noqa: E402
-import optax  # noqa: E402
-
-from grpo_jax import sharding  # noqa: E402
-from grpo_jax import training  # noqa: E402
+from grpo_jax import partitioning
+from grpo_jax import training
 
 P = PartitionSpec
-MESH_222 = AbstractMesh((2, 2, 2), sharding.MESH_AXES)
+MESH_222 = AbstractMesh((2, 2, 2), partitioning.MESH_AXES)
 SMALL = models.ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                            num_attention_heads=4, num_key_value_heads=1, head_dim=8, qkv_bias=True)
-
-
-def test_constrain_names_dedup_and_divisibility():
-  rules = sharding.get_rules("fsdp")
-  # Activations: "batch" takes fsdp first, so "embed" stays whole; weights: "embed" is split over fsdp.
-  assert models.logical_to_spec(("batch", "length", "embed"), rules) == P(("data", "fsdp"), None, None)
-  assert models.logical_to_spec(("vocab", "embed"), rules) == P(None, "fsdp")
-  # With a shape, an axis that does not divide the dimension is dropped (6 rows: data yes, fsdp no).
-  assert models.logical_to_spec(("batch", None), rules, shape=(6, 3), mesh=MESH_222) == P("data", None)
-  assert models.logical_to_spec(("batch", None), rules, shape=(1, 3), mesh=MESH_222) == P(None, None)
 
 
 @pytest.mark.parametrize("spec, sizes", [
@@ -65,7 +25,7 @@ def test_constrain_names_dedup_and_divisibility():
     ("data:8", (8, 1, 1)),
 ])
 def test_parse_mesh_spec(spec, sizes):
-  assert tuple(sharding.parse_mesh_spec(spec, 8).values()) == sizes
+  assert tuple(partitioning.parse_mesh_spec(spec, 8).values()) == sizes
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -80,28 +40,28 @@ def test_parse_mesh_spec(spec, sizes):
 ])
 def test_parse_mesh_spec_errors(spec, message):
   with pytest.raises(ValueError, match=message) as err:
-    sharding.parse_mesh_spec(spec, 8)
+    partitioning.parse_mesh_spec(spec, 8)
   assert "\n" not in str(err.value)
 
 
 def test_rule_presets_are_data_and_checked():
-  assert set(sharding.RULES) == {"dp", "fsdp", "fsdp_tp"}
-  for rules in sharding.RULES.values():
+  assert set(partitioning.RULES) == {"dp", "fsdp", "fsdp_tp"}
+  for rules in partitioning.RULES.values():
     assert set(rules) == set(models.LOGICAL_AXES)
   with pytest.raises(ValueError, match="unknown sharding rules 'zero3'"):
-    sharding.get_rules("zero3")
+    partitioning.get_rules("zero3")
   with pytest.raises(ValueError, match="unknown logical axes"):
-    sharding.get_rules({"batch": "data", "hidden": "fsdp"})
+    partitioning.get_rules({"batch": "data", "hidden": "fsdp"})
 
 
 def _specs(mesh, rules_name, tree):
-  return jax.tree.map(lambda s: s.spec, sharding.state_shardings(mesh, sharding.get_rules(rules_name), tree))
+  return jax.tree.map(lambda s: s.spec, partitioning.state_shardings(mesh, partitioning.get_rules(rules_name), tree))
 
 
 def test_param_specs_of_the_presets():
   shapes = jax.eval_shape(models.init_params, SMALL, jax.random.key(0))
   layer = lambda specs: specs["layers_0"]
-  tp = sharding.param_shardings(MESH_222, sharding.get_rules("fsdp_tp"), shapes)
+  tp = partitioning.param_shardings(MESH_222, partitioning.get_rules("fsdp_tp"), shapes)
   tp = jax.tree.map(lambda s: s.spec, tp)
   assert tp["embed"]["embedding"] == P("tensor", "fsdp")  # [vocab, embed]
   assert layer(tp)["attn"]["q_proj"]["kernel"] == P("fsdp", "tensor", None)  # [embed, heads, head_dim]
@@ -132,32 +92,32 @@ def test_optimizer_state_follows_params_and_scalars_are_replicated():
           if s == P()]
   assert adam  # step counters
   mu = state.opt_state[1][0].mu
-  assert jax.tree.map(lambda s: s.spec, sharding.state_shardings(MESH_222, sharding.RULES["fsdp_tp"], mu)) == \
-      specs.params
+  mu_specs = jax.tree.map(lambda s: s.spec, partitioning.state_shardings(MESH_222, partitioning.RULES["fsdp_tp"], mu))
+  assert mu_specs == specs.params
   scalar = models.init_scalar_params(SMALL, jax.random.key(1))
-  head = sharding.param_shardings(MESH_222, sharding.RULES["fsdp"], scalar)["head"]
+  head = partitioning.param_shardings(MESH_222, partitioning.RULES["fsdp"], scalar)["head"]
   assert head["kernel"].spec == P("fsdp") and head["bias"].spec == P()
 
 
 def test_batch_shardings():
   batch = training.Batch(*(jax.ShapeDtypeStruct((8, 5), jnp.float32) for _ in training.Batch._fields))
-  specs = jax.tree.map(lambda s: s.spec, sharding.batch_shardings(MESH_222, sharding.RULES["dp"], batch))
+  specs = jax.tree.map(lambda s: s.spec, partitioning.batch_shardings(MESH_222, partitioning.RULES["dp"], batch))
   assert specs.tokens == P(("data", "fsdp"), None)
-  assert sharding.batch_sharding(MESH_222, sharding.RULES["fsdp_tp"]).spec == P(("data", "fsdp"))
-  assert sharding.data_parallel_size(MESH_222, sharding.RULES["fsdp_tp"]) == 4
+  assert partitioning.batch_sharding(MESH_222, partitioning.RULES["fsdp_tp"]).spec == P(("data", "fsdp"))
+  assert partitioning.data_parallel_size(MESH_222, partitioning.RULES["fsdp_tp"]) == 4
 
 
 @pytest.mark.devices(8)
 def test_make_mesh_and_sharded_init_on_8_devices():
-  mesh = sharding.make_mesh("data:2,fsdp:2,tensor:2")
+  mesh = partitioning.make_mesh("data:2,fsdp:2,tensor:2")
   assert dict(mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2} and mesh.devices.size == 8
-  assert dict(sharding.make_mesh("fsdp:-1").shape) == {"data": 1, "fsdp": 8, "tensor": 1}
+  assert dict(partitioning.make_mesh("fsdp:-1").shape) == {"data": 1, "fsdp": 8, "tensor": 1}
   with pytest.raises(ValueError, match="needs 16 devices, but there are 8"):
-    sharding.make_mesh("data:4,fsdp:4")
-  rules = sharding.get_rules("fsdp_tp")
+    partitioning.make_mesh("data:4,fsdp:4")
+  rules = partitioning.get_rules("fsdp_tp")
   key = jax.random.key(0)
-  params = sharding.init_params(SMALL, key, mesh, rules)
-  expected = sharding.init_params(SMALL, key, sharding.single_device_mesh(), rules)  # the same on one device
+  params = partitioning.init_params(SMALL, key, mesh, rules)
+  expected = partitioning.init_params(SMALL, key, partitioning.single_device_mesh(), rules)  # the same on one device
   jax.tree.map(np.testing.assert_array_equal, params, expected)
   reference = models.init_params(SMALL, key)  # the same distribution, other draws
   jax.tree.map(lambda a, b: a.shape == b.shape and a.dtype == b.dtype or pytest.fail("layout"), params, reference)
@@ -168,8 +128,8 @@ def test_make_mesh_and_sharded_init_on_8_devices():
   assert embedding.sharding == NamedSharding(mesh, P("tensor", "fsdp"))
   assert embedding.addressable_shards[0].data.shape == (32, 16)  # no device holds the whole table
   optimizer = optax.adam(1e-3)
-  state, shardings = sharding.init_train_state(params, optimizer, mesh, rules)
+  state, shardings = partitioning.init_train_state(params, optimizer, mesh, rules)
   assert state.opt_state[0].mu["embed"]["embedding"].sharding == embedding.sharding
-  assert shardings.step == sharding.replicated(mesh)
+  assert shardings.step == partitioning.replicated(mesh)
   jax.tree.map(lambda x, s: x.sharding.is_equivalent_to(s, x.ndim) or pytest.fail(str(x.sharding)), state,
                shardings)

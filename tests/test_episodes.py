@@ -1,4 +1,4 @@
-"""Batched multi-turn episodes (grpo_jax/agents/rollout.py) with a scripted planner: memory, turns, active sets."""
+"""Batched multi-turn episodes (grpo_jax/agents/episodes.py) with a scripted planner: memory, turns, active sets."""
 
 import jax
 import pytest

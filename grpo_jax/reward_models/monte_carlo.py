@@ -9,7 +9,7 @@ from grpo_jax import sampling
 from grpo_jax.data.step_labels import RolloutFn
 from grpo_jax.evaluation.generate import decode
 from grpo_jax.models.config import ModelConfig
-from grpo_jax.training import rollout as rollout_lib
+from grpo_jax.training import batch as batch_lib
 
 
 def policy_rollout(params, config: ModelConfig, tokenizer, *, num_rollouts: int, max_prefix_len: int,
@@ -43,7 +43,7 @@ def policy_rollout(params, config: ModelConfig, tokenizer, *, num_rollouts: int,
       chunk = [list(p) for p in prefixes[start:start + batch_size]]
       real = len(chunk)
       chunk += [chunk[0]] * (batch_size - real)
-      tokens, mask = rollout_lib.pad_left(chunk, max_prefix_len, pad_id)
+      tokens, mask = batch_lib.pad_left(chunk, max_prefix_len, pad_id)
       samples = sampling.sample(params, config, tokens, mask, jax.random.fold_in(key, start),
                                 num_samples=num_rollouts, max_new_tokens=max_new_tokens, temperature=temperature)
       texts = decode(tokenizer, jax.tree.map(np.asarray, samples))

@@ -6,15 +6,15 @@ A mesh has three named axes, outermost first: `data` (pure data parallelism),
 the model's logical axis names (models.LOGICAL_AXES) to mesh axes; the presets
 are plain dicts in `RULES`. Everything else follows from shapes:
 
-  mesh = sharding.make_mesh("data:2,fsdp:2,tensor:2")
-  rules = sharding.get_rules("fsdp_tp")
-  params, config = sharding.load_hf(path, mesh, rules)            # or init_params(config, key, mesh, rules)
-  state, state_sh = sharding.init_train_state(params, optimizer, mesh, rules)
+  mesh = partitioning.make_mesh("data:2,fsdp:2,tensor:2")
+  rules = partitioning.get_rules("fsdp_tp")
+  params, config = partitioning.load_hf(path, mesh, rules)  # or init_params(config, key, mesh, rules)
+  state, state_sh = partitioning.init_train_state(params, optimizer, mesh, rules)
   step = training.make_train_step(objective, optimizer, state_shardings=state_sh,
-                                  batch_shardings=sharding.batch_sharding(mesh, rules), mesh=mesh, rules=rules)
+                                  batch_shardings=partitioning.batch_sharding(mesh, rules), mesh=mesh, rules=rules)
 
 Batches are split over the data axes (`data` and `fsdp`). A dimension that a
-mesh axis does not divide stays whole on that axis (models.sharding.logical_to_spec).
+mesh axis does not divide stays whole on that axis (models.logical_axes.logical_to_spec).
 """
 
 from collections.abc import Callable, Mapping, Sequence
@@ -29,7 +29,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from grpo_jax import train_state
 from grpo_jax.models import hf_io
-from grpo_jax.models import sharding as logical
+from grpo_jax.models import logical_axes as logical
 from grpo_jax.models import transformer
 from grpo_jax.models.config import ModelConfig
 

@@ -2,7 +2,7 @@
 
 The model names every activation it wants placed with `constrain(x, names)`.
 Outside an `axis_rules` context the hook is the identity, so single-device code
-carries no sharding constraints. The sharding layer (`grpo_jax.sharding`) enters
+carries no sharding constraints. The sharding layer (`grpo_jax.partitioning`) enters
 `axis_rules(mesh, {"batch": ("data", "fsdp"), "mlp": "tensor", ...})` around the
 traced body of each jitted step.
 
