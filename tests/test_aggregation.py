@@ -37,3 +37,24 @@ def test_micro_batches_with_global_counts_sum_to_full_batch(mode):
 def test_bad_mode():
   with pytest.raises(ValueError, match="aggregation mode 'mean' is unknown"):
     losses.aggregate(PER_TOKEN, MASK, "mean")
+
+
+def test_masked_mean_hand_computed(variant):
+  # PER_TOKEN holds NaN and inf at masked positions: they contribute exactly 0, not NaN.
+  mean = variant(losses.masked_mean)
+  np.testing.assert_allclose(mean(PER_TOKEN, MASK), (1 + 2 + 3 + 4) / 4, rtol=1e-6)
+  np.testing.assert_allclose(mean(PER_TOKEN, MASK.astype(jnp.float32)), 2.5, rtol=1e-6)  # a 0/1 mask alike
+  rows = variant(losses.masked_mean, axis=-1, keepdims=True)(PER_TOKEN, MASK)
+  np.testing.assert_allclose(rows, [[2.0], [4.0], [0.0]], rtol=1e-6)  # an empty row's mean is 0
+  assert rows.dtype == jnp.float32
+
+
+def test_masked_mean_gradient_ignores_masked_nan():
+  x = jnp.array([1.0, 3.0, jnp.nan])
+  grad = jax.grad(lambda v: losses.masked_mean(v, jnp.array([True, True, False])))(x)
+  np.testing.assert_array_equal(grad, [0.5, 0.5, 0.0])
+
+
+def test_masked_mean_checks_shapes():
+  with pytest.raises(AssertionError):
+    losses.masked_mean(jnp.ones((2, 3)), jnp.ones((2,), bool))

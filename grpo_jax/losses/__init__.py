@@ -15,6 +15,7 @@ from grpo_jax.losses.advantages import rloo_advantages
 from grpo_jax.losses.advantages import whiten
 from grpo_jax.losses.aggregation import aggregate
 from grpo_jax.losses.aggregation import aggregation_weights
+from grpo_jax.losses.aggregation import masked_mean
 from grpo_jax.losses.dpo import dpo_loss
 from grpo_jax.losses.flow_grpo import broadcast_outcome_advantages
 from grpo_jax.losses.flow_grpo import flow_grpo_loss
@@ -65,6 +66,7 @@ __all__ = (
     "kl_penalized_rewards",
     "last_token_mask",
     "log_importance_ratios",
+    "masked_mean",
     "noisy_and_logits",
     "noisy_and_outcome_loss",
     "online_rft_coefficient",

@@ -1,4 +1,4 @@
-"""Reducing per-token losses to a scalar: the loss-aggregation modes of GRPO, DAPO and Dr. GRPO."""
+"""Reducing per-token values: the loss-aggregation modes of GRPO, DAPO and Dr. GRPO, and the masked mean."""
 
 from typing import Literal
 
@@ -64,3 +64,29 @@ def aggregate(
   weights = aggregation_weights(mask, mode, max_len=max_len, num_sequences=num_sequences, num_tokens=num_tokens)
   # `where`, not a product, so a non-finite value at a padded position cannot leak in.
   return jnp.sum(jnp.where(weights > 0, weights * _checks.f32(per_token), 0.0))
+
+
+def masked_mean(
+    x: chex.Array,
+    mask: chex.Array,
+    *,
+    axis: int | None = None,
+    keepdims: bool = False,
+) -> chex.Array:
+  """The mean of `x` over the positions where `mask` is nonzero, float32:
+
+    masked_mean(x, m) = Σ_{m ≠ 0} x / max(Σ [m ≠ 0], 1)
+
+  A masked position contributes exactly 0 even when `x` is NaN or ±inf there (a `where`,
+  not a product, which would give NaN · 0 = NaN); with no unmasked position the mean is 0.
+
+  Args:
+    x: values, any shape.
+    mask: boolean or 0/1 mask of `x`'s shape.
+    axis: the axis to reduce (default: all).
+    keepdims: keep the reduced axis with size 1.
+  """
+  chex.assert_equal_shape([x, mask])
+  valid = _checks.as_mask(mask) > 0
+  total = jnp.sum(jnp.where(valid, _checks.f32(x), 0.0), axis=axis, keepdims=keepdims)
+  return total / jnp.maximum(jnp.sum(valid, axis=axis, keepdims=keepdims), 1).astype(jnp.float32)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from grpo_jax.losses import _checks
 from grpo_jax.losses import advantages as advantages_lib
+from grpo_jax.losses import aggregation
 from grpo_jax.losses import kl as kl_lib
 from grpo_jax.losses import surrogate
 
@@ -127,7 +128,7 @@ def flow_grpo_loss(
   else:
     kl_t = kl_lib.kl_divergence(logp, ref_logp, kl, mask)
     kl_loss = beta * jnp.sum(jnp.where(valid, weights * kl_t, 0.0))
-    metrics["kl"] = jax.lax.stop_gradient(jnp.sum(kl_t) / jnp.maximum(jnp.sum(_checks.as_mask(mask)), 1.0))
+    metrics["kl"] = jax.lax.stop_gradient(aggregation.masked_mean(kl_t, mask))
   loss = pg_loss + kl_loss
   metrics.update(loss=jax.lax.stop_gradient(loss), pg_loss=jax.lax.stop_gradient(pg_loss),
                  kl_loss=jax.lax.stop_gradient(kl_loss))

@@ -4,7 +4,6 @@ import chex
 import jax
 import jax.numpy as jnp
 
-from grpo_jax.losses import _checks
 from grpo_jax.losses import aggregation as aggregation_lib
 from grpo_jax.losses import kl as kl_lib
 from grpo_jax.losses import surrogate
@@ -66,14 +65,13 @@ def grpo_loss(
   valid = weights > 0
   pg_loss = jnp.sum(jnp.where(valid, weights * pg, 0.0))
   metrics = surrogate.clip_fractions(logp, old_logp, advantages, mask, epsilon, epsilon_high, importance)
-  m = _checks.as_mask(mask)
   if ref_logp is None:
     kl_loss = jnp.zeros((), jnp.float32)
     metrics["kl"] = jnp.zeros((), jnp.float32)
   else:
     kl_t = kl_lib.kl_divergence(logp, ref_logp, kl, mask)
     kl_loss = beta * jnp.sum(jnp.where(valid, weights * kl_t, 0.0))
-    metrics["kl"] = jax.lax.stop_gradient(jnp.sum(kl_t) / jnp.maximum(jnp.sum(m), 1.0))
+    metrics["kl"] = jax.lax.stop_gradient(aggregation_lib.masked_mean(kl_t, mask))
   loss = pg_loss + kl_loss
   metrics.update(loss=jax.lax.stop_gradient(loss), pg_loss=jax.lax.stop_gradient(pg_loss),
                  kl_loss=jax.lax.stop_gradient(kl_loss))

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.losses import _checks
+from grpo_jax.losses import aggregation
 
 Importance = Literal["token", "sequence"]
 
@@ -33,7 +34,7 @@ def log_importance_ratios(
   if importance == "token":
     return log_ratio
   if importance == "sequence":
-    seq = jnp.sum(log_ratio, axis=-1, keepdims=True) / jnp.maximum(jnp.sum(m, axis=-1, keepdims=True), 1.0)
+    seq = aggregation.masked_mean(log_ratio, m, axis=-1, keepdims=True)
     return jnp.where(m > 0, jax.lax.stop_gradient(seq) + logp - jax.lax.stop_gradient(logp), 0.0)
   raise ValueError(f"importance level {importance!r} is unknown; expected 'token' or 'sequence'")
 
@@ -110,7 +111,7 @@ def clip_fractions(
       "clip_frac_low": jnp.sum(low) / count,
       "clip_frac_high": jnp.sum(high) / count,
       "clip_frac": jnp.sum(low + high) / count,
-      "ratio_mean": jnp.sum(ratio * m) / count,
+      "ratio_mean": aggregation.masked_mean(ratio, m),
       "ratio_min": jnp.where(any_valid, jnp.min(jnp.where(valid, ratio, jnp.inf)), 1.0),
       "ratio_max": jnp.where(any_valid, jnp.max(jnp.where(valid, ratio, -jnp.inf)), 1.0),
   }

@@ -18,11 +18,6 @@ from grpo_jax.models import heads
 Params = Any
 
 
-def _masked_mean(x, mask):
-  mask = mask.astype(jnp.float32)
-  return jnp.sum(jnp.where(mask > 0, x, 0.0)) / jnp.maximum(jnp.sum(mask), 1.0)
-
-
 def token_values(value_params: Params, config: ModelConfig, tokens: jax.Array, attention_mask: jax.Array) -> jax.Array:
   """V(s_t) aligned with tokens, `[N, L]` float32: the critic's value of the state token t is drawn from.
 
@@ -58,12 +53,12 @@ def ppo_objective(params: Params, batch, totals: dict, *, config: ModelConfig, l
   sg = jax.lax.stop_gradient
   metrics.update(
       loss=sg(loss), pg_loss=sg(pg_loss),
-      value_loss=sg(_masked_mean(per_token, batch.loss_mask)),  # this micro-batch's token mean
-      value_mean=sg(_masked_mean(values, batch.loss_mask)),
-      entropy=sg(_masked_mean(entropy, batch.loss_mask)))
+      value_loss=sg(losses.masked_mean(per_token, batch.loss_mask)),  # this micro-batch's token mean
+      value_mean=sg(losses.masked_mean(values, batch.loss_mask)),
+      entropy=sg(losses.masked_mean(entropy, batch.loss_mask)))
   if value_clip is not None:
     clipped = jnp.abs(values - batch.old_values) > value_clip
-    metrics["value_clip_frac"] = sg(_masked_mean(clipped.astype(jnp.float32), batch.loss_mask))
+    metrics["value_clip_frac"] = sg(losses.masked_mean(clipped.astype(jnp.float32), batch.loss_mask))
   return loss, metrics
 
 
@@ -82,7 +77,7 @@ def paradigm_objective(params: Params, batch, totals: dict, *, config: ModelConf
                               num_sequences=totals["num_sequences"], num_tokens=totals["num_tokens"])
   selected = jnp.any(batch.loss_mask & (batch.advantages != 0), axis=-1).astype(jnp.float32)
   return loss, {"loss": jax.lax.stop_gradient(loss), "gc_nonzero_frac": jnp.mean(selected),
-                "nll": jax.lax.stop_gradient(-_masked_mean(logp, batch.loss_mask))}
+                "nll": jax.lax.stop_gradient(-losses.masked_mean(logp, batch.loss_mask))}
 
 
 def dpo_objective(params: Params, batch, totals: dict, *, config: ModelConfig, beta: float = 0.1,

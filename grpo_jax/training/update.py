@@ -119,11 +119,6 @@ def reduce_metric(name: str, values):
   return jnp.mean(values)
 
 
-def _masked_mean(x, mask):
-  mask = mask.astype(jnp.float32)
-  return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-
-
 def sft_objective(params: Params, batch, totals: dict, *, config: ModelConfig, chunk_size: int = 128):
   """Token-mean negative log-likelihood of the target tokens (GC = 1 in the paradigm, §5.2.1)."""
   logp = logprobs_lib.token_logprobs(params, config, batch.tokens, batch.attention_mask, chunk_size=chunk_size)
@@ -176,7 +171,7 @@ def grpo_objective(params: Params, batch, totals: dict, *, config: ModelConfig, 
   loss, metrics = losses.grpo_loss(
       logp, old_logp, batch.ref_logp if use_reference else None, batch.advantages, batch.loss_mask,
       num_sequences=totals["num_sequences"], num_tokens=totals["num_tokens"], **loss_kwargs)
-  metrics["entropy"] = jax.lax.stop_gradient(_masked_mean(entropy, batch.loss_mask))
+  metrics["entropy"] = jax.lax.stop_gradient(losses.masked_mean(entropy, batch.loss_mask))
   return loss, metrics
 
 
