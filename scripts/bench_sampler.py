@@ -69,6 +69,8 @@ def main():
   parser.add_argument("--prompt_len", type=int, default=32)
   parser.add_argument("--new_tokens", type=int, default=64)
   parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--cache_segments", type=int, default=1,
+                      help="also time sampling.sample(..., cache_segments=k) when k > 1 (decode in k segments)")
   args = parser.parse_args()
 
   config = models.tiny_config() if args.model == "tiny" else qwen25_05b_config()
@@ -87,6 +89,11 @@ def main():
 
   naive_first, naive_time = timed(naive, args.repeats)
   cache_first, cache_time = timed(sampler, args.repeats)
+  if args.cache_segments > 1:
+    segmented = lambda: sampling.sample(params, config, prompt, prompt_mask, key, num_samples=args.num_samples,
+                                        max_new_tokens=args.new_tokens, eos_token_ids=(),
+                                        cache_segments=args.cache_segments).tokens
+    seg_first, seg_time = timed(segmented, args.repeats)
   print(f"jax {jax.__version__}, backend {jax.default_backend()}, {jax.local_devices()[0].device_kind}; "
         f"model {args.model} ({n_params / 1e6:.1f}M params, float32); N={args.batch} rows "
         f"(G={args.num_samples}), P={args.prompt_len}, T={args.new_tokens}; median of {args.repeats}")
@@ -96,6 +103,9 @@ def main():
         f"{n_tokens / naive_time:.1f} | 1.00x |")
   print(f"| KV-cache sampler | {cache_first:.2f} | {cache_time:.3f} | {n_tokens / cache_time:.1f} | "
         f"{naive_time / cache_time:.2f}x |")
+  if args.cache_segments > 1:
+    print(f"| KV-cache sampler, {args.cache_segments} cache segments | {seg_first:.2f} | {seg_time:.3f} | "
+          f"{n_tokens / seg_time:.1f} | {naive_time / seg_time:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -132,9 +132,15 @@ def reward_fn(completions: list[str]) -> list[float]:
 # ---------------------------------------------------------------- sampler vs generate
 
 
-def bench_sampler(params, config, torch_model, torch, sizes, repeats, peak, threads):
+def segments_for(new_tokens: int, cache_segments: str) -> int:
+  """`--cache_segments`: an int, or "auto": one segment per 8 new tokens, at most 8."""
+  return min(8, max(1, new_tokens // 8)) if cache_segments == "auto" else int(cache_segments)
+
+
+def bench_sampler(params, config, torch_model, torch, sizes, repeats, peak, threads, cache_segments="1"):
   print(f"\n## Sampler vs HF generate (16-token prompts, G = {GROUP}, temperature 1, no stop tokens; "
-        f"median of {repeats}; HF at the best of torch threads {threads}; load {load_average()})\n")
+        f"median of {repeats}; HF at the best of torch threads {threads}; cache_segments {cache_segments}; "
+        f"load {load_average()})\n")
   print("| rows x new tokens | HF generate s | grpo_jax s | HF tokens/s | grpo_jax tokens/s | speed-up | "
         "grpo_jax fraction of decode roofline |")
   print("|---|---|---|---|---|---|---|")
@@ -145,7 +151,8 @@ def bench_sampler(params, config, torch_model, torch, sizes, repeats, peak, thre
     mask = jnp.ones_like(prompt, bool)
     key = jax.random.key(2)
     run = lambda: sampling.sample(params, config, prompt, mask, key, num_samples=GROUP, max_new_tokens=new,
-                                  temperature=1.0, eos_token_ids=()).tokens
+                                  temperature=1.0, eos_token_ids=(),
+                                  cache_segments=segments_for(new, cache_segments)).tokens
     jax_s = _median(run, repeats)
     ids = torch.as_tensor(np.repeat(np.asarray(prompt), GROUP, axis=0), dtype=torch.long)
     attn = torch.ones_like(ids)
@@ -298,6 +305,8 @@ def main():
   parser.add_argument("--steps", type=int, default=10, help="GRPO: steps per framework (the first 2 warm up)")
   parser.add_argument("--variants", default="runner,fast", help="GRPO: grpo_jax compositions to time")
   parser.add_argument("--sizes", default="64x16,64x64,256x16,256x64", help="sampler: rows x new tokens")
+  parser.add_argument("--cache_segments", default="auto",
+                      help="sampler: sampling.sample's cache_segments, an int or auto (T // 8, at most 8)")
   parser.add_argument("--torch_threads", default=f"1,{os.cpu_count()}",
                       help="torch intra-op thread counts to try; the peers' best is reported")
   args = parser.parse_args()
@@ -317,7 +326,7 @@ def main():
   if args.part in ("all", "sampler"):
     torch_model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
-    bench_sampler(params, config, torch_model, torch, sizes, args.repeats, jax_peak, threads)
+    bench_sampler(params, config, torch_model, torch, sizes, args.repeats, jax_peak, threads, args.cache_segments)
   if args.part in ("all", "grpo"):
     bench_grpo(params, config, tokenizer, path, torch, args.steps, jax_peak, threads, args.variants.split(","))
   print(f"\nload average at the end: {load_average()}")

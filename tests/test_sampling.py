@@ -118,6 +118,60 @@ def test_top_k_one_equals_greedy(params, prompts, greedy):
   np.testing.assert_allclose(out.logprobs, jnp.repeat(greedy.logprobs, 2, axis=0), atol=1e-6)
 
 
+def test_segment_ends_by_hand():
+  # T = 64 in 4 segments: steps 1-16, 17-32, 33-48, 49-63 against caches of P + 17, 33, 49 and 64 slots.
+  assert sampling.segment_ends(64, 4) == (17, 33, 49, 64)
+  assert sampling.segment_ends(10, 3) == (4, 7, 10)  # 9 steps: 1-3, 4-6, 7-9
+  assert sampling.segment_ends(5, 2) == (3, 5)
+  assert sampling.segment_ends(16, 1) == (16,)  # one loop over P + T slots, as before segments
+  assert sampling.segment_ends(2, 4) == (2,) and sampling.segment_ends(1, 4) == (1,)  # fewer steps than segments
+  with pytest.raises(ValueError, match="cache_segments"):
+    sampling.sample(models.init_params(CONFIG, jax.random.key(0)), CONFIG, jnp.ones((1, 2), jnp.int32),
+                    jnp.ones((1, 2), bool), jax.random.key(0), cache_segments=0)
+
+
+@pytest.mark.parametrize("segments", [2, 3, 8])
+def test_segmented_decode_equals_one_loop(params, prompts, greedy, segments):
+  """The decode in segments over grown caches gives the tokens of the one-loop sampler, log-probs to rounding,
+  with left padding, stop tokens ending rows inside a segment, and rows alive to the end."""
+  stop = int(np.asarray(greedy.tokens)[0, 4])
+  kwargs = dict(num_samples=3, max_new_tokens=T + 3, temperature=0.7, top_p=0.95, stop_token_ids=(stop,), pad_id=99)
+  one = sampling.sample(params, CONFIG, *prompts, jax.random.key(6), **kwargs)
+  seg = sampling.sample(params, CONFIG, *prompts, jax.random.key(6), cache_segments=segments, **kwargs)
+  assert (~one.truncated).any() and one.truncated.any()  # both kinds of rows are tested
+  for name in ("tokens", "mask", "lengths", "truncated", "prompt_tokens"):
+    np.testing.assert_array_equal(getattr(seg, name), getattr(one, name), err_msg=name)
+  np.testing.assert_allclose(seg.logprobs, one.logprobs, atol=1e-6)
+
+
+def test_segmented_decode_with_scanned_layers(params, prompts):
+  scanned = CONFIG.replace(scan_layers=True)
+  kwargs = dict(num_samples=2, max_new_tokens=T, temperature=0.7, eos_token_ids=())
+  one = sampling.sample(params, CONFIG, *prompts, jax.random.key(7), **kwargs)
+  seg = sampling.sample(models.stack_layers(params, scanned), scanned, *prompts, jax.random.key(7), cache_segments=3,
+                        **kwargs)
+  np.testing.assert_array_equal(seg.tokens, one.tokens)
+  np.testing.assert_allclose(seg.logprobs, one.logprobs, atol=1e-6)
+
+
+def test_argmax_last_by_hand():
+  x = jnp.array([[1.0, 3.0, 3.0, -jnp.inf], [-jnp.inf, -jnp.inf, 0.5, 0.5], [2.0, 1.0, 0.0, -1.0]])
+  np.testing.assert_array_equal(sampling.argmax_last(x), [1, 2, 0])  # ties: the first index, as jnp.argmax
+  y = jax.random.normal(jax.random.key(0), (64, 101))
+  np.testing.assert_array_equal(sampling.argmax_last(y), jnp.argmax(y, axis=-1))
+  assert sampling.argmax_last(y).dtype == jnp.int32
+
+
+def test_draws_equal_jax_random_categorical():
+  """The Gumbel-max draw is `jax.random.categorical`'s, so the tokens of a key are those of the earlier sampler."""
+  logits = 3.0 * jax.random.normal(jax.random.key(1), (256, 101))
+  for i in range(5):
+    key = jax.random.key(i)
+    mine = sampling._choose(logits, key, 0.7, top_k=0, top_p=0.9, greedy=False)
+    theirs = jax.random.categorical(key, sampling.filter_logits(logits / 0.7, top_p=0.9), axis=-1)
+    np.testing.assert_array_equal(mine, theirs)
+
+
 def test_filter_logits_by_hand():
   # probabilities 0.5, 0.3, 0.15, 0.05 in a shuffled order.
   logits = jnp.log(jnp.array([[0.15, 0.5, 0.05, 0.3]]))

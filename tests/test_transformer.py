@@ -76,6 +76,29 @@ def test_cached_prefill_and_decode_equal_full_forward(params):
   np.testing.assert_allclose(cached[mask], full[mask], atol=1e-5)
 
 
+def test_grown_cache_decodes_as_the_full_one(params):
+  """A cache grown between steps (`grow_cache`, the sampler's segments) gives the logits of the full forward."""
+  from grpo_jax.models import transformer
+  tokens = _tokens(2, 12, seed=2)
+  mask = jnp.ones((2, 12), bool).at[0, :2].set(False)
+  full, _ = _apply(params, CONFIG, tokens, attention_mask=mask)
+  logits, cache = _apply(params, CONFIG, tokens[:, :8], attention_mask=mask[:, :8], cache=models.init_cache(CONFIG, 2, 9))
+  out = [logits]
+  for t in range(8, 12):
+    if t == 9:  # 9 slots are full: grow to 12, then to 14 (more than needed)
+      cache = transformer.grow_cache(cache, 12)
+      assert cache.k[0].shape == (2, 2, 12, 8) and cache.v[0].shape == (2, 2, 8, 12) and int(cache.index) == 9
+      np.testing.assert_array_equal(cache.mask[:, 9:], False)
+      np.testing.assert_array_equal(cache.k[1][:, :, 9:], 0.0)
+    if t == 11:
+      cache = transformer.grow_cache(cache, 14)
+    logits, cache = _apply(params, CONFIG, tokens[:, t:t + 1], attention_mask=mask[:, t:t + 1], cache=cache)
+    out.append(logits)
+  np.testing.assert_allclose(jnp.concatenate(out, axis=1)[mask], full[mask], atol=1e-5)
+  with pytest.raises(ValueError, match="shrink"):
+    transformer.grow_cache(cache, 10)
+
+
 def test_remat_same_values_and_gradients(params):
   tokens = _tokens()
   loss = lambda p, c: jnp.mean(models.apply(p, c, tokens)[0] ** 2)

@@ -90,6 +90,16 @@ def cache_batch_axis(x: jax.Array) -> int:
   return x.ndim - 4
 
 
+def grow_cache(cache: KVCache, max_length: int) -> KVCache:
+  """The cache with empty (masked) slots appended up to `max_length`; the filled slots and `index` unchanged."""
+  extra = max_length - cache.mask.shape[-1]
+  if extra < 0:
+    raise ValueError(f"grow_cache: cannot shrink {cache.mask.shape[-1]} slots to {max_length}")
+  pad = lambda x, axis: jnp.pad(x, [(0, extra if a == axis % x.ndim else 0) for a in range(x.ndim)])
+  return cache._replace(k=jax.tree.map(lambda x: pad(x, -2), cache.k), v=jax.tree.map(lambda x: pad(x, -1), cache.v),
+                        mask=pad(cache.mask, -1))
+
+
 def rope_inv_freq(config: ModelConfig) -> np.ndarray:
   """RoPE inverse frequencies [head_dim // 2] (float32, as transformers computes them)."""
   dim = config.head_dim
