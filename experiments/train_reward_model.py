@@ -13,9 +13,12 @@ the training samples; held-out accuracy and AUC (overall and within problems) ar
 and after. --rm_init starts the reward model from another checkpoint with the policy's tokenizer
 (a larger or better-trained model: a stronger verifier than the policy itself). Output in --rm_dir:
 `reward_model/` (HF backbone + reward_head.safetensors + tokenizer), `metrics.jsonl`,
-`summary.json`. Task, sampling and model flags are those of experiments.grpo_math.
+`summary.json`. Task, sampling and model flags are those of experiments.grpo_math (`experiments/cli.py`); the task,
+policy loading and placement are the training loop's (`experiments/runner/`). From Python:
+`run(runner.config.Config(...), RewardModelConfig(policy=..., rm_kind="prm"))`.
 """
 
+import dataclasses
 import json
 import pathlib
 import sys
@@ -27,73 +30,106 @@ from absl import logging
 import jax
 import numpy as np
 
-from experiments import grpo_math
-from grpo_jax import data
+from experiments import cli
+from experiments.runner import config as config_lib
+from experiments.runner import loop
+from experiments.runner import placement as placement_lib
+from experiments.runner import task as task_lib
 from grpo_jax import models
 from grpo_jax import reward_models as rm
 from grpo_jax import training
 from grpo_jax.reward_models import positions
-from grpo_jax.training import checkpointing
+from grpo_jax.training import logger as logger_lib
 
-flags.DEFINE_string("policy", "", "HF-format directory of the policy that samples the training data (the SFT "
+RunError = config_lib.RunError
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardModelConfig:
+  """What this runner adds to the shared `runner.config.Config`: the data, the reward model, its training."""
+  policy: str = ""
+  rm_init: str = ""
+  rm_kind: str = "orm"
+  rm_dir: str = "runs/reward_model"
+  rm_step_labels: str = "auto"
+  mc_rollouts: int = 4
+  rm_prompts: int = 1000
+  rm_eval_prompts: int = 200
+  rm_samples_per_prompt: int = 4
+  rm_sample_batch: int = 64
+  rm_max_steps: int = 8
+  rm_loss: str = "bce"
+  rm_steps: int = 300
+  rm_batch_size: int = 64
+  rm_learning_rate: float = 3e-4
+  rm_eval_every: int = 100
+  rm_overwrite: bool = False
+
+  def __post_init__(self):
+    for name in ("rm_prompts", "rm_eval_prompts", "rm_samples_per_prompt", "rm_sample_batch", "rm_max_steps",
+                 "rm_batch_size", "mc_rollouts"):
+      if getattr(self, name) < 1:
+        raise config_lib.ConfigError(f"--{name} must be >= 1")
+    for name in ("rm_steps", "rm_eval_every"):
+      if getattr(self, name) < 0:
+        raise config_lib.ConfigError(f"--{name} must be >= 0")
+    if self.rm_learning_rate <= 0:
+      raise config_lib.ConfigError("--rm_learning_rate must be > 0")
+    if self.rm_loss == "pairwise" and self.rm_kind != "orm":
+      raise config_lib.ConfigError("--rm_loss=pairwise needs --rm_kind=orm")
+
+
+_D = RewardModelConfig()
+
+flags.DEFINE_string("policy", _D.policy, "HF-format directory of the policy that samples the training data (the SFT "
                     "model, e.g. <grpo_math work_dir>/sft_policy); the reward model starts from its backbone.")
-flags.DEFINE_string("rm_init", "", "HF-format directory of the reward model's backbone (default: --policy). Any "
+flags.DEFINE_string("rm_init", _D.rm_init, "HF-format directory of the reward model's backbone (default: --policy). Any "
                     "size, but the policy's tokenizer.")
-flags.DEFINE_enum("rm_kind", "orm", list(rm.KINDS), "orm: outcome labels, score the last token; prm: step "
+flags.DEFINE_enum("rm_kind", _D.rm_kind, list(rm.KINDS), "orm: outcome labels, score the last token; prm: step "
                   "labels, score every step's end; orm_steps: outcome labels, score every step's end, pooled by "
                   "a noisy-AND (P(correct) = product of the step probabilities).")
-flags.DEFINE_string("rm_dir", "runs/reward_model", "Output directory of the reward model, logs and summary.")
-flags.DEFINE_enum("rm_step_labels", "auto", ["auto", *rm.STEP_LABELS], "PRM step labels: exact (synthetic "
+flags.DEFINE_string("rm_dir", _D.rm_dir, "Output directory of the reward model, logs and summary.")
+flags.DEFINE_enum("rm_step_labels", _D.rm_step_labels, ["auto", *rm.STEP_LABELS], "PRM step labels: exact (synthetic "
                   "task), Math-Shepherd Monte Carlo mc_hard (any rollout right) or mc_soft (the fraction); "
                   "auto: exact on the synthetic task, else mc_hard.")
-flags.DEFINE_integer("mc_rollouts", 4, "Monte Carlo step labels: completions sampled from each step's prefix.")
-flags.DEFINE_integer("rm_prompts", 1000, "Training problems to sample completions for.")
-flags.DEFINE_integer("rm_eval_prompts", 200, "Held-out problems (from the test set) for accuracy and AUC.")
-flags.DEFINE_integer("rm_samples_per_prompt", 4, "Completions sampled per problem.")
-flags.DEFINE_integer("rm_sample_batch", 64, "Problems per sampler call.")
-flags.DEFINE_integer("rm_max_steps", 8, "PRM and orm_steps: most scored segments per completion (the first "
+flags.DEFINE_integer("mc_rollouts", _D.mc_rollouts, "Monte Carlo step labels: completions sampled from each step's prefix.")
+flags.DEFINE_integer("rm_prompts", _D.rm_prompts, "Training problems to sample completions for.")
+flags.DEFINE_integer("rm_eval_prompts", _D.rm_eval_prompts, "Held-out problems (from the test set) for accuracy and AUC.")
+flags.DEFINE_integer("rm_samples_per_prompt", _D.rm_samples_per_prompt, "Completions sampled per problem.")
+flags.DEFINE_integer("rm_sample_batch", _D.rm_sample_batch, "Problems per sampler call.")
+flags.DEFINE_integer("rm_max_steps", _D.rm_max_steps, "PRM and orm_steps: most scored segments per completion (the first "
                      "K-1 and the last).")
-flags.DEFINE_enum("rm_loss", "bce", list(rm.LOSSES), "bce, or the Bradley-Terry pairwise loss (orm) over "
+flags.DEFINE_enum("rm_loss", _D.rm_loss, list(rm.LOSSES), "bce, or the Bradley-Terry pairwise loss (orm) over "
                   "(right, wrong) pairs of one problem.")
-flags.DEFINE_integer("rm_steps", 300, "Reward-model optimiser steps.")
-flags.DEFINE_integer("rm_batch_size", 64, "Completions per reward-model step (pairwise: batches hold whole "
+flags.DEFINE_integer("rm_steps", _D.rm_steps, "Reward-model optimiser steps.")
+flags.DEFINE_integer("rm_batch_size", _D.rm_batch_size, "Completions per reward-model step (pairwise: batches hold whole "
                      "problems, so make it a multiple of --rm_samples_per_prompt).")
-flags.DEFINE_float("rm_learning_rate", 3e-4, "Reward-model peak learning rate (cosine decay; the paper: 2e-5 "
+flags.DEFINE_float("rm_learning_rate", _D.rm_learning_rate, "Reward-model peak learning rate (cosine decay; the paper: 2e-5 "
                    "for 7B).")
-flags.DEFINE_integer("rm_eval_every", 100, "Held-out evaluation every N steps (0: only before and after).")
-flags.DEFINE_bool("rm_overwrite", False, "Replace an existing reward model in --rm_dir.")
+flags.DEFINE_integer("rm_eval_every", _D.rm_eval_every, "Held-out evaluation every N steps (0: only before and after).")
+flags.DEFINE_bool("rm_overwrite", _D.rm_overwrite, "Replace an existing reward model in --rm_dir.")
 
 FLAGS = flags.FLAGS
 
-for _name in ("rm_prompts", "rm_eval_prompts", "rm_samples_per_prompt", "rm_sample_batch", "rm_max_steps",
-              "rm_batch_size", "mc_rollouts"):
-  flags.register_validator(_name, lambda v: v >= 1, message=f"--{_name} must be >= 1")
-flags.register_validator("rm_steps", lambda v: v >= 0, message="--rm_steps must be >= 0")
-flags.register_validator("rm_eval_every", lambda v: v >= 0, message="--rm_eval_every must be >= 0")
-flags.register_validator("rm_learning_rate", lambda v: v > 0, message="--rm_learning_rate must be > 0")
-flags.register_multi_flags_validator(
-    ["rm_loss", "rm_kind"], lambda f: f["rm_loss"] == "bce" or f["rm_kind"] == "orm",
-    message="--rm_loss=pairwise needs --rm_kind=orm")
 
-
-def _collect(params, config, task, examples, key, step_labels):
+def _collect(cfg: config_lib.Config, rmc: RewardModelConfig, params, config, task, examples, key, step_labels):
   prompts = [task.prompt(e) for e in examples]
   return rm.sample_reward_data(
-      params, config, task.tokenizer, examples, prompts, key, kind=FLAGS.rm_kind,
-      samples_per_prompt=FLAGS.rm_samples_per_prompt, max_prompt_len=FLAGS.max_prompt_len,
-      max_new_tokens=FLAGS.max_new_tokens, batch_size=min(FLAGS.rm_sample_batch, len(examples)),
-      temperature=FLAGS.temperature, top_k=FLAGS.top_k, top_p=FLAGS.top_p, step_labels=step_labels,
-      max_steps=FLAGS.rm_max_steps, mc_rollouts=FLAGS.mc_rollouts)
+      params, config, task.tokenizer, examples, prompts, key, kind=rmc.rm_kind,
+      samples_per_prompt=rmc.rm_samples_per_prompt, max_prompt_len=cfg.task.max_prompt_len,
+      max_new_tokens=cfg.rollout.max_new_tokens, batch_size=min(rmc.rm_sample_batch, len(examples)),
+      temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
+      step_labels=step_labels, max_steps=rmc.rm_max_steps, mc_rollouts=rmc.mc_rollouts)
 
 
-def _load_backbone(path: str, policy_config):
+def _load_backbone(path: str, policy_config, model: config_lib.ModelConfig):
   """--rm_init's params and config, after checking it reads the policy's tokens."""
   rm_dir = pathlib.Path(path)
   if not rm_dir.is_dir():
-    raise grpo_math.RunError(f"--rm_init={path} is not a directory")
-  params, config = models.load_hf(rm_dir, dtype=FLAGS.dtype, param_dtype=FLAGS.dtype, remat=FLAGS.remat)
+    raise RunError(f"--rm_init={path} is not a directory")
+  params, config = models.load_hf(rm_dir, dtype=model.dtype, param_dtype=model.dtype, remat=model.remat)
   if config.vocab_size != policy_config.vocab_size:
-    raise grpo_math.RunError(f"--rm_init={path} has a vocabulary of {config.vocab_size} tokens, the policy "
+    raise RunError(f"--rm_init={path} has a vocabulary of {config.vocab_size} tokens, the policy "
                              f"{policy_config.vocab_size}; the reward model must read the policy's tokens")
   return params, config
 
@@ -103,44 +139,51 @@ def _print_eval(name, values):
   print(f"{name}: " + ", ".join(parts), file=sys.stderr)
 
 
-def run() -> dict:
+def run(cfg: config_lib.Config, rmc: RewardModelConfig) -> dict:
+  """Samples, labels, trains and saves a reward model; returns the summary (also in `<rm_dir>/summary.json`)."""
   t_start = time.time()
-  if not FLAGS.policy:
-    raise grpo_math.RunError("--policy is required: the HF directory of the policy that samples the data")
-  out_dir = pathlib.Path(FLAGS.rm_dir)
+  if cfg.mesh.mesh or cfg.mesh.coordinator_address or (cfg.mesh.num_processes or 1) > 1:
+    raise RunError("train_reward_model runs on one device in one process; leave --mesh and the multi-process "
+                   "flags empty")
+  placement = placement_lib.Placement()
+  if not rmc.policy:
+    raise RunError("--policy is required: the HF directory of the policy that samples the data")
+  out_dir = pathlib.Path(rmc.rm_dir)
   model_dir = out_dir / "reward_model"
-  if model_dir.exists() and not FLAGS.rm_overwrite:
-    raise grpo_math.RunError(f"{model_dir} already exists; pass --rm_overwrite or choose another --rm_dir")
-  policy_dir = pathlib.Path(FLAGS.policy)
-  params, config = models.load_hf(policy_dir, dtype=FLAGS.dtype, param_dtype=FLAGS.dtype, remat=FLAGS.remat)
+  if model_dir.exists() and not rmc.rm_overwrite:
+    raise RunError(f"{model_dir} already exists; pass --rm_overwrite or choose another --rm_dir")
+  policy_dir = pathlib.Path(rmc.policy)
+  params, config = placement.load_hf(policy_dir, dtype=cfg.model.dtype, param_dtype=cfg.model.dtype,
+                                     remat=cfg.model.remat)
   tokenizer = models.load_tokenizer(policy_dir)
-  task = grpo_math.Task(tokenizer, sft_lineage=True)
-  step_labels = FLAGS.rm_step_labels
+  task = task_lib.Task(cfg.task, tokenizer, sft_lineage=True, seed=cfg.run.seed)
+  step_labels = rmc.rm_step_labels
   if step_labels == "auto":
-    step_labels = "exact" if FLAGS.task == "synthetic" else "mc_hard"
-  if FLAGS.rm_kind == "prm" and step_labels == "exact" and FLAGS.task != "synthetic":
-    raise grpo_math.RunError(f"--rm_step_labels=exact needs the synthetic task; --task={FLAGS.task} has no step "
+    step_labels = "exact" if cfg.task.task == "synthetic" else "mc_hard"
+  if rmc.rm_kind == "prm" and step_labels == "exact" and cfg.task.task != "synthetic":
+    raise RunError(f"--rm_step_labels=exact needs the synthetic task; --task={cfg.task.task} has no step "
                              "truth (use mc_hard or mc_soft)")
-  train_examples = [task.train_example(i) for i in range(min(FLAGS.rm_prompts, len(task.rl_pool)))]
-  eval_examples = task.test[:FLAGS.rm_eval_prompts]
+  train_examples = [task.train_example(i) for i in range(min(rmc.rm_prompts, len(task.rl_pool)))]
+  eval_examples = task.test[:rmc.rm_eval_prompts]
   out_dir.mkdir(parents=True, exist_ok=True)
-  (out_dir / "flags.txt").write_text(FLAGS.flags_into_string())
-  key = jax.random.PRNGKey(FLAGS.seed)
+  (out_dir / "config.json").write_text(json.dumps({**cfg.flat(), **dataclasses.asdict(rmc)}, indent=2,
+                                                  default=str))
+  key = jax.random.PRNGKey(cfg.run.seed)
 
   # COLLECT: samples of the policy, labelled
   t0 = time.time()
-  print(f"sampling {FLAGS.rm_samples_per_prompt} completions for {len(train_examples)} training and "
-        f"{len(eval_examples)} held-out problems from {policy_dir} ({FLAGS.rm_kind}, labels: "
-        f"{'outcome' if FLAGS.rm_kind in rm.OUTCOME_KINDS else step_labels})", file=sys.stderr)
-  train_data, _ = _collect(params, config, task, train_examples, jax.random.fold_in(key, 1), step_labels)
-  eval_data, eval_texts = _collect(params, config, task, eval_examples, jax.random.fold_in(key, 2), step_labels)
+  print(f"sampling {rmc.rm_samples_per_prompt} completions for {len(train_examples)} training and "
+        f"{len(eval_examples)} held-out problems from {policy_dir} ({rmc.rm_kind}, labels: "
+        f"{'outcome' if rmc.rm_kind in rm.OUTCOME_KINDS else step_labels})", file=sys.stderr)
+  train_data, _ = _collect(cfg, rmc, params, config, task, train_examples, jax.random.fold_in(key, 1), step_labels)
+  eval_data, eval_texts = _collect(cfg, rmc, params, config, task, eval_examples, jax.random.fold_in(key, 2), step_labels)
   hidden = None  # orm_steps on the synthetic task: exact step labels, never trained on, to check its step scores
-  if FLAGS.rm_kind == "orm_steps" and FLAGS.task == "synthetic":
-    repeated = [e for e in eval_examples for _ in range(FLAGS.rm_samples_per_prompt)]
-    hidden, hidden_mask = positions.pad_segments(rm.exact_step_labels(eval_texts, repeated), FLAGS.rm_max_steps,
+  if rmc.rm_kind == "orm_steps" and cfg.task.task == "synthetic":
+    repeated = [e for e in eval_examples for _ in range(rmc.rm_samples_per_prompt)]
+    hidden, hidden_mask = positions.pad_segments(rm.exact_step_labels(eval_texts, repeated), rmc.rm_max_steps,
                                                  np.float32)
     if not np.array_equal(hidden_mask, eval_data.loss_mask):
-      raise grpo_math.RunError("exact step labels and the held-out completions' segments disagree in number")
+      raise RunError("exact step labels and the held-out completions' segments disagree in number")
   collect_time = time.time() - t0
   label_rate = float(train_data.labels[train_data.loss_mask].mean())
   print(f"{train_data.tokens.shape[0]} training / {eval_data.tokens.shape[0]} held-out completions, "
@@ -148,24 +191,24 @@ def run() -> dict:
         f"{100 * float(train_data.outcome.mean()):.1f}% right answers ({collect_time:.0f} s)", file=sys.stderr)
 
   # TRAIN
-  logger = training.MetricsLogger(out_dir, FLAGS.rm_steps, tensorboard=FLAGS.tensorboard)
-  warmup = min(FLAGS.warmup_steps, FLAGS.rm_steps // 10)
+  logger = training.MetricsLogger(out_dir, rmc.rm_steps, tensorboard=cfg.run.tensorboard)
+  warmup = min(cfg.optim.warmup_steps, rmc.rm_steps // 10)
   optimizer = training.make_optimizer(
-      FLAGS.rm_learning_rate, warmup_steps=warmup, total_steps=max(FLAGS.rm_steps, 1),
-      schedule="cosine" if FLAGS.rm_steps > warmup + 1 else "constant", weight_decay=FLAGS.weight_decay,
-      max_grad_norm=FLAGS.max_grad_norm or None)
+      rmc.rm_learning_rate, warmup_steps=warmup, total_steps=max(rmc.rm_steps, 1),
+      schedule="cosine" if rmc.rm_steps > warmup + 1 else "constant", weight_decay=cfg.optim.weight_decay,
+      max_grad_norm=cfg.optim.max_grad_norm or None)
   backbone, rm_config = params, config
-  if FLAGS.rm_init:
-    backbone, rm_config = _load_backbone(FLAGS.rm_init, config)
+  if rmc.rm_init:
+    backbone, rm_config = _load_backbone(rmc.rm_init, config, cfg.model)
   rm_params = rm.init_reward_params(backbone, rm_config, jax.random.fold_in(key, 3))
   del backbone
   config = rm_config  # from here on, the reward model's
   state = training.init_train_state(rm_params, optimizer)
-  train_step = rm.make_reward_train_step(config, optimizer, kind=FLAGS.rm_kind, loss=FLAGS.rm_loss)
-  before = rm.evaluate(state.params, config, eval_data, kind=FLAGS.rm_kind, step_labels=hidden)
+  train_step = rm.make_reward_train_step(config, optimizer, kind=rmc.rm_kind, loss=rmc.rm_loss)
+  before = rm.evaluate(state.params, config, eval_data, kind=rmc.rm_kind, step_labels=hidden)
   logger.log(0, before, prefix="eval/")
   _print_eval("held-out before training", before)
-  logger.start(FLAGS.rm_steps)
+  logger.start(rmc.rm_steps)
 
   def log(step, values):
     values = logger.log(step, values, prefix="train/")
@@ -173,31 +216,31 @@ def run() -> dict:
 
   t0 = time.time()
   done = 0
-  block = FLAGS.rm_samples_per_prompt if FLAGS.rm_loss == "pairwise" else 1
-  every = FLAGS.rm_eval_every or FLAGS.rm_steps
-  while done < FLAGS.rm_steps:
-    chunk = min(every, FLAGS.rm_steps - done)
-    state, _ = rm.fit(state, train_step, train_data, steps=chunk, batch_size=FLAGS.rm_batch_size,
-                      seed=FLAGS.seed, start=done, block=block, log_every=10, log=log)
+  block = rmc.rm_samples_per_prompt if rmc.rm_loss == "pairwise" else 1
+  every = rmc.rm_eval_every or rmc.rm_steps
+  while done < rmc.rm_steps:
+    chunk = min(every, rmc.rm_steps - done)
+    state, _ = rm.fit(state, train_step, train_data, steps=chunk, batch_size=rmc.rm_batch_size,
+                      seed=cfg.run.seed, start=done, block=block, log_every=10, log=log)
     done += chunk
-    if done < FLAGS.rm_steps:
+    if done < rmc.rm_steps:
       logger.newline()
-      values = rm.evaluate(state.params, config, eval_data, kind=FLAGS.rm_kind, step_labels=hidden)
+      values = rm.evaluate(state.params, config, eval_data, kind=rmc.rm_kind, step_labels=hidden)
       logger.log(done, values, prefix="eval/")
       _print_eval(f"held-out at step {done}", values)
   logger.newline()
   train_time = time.time() - t0
-  after = rm.evaluate(state.params, config, eval_data, kind=FLAGS.rm_kind, step_labels=hidden)
-  train_fit = rm.evaluate(state.params, config, train_data, kind=FLAGS.rm_kind)
-  logger.log(FLAGS.rm_steps, after, prefix="eval/")
+  after = rm.evaluate(state.params, config, eval_data, kind=rmc.rm_kind, step_labels=hidden)
+  train_fit = rm.evaluate(state.params, config, train_data, kind=rmc.rm_kind)
+  logger.log(rmc.rm_steps, after, prefix="eval/")
   logger.close()
   _print_eval("held-out after training", after)
 
   # SAVE
   with training.atomic_directory(model_dir) as tmp:  # whole or not at all: a half-written one is never used
-    rm.save_reward_model(state.params, config, tmp, kind=FLAGS.rm_kind, tokenizer_dir=policy_dir)
-  summary = {"kind": FLAGS.rm_kind, "loss": FLAGS.rm_loss, "backbone": FLAGS.rm_init or str(policy_dir),
-             "step_labels": "outcome" if FLAGS.rm_kind in rm.OUTCOME_KINDS else step_labels,
+    rm.save_reward_model(state.params, config, tmp, kind=rmc.rm_kind, tokenizer_dir=policy_dir)
+  summary = {"kind": rmc.rm_kind, "loss": rmc.rm_loss, "backbone": rmc.rm_init or str(policy_dir),
+             "step_labels": "outcome" if rmc.rm_kind in rm.OUTCOME_KINDS else step_labels,
              "train_completions": int(train_data.tokens.shape[0]), "eval_completions": int(eval_data.tokens.shape[0]),
              "train_answer_accuracy": float(train_data.outcome.mean()),
              "eval_answer_accuracy": float(eval_data.outcome.mean()),
@@ -218,9 +261,16 @@ def run() -> dict:
                f"({int(after['outcome/group_pairs'])} right/wrong pairs; what GRPO sees)"))
   rows.append(("wall time", f"{summary['time_total_s']:.0f} s (sampling and labels {collect_time:.0f} s, "
                f"training {train_time:.0f} s)"))
-  grpo_math.print_table(f"reward model ({FLAGS.rm_kind})", rows)
+  loop.print_table(f"reward model ({rmc.rm_kind})", rows)
   print(f"reward model: {model_dir}")
   return summary
+
+
+
+def config_from_flags() -> tuple[config_lib.Config, RewardModelConfig]:
+  """The shared config and this runner's, from the parsed flags."""
+  return (cli.config_from_flags(),
+          RewardModelConfig(**{f.name: FLAGS[f.name].value for f in dataclasses.fields(RewardModelConfig)}))
 
 
 def main(argv):
@@ -229,13 +279,12 @@ def main(argv):
   if not FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
   try:
-    run()
-  except (grpo_math.RunError, models.CheckpointError, data.DatasetError, checkpointing.CheckpointError,
-          FloatingPointError, ValueError, OSError) as err:
-    training.end_progress_line()
+    run(*config_from_flags())
+  except cli.ERRORS as err:
+    logger_lib.end_progress_line()
     sys.exit(f"train_reward_model: error: {err}")
   except BaseException:
-    training.end_progress_line()
+    logger_lib.end_progress_line()
     raise
 
 

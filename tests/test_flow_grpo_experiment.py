@@ -1,5 +1,6 @@
 """End-to-end tests of `python -m experiments.flow_grpo` on tiny settings."""
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -12,6 +13,8 @@ import numpy as np
 import pytest
 
 from experiments import flow_grpo
+from experiments import methods
+from experiments.runner import config as config_lib
 from grpo_jax import models
 from tests.conftest import HANG_GUARD_S
 
@@ -49,7 +52,8 @@ def test_smoke_sft_then_flow_grpo(tmp_path):
   assert not np.allclose(base["embed"]["embedding"], sft["embed"]["embedding"])
   assert not np.allclose(sft["embed"]["embedding"], final["embed"]["embedding"])
   assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == ["1", "2"]
-  assert json.loads((tmp_path / "sft_policy" / flow_grpo.SFT_MARKER).read_text())["sft_examples"] == 60
+  marker = tmp_path / "sft_policy" / methods.FlowGRPO.sft_marker
+  assert json.loads(marker.read_text())["sft_examples"] == 60
 
 
 def test_resume_is_exact(tmp_path):
@@ -72,8 +76,8 @@ def _cli(*args, cwd):
 @pytest.mark.parametrize("args,message", [
     (["--tools=calc,shell"], "flow_grpo: error: --tools: unknown tools ['shell']"),
     (["--max_turns=0"], "--max_turns must be >= 1"),
-    (["--dynamic_sampling"], "flow_grpo: error: --dynamic_sampling is a grpo_math option that Flow-GRPO does not use"),
-    (["--reward=orm", "--reward_model=rm"], "flow_grpo: error: --reward_model is a grpo_math option"),
+    (["--dynamic_sampling"], "flow_grpo: error: --dynamic_sampling is a GRPO option that Flow-GRPO does not use"),
+    (["--reward=orm", "--reward_model=rm"], "flow_grpo: error: --reward_model is a GRPO option"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, message):
   result = _cli(f"--work_dir={tmp_path}", "--sft_steps=0", *args, cwd=tmp_path)
@@ -87,8 +91,8 @@ def test_preset_is_the_default():
   try:
     for name, value in flow_grpo.DEFAULTS.items():
       assert flags.FLAGS[name].value == value, name
-    for flag in flags.FLAGS.get_key_flags_for_module(flow_grpo):
-      assert flag.value == flag.default, flag.name
+    for field in dataclasses.fields(config_lib.AgentConfig):  # the agent's flags: the preset is their defaults
+      assert flags.FLAGS[field.name].value == field.default, field.name
     assert flags.FLAGS.kl == "k3" and flags.FLAGS.beta == 0.04 and flags.FLAGS.temperature == 0.7
   finally:
     flags.FLAGS.unparse_flags()

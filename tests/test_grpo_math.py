@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+from experiments import cli
 from experiments import grpo_math
 from grpo_jax import models
 from tests.conftest import HANG_GUARD_S
@@ -127,7 +128,7 @@ def test_presets_parse(name):
   flags.FLAGS.unparse_flags()
   flags.FLAGS(["grpo_math", f"--flagfile={REPO / 'experiments' / 'configs' / name}"])
   if name == "cpu_default.cfg":  # the preset is what no flags gives
-    for flag in flags.FLAGS.get_key_flags_for_module(grpo_math):
+    for flag in flags.FLAGS.get_key_flags_for_module(cli):
       if flag.name != "work_dir":
         assert flag.value == flag.default, flag.name
   else:

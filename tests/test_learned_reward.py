@@ -7,8 +7,10 @@ import jax
 import numpy as np
 import pytest
 
+from experiments import cli
 from experiments import grpo_math
 from experiments import methods
+from experiments.runner import config as config_lib
 from grpo_jax import data
 from grpo_jax import models
 from grpo_jax import reward_models as rm
@@ -118,9 +120,13 @@ def test_iterative_rl_resumes_exactly(tmp_path, checkpoints):
 ])
 def test_bad_flag_combinations(tmp_path, args, message):
   FLAGS.unparse_flags()
-  with pytest.raises(flags.IllegalFlagValueError, match=message.replace("|", r"\|")):
-    FLAGS(["grpo_math", f"--work_dir={tmp_path}", *args])
-  FLAGS.unparse_flags()
+  FLAGS(["grpo_math", f"--work_dir={tmp_path}", *args])
+  try:
+    with pytest.raises(config_lib.ConfigError, match=message.replace("|", r"\|")):
+      cli.config_from_flags()
+  finally:
+    FLAGS.unparse_flags()
+  assert not tmp_path.exists() or not any(tmp_path.iterdir())  # refused before anything is written
 
 
 def test_reward_model_kind_must_match(tmp_path, checkpoints):
@@ -135,7 +141,7 @@ def test_batch_stats_measure_the_reward_against_correctness_within_groups():
   samples = sampling.SampleOutput(*[np.zeros((6, 2))] * len(sampling.SampleOutput._fields))
   rewards = np.array([0.9, 0.2, 0.8, 0.1, 0.7, 0.7], np.float32)  # 2 groups of 3
   correct = np.array([1, 0, 0, 1, 1, 0], np.float32)
-  scored = methods.rollouts.Scored(samples, rewards, correct, 0.0)
+  scored = methods.rollouts.Scored(samples, rewards, correct, 0.0, samples)
   rollouts.reward_model = None
   assert "reward_group_auc" not in rollouts.stats(scored, 3)  # a rule reward is the truth
   rollouts.reward_model = object()
@@ -163,14 +169,9 @@ def test_exact_step_reward_labels_every_step(checkpoints):
   policy_dir, _, _ = checkpoints
   tokenizer = models.load_tokenizer(policy_dir)
   samples, texts, example = _three_samples(tokenizer)
-  FLAGS.unparse_flags()
-  FLAGS(["grpo_math"])
-  try:
-    reward = methods.learned_reward.ExactStepReward(tokenizer)
-    rewards, ends, mask = reward.steps(samples, texts, [example] * 3)
-    outcome = reward.outcome(samples, texts, [example] * 3)
-  finally:
-    FLAGS.unparse_flags()
+  reward = methods.learned_reward.ExactStepReward(tokenizer, max_steps=8)
+  rewards, ends, mask = reward.steps(samples, texts, [example] * 3)
+  outcome = reward.outcome(samples, texts, [example] * 3)
   # Segments: two steps and the answer line. A wrong step makes every later segment wrong, even a right
   # final answer (row 3).
   np.testing.assert_array_equal(mask.sum(1), [3, 3, 3])
@@ -195,13 +196,9 @@ def test_orm_steps_reward_is_the_noisy_and_of_its_step_scores(tmp_path, checkpoi
   rm.save_reward_model(rm_params, config, tmp_path / "orm_steps", kind="orm_steps")
   tokenizer = models.load_tokenizer(policy_dir)
   samples, texts, _ = _three_samples(tokenizer)
-  FLAGS.unparse_flags()
-  FLAGS(["grpo_math", "--reward=orm", f"--reward_model={tmp_path / 'orm_steps'}"])
-  try:
-    reward = methods.learned_reward.LearnedReward(tokenizer, config)
-    outcome = reward.outcome(samples, texts)
-  finally:
-    FLAGS.unparse_flags()
+  cfg = config_lib.Config().replace(reward="orm", reward_model=str(tmp_path / "orm_steps"))
+  reward = methods.learned_reward.LearnedReward(cfg, tokenizer, config)
+  outcome = reward.outcome(samples, texts)
   tokens = np.concatenate([samples.prompt_tokens, samples.tokens], axis=1)
   attention = np.concatenate([samples.prompt_mask, samples.mask], axis=1)
   ends = np.array([[4, 11, 19]] * 3) + 1  # each segment's last character, after the one-token prompt

@@ -13,8 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from experiments import cli
 from experiments import grpo_math
 from experiments import methods
+from experiments.runner import task as task_lib
 from experiments.methods import dpo as dpo_lib
 from experiments.methods import ppo as ppo_lib
 from grpo_jax import models
@@ -51,11 +53,11 @@ def test_known_answers_are_scored_right_and_wrong(sft_policy, known_answers):
 
 def _method(name, sft_policy, *args):
   _parse(f"--init_checkpoint={sft_policy}", f"--algo={name}", *args)
-  FLAGS.group_size = FLAGS.group_size or (1 if name == "ppo" else 8)
+  cfg = cli.config_from_flags()
   params, config = models.load_hf(sft_policy)
-  task = grpo_math.Task(models.load_tokenizer(sft_policy), sft_lineage=True)
+  task = task_lib.Task(cfg.task, models.load_tokenizer(sft_policy), sft_lineage=True, seed=cfg.run.seed)
   reference = jax.tree.map(jnp.copy, params)
-  method = methods.METHODS[name](config, task, methods.Rollouts(config, task), reference)
+  method = methods.METHODS[name](cfg, config, task, methods.Rollouts(cfg, config, task), reference)
   return method, params, reference
 
 
@@ -148,7 +150,7 @@ def test_advantage_estimators_replace_the_group_normalisation(sft_policy, known_
   method, params, reference = _method("grpo", sft_policy, f"--advantage_estimator={estimator}", "--beta=0.1")
   method.reference = jax.tree.map(lambda x: x * 1.5, reference)  # π_ref ≠ π_θ: a non-zero KL on every token
   batch, stats, _ = method.collect(params, 0, jax.random.key(0))
-  b, g = FLAGS.batch_size, FLAGS.group_size
+  b, g = method.cfg.rollout.batch_size, method.cfg.rollout.group_size
   adv, mask = np.asarray(batch.advantages), np.asarray(batch.loss_mask)
   assert adv.shape[0] == b * g
   if estimator == "rloo":  # Â_i = r_i − mean of the other G − 1 rewards of its prompt (correctness: 0/1)

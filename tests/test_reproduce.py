@@ -13,7 +13,10 @@ import pytest
 from experiments import grpo_math
 from experiments import reproduce
 from experiments import studies
-from experiments.studies import sample_eval
+from experiments import cli
+from experiments import sample_eval
+from experiments.runner import evaluation as runner_evaluation
+from experiments.runner import task as task_lib
 from experiments.studies import spec
 from grpo_jax import models
 
@@ -224,7 +227,7 @@ def test_registered_study_flags_parse(tmp_path):
   check = r"""
 import json, sys
 from absl import flags
-runners = ["experiments.flow_grpo", "experiments.train_reward_model", "experiments.studies.sample_eval"]
+runners = ["experiments.flow_grpo", "experiments.train_reward_model", "experiments.sample_eval"]
 for name in runners:
     __import__(name)
 own = {m: {f.name for f in flags.FLAGS.flags_by_module_dict().get(m, [])} for m in runners}
@@ -250,7 +253,8 @@ sys.exit(1 if bad else 0)
 def test_sample_eval_reports_every_power_of_two(tmp_path, monkeypatch):
   """studies.sample_eval: Maj@k and unbiased Pass@k for k = 1, 2, 4 from one set of 4 samples per problem
   (completions injected, so the numbers are worked out by hand, whatever the tiny model would say)."""
-  assert sample_eval.ks_up_to(64) == [1, 2, 4, 8, 16, 32, 64] and sample_eval.ks_up_to(6) == [1, 2, 4, 6]
+  ks_up_to = runner_evaluation.ks_up_to
+  assert ks_up_to(64) == [1, 2, 4, 8, 16, 32, 64] and ks_up_to(6) == [1, 2, 4, 6]
   policy = models.build_default_checkpoint(tmp_path / "policy", seed=0, num_hidden_layers=1, hidden_size=32,
                                            intermediate_size=96)
   calls = []
@@ -267,10 +271,11 @@ def test_sample_eval_reports_every_power_of_two(tmp_path, monkeypatch):
   absl_flags.FLAGS.unparse_flags()
   absl_flags.FLAGS(["sample_eval", f"--init_checkpoint={policy}", f"--work_dir={tmp_path / 'out'}", "--num_test=2",
                     "--num_train=20", "--eval_samples=4", "--tensorboard=false"])
-  task_examples = grpo_math.Task(models.load_tokenizer(policy), sft_lineage=False).test
-  monkeypatch.setattr(sample_eval.evaluation, "generate", fake_generate)
+  cfg = cli.config_from_flags()
+  task_examples = task_lib.Task(cfg.task, models.load_tokenizer(policy), sft_lineage=False, seed=cfg.run.seed).test
+  monkeypatch.setattr(runner_evaluation.evaluation, "generate", fake_generate)
   try:
-    summary = sample_eval.run()
+    summary = sample_eval.run(cli.config_from_flags())
   finally:
     absl_flags.FLAGS.unparse_flags()
   assert calls == [(True, 1, 2), (False, 4, 2)]

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from experiments import grpo_math
-from experiments.methods import resume as resume_lib
+from experiments import cli
+from experiments.runner import resume as resume_lib
 from grpo_jax import models
 from grpo_jax.training import checkpointing
 from tests.conftest import HANG_GUARD_S
@@ -66,25 +67,25 @@ def _one_line_error(result, *needles, thread_noise=False):
     assert needle in last, last
 
 
-def test_check_flags_names_what_differs(monkeypatch):
+def test_check_flags_names_what_differs():
   now = {"seed": 1, "batch_size": 8, "steps": 50, "eval_every": 5}
-  monkeypatch.setattr(resume_lib, "run_flags", lambda: now)
   recorded = {"seed": 0, "batch_size": 8, "steps": 20, "eval_every": 10, "gone_flag": 3}
   with pytest.raises(resume_lib.ResumeError, match=r"saved with --seed=0 \(now 1\); ") as info:
-    resume_lib.check_flags(recorded, 7, print)
+    resume_lib.check_flags(recorded, now, 7, print)
   assert "--batch_size" not in str(info.value).split(";")[0] and "--steps" in str(info.value)  # in the may-change list
-  resume_lib.check_flags({**recorded, "seed": 1}, 7, print)  # only may-change flags differ: accepted
+  resume_lib.check_flags({**recorded, "seed": 1}, now, 7, print)  # only may-change flags differ: accepted
   notes = []
-  resume_lib.check_flags(None, 7, notes.append)
+  resume_lib.check_flags(None, now, 7, notes.append)
   assert notes and "flags not compared" in notes[0]
 
 
-def test_run_flags_are_the_runners_own():
+def test_the_record_is_the_whole_config():
   flags.FLAGS.unparse_flags()
   flags.FLAGS(["grpo_math", "--seed=3"])
-  recorded = resume_lib.run_flags()
+  recorded = resume_lib.record(cli.config_from_flags())
   flags.FLAGS.unparse_flags()
   assert recorded["seed"] == 3 and recorded["algo"] == "grpo" and "offline_prompts" in recorded
+  assert recorded["group_size"] == 8  # resolved: GRPO's default G
   assert "verbosity" not in recorded and "logtostderr" not in recorded
   json.dumps(recorded)
 

@@ -29,7 +29,7 @@ def _run(tmp_path, *args):
                                            intermediate_size=64)
   flags.FLAGS.unparse_flags()
   flags.FLAGS(["train_reward_model", f"--policy={policy}", f"--rm_dir={tmp_path / 'rm'}", *TINY, *args])
-  return train_reward_model.run()
+  return train_reward_model.run(*train_reward_model.config_from_flags())
 
 
 def test_smoke_prm_with_monte_carlo_labels(tmp_path):

@@ -7,17 +7,21 @@
   dpo          SFT-policy pairs (offline)     rule     σ(β log-ratio margin), ±
   ppo          current-policy samples         rule     GAE advantage A_t (critic)
   grpo         current-policy samples         rule     group-normalised advantage + k3 KL term
+  flow_grpo    current-policy trajectories    rule     outcome advantage broadcast to every turn (AgentFlow)
+
+A new method is one file here (a `base.Method` subclass: `collect` and `objective`, plus the hooks it needs) and
+one line in `METHODS`; its name becomes a value of `--algo` once listed in `runner.config.CHOICES["algo"]`.
 """
 
 from experiments.methods.base import Method
 from experiments.methods.dpo import DPO
+from experiments.methods.flow_grpo import FlowGRPO
 from experiments.methods.grpo import GRPO
-from experiments.methods.placement import Placement
 from experiments.methods.ppo import PPO
 from experiments.methods.rft import RFT, OnlineRFT
 from experiments.methods.rollouts import Rollouts
 from experiments.methods.sft import SFT
 
-METHODS = {m.name: m for m in (SFT, RFT, OnlineRFT, DPO, PPO, GRPO)}
+METHODS = {m.name: m for m in (SFT, RFT, OnlineRFT, DPO, PPO, GRPO, FlowGRPO)}
 
-__all__ = ("METHODS", "Method", "Placement", "Rollouts")
+__all__ = ("METHODS", "Method", "Rollouts")

@@ -1,18 +1,22 @@
-"""What a method of DeepSeekMath's unified paradigm provides to the runner's training loop.
+"""What a method provides to the training loop (`runner.loop`), and the defaults most methods share.
 
-A method is its data source (offline from the start policy, or online from the current one),
-its reward and its gradient coefficient (§5.2.1, Table 10). Everything else (sampler, rewards,
-evaluation, optimiser, update step, logging, checkpoints) is the runner's and shared.
+A method of DeepSeekMath's unified paradigm (§5.2.1, Table 10) is its data source (offline from the start policy,
+or online from the current one), its reward and its gradient coefficient: `collect` and `objective`. The loop
+owns everything else (optimiser, update step, evaluation, logging, checkpoints, resume, iterative RL); a method
+may override the hooks below where it differs (its trained pytree, its optimiser, how a step's rows form
+minibatches, how it is evaluated, what stage 1 imitates).
 """
 
 import abc
 
-from absl import flags
+import jax
+import jax.numpy as jnp
 import optax
 
+from experiments.runner import config as config_lib
+from experiments.runner import evaluation
+from experiments.runner import warm_start
 from grpo_jax import training
-
-FLAGS = flags.FLAGS
 
 
 class Method(abc.ABC):
@@ -20,14 +24,18 @@ class Method(abc.ABC):
 
   name = "method"
   rows_per_item = 1  # rows that must stay together in a minibatch (2: DPO's (o⁺, o⁻) pairs)
-  uses_reference = False
-  reward_updates = None  # iterative RL: a `learned_reward.RewardModelUpdates`, set by the runner
+  sft_marker = "grpo_jax_sft.json"  # the file in a stage-1 policy that says this method family fine-tuned it
+  reward_updates = None  # iterative RL: a `learned_reward.RewardModelUpdates`, set by the loop
 
-  def __init__(self, config, task, rollouts, reference):
-    self.config, self.task, self.rollouts, self.reference = config, task, rollouts, reference
+  def __init__(self, config: config_lib.Config, model_config, task, rollouts, reference):
+    self.cfg, self.config, self.task, self.rollouts, self.reference = config, model_config, task, rollouts, reference
+
+  @property
+  def uses_reference(self) -> bool:
+    return False
 
   def rows_per_step(self) -> int:
-    return FLAGS.batch_size * FLAGS.group_size
+    return self.cfg.rows_per_step
 
   def init_params(self, policy, key):
     """The pytree the optimiser trains, from the start policy's params."""
@@ -39,7 +47,7 @@ class Method(abc.ABC):
     return params
 
   def optimizer(self, total_updates: int, warmup: int) -> optax.GradientTransformation:
-    return _optimizer(FLAGS.learning_rate, total_updates, warmup)
+    return make_optimizer(self.cfg.optim, self.cfg.optim.learning_rate, total_updates, warmup)
 
   def prepare(self, start_policy, key) -> dict:
     """Builds offline data from the start policy; returns stats to log. Online methods do nothing."""
@@ -52,11 +60,44 @@ class Method(abc.ABC):
 
   @abc.abstractmethod
   def collect(self, params, position: int, key):
-    """`(batch, stats, next_position)`: one step's training rows; `position` counts data consumed."""
+    """`(batch, stats, next_position)`: one step's training rows, on the device(s); `position` counts data
+    consumed; `stats` are host floats."""
+
+  def minibatches(self, batch, key, epoch: int, minibatch: int):
+    """The step's minibatches for one epoch: rows shuffled by items of `rows_per_item` (kept together), split
+    into `minibatch` rows each, gathered on the device."""
+    rows = self.rows_per_step()
+    items, per_item = rows // self.rows_per_item, self.rows_per_item
+    order = jax.random.permutation(jax.random.fold_in(key, 10_000 + epoch), items)
+    order = (order[:, None] * per_item + jnp.arange(per_item)[None, :]).reshape(-1)
+    return [take(batch, order[i:i + minibatch]) for i in range(0, rows, minibatch)]
+
+  def evaluate(self, params, key) -> dict:
+    """Held-out metrics of the policy params (`runner.evaluation.evaluate`)."""
+    return evaluation.evaluate(params, self.config, self.task, self.cfg, key, self.rollouts.placement)
+
+  def demonstrations(self) -> warm_start.Demonstrations:
+    """Stage 1's data: the SFT pool's worked solutions after the task's prompts."""
+    tok = self.task.tokenizer
+    examples = [e for e in self.task.sft_pool if e.solution]
+    pairs = [(tok.encode(self.task.prompt(e), add_special_tokens=False),
+              tok.encode(e.solution, add_special_tokens=False) + [tok.eos_token_id]) for e in examples]
+    return warm_start.Demonstrations(pairs, self.cfg.task.max_prompt_len, self.cfg.rollout.max_new_tokens, 12345)
+
+  def summary_rows(self, start: dict, final: dict) -> list[tuple[str, str]]:
+    """Extra lines of the closing table (held-out metrics beyond accuracy)."""
+    return [(f"format rate, after {self.name}", f"{100 * final['format_rate']:.1f}%")]
 
 
-def _optimizer(learning_rate: float, total_updates: int, warmup: int) -> optax.GradientTransformation:
+def take(batch, rows):
+  """The rows `rows` of every array of a batch pytree (a device gather; sharded arrays stay sharded)."""
+  return jax.tree.map(lambda x: x[rows], batch)
+
+
+def make_optimizer(optim: config_lib.OptimConfig, learning_rate: float, total_updates: int,
+                   warmup: int) -> optax.GradientTransformation:
+  """AdamW with warm-up then the configured schedule (constant when the run is too short to decay)."""
   return training.make_optimizer(
       learning_rate, warmup_steps=warmup, total_steps=total_updates,
-      schedule=FLAGS.lr_schedule if total_updates > warmup + 1 else "constant",
-      weight_decay=FLAGS.weight_decay, max_grad_norm=FLAGS.max_grad_norm or None)
+      schedule=optim.lr_schedule if total_updates > warmup + 1 else "constant",
+      weight_decay=optim.weight_decay, max_grad_norm=optim.max_grad_norm or None)

@@ -1,7 +1,6 @@
 """DPO as a paradigm baseline (DeepSeekMath §5.2.1, Table 10; arXiv 2305.18290): (correct, wrong)
 pairs from the SFT policy's samples of the same prompt, the frozen reference is the SFT policy."""
 
-from absl import flags
 import jax.numpy as jnp
 import numpy as np
 
@@ -12,14 +11,6 @@ from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import training
 from grpo_jax.training import objectives
 from grpo_jax.training import update as update_lib
-
-FLAGS = flags.FLAGS
-
-flags.DEFINE_float("dpo_beta", 0.1, "DPO: β of the implicit reward.")
-flags.DEFINE_integer("dpo_pairs_per_prompt", 1, "DPO: most (correct, wrong) pairs per prompt.")
-flags.register_validator("dpo_beta", lambda v: v > 0, message="--dpo_beta must be > 0")
-flags.register_validator("dpo_pairs_per_prompt", lambda v: v >= 1, message="--dpo_pairs_per_prompt must be >= 1")
-
 
 def make_pairs(correct: np.ndarray, prompt_of_row: np.ndarray, max_pairs: int) -> np.ndarray:
   """`[K, 2]` row indices (chosen, rejected): up to `max_pairs` per prompt, a correct and a wrong
@@ -38,25 +29,23 @@ class DPO(base.Method):
   uses_reference = True
 
   def objective(self):
-    return update_lib.bind(objectives.dpo_objective, config=self.config, beta=FLAGS.dpo_beta,
-                           chunk_size=FLAGS.logprob_chunk)
+    return update_lib.bind(objectives.dpo_objective, config=self.config, beta=self.cfg.algorithm.dpo_beta,
+                           chunk_size=self.cfg.model.logprob_chunk)
 
   def prepare(self, start_policy, key):
-    if self.rows_per_step() % 2:
-      raise ValueError("--algo=dpo needs an even batch_size*group_size (rows come in pairs)")
     scored, prompt_of_row, stats = offline.sample_offline(self.rollouts, start_policy, self.task, key)
-    self.pairs = make_pairs(scored.correct, prompt_of_row, FLAGS.dpo_pairs_per_prompt)
+    self.pairs = make_pairs(scored.correct, prompt_of_row, self.cfg.algorithm.dpo_pairs_per_prompt)
     if not len(self.pairs):
       raise ValueError("DPO: no prompt has both a correct and a wrong sample from the start policy")
     self.data = scored.samples
-    self.ref = self.rollouts.placement.logprobs(self.config, chunk_size=FLAGS.logprob_chunk)
+    self.ref = self.rollouts.placement.logprobs(self.config, chunk_size=self.cfg.model.logprob_chunk)
     stats["dpo_pairs"] = float(len(self.pairs))
     return stats
 
   def collect(self, params, position: int, key):
     del params, key
     n = self.rows_per_step() // 2
-    picks = [offline.epoch_order(len(self.pairs), position + i, FLAGS.seed) for i in range(n)]
+    picks = [offline.epoch_order(len(self.pairs), position + i, self.cfg.run.seed) for i in range(n)]
     rows = self.pairs[np.asarray(picks)].reshape(-1)  # interleaved: chosen, rejected, chosen, ...
     samples = rollouts_lib.take_rows(self.data, rows)
     tokens, attention = logprobs_lib.sequences_from_samples(samples)
@@ -64,4 +53,4 @@ class DPO(base.Method):
     zeros = jnp.zeros(samples.tokens.shape, jnp.float32)
     batch = training.batch_from_samples(samples, jnp.asarray(samples.mask), zeros, zeros, zeros[:, 0])
     batch = batch._replace(ref_logp=jnp.where(batch.loss_mask, ref_logp, 0.0))
-    return batch, {"response_length": float(samples.lengths.mean())}, position + n
+    return batch, {"response_length": float(np.mean(samples.lengths))}, position + n

@@ -15,7 +15,6 @@ The reward model is frozen within an iteration; the policy's rule correctness is
 
 import time
 
-from absl import flags
 import jax
 import numpy as np
 
@@ -25,68 +24,22 @@ from grpo_jax import reward_models as rm
 from grpo_jax.reward_models import positions
 from grpo_jax import training
 from grpo_jax.training import replay as replay_lib
-from experiments.methods import placement as placement_lib
-
-FLAGS = flags.FLAGS
-
-flags.DEFINE_string("reward_model", "", "With --reward=orm|prm: a reward-model directory written by "
-                    "experiments.train_reward_model (HF-format backbone + reward_head.safetensors).")
-flags.DEFINE_enum("supervision", "outcome", ["outcome", "process"], "outcome: one reward per completion "
-                  "(GRPO+OS); process: a PRM reward per step (GRPO+PS, needs --reward=prm).")
-flags.DEFINE_bool("process_center_tokens", False, "GRPO+PS: subtract the group's mean token advantage (a "
-                  "constant baseline; the paper's suffix sums drift negative when later steps score lower). "
-                  "See losses.process_advantages.")
-flags.DEFINE_integer("prm_max_steps", 8, "PRM and orm_steps: most scored steps per completion (the first K-1 "
-                     "and the last).")
-flags.DEFINE_integer("iterations", 1, "Iterative RL: iterations I (1: plain RL, the reward model stays frozen).")
-flags.DEFINE_integer("steps_per_iteration", 0, "Iterative RL: policy steps M per iteration; the run is I*M steps.")
-flags.DEFINE_float("replay_fraction", 0.1, "Iterative RL: share of historical data in each reward-model update.")
-flags.DEFINE_integer("replay_capacity", 16384, "Iterative RL: most historical reward-model rows kept (a uniform "
-                     "sample of all rows seen).")
-flags.DEFINE_integer("rm_update_prompts", 256, "Iterative RL: prompts sampled (G each) from the current policy to "
-                     "retrain the reward model at the end of an iteration.")
-flags.DEFINE_integer("rm_update_steps", 100, "Iterative RL: reward-model optimiser steps per iteration.")
-flags.DEFINE_integer("rm_update_batch_size", 64, "Iterative RL: reward-model rows per step.")
-flags.DEFINE_float("rm_update_learning_rate", 1e-4, "Iterative RL: reward-model learning rate (constant after a "
-                   "10-step warm-up).")
-flags.register_validator("prm_max_steps", lambda v: v >= 2, message="--prm_max_steps must be >= 2")
-flags.register_validator("iterations", lambda v: v >= 1, message="--iterations must be >= 1")
-flags.register_validator("steps_per_iteration", lambda v: v >= 0, message="--steps_per_iteration must be >= 0")
-flags.register_validator("replay_fraction", lambda v: 0 <= v < 1, message="--replay_fraction must be in [0, 1)")
-for _name in ("replay_capacity", "rm_update_prompts", "rm_update_steps", "rm_update_batch_size"):
-  flags.register_validator(_name, lambda v: v >= 1, message=f"--{_name} must be >= 1")
-flags.register_validator("rm_update_learning_rate", lambda v: v > 0, message="--rm_update_learning_rate must be > 0")
-
-def register_validators():
-  """Cross-checks with the runner's --reward; called once the runner has defined it."""
-  flags.register_multi_flags_validator(
-      ["reward", "supervision"], lambda f: f["supervision"] == "outcome" or f["reward"] in STEP_REWARDS,
-      message="--supervision=process needs --reward=prm (a process reward model) or exact_steps (synthetic task)")
-  flags.register_multi_flags_validator(
-      ["reward", "task"], lambda f: f["reward"] != "exact_steps" or f["task"] == "synthetic",
-      message="--reward=exact_steps needs --task=synthetic, whose steps can be checked exactly")
-  flags.register_multi_flags_validator(
-      ["reward", "reward_model"], lambda f: (f["reward"] in ("orm", "prm")) == bool(f["reward_model"]),
-      message="--reward=orm|prm and --reward_model=DIR go together")
-  flags.register_multi_flags_validator(
-      ["iterations", "steps_per_iteration", "reward"],
-      lambda f: f["iterations"] == 1 or (f["steps_per_iteration"] >= 1 and f["reward"] in ("orm", "prm")),
-      message="--iterations > 1 needs --steps_per_iteration >= 1 and a learned reward (--reward=orm|prm)")
+from experiments.runner import config as config_lib
+from experiments.runner import placement as placement_lib
 
 
-STEP_REWARDS = ("prm", "exact_steps")  # the --reward values that score every step
+
+def learned(cfg: config_lib.Config) -> bool:
+  """Whether the reward is a learned reward model (`reward` orm or prm)."""
+  return cfg.task.reward in ("orm", "prm")
 
 
-def learned() -> bool:
-  return FLAGS.reward in ("orm", "prm")
-
-
-def make(tokenizer, policy_config, placement=None):
-  """The reward scorer of --reward: a LearnedReward, an ExactStepReward, or None for a rule reward."""
-  if learned():
-    return LearnedReward(tokenizer, policy_config, placement)
-  if FLAGS.reward == "exact_steps":
-    return ExactStepReward(tokenizer)
+def make(cfg: config_lib.Config, tokenizer, policy_config, placement=None):
+  """The reward scorer of `reward`: a LearnedReward, an ExactStepReward, or None for a rule reward."""
+  if learned(cfg):
+    return LearnedReward(cfg, tokenizer, policy_config, placement)
+  if cfg.task.reward == "exact_steps":
+    return ExactStepReward(tokenizer, cfg.reward_model.prm_max_steps)
   return None
 
 
@@ -98,13 +51,15 @@ def _min_step(rewards: np.ndarray, mask: np.ndarray) -> np.ndarray:
 class LearnedReward:
   """A frozen (within an iteration) ORM or PRM scoring the policy's samples."""
 
-  def __init__(self, tokenizer, policy_config, placement=None):
-    params, config, kind = rm.load_reward_model(FLAGS.reward_model, dtype=FLAGS.dtype, param_dtype=FLAGS.dtype)
-    if kind != FLAGS.reward and not (FLAGS.reward == "orm" and kind in rm.OUTCOME_KINDS):
-      raise ValueError(f"--reward={FLAGS.reward} but {FLAGS.reward_model} holds a reward model of kind {kind}")
+  def __init__(self, cfg: config_lib.Config, tokenizer, policy_config, placement=None):
+    path, reward, dtype = cfg.reward_model.reward_model, cfg.task.reward, cfg.model.dtype
+    params, config, kind = rm.load_reward_model(path, dtype=dtype, param_dtype=dtype)
+    if kind != reward and not (reward == "orm" and kind in rm.OUTCOME_KINDS):
+      raise ValueError(f"--reward={reward} but {path} holds a reward model of kind {kind}")
     if config.vocab_size != policy_config.vocab_size:
-      raise ValueError(f"{FLAGS.reward_model}: vocabulary of {config.vocab_size} tokens, the policy's has "
+      raise ValueError(f"{path}: vocabulary of {config.vocab_size} tokens, the policy's has "
                        f"{policy_config.vocab_size}; a reward model must share the policy's tokenizer")
+    self.max_steps = cfg.reward_model.prm_max_steps
     self.placement = placement or placement_lib.Placement()
     self.params = self.placement.put_params(params)
     self.config, self.kind, self.tokenizer = config, kind, tokenizer
@@ -117,7 +72,7 @@ class LearnedReward:
     """PRM or orm_steps: `(σ(step scores) [N, K], completion-relative step ends [N, K], step mask [N, K])`;
     `examples` (the problems) is unused: a reward model sees only the text."""
     ends, mask = rm.sample_segment_ends(self.tokenizer, np.asarray(samples.tokens), np.asarray(samples.lengths),
-                                        texts, FLAGS.prm_max_steps)
+                                        texts, self.max_steps)
     tokens, attention = map(np.asarray, logprobs_lib.sequences_from_samples(samples))
     prompt_len = samples.prompt_tokens.shape[1]
     scores = self._steps(self.params, self.config, tokens, attention, (ends + prompt_len).astype(np.int32), mask)
@@ -140,15 +95,14 @@ class ExactStepReward:
   propagated: after the first wrong step all are wrong) is its reward. GRPO+PS on it bounds what a
   learned PRM can give; `--reward=exact_steps`."""
 
-  def __init__(self, tokenizer):
-    self.tokenizer = tokenizer
+  def __init__(self, tokenizer, max_steps: int):
+    self.tokenizer, self.max_steps = tokenizer, max_steps
 
   def steps(self, samples, texts, examples) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`(exact labels [N, K], completion-relative step ends [N, K], step mask [N, K])`."""
     ends, mask = rm.sample_segment_ends(self.tokenizer, np.asarray(samples.tokens), np.asarray(samples.lengths),
-                                        texts, FLAGS.prm_max_steps)
-    labels, label_mask = positions.pad_segments(rm.exact_step_labels(texts, examples), FLAGS.prm_max_steps,
-                                                np.float32)
+                                        texts, self.max_steps)
+    labels, label_mask = positions.pad_segments(rm.exact_step_labels(texts, examples), self.max_steps, np.float32)
     if not np.array_equal(label_mask, mask):
       raise ValueError("exact step labels and the completions' segments disagree in number")
     return labels * mask, ends, mask
@@ -163,17 +117,19 @@ class RewardModelUpdates:
 
   def __init__(self, reward: LearnedReward, task, rollouts):
     self.reward, self.task, self.rollouts = reward, task, rollouts
-    optimizer = training.make_optimizer(FLAGS.rm_update_learning_rate, warmup_steps=10,
-                                        total_steps=FLAGS.rm_update_steps * FLAGS.iterations, max_grad_norm=1.0)
+    self.cfg = cfg = rollouts.cfg
+    updates = cfg.reward_model
+    optimizer = training.make_optimizer(updates.rm_update_learning_rate, warmup_steps=10,
+                                        total_steps=updates.rm_update_steps * updates.iterations, max_grad_norm=1.0)
     self.train_step = rm.make_reward_train_step(reward.config, optimizer, kind=reward.kind)
     self.state = training.init_train_state(reward.params, optimizer)
-    k = 1 if reward.kind == "orm" else FLAGS.prm_max_steps
-    length = FLAGS.max_prompt_len + FLAGS.max_new_tokens
+    k = 1 if reward.kind == "orm" else updates.prm_max_steps
+    length = cfg.task.max_prompt_len + cfg.rollout.max_new_tokens
     example = rm.RewardData(tokens=np.zeros((0, length), np.int32), attention_mask=np.zeros((0, length), bool),
                             positions=np.zeros((0, k), np.int32), labels=np.zeros((0, k), np.float32),
                             loss_mask=np.zeros((0, k), bool), group=np.zeros((0,), np.int32),
                             outcome=np.zeros((0,), np.float32))
-    self.replay = replay_lib.init_replay(example._asdict(), FLAGS.replay_capacity, seed=FLAGS.seed)
+    self.replay = replay_lib.init_replay(example._asdict(), updates.replay_capacity, seed=cfg.run.seed)
 
   def checkpoint_state(self) -> dict:
     return {"reward_model": self.state, "replay": replay_lib.state_dict(self.replay)}
@@ -185,24 +141,26 @@ class RewardModelUpdates:
 
   def update(self, policy, iteration: int, key) -> dict:
     """Samples the current policy, labels, mixes in history, trains; returns the iteration's metrics."""
+    cfg, updates = self.cfg, self.cfg.reward_model
+    g = cfg.rollout.group_size
     t0 = time.time()
-    examples = [self.task.train_example(10**9 + iteration * FLAGS.rm_update_prompts + i)  # not the RL order
-                for i in range(FLAGS.rm_update_prompts)]
-    scored = self.rollouts.sample(policy, examples, key, FLAGS.group_size)
-    texts = evaluation.decode(self.task.tokenizer, scored.samples)
-    repeated = [e for e in examples for _ in range(FLAGS.group_size)]
-    labels = "exact" if FLAGS.task == "synthetic" else "mc_hard"
-    new = rm.label_samples(scored.samples, texts, repeated, self.task.tokenizer, kind=self.reward.kind,
-                           step_labels=labels, max_steps=FLAGS.prm_max_steps, policy=policy,
-                           config=self.rollouts.config, temperature=FLAGS.temperature,
-                           mc_max_new_tokens=FLAGS.max_new_tokens, key=jax.random.fold_in(key, 1))
+    examples = [self.task.train_example(10**9 + iteration * updates.rm_update_prompts + i)  # not the RL order
+                for i in range(updates.rm_update_prompts)]
+    scored = self.rollouts.sample(policy, examples, key, g)
+    texts = evaluation.decode(self.task.tokenizer, scored.host)
+    repeated = [e for e in examples for _ in range(g)]
+    labels = "exact" if cfg.task.task == "synthetic" else "mc_hard"
+    new = rm.label_samples(scored.host, texts, repeated, self.task.tokenizer, kind=self.reward.kind,
+                           step_labels=labels, max_steps=updates.prm_max_steps, policy=policy,
+                           config=self.rollouts.config, temperature=cfg.rollout.temperature,
+                           mc_max_new_tokens=cfg.rollout.max_new_tokens, key=jax.random.fold_in(key, 1))
     before = rm.evaluate(self.state.params, self.reward.config, new, kind=self.reward.kind)  # on unseen samples
-    mixed, self.replay = replay_lib.mix(self.replay, new._asdict(), fraction=FLAGS.replay_fraction)
+    mixed, self.replay = replay_lib.mix(self.replay, new._asdict(), fraction=updates.replay_fraction)
     mixed = rm.RewardData(**mixed)
     num_new = len(new.tokens)
     start = int(self.state.step)
-    self.state, history = rm.fit(self.state, self.train_step, mixed, steps=FLAGS.rm_update_steps,
-                                 batch_size=FLAGS.rm_update_batch_size, seed=FLAGS.seed + iteration, start=start)
+    self.state, history = rm.fit(self.state, self.train_step, mixed, steps=updates.rm_update_steps,
+                                 batch_size=updates.rm_update_batch_size, seed=cfg.run.seed + iteration, start=start)
     self.reward.params = self.state.params
     after = rm.evaluate(self.state.params, self.reward.config, new, kind=self.reward.kind)
     metrics = {f"before_{k}": v for k, v in before.items()}

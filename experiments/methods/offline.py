@@ -4,24 +4,20 @@ set of training prompts, drawn once before training."""
 import functools
 import time
 
-from absl import flags
 import jax
 import numpy as np
 
 from experiments.methods import rollouts as rollouts_lib
 from grpo_jax import sampling
 
-FLAGS = flags.FLAGS
-
-flags.DEFINE_integer("offline_prompts", 2048, "RFT/DPO: training prompts sampled once from the start policy "
-                     "(G samples each) to build the offline dataset.")
-flags.register_validator("offline_prompts", lambda v: v >= 1, message="--offline_prompts must be >= 1")
 
 
 def sample_offline(rollouts: rollouts_lib.Rollouts, params, task, key) -> tuple[rollouts_lib.Scored, list, dict]:
-  """`(scored, prompt_index_of_row, stats)`: G samples for each of the first --offline_prompts prompts."""
-  b, g = FLAGS.batch_size, FLAGS.group_size
-  num_prompts = min(FLAGS.offline_prompts, len(task.rl_pool))
+  """`(scored, prompt_index_of_row, stats)`: G samples for each of the first `offline_prompts` prompts, as host
+  arrays (the dataset is drawn once and indexed on the host)."""
+  cfg = rollouts.cfg
+  b, g = cfg.rollout.batch_size, cfg.rollout.group_size
+  num_prompts = min(cfg.algorithm.offline_prompts, len(task.rl_pool))
   t0 = time.time()
   parts = []
   for start in range(0, num_prompts, b):
@@ -30,14 +26,14 @@ def sample_offline(rollouts: rollouts_lib.Rollouts, params, task, key) -> tuple[
     examples += examples[-1:] * (b - count)  # fixed shapes: one compile; the repeats are dropped below
     scored = rollouts.sample(params, examples, jax.random.fold_in(key, start), g)
     parts.append((scored, count))
-  samples = sampling.SampleOutput(*[np.concatenate([np.asarray(getattr(s.samples, f))[:n * g] for s, n in parts])
+  samples = sampling.SampleOutput(*[np.concatenate([np.asarray(getattr(s.host, f))[:n * g] for s, n in parts])
                                     for f in sampling.SampleOutput._fields])
   rewards = np.concatenate([s.rewards[:n * g] for s, n in parts])
   correct = np.concatenate([s.correct[:n * g] for s, n in parts])
   prompt_of_row = np.repeat(np.arange(num_prompts), g)
   stats = {"offline_prompts": float(num_prompts), "offline_samples": float(len(rewards)),
            "offline_accuracy": float(correct.mean()), "time_offline_sampling": time.time() - t0}
-  return rollouts_lib.Scored(samples, rewards, correct, 0.0), prompt_of_row, stats
+  return rollouts_lib.Scored(samples, rewards, correct, 0.0, samples), prompt_of_row, stats
 
 
 def epoch_order(size: int, position: int, seed: int) -> int:

@@ -7,7 +7,6 @@ each with its own optimiser); the reference and the reward are frozen.
 
 import time
 
-from absl import flags
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,22 +20,6 @@ from grpo_jax import training
 from grpo_jax.training import objectives
 from grpo_jax.training import update as update_lib
 
-FLAGS = flags.FLAGS
-
-flags.DEFINE_float("gamma", 1.0, "PPO: discount γ of GAE.")
-flags.DEFINE_float("gae_lambda", 0.95, "PPO: GAE λ.")
-flags.DEFINE_float("value_learning_rate", None, "PPO: peak learning rate of the value model; default --learning_rate.")
-flags.DEFINE_float("value_clip", 0.2, "PPO: value-loss clip range around the sampling-time values (0: unclipped).")
-flags.DEFINE_float("value_coef", 1.0, "PPO: weight of the value loss (separate optimisers, so it only rescales "
-                   "the critic's gradient before clipping).")
-flags.DEFINE_bool("whiten_advantages", True, "PPO: whiten GAE advantages over the batch's completion tokens.")
-flags.DEFINE_string("value_init", "policy", "PPO: the value model's backbone: 'policy' (the start policy's) or an "
-                    "HF-format checkpoint directory (e.g. a reward model's backbone).")
-flags.register_validator("gamma", lambda v: 0 <= v <= 1, message="--gamma must be in [0, 1]")
-flags.register_validator("gae_lambda", lambda v: 0 <= v <= 1, message="--gae_lambda must be in [0, 1]")
-flags.register_validator("value_learning_rate", lambda v: v is None or v > 0,
-                         message="--value_learning_rate must be > 0")
-flags.register_validator("value_clip", lambda v: v >= 0, message="--value_clip must be >= 0")
 
 
 def explained_variance(values: np.ndarray, returns: np.ndarray, mask: np.ndarray) -> float:
@@ -52,22 +35,22 @@ class PPO(base.Method):
 
   @property
   def uses_reference(self):
-    return FLAGS.beta > 0
+    return self.cfg.algorithm.beta > 0
 
-  def __init__(self, config, task, rollouts, reference):
-    super().__init__(config, task, rollouts, reference)
+  def __init__(self, cfg, config, task, rollouts, reference):
+    super().__init__(cfg, config, task, rollouts, reference)
     values = jax.jit(lambda params, tokens, mask: objectives.token_values(params, config, tokens, mask))
     place = rollouts.placement
-    self.values = lambda params, tokens, mask: place.host(values(params, *place.rows((np.asarray(tokens),
-                                                                                      np.asarray(mask)))))
+    self.values = lambda params, tokens, mask: values(params, *place.device((tokens, mask)))
 
   def init_params(self, policy, key):
-    if FLAGS.value_init == "policy":
+    value_init, dtype = self.cfg.algorithm.value_init, self.cfg.model.dtype
+    if value_init == "policy":
       backbone = policy
     else:
-      backbone, value_config = models.load_hf(FLAGS.value_init, dtype=FLAGS.dtype, param_dtype=FLAGS.dtype)
+      backbone, value_config = models.load_hf(value_init, dtype=dtype, param_dtype=dtype)
       if value_config.hidden_size != self.config.hidden_size or value_config.vocab_size != self.config.vocab_size:
-        raise ValueError(f"--value_init={FLAGS.value_init}: its hidden/vocab sizes differ from the policy's")
+        raise ValueError(f"--value_init={value_init}: its hidden/vocab sizes differ from the policy's")
     value = models.init_scalar_params(self.config, key, backbone=backbone, head_scale=0.0)
     return {"policy": policy, "value": value}
 
@@ -75,21 +58,24 @@ class PPO(base.Method):
     return params["policy"]
 
   def optimizer(self, total_updates: int, warmup: int) -> optax.GradientTransformation:
-    value_lr = FLAGS.value_learning_rate or FLAGS.learning_rate
+    optim = self.cfg.optim
+    value_lr = self.cfg.algorithm.value_learning_rate or optim.learning_rate
     return optax.multi_transform(
-        {"policy": base._optimizer(FLAGS.learning_rate, total_updates, warmup),
-         "value": base._optimizer(value_lr, total_updates, warmup)},
+        {"policy": base.make_optimizer(optim, optim.learning_rate, total_updates, warmup),
+         "value": base.make_optimizer(optim, value_lr, total_updates, warmup)},
         {"policy": "policy", "value": "value"})
 
   def objective(self):
-    loss_kwargs = dict(epsilon=FLAGS.epsilon, epsilon_high=FLAGS.epsilon_high, dual_clip=FLAGS.dual_clip,
-                       aggregation=FLAGS.loss_aggregation, max_len=FLAGS.max_new_tokens)
+    algo = self.cfg.algorithm
+    loss_kwargs = dict(epsilon=algo.epsilon, epsilon_high=algo.epsilon_high, dual_clip=algo.dual_clip,
+                       aggregation=algo.loss_aggregation, max_len=self.cfg.rollout.max_new_tokens)
     return update_lib.bind(objectives.ppo_objective, config=self.config, loss_kwargs=loss_kwargs,
-                           value_clip=FLAGS.value_clip or None, value_coef=FLAGS.value_coef,
-                           chunk_size=FLAGS.logprob_chunk, temperature=FLAGS.temperature)
+                           value_clip=algo.value_clip or None, value_coef=algo.value_coef,
+                           chunk_size=self.cfg.model.logprob_chunk, temperature=self.cfg.rollout.temperature)
 
   def collect(self, params, position: int, key):
-    b, g = FLAGS.batch_size, FLAGS.group_size
+    algo, rollout = self.cfg.algorithm, self.cfg.rollout
+    b, g = rollout.batch_size, rollout.group_size
     t0 = time.time()
     examples = [self.task.train_example(position + i) for i in range(b)]
     scored = self.rollouts.sample(params["policy"], examples, key, g)
@@ -97,21 +83,20 @@ class PPO(base.Method):
     sample_time = time.time() - t0 - scored.score_time
 
     t1 = time.time()
-    loss_mask = samples.mask.copy()
-    if FLAGS.mask_truncated:
-      loss_mask &= ~samples.truncated[:, None]
+    mask = jnp.asarray(samples.mask)
+    if rollout.mask_truncated:
+      mask &= ~jnp.asarray(samples.truncated)[:, None]
     sequences = logprobs_lib.sequences_from_samples(samples)
     completion = lambda full: self.rollouts.completion(full, samples)  # noqa: E731
     old_logp = self.rollouts.old_logprobs(params["policy"], samples)
-    ref_logp = completion(self.rollouts.logprobs(self.reference, *sequences)) if FLAGS.beta > 0 else old_logp
+    ref_logp = completion(self.rollouts.logprobs(self.reference, *sequences)) if algo.beta > 0 else old_logp
     old_values = completion(self.values(params["value"], *sequences))
-    mask = jnp.asarray(loss_mask)
     # Eq. 2: the score on the last token, −β·KL(π_old ‖ π_ref) per token; then GAE over the completion.
     token_rewards = losses.kl_penalized_rewards(jnp.asarray(scored.rewards), old_logp, ref_logp, mask,
-                                                beta=FLAGS.beta, kl=FLAGS.kl or "k1")
-    advantages, returns = losses.gae(token_rewards, old_values, mask, gamma=FLAGS.gamma, lam=FLAGS.gae_lambda)
+                                                beta=algo.beta, kl=algo.kl or "k1")
+    advantages, returns = losses.gae(token_rewards, old_values, mask, gamma=algo.gamma, lam=algo.gae_lambda)
     raw_advantages = advantages
-    if FLAGS.whiten_advantages:
+    if algo.whiten_advantages:
       advantages = losses.whiten(advantages, mask)
     batch = training.batch_from_samples(samples, mask, old_logp, ref_logp, advantages)
     zeros = jnp.zeros(samples.prompt_tokens.shape, jnp.float32)
@@ -119,9 +104,10 @@ class PPO(base.Method):
     batch = training.PPOBatch(*batch, old_values=full(old_values), returns=full(returns))
     jax.block_until_ready(batch)
 
-    m = np.asarray(loss_mask)
-    adv, ret, val = (np.asarray(x) for x in (raw_advantages, returns, old_values))
-    kl = np.asarray(losses.kl_divergence(old_logp, ref_logp, "k1", mask))
+    # The statistics, in one transfer.
+    m, adv, ret, val, kl = jax.device_get((mask, raw_advantages, returns, old_values,
+                                           losses.kl_divergence(old_logp, ref_logp, "k1", mask)))
+    m = np.asarray(m, bool)
     stats = self.rollouts.stats(scored)
     stats.update(
         advantage_mean=float(adv[m].mean()) if m.any() else 0.0,
@@ -130,6 +116,6 @@ class PPO(base.Method):
         value_start_mean=float(val[m].mean()) if m.any() else 0.0,
         explained_variance=explained_variance(val, ret, m),
         kl_reward=float(kl.sum(-1).mean()),  # Σ_t k1 per completion, the penalty's total before β
-        non_score_reward=float(-FLAGS.beta * kl.sum(-1).mean()),
+        non_score_reward=float(-algo.beta * kl.sum(-1).mean()),
         time_sampling=sample_time, time_scoring=scored.score_time + time.time() - t1)
     return batch, stats, position + b

@@ -3,7 +3,6 @@ the current policy), DeepSeekMath §5.2.1 and Table 10: GC(q, o, t) = 1 if o is 
 
 import time
 
-from absl import flags
 import jax.numpy as jnp
 import numpy as np
 
@@ -14,9 +13,6 @@ from grpo_jax import losses
 from grpo_jax import training
 from grpo_jax.training import objectives
 from grpo_jax.training import update as update_lib
-
-FLAGS = flags.FLAGS
-
 
 def _batch(samples, correct) -> training.Batch:
   """A `Batch` whose advantages hold the paradigm coefficient GC = I(o correct) on every token."""
@@ -29,8 +25,8 @@ def _batch(samples, correct) -> training.Batch:
 class _Paradigm(base.Method):
   def objective(self):
     # The likelihood of the model itself (temperature 1): these methods imitate, they do not reweight.
-    return update_lib.bind(objectives.paradigm_objective, config=self.config, aggregation=FLAGS.loss_aggregation,
-                           chunk_size=FLAGS.logprob_chunk)
+    return update_lib.bind(objectives.paradigm_objective, config=self.config,
+                           aggregation=self.cfg.algorithm.loss_aggregation, chunk_size=self.cfg.model.logprob_chunk)
 
 
 class OnlineRFT(_Paradigm):
@@ -39,13 +35,14 @@ class OnlineRFT(_Paradigm):
 
   def collect(self, params, position: int, key):
     t0 = time.time()
-    examples = [self.task.train_example(position + i) for i in range(FLAGS.batch_size)]
-    scored = self.rollouts.sample(params, examples, key, FLAGS.group_size)
+    b, g = self.cfg.rollout.batch_size, self.cfg.rollout.group_size
+    examples = [self.task.train_example(position + i) for i in range(b)]
+    scored = self.rollouts.sample(params, examples, key, g)
     sample_time = time.time() - t0 - scored.score_time
     batch = _batch(scored.samples, scored.correct)
     stats = self.rollouts.stats(scored)
     stats.update(time_sampling=sample_time, time_scoring=scored.score_time)
-    return batch, stats, position + FLAGS.batch_size
+    return batch, stats, position + b
 
 
 class RFT(_Paradigm):
@@ -71,7 +68,8 @@ class RFT(_Paradigm):
   def collect(self, params, position: int, key):
     del params, key
     n = self.rows_per_step()
-    rows = np.asarray([offline.epoch_order(len(self.data.tokens), position + i, FLAGS.seed) for i in range(n)])
+    rows = np.asarray([offline.epoch_order(len(self.data.tokens), position + i, self.cfg.run.seed)
+                       for i in range(n)])
     samples = rollouts_lib.take_rows(self.data, rows)
     batch = _batch(samples, np.ones(n, np.float32))
-    return batch, {"response_length": float(samples.lengths.mean())}, position + n
+    return batch, {"response_length": float(np.mean(samples.lengths))}, position + n

@@ -3,7 +3,6 @@
 import time
 from typing import NamedTuple
 
-from absl import flags
 import jax
 import numpy as np
 
@@ -14,61 +13,69 @@ from grpo_jax import reward_models
 from grpo_jax import rewards as rewards_lib
 from grpo_jax import sampling
 from grpo_jax import training
-from experiments.methods import placement as placement_lib
-
-FLAGS = flags.FLAGS
+from experiments.runner import config as config_lib
+from experiments.runner import placement as placement_lib
 
 
 class Scored(NamedTuple):
-  """One round of rollouts: `samples` rows are prompt-major (row i·G + j is sample j of prompt i)."""
-  samples: sampling.SampleOutput  # numpy arrays
+  """One round of rollouts: rows are prompt-major (row i·G + j is sample j of prompt i).
+
+  `samples` is the sampler's output where it ran (device arrays, split over the mesh's data axes), `host` the
+  same as whole NumPy arrays on every process: the one host crossing of a step, for decoding text and rule
+  rewards. Training batches are built from `samples`, never from `host`.
+  """
+  samples: sampling.SampleOutput
   rewards: np.ndarray  # [B·G] float32, the training reward (with overlong shaping when on)
   correct: np.ndarray  # [B·G] float32, 1 where the final answer is right
   score_time: float
+  host: sampling.SampleOutput
 
 
 def take_rows(samples: sampling.SampleOutput, rows) -> sampling.SampleOutput:
-  return sampling.SampleOutput(*[np.asarray(x)[rows] for x in samples])
+  """The rows `rows` of every field (host arrays stay host arrays, device arrays device arrays)."""
+  return sampling.SampleOutput(*[x[np.asarray(rows)] for x in samples])
 
 
 class Rollouts:
   """Samples completions of the task's prompts from a policy and scores them with the task's reward."""
 
-  def __init__(self, config, task, reward_model=None, placement: placement_lib.Placement | None = None):
-    self.config, self.task = config, task
+  def __init__(self, cfg: config_lib.Config, config, task, reward_model=None,
+               placement: placement_lib.Placement | None = None):
+    self.cfg, self.config, self.task = cfg, config, task
     # A `learned_reward.LearnedReward` or `ExactStepReward`, or None for the task's rule reward.
     self.reward_model = reward_model
     self.placement = placement or placement_lib.Placement()
     self.prompts_truncated = 0  # prompts cut from the left to --max_prompt_len, since the start
-    # Log-probs of the sampling distribution π ∝ exp(logits / T), as whole host arrays; params are
-    # arguments, never compile-time constants.
-    self.logprobs = self.placement.logprobs(config, chunk_size=FLAGS.logprob_chunk, temperature=FLAGS.temperature)
+    # Log-probs of the sampling distribution π ∝ exp(logits / T), on the device(s); params are arguments, never
+    # compile-time constants.
+    self.logprobs = self.placement.logprobs(config, chunk_size=cfg.model.logprob_chunk,
+                                            temperature=cfg.rollout.temperature)
 
   def sample(self, params, examples, key, num_samples: int) -> Scored:
-    task, tok = self.task, self.task.tokenizer
-    tokens, mask, cut = training.encode_prompts(tok, [task.prompt(e) for e in examples], FLAGS.max_prompt_len)
+    task, tok, rollout = self.task, self.task.tokenizer, self.cfg.rollout
+    tokens, mask, cut = training.encode_prompts(tok, [task.prompt(e) for e in examples], self.cfg.task.max_prompt_len)
     self.prompts_truncated += cut
     tokens, mask = self.placement.rows((tokens, mask))  # each process provides its own prompts
     samples = sampling.sample(params, self.config, tokens, mask, key, num_samples=num_samples,
-                              max_new_tokens=FLAGS.max_new_tokens, temperature=FLAGS.temperature,
-                              top_k=FLAGS.top_k, top_p=FLAGS.top_p, **self.placement.sample_kwargs())
-    samples = self.placement.host(samples)  # every process scores every sample (host code is cheap)
+                              max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature,
+                              top_k=rollout.top_k, top_p=rollout.top_p, **self.placement.sample_kwargs())
+    host = self.placement.host(samples)  # every process scores every sample (host code is cheap)
     t0 = time.time()
-    texts = evaluation.decode(tok, samples)
+    texts = evaluation.decode(tok, host)
     repeated = [e for e in examples for _ in range(num_samples)]
     correct = np.asarray(rewards_lib.score(texts, repeated, "correctness"), np.float32)
     if self.reward_model is not None:
-      rewards = self.reward_model.outcome(samples, texts, repeated)
+      rewards = self.reward_model.outcome(host, texts, repeated)
     else:
       rewards = np.asarray(rewards_lib.score(texts, repeated, task.reward_fn), np.float32)
-    if FLAGS.overlong_buffer:
-      rewards = rewards + np.asarray(losses.overlong_penalty(samples.lengths, FLAGS.max_new_tokens,
-                                                            FLAGS.overlong_buffer))
-    return Scored(samples, rewards, correct, time.time() - t0)
+    if rollout.overlong_buffer:
+      rewards = rewards + np.asarray(losses.overlong_penalty(host.lengths, rollout.max_new_tokens,
+                                                            rollout.overlong_buffer))
+    return Scored(samples, rewards, correct, time.time() - t0, host)
 
   def old_logprobs(self, params, samples: sampling.SampleOutput):
     """π_old of the sampled tokens `[N, T]`: the sampler's own log-probs at T = 1, else recomputed."""
-    if FLAGS.temperature == 1.0 and not FLAGS.recompute_old_logprobs:
+    if self.cfg.rollout.temperature == 1.0 and not self.cfg.algorithm.recompute_old_logprobs:
       return jax.numpy.asarray(samples.logprobs)
     return self.completion(self.logprobs(params, *logprobs_lib.sequences_from_samples(samples)), samples)
 
@@ -81,7 +88,7 @@ class Rollouts:
     """Batch statistics; with a learned reward and G > 1 also "reward_group_auc", the reward's AUC against
     correctness within the groups (`reward_models.group_auc`): its fall below the reward model's held-out
     value while "reward_mean" rises is reward hacking, measured."""
-    s = scored.samples
+    s = scored.host
     stats = {"reward_mean": float(scored.rewards.mean()), "reward_std": float(scored.rewards.std()),
              "accuracy": float(scored.correct.mean()), "response_length": float(s.lengths.mean()),
              "truncated_frac": float(s.truncated.mean()), "prompts_truncated": float(self.prompts_truncated),

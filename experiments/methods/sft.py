@@ -4,15 +4,11 @@ The data source is the task's reference solutions of the RL prompt pool (problem
 warm start did not see), so the comparison with the RL methods is at equal prompts.
 """
 
-from absl import flags
 import jax.numpy as jnp
 import numpy as np
 
 from experiments.methods import rft
 from grpo_jax import training
-
-FLAGS = flags.FLAGS
-
 
 class SFT(rft._Paradigm):
   name = "sft"
@@ -35,8 +31,8 @@ class SFT(rft._Paradigm):
         examples.append(e)
     prompts = [tok.encode(self.task.prompt(e), add_special_tokens=False) for e in examples]
     targets = [tok.encode(e.solution, add_special_tokens=False) + [tok.eos_token_id] for e in examples]
-    batch = training.supervised_batch(prompts, targets, FLAGS.max_prompt_len, FLAGS.max_new_tokens,
-                                      tok.pad_token_id or 0)
+    batch = training.supervised_batch(prompts, targets, self.cfg.task.max_prompt_len,
+                                      self.cfg.rollout.max_new_tokens, tok.pad_token_id or 0)
     batch = batch._replace(advantages=batch.loss_mask.astype(jnp.float32))  # GC = 1
     lengths = np.asarray(batch.loss_mask).sum(-1)
     return batch, {"response_length": float(lengths.mean())}, position + scanned

@@ -10,7 +10,7 @@ STUDY = Study(
     title="DeepSeekMath Fig 7: Maj@K and Pass@K before and after RL",
     description=(
         "The SFT policy of each seed and the GRPO policy trained from it (the default stage 2) each sample 64 "
-        "completions per held-out problem at T = 0.7 (`experiments.studies.sample_eval`); Pass@K is the unbiased "
+        "completions per held-out problem at T = 0.7 (`experiments.sample_eval`); Pass@K is the unbiased "
         "estimator from those 64, Maj@K the majority answer of the first K. The paper: RL raises Maj@K but not "
         "Pass@K (it makes the output distribution more robust, not the model more capable)."),
     runs=(

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 GRPO_MATH = "experiments.grpo_math"
 FLOW_GRPO = "experiments.flow_grpo"
 TRAIN_REWARD_MODEL = "experiments.train_reward_model"
-SAMPLE_EVAL = "experiments.studies.sample_eval"
+SAMPLE_EVAL = "experiments.sample_eval"
 
 # The flag each runner takes its output directory from (default: work_dir).
 OUT_FLAGS = {TRAIN_REWARD_MODEL: "rm_dir"}

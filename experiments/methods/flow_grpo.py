@@ -1,0 +1,197 @@
+"""Flow-GRPO (AgentFlow, arXiv 2510.05592) as a method of the training loop: a multi-turn planner with tools and
+memory, trained on a broadcast outcome reward.
+
+At turn t the planner π_θ sees the query q and its memory M^t and writes an action a^t, a sub-goal plus a tool
+call ("mul 4: calc 8*4") or the final answer ("answer: 32"); the executor runs the tool, the verifier stops on an
+answer or at T_max (`max_turns`), the memory records the call and its result, and the generator writes the final
+answer from M^T. All G trajectories of all B queries advance together through the KV-cache sampler, finished ones
+leaving the batch. The outcome reward of a trajectory is broadcast to every turn's action, normalised over the G
+trajectories of the query (eq. 7), and the clipped surrogate with a k3 KL to the frozen SFT planner is averaged
+over action tokens, turns and trajectories (eq. 5); only action tokens are trained. Stage 1 imitates teacher
+trajectories made from the ground truth (each solution step a calculator call, then the answer).
+"""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.methods import base
+from experiments.runner import config as config_lib
+from experiments.runner import warm_start
+from grpo_jax import agents
+from grpo_jax import rewards as rewards_lib
+from grpo_jax.losses import flow_grpo
+from grpo_jax.training import update as update_lib
+
+# Defaults of `python -m experiments.flow_grpo` that differ from the single-turn run's (`Config.replace(**...)`).
+DEFAULTS = dict(algo="flow_grpo", work_dir="runs/flow_grpo", sft_steps=300, sft_batch_size=64, steps=60,
+                batch_size=16, group_size=8, learning_rate=5e-5, eval_every=0, save_every=20)
+
+
+class Agent:
+  """Everything but the planner: toolset, prompt format, executor, verifier, generator, budgets."""
+
+  def __init__(self, cfg: config_lib.Config, tokenizer):
+    self.cfg, agent = cfg, cfg.agent
+    try:
+      self.toolset = agents.math_toolset(agent.tools)
+    except ValueError as err:
+      raise config_lib.RunError(f"--tools: {err}") from None
+    count = lambda text: len(tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
+    header = f"{self.toolset.describe()}\nactions: '<sub-goal>: <tool> <args>' or 'answer: <value>'\n"
+    self.prompt_format = agents.PromptFormat(agent.planner_prompt_len, count, header if agent.tool_header else "")
+    self.executor = agents.ToolExecutor(self.toolset, agent.tool_time_limit)
+    self.generator = agents.RuleGenerator(use_last_result=agent.answer_from_memory)
+    self.tokenizer = tokenizer
+
+  def planner(self, params, config, *, greedy: bool) -> agents.SamplerPlanner:
+    agent, rollout = self.cfg.agent, self.cfg.rollout
+    return agents.SamplerPlanner(params, config, self.tokenizer, max_prompt_len=agent.planner_prompt_len,
+                                 max_action_tokens=agent.action_tokens, temperature=rollout.temperature,
+                                 top_k=rollout.top_k, top_p=rollout.top_p, greedy=greedy, min_bucket=agent.min_bucket)
+
+  def episodes(self, planner, examples, group_size: int, key) -> list[agents.Trajectory]:
+    return agents.run_episodes(planner, [e.question for e in examples], group_size=group_size,
+                               max_turns=self.cfg.agent.max_turns, key=key, prompt_format=self.prompt_format,
+                               memory_budget=self.cfg.agent.memory_budget, executor=self.executor,
+                               generator=self.generator)
+
+
+def row_bucket(n: int, unit: int) -> int:
+  """Rows padded up to a multiple of `unit`, so the update compiles for a few shapes only."""
+  return max(unit, -(-n // unit) * unit)
+
+
+def take_turn_rows(batch: agents.TurnBatch, rows: np.ndarray, size: int) -> agents.TurnBatch:
+  """The given rows of a batch, padded with empty rows (no tokens, nothing trained) up to `size`."""
+  pad = size - len(rows)
+
+  def take(name, x):
+    x = np.asarray(x)[rows]
+    filler = np.full((pad, *x.shape[1:]), 1 if name == "num_turns" else 0, x.dtype)
+    return np.concatenate([x, filler]) if pad else x
+
+  return agents.TurnBatch(*[take(name, x) for name, x in zip(agents.TurnBatch._fields, batch)])
+
+
+class FlowGRPO(base.Method):
+  """Rows are turns; a step's B·G trajectories have a varying number of them, so minibatches hold whole
+  trajectories (padded to a few row counts)."""
+
+  name = "flow_grpo"
+  sft_marker = "flow_grpo_sft.json"  # a planner fine-tuned on teacher trajectories, not a single-turn policy
+
+  def __init__(self, cfg, config, task, rollouts, reference):
+    super().__init__(cfg, config, task, rollouts, reference)
+    self.agent = Agent(cfg, task.tokenizer)
+    self.prompts_truncated = 0
+    self.num_turns = 0  # turn rows of the last collected step
+
+  @property
+  def uses_reference(self):
+    return self.cfg.algorithm.beta > 0
+
+  def objective(self):
+    algo = self.cfg.algorithm
+    loss_kwargs = dict(epsilon=algo.epsilon, epsilon_high=algo.epsilon_high, beta=algo.beta, kl=algo.kl or "k3",
+                       dual_clip=algo.dual_clip)
+    # π ∝ exp(logits / T), the distribution the actions were sampled from
+    return update_lib.bind(agents.flow_grpo_objective, config=self.config, loss_kwargs=loss_kwargs,
+                           use_reference=algo.beta > 0, chunk_size=self.cfg.model.logprob_chunk,
+                           temperature=self.cfg.rollout.temperature)
+
+  def collect(self, params, position: int, key):
+    algo, b, g = self.cfg.algorithm, self.cfg.rollout.batch_size, self.cfg.rollout.group_size
+    t0 = time.time()
+    examples = [self.task.train_example(position + i) for i in range(b)]
+    planner = self.agent.planner(params, self.config, greedy=False)
+    trajectories = self.agent.episodes(planner, examples, g, key)
+    self.prompts_truncated += planner.prompts_truncated
+    t1 = time.time()
+    repeated = [e for e in examples for _ in range(g)]
+    outputs = [t.output for t in trajectories]
+    rewards = rewards_lib.score(outputs, repeated, self.task.reward_fn).reshape(b, g)
+    correct = rewards_lib.score(outputs, repeated, "correctness")
+    n_turns = sum(t.num_turns for t in trajectories)
+    unit = max(b * g // 2, 1) * algo.grad_accum_steps
+    host = agents.turn_rows(trajectories, self.cfg.agent.planner_prompt_len, self.cfg.agent.action_tokens,
+                            self.task.tokenizer.pad_token_id or 0, rows=row_bucket(n_turns, unit))
+    advantages = flow_grpo.broadcast_outcome_advantages(rewards, host.trajectory_ids, scale=algo.advantage_scale,
+                                                        eps=algo.advantage_eps)
+    real = np.arange(len(host.advantages)) < n_turns
+    old_logp = self.rollouts.logprobs(params, host.tokens, host.attention_mask)
+    ref_logp = (self.rollouts.logprobs(self.reference, host.tokens, host.attention_mask) if algo.beta > 0
+                else jnp.zeros_like(old_logp))
+    batch = host._replace(old_logp=np.asarray(old_logp), ref_logp=np.asarray(ref_logp),
+                          advantages=np.where(real, np.asarray(advantages), 0.0).astype(np.float32))
+    self.num_turns = n_turns
+    stats = {
+        "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()), "accuracy": float(correct.mean()),
+        "zero_variance_groups": float(np.mean(np.ptp(rewards, axis=1) == 0)),
+        **agents.episode_stats(trajectories),
+        "turn_rows": float(n_turns), "padded_rows": float(len(host.advantages) - n_turns),
+        "sampled_rows": float(planner.rows_sampled), "prompts_truncated": float(self.prompts_truncated),
+        "action_length": float(np.mean([len(turn.output.action_ids) for t in trajectories for turn in t.turns])),
+        "time_sampling": t1 - t0, "time_scoring": time.time() - t1,
+    }
+    return batch, stats, position + b
+
+  def minibatches(self, batch, key, epoch: int, minibatch: int):
+    """Minibatches of `minibatch` whole trajectories (all of a step's turns when it is B·G), each padded to a
+    multiple of half the minibatch's trajectories."""
+    trajectories = self.rows_per_step()
+    order = np.asarray(jax.random.permutation(jax.random.fold_in(key, 10_000 + epoch), trajectories))
+    if minibatch == trajectories:
+      return [jax.tree.map(jnp.asarray, batch)]
+    real_rows = np.arange(self.num_turns)
+    parts = []
+    for i in range(0, trajectories, minibatch):
+      rows = real_rows[np.isin(batch.trajectory_ids[real_rows], order[i:i + minibatch])]
+      part = take_turn_rows(batch, rows, row_bucket(len(rows),
+                                                    max(minibatch // 2, 1) * self.cfg.algorithm.grad_accum_steps))
+      parts.append(jax.tree.map(jnp.asarray, part._replace(num_trajectories=np.full_like(part.num_trajectories,
+                                                                                         minibatch))))
+    return parts
+
+  def evaluate(self, params, key) -> dict:
+    """Greedy agent loop on the held-out set: accuracy, mean turns, tool calls, tool-error rate, answer rate."""
+    size = min(self.cfg.eval.eval_batch_size, len(self.task.test))
+    trajectories = []
+    for start in range(0, len(self.task.test), size):
+      planner = self.agent.planner(params, self.config, greedy=True)
+      trajectories += self.agent.episodes(planner, self.task.test[start:start + size], 1,
+                                          jax.random.fold_in(key, start))
+    correct = rewards_lib.score([t.output for t in trajectories], self.task.test, "correctness")
+    return {"accuracy": float(correct.mean()), **agents.episode_stats(trajectories)}
+
+  def demonstrations(self) -> warm_start.Demonstrations:
+    """(prompt ids, action ids + end token) of every turn of the teacher trajectories of the SFT pool."""
+    examples = [e for e in self.task.sft_pool if e.solution]
+    try:
+      scripts = agents.teacher_scripts(examples)
+    except ValueError as err:
+      raise config_lib.RunError(f"teacher trajectories need solutions of a<op>b=c steps ({err}); "
+                                "pass --sft_steps=0 with an instruction-tuned --model") from None
+    agent = self.agent
+    trajectories = agents.run_episodes(agents.ScriptedPlanner(scripts), [e.question for e in examples],
+                                       group_size=1, max_turns=self.cfg.agent.max_turns, key=jax.random.PRNGKey(0),
+                                       prompt_format=agent.prompt_format, memory_budget=self.cfg.agent.memory_budget,
+                                       executor=agent.executor, generator=agent.generator)
+    correct = rewards_lib.score([t.output for t in trajectories], examples, "correctness")
+    tok = agent.tokenizer
+    turns = [(tok.encode(turn.prompt, add_special_tokens=False),
+              tok.encode(turn.action.text, add_special_tokens=False) + [tok.eos_token_id])
+             for t, ok in zip(trajectories, correct) if ok for turn in t.turns]
+    if not turns:
+      raise config_lib.RunError(f"no teacher trajectory reaches its answer within --max_turns="
+                                f"{self.cfg.agent.max_turns}")
+    return warm_start.Demonstrations(turns, self.cfg.agent.planner_prompt_len, self.cfg.agent.action_tokens, 54321)
+
+  def summary_rows(self, start: dict, final: dict) -> list[tuple[str, str]]:
+    pct = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"  # noqa: E731
+    return [("mean turns, start -> Flow-GRPO", f"{start.get('mean_turns', float('nan')):.2f} -> "
+                                               f"{final['mean_turns']:.2f}"),
+            ("tool-error rate, start -> Flow-GRPO", f"{pct(start.get('tool_error_rate'))} -> "
+                                                    f"{pct(final['tool_error_rate'])}")]

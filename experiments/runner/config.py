@@ -1,0 +1,367 @@
+"""The run's configuration: frozen dataclasses, one per concern, built from flags once in `main()`.
+
+Every field has the name of its command-line flag, so a flagfile and a Python config say the same thing:
+
+  config = runner.Config(optim=runner.OptimConfig(steps=50), rollout=runner.RolloutConfig(batch_size=16))
+  summary = runner.run(config)            # == python -m experiments.grpo_math --steps=50 --batch_size=16
+
+`Config()` is the embedded default run (`experiments/configs/cpu_default.cfg`); the runners' flags take their
+defaults from these fields. Everything below the entry modules takes a `Config` (or one of its sections) and
+never reads a flag. `Config.flat()` is the flag-name -> value dict a checkpoint records and `--resume` compares.
+"""
+
+import dataclasses
+from typing import Any
+
+_SENTINEL = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """The policy: an HF checkpoint, or the embedded tiny model built and warm-started by SFT."""
+  model: str = ""  # HF checkpoint directory; empty: the embedded tiny model
+  init_checkpoint: str = ""  # HF directory of the starting policy (skips SFT)
+  tiny_layers: int = 4
+  tiny_hidden_size: int = 128
+  dtype: str = "float32"
+  remat: bool = False
+  remat_policy: str = "full"
+  scan_layers: bool = False
+  logprob_chunk: int = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskConfig:
+  """Problems, prompt format and the rule reward."""
+  task: str = "synthetic"
+  train_file: str = ""
+  test_file: str = ""
+  num_train: int = 20000
+  num_test: int = 500
+  synthetic_min_steps: int = 2
+  synthetic_max_steps: int = 3
+  synthetic_digits: int = 1
+  synthetic_ops: str = "+-*"
+  prompt_template: str = "auto"
+  max_prompt_len: int = 16
+  reward: str = "correctness:1.0"
+  sft_examples: int = 2000
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+  """Stage 1, the warm start of the embedded model on worked solutions."""
+  sft_steps: int = 600
+  sft_batch_size: int = 32
+  sft_learning_rate: float = 3e-3
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+  """Sampling the policy: B prompts x G completions per step."""
+  batch_size: int = 32
+  group_size: int | None = None  # None: 8, and 1 for PPO (resolved by `Config`)
+  max_new_tokens: int = 40
+  temperature: float = 0.7
+  top_p: float = 1.0
+  top_k: int = 0
+  dynamic_sampling: bool = False
+  dynamic_sampling_max_rounds: int = 4
+  overlong_buffer: int = 0
+  mask_truncated: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmConfig:
+  """The stage-2 method and its loss (GRPO and its variants; PPO's critic; DPO; the offline data)."""
+  algo: str = "grpo"
+  beta: float = 0.04
+  epsilon: float = 0.2
+  epsilon_high: float | None = None
+  dual_clip: float | None = None
+  kl: str | None = None  # None: k3 in GRPO's loss, k1 in PPO's and REINFORCE++'s reward
+  loss_aggregation: str = "seq-mean-token-mean"
+  advantage_scale: str = "group"
+  advantage_eps: float = 1e-4
+  advantage_estimator: str = "group"
+  importance: str = "token"
+  num_epochs: int = 1
+  minibatch_size: int = 0
+  grad_accum_steps: int = 1
+  recompute_old_logprobs: bool = False
+  gamma: float = 1.0
+  gae_lambda: float = 0.95
+  value_learning_rate: float | None = None
+  value_clip: float = 0.2
+  value_coef: float = 1.0
+  whiten_advantages: bool = True
+  value_init: str = "policy"
+  dpo_beta: float = 0.1
+  dpo_pairs_per_prompt: int = 1
+  offline_prompts: int = 2048
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+  """The stage-2 optimiser (AdamW) and the run's length."""
+  steps: int = 200
+  learning_rate: float = 3e-4
+  lr_schedule: str = "cosine"
+  warmup_steps: int = 5
+  weight_decay: float = 0.0
+  max_grad_norm: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardModelConfig:
+  """Learned rewards (GRPO+OS/PS with an ORM/PRM) and iterative RL (DeepSeekMath Algorithm 1)."""
+  reward_model: str = ""
+  supervision: str = "outcome"
+  process_center_tokens: bool = False
+  prm_max_steps: int = 8
+  iterations: int = 1
+  steps_per_iteration: int = 0
+  replay_fraction: float = 0.1
+  replay_capacity: int = 16384
+  rm_update_prompts: int = 256
+  rm_update_steps: int = 100
+  rm_update_batch_size: int = 64
+  rm_update_learning_rate: float = 1e-4
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentConfig:
+  """Flow-GRPO's agent (AgentFlow): turns, memory, tools, budgets."""
+  max_turns: int = 4
+  memory_budget: int = 56
+  planner_prompt_len: int = 72
+  action_tokens: int = 20
+  tools: str = "calc,frac,recall"
+  tool_time_limit: float = 1.0
+  tool_header: bool = False
+  answer_from_memory: bool = True
+  min_bucket: int = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+  """Held-out evaluation: greedy accuracy, and maj@k / pass@k with `eval_samples` > 0."""
+  eval_every: int = 100
+  eval_batch_size: int = 250
+  eval_samples: int = 0
+  eval_temperature: float = 0.7
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """Where the run writes, its checkpoints, and its seed."""
+  work_dir: str = "runs/grpo_math"
+  save_every: int = 50
+  keep_checkpoints: int = 2
+  resume: bool = False
+  stop_after: int = 0
+  tensorboard: bool = True
+  seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """Devices and processes: a mesh spec and its sharding rules; the multi-host coordinator."""
+  mesh: str = ""
+  sharding_rules: str = "fsdp"
+  coordinator_address: str = ""
+  num_processes: int | None = None
+  process_id: int | None = None
+
+
+SECTIONS = {"model": ModelConfig, "task": TaskConfig, "sft": SFTConfig, "rollout": RolloutConfig,
+            "algorithm": AlgorithmConfig, "optim": OptimConfig, "reward_model": RewardModelConfig,
+            "agent": AgentConfig, "eval": EvalConfig, "run": RunConfig, "mesh": MeshConfig}
+
+# The fields of these sections only change how long a run goes, what it evaluates and logs, or where it
+# runs: `--resume` accepts other values (`resume.check`).
+MAY_CHANGE = frozenset({
+    "steps", "resume", "stop_after", "save_every", "keep_checkpoints", "work_dir", "tensorboard",
+    "eval_every", "eval_batch_size", "eval_samples", "eval_temperature",
+    "mesh", "sharding_rules", "coordinator_address", "num_processes", "process_id",
+})
+
+
+class ConfigError(ValueError):
+  """A configuration that cannot run, named in one line."""
+
+
+class RunError(Exception):
+  """A problem with the run's inputs (files, directories, data), reported as one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """A whole run: the sections above. Unset method-dependent values are resolved on construction."""
+  model: ModelConfig = ModelConfig()
+  task: TaskConfig = TaskConfig()
+  sft: SFTConfig = SFTConfig()
+  rollout: RolloutConfig = RolloutConfig()
+  algorithm: AlgorithmConfig = AlgorithmConfig()
+  optim: OptimConfig = OptimConfig()
+  reward_model: RewardModelConfig = RewardModelConfig()
+  agent: AgentConfig = AgentConfig()
+  eval: EvalConfig = EvalConfig()
+  run: RunConfig = RunConfig()
+  mesh: MeshConfig = MeshConfig()
+
+  def __post_init__(self):
+    if self.rollout.group_size is None:
+      default = 1 if self.algorithm.algo == "ppo" else 8
+      object.__setattr__(self, "rollout", dataclasses.replace(self.rollout, group_size=default))
+    if self.reward_model.iterations > 1 and self.reward_model.steps_per_iteration >= 1:
+      steps = self.reward_model.iterations * self.reward_model.steps_per_iteration
+      object.__setattr__(self, "optim", dataclasses.replace(self.optim, steps=steps))
+    problem = check(self)
+    if problem:
+      raise ConfigError(problem)
+
+  def replace(self, **fields) -> "Config":
+    """A copy with flat fields replaced by name: `config.replace(steps=10, seed=1)`."""
+    sections = {name: {} for name in SECTIONS}
+    for name, value in fields.items():
+      sections[section_of(name)][name] = value
+    return dataclasses.replace(self, **{name: dataclasses.replace(getattr(self, name), **values)
+                                        for name, values in sections.items() if values})
+
+  def flat(self) -> dict[str, Any]:
+    """Every field by its flag name (the record a checkpoint keeps)."""
+    return {f.name: getattr(getattr(self, section), f.name)
+            for section, cls in SECTIONS.items() for f in dataclasses.fields(cls)}
+
+  @property
+  def rows_per_step(self) -> int:
+    """Rows a step collects: B x G."""
+    return self.rollout.batch_size * self.rollout.group_size
+
+
+def section_of(name: str) -> str:
+  """The section holding the field `name`."""
+  for section, cls in SECTIONS.items():
+    if any(f.name == name for f in dataclasses.fields(cls)):
+      return section
+  raise KeyError(f"no config field named {name!r}")
+
+
+def from_flat(values: dict[str, Any], base: Config | None = None) -> Config:
+  """A `Config` from flag-name -> value pairs (unknown names are an error); the rest from `base`."""
+  base = base or Config()
+  sections = {}
+  for section, cls in SECTIONS.items():
+    names = {f.name for f in dataclasses.fields(cls)}
+    picked = {k: v for k, v in values.items() if k in names}
+    sections[section] = dataclasses.replace(getattr(base, section), **picked)
+  unknown = set(values) - {f.name for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
+  if unknown:
+    raise ConfigError(f"unknown config fields: {', '.join(sorted(unknown))}")
+  return Config(**sections)
+
+
+def default(name: str) -> Any:
+  """The default of the field `name` (what the flag of that name defaults to)."""
+  section = section_of(name)
+  return next(f.default for f in dataclasses.fields(SECTIONS[section]) if f.name == name)
+
+
+# VALIDATION: one line naming the field (by its flag name) and what it must be.
+
+_POSITIVE = ("tiny_layers", "sft_batch_size", "num_train", "num_test", "max_prompt_len", "max_new_tokens",
+             "batch_size", "num_epochs", "grad_accum_steps", "eval_batch_size", "keep_checkpoints",
+             "dynamic_sampling_max_rounds", "dpo_pairs_per_prompt", "offline_prompts", "prm_max_steps",
+             "iterations", "replay_capacity", "rm_update_prompts", "rm_update_steps", "rm_update_batch_size",
+             "max_turns", "planner_prompt_len", "action_tokens", "min_bucket")
+_NON_NEGATIVE = ("steps", "sft_steps", "sft_examples", "eval_every", "save_every", "minibatch_size",
+                 "overlong_buffer", "eval_samples", "stop_after", "top_k", "max_grad_norm", "advantage_eps",
+                 "steps_per_iteration", "memory_budget", "beta")
+CHOICES = {  # the allowed values of the enum fields (and flags)
+    "dtype": ("float32", "bfloat16"), "remat_policy": ("full", "dots_no_batch", "dots"),
+    "task": ("synthetic", "gsm8k", "math"), "prompt_template": ("auto", "plain", "chat"),
+    "algo": ("grpo", "ppo", "online_rft", "rft", "dpo", "sft", "flow_grpo"), "kl": (None, "k1", "k2", "k3"),
+    "loss_aggregation": ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum"),
+    "advantage_scale": ("group", "batch", "none"), "advantage_estimator": ("group", "rloo", "reinforce_pp"),
+    "importance": ("token", "sequence"), "lr_schedule": ("constant", "cosine"),
+    "supervision": ("outcome", "process"), "sharding_rules": ("dp", "fsdp", "fsdp_tp"),
+}
+STEP_REWARDS = ("prm", "exact_steps")  # the `reward` values that score every step
+TINY_HEADS = 4  # attention heads of the embedded tiny model (`grpo_jax.models.tiny_config`)
+# GRPO knobs that mean nothing for Flow-GRPO's per-turn objective (eq. 5): refused unless at their defaults.
+FLOW_UNSUPPORTED = ("loss_aggregation", "importance", "dynamic_sampling", "overlong_buffer", "mask_truncated",
+                    "eval_samples", "reward_model", "supervision", "iterations", "steps_per_iteration",
+                    "advantage_estimator")
+
+
+def check(config: Config) -> str | None:
+  """The first problem of `config` as one line, or None."""
+  v = config.flat()
+  for name in _POSITIVE:
+    if v[name] is None or v[name] < 1:
+      return f"--{name} must be >= 1"
+  for name in _NON_NEGATIVE:
+    if v[name] < 0:
+      return f"--{name} must be >= 0"
+  for name, choices in CHOICES.items():
+    if v[name] not in choices:
+      return f"--{name} must be one of {', '.join(str(c) for c in choices if c is not None)}, not {v[name]!r}"
+  algo = v["algo"]
+  if v["group_size"] < (1 if algo == "ppo" else 2):
+    return ("--group_size must be >= 2 (GRPO compares samples within a group, RFT and DPO pick among them; "
+            "PPO accepts 1)")
+  for name in ("epsilon", "temperature", "eval_temperature", "learning_rate", "sft_learning_rate",
+               "rm_update_learning_rate", "dpo_beta", "tool_time_limit"):
+    if v[name] <= 0:
+      return f"--{name} must be > 0"
+  for name in ("epsilon_high", "value_learning_rate"):
+    if v[name] is not None and v[name] <= 0:
+      return f"--{name} must be > 0"
+  if v["dual_clip"] is not None and v["dual_clip"] <= 1:
+    return "--dual_clip must be > 1"
+  if not 0 < v["top_p"] <= 1:
+    return "--top_p must be in (0, 1]"
+  if not 0 <= v["gamma"] <= 1 or not 0 <= v["gae_lambda"] <= 1:
+    return f"--{'gamma' if not 0 <= v['gamma'] <= 1 else 'gae_lambda'} must be in [0, 1]"
+  if v["value_clip"] < 0:
+    return "--value_clip must be >= 0"
+  if not 0 <= v["replay_fraction"] < 1:
+    return "--replay_fraction must be in [0, 1)"
+  if v["overlong_buffer"] > v["max_new_tokens"]:
+    return "--overlong_buffer must be <= --max_new_tokens"
+  rows = config.rows_per_step
+  minibatch = v["minibatch_size"] or rows
+  if minibatch % v["grad_accum_steps"] or rows % minibatch:
+    return ("--minibatch_size (0: batch_size*group_size) must divide batch_size*group_size and be divisible by "
+            "--grad_accum_steps")
+  if v["sft_steps"] and v["sft_batch_size"] % v["grad_accum_steps"]:
+    return "--sft_batch_size must be divisible by --grad_accum_steps"
+  if v["tiny_hidden_size"] < 1 or v["tiny_hidden_size"] % (2 * TINY_HEADS):
+    return (f"--tiny_hidden_size must be a positive multiple of {2 * TINY_HEADS} (the embedded model's "
+            f"{TINY_HEADS} attention heads each need an even head size for RoPE)")
+  reward = v["reward"]
+  if v["supervision"] == "process" and reward not in STEP_REWARDS:
+    return "--supervision=process needs --reward=prm (a process reward model) or exact_steps (synthetic task)"
+  if reward == "exact_steps" and v["task"] != "synthetic":
+    return "--reward=exact_steps needs --task=synthetic, whose steps can be checked exactly"
+  if (reward in ("orm", "prm")) != bool(v["reward_model"]):
+    return "--reward=orm|prm and --reward_model=DIR go together"
+  if v["iterations"] > 1 and (v["steps_per_iteration"] < 1 or reward not in ("orm", "prm")):
+    return "--iterations > 1 needs --steps_per_iteration >= 1 and a learned reward (--reward=orm|prm)"
+  if v["supervision"] == "process" and algo != "grpo":
+    return "--supervision=process is GRPO's (GRPO+PS); use --algo=grpo"
+  if v["advantage_estimator"] != "group" and (algo != "grpo" or v["supervision"] == "process"):
+    return (f"--advantage_estimator={v['advantage_estimator']} replaces GRPO's outcome advantages: it needs "
+            f"--algo=grpo and --supervision=outcome")
+  if v["iterations"] > 1 and algo not in ("grpo", "ppo"):
+    return "--iterations > 1 (iterative RL) needs an online RL method: --algo=grpo or ppo"
+  if algo == "dpo" and rows % 2:
+    return "--algo=dpo needs an even batch_size*group_size (rows come in pairs)"
+  if algo == "flow_grpo":
+    for name in FLOW_UNSUPPORTED:
+      if v[name] != default(name):
+        return f"--{name} is a GRPO option that Flow-GRPO does not use; leave it at its default"
+    if reward in ("orm", "prm", "exact_steps"):
+      return "--reward: Flow-GRPO scores the generator's answer with rule rewards, not a reward model"
+  return None

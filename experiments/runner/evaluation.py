@@ -1,0 +1,35 @@
+"""Held-out evaluation of a single-turn policy: greedy accuracy, and maj@k / pass@k for k = 1, 2, 4, ..., K."""
+
+import jax
+import numpy as np
+
+from experiments.runner import config as config_lib
+from experiments.runner import placement as placement_lib
+from experiments.runner import task as task_lib
+from grpo_jax import evaluation
+
+
+def ks_up_to(k: int) -> list[int]:
+  """1, 2, 4, ... up to k, and k itself."""
+  return sorted({1, k} | {2 ** i for i in range(k.bit_length()) if 2 ** i <= k})
+
+
+def evaluate(params, model_config, task: task_lib.Task, config: config_lib.Config, key,
+             placement: placement_lib.Placement) -> dict:
+  """Greedy pass@1 ("accuracy"), format rate and mean length on the held-out set; with `eval_samples` = K > 0
+  also maj@k and the unbiased pass@k (DeepSeekMath Fig 7) for every power of two k <= K and K, from one set of
+  K samples per problem at `eval_temperature`."""
+  prompts = [task.prompt(e) for e in task.test]
+  common = dict(batch_size=min(config.eval.eval_batch_size, len(prompts)), max_prompt_len=config.task.max_prompt_len,
+                max_new_tokens=config.rollout.max_new_tokens, **placement.sample_kwargs())
+  texts, lengths = evaluation.generate(params, model_config, task.tokenizer, prompts, key, greedy=True, **common)
+  greedy = evaluation.summarize(texts, task.test, ks=(1,), is_formatted=task.is_formatted)
+  metrics = {"accuracy": greedy["pass@1"], "format_rate": greedy["format_rate"],
+             "mean_length": float(np.mean(lengths))}
+  k = config.eval.eval_samples
+  if k:
+    texts, _ = evaluation.generate(params, model_config, task.tokenizer, prompts, jax.random.fold_in(key, 1),
+                                   num_samples=k, temperature=config.eval.eval_temperature, **common)
+    sampled = evaluation.summarize(texts, task.test, ks=ks_up_to(k), is_formatted=task.is_formatted)
+    metrics.update({name: v for name, v in sampled.items() if "@" in name})
+  return metrics

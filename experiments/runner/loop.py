@@ -1,0 +1,300 @@
+r"""The one training loop: `run(config) -> summary`, for every method of `experiments.methods`.
+
+  from experiments.runner import config, loop
+  summary = loop.run(config.Config().replace(steps=50, algo="online_rft", work_dir="runs/rft"))
+
+Stage 1 (the embedded model only) fine-tunes the start policy on the method's demonstrations. Stage 2 runs
+`steps` steps of
+
+  COLLECT   the method's rows on the device(s): samples of the current policy (online methods) or a fixed
+            dataset (offline ones), rewards, π_old / π_ref log-probs, advantages; text crosses to the host once
+  UPDATE    μ epochs of minibatch optimiser steps (the method says how rows form minibatches)
+  LOG       the step's metrics, brought to the host in one transfer
+  ITERATE   iterative RL (DeepSeekMath Algorithm 1): π_ref ← π_θ at each iteration start, the reward model
+            retrained at its end
+  EVALUATE  every `eval_every` steps; CHECKPOINT every `save_every` (exact resume: train state, data position,
+            RNG key, metrics offset, the config)
+
+and stops with FloatingPointError, before saving, on a non-finite metric. Exports `final_policy` (HF format) and
+writes `summary.json`.
+"""
+
+import json
+import math
+import pathlib
+import resource
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments import methods as methods_lib
+from experiments.methods import learned_reward
+from experiments.runner import config as config_lib
+from experiments.runner import placement as placement_lib
+from experiments.runner import policy as policy_lib
+from experiments.runner import resume as resume_lib
+from experiments.runner import task as task_lib
+from experiments.runner import warm_start
+from grpo_jax import distributed
+from grpo_jax import training
+
+RunError = config_lib.RunError
+
+
+def note(line: str) -> None:
+  """A one-line note on stderr, on a line of its own."""
+  training.end_progress_line()
+  print(line, file=sys.stderr)
+
+
+def combine(name: str, values: list[float]) -> float:
+  """One metric over a step's minibatches (separate optimiser steps): min/max for extremes, else the mean."""
+  if name.endswith("_min"):
+    return min(values)
+  if name.endswith("_max"):
+    return max(values)
+  return float(np.mean(values))
+
+
+def print_table(title: str, rows: list[tuple[str, str]]) -> None:
+  """A run's closing table: a title, a rule, then `name  value` lines."""
+  width = max(len(r[0]) for r in rows)
+  print("\n".join(["", title, "-" * (width + 10)] + [f"{a:<{width}}  {b}" for a, b in rows]))
+
+
+def check_divisible(config: config_lib.Config, data_parallel: int) -> None:
+  """Rows split evenly over the mesh's data axes (data x fsdp)."""
+  if data_parallel == 1:
+    return
+  algo = config.algorithm
+  minibatch = algo.minibatch_size or config.rows_per_step
+  sizes = {"--batch_size": config.rollout.batch_size, "--eval_batch_size": config.eval.eval_batch_size,
+           "rows per micro-batch (minibatch / grad_accum_steps)": minibatch // algo.grad_accum_steps,
+           "SFT rows per micro-batch (sft_batch_size / grad_accum_steps)":
+               config.sft.sft_batch_size // algo.grad_accum_steps}
+  for name, size in sizes.items():
+    if size % data_parallel:
+      raise RunError(f"{name} = {size} must be a multiple of the mesh's data-parallel size {data_parallel}")
+
+
+def _check_placement(config: config_lib.Config, placement: placement_lib.Placement) -> None:
+  """What runs on one device only is refused, with one line, on a mesh or several processes."""
+  if placement.mesh is None:
+    return
+  if config.algorithm.algo == "flow_grpo":
+    raise RunError("--algo=flow_grpo runs on one device: its agent loop samples turn by turn outside the mesh; "
+                   "leave --mesh empty and run one process")
+  if config.reward_model.iterations > 1 and jax.process_count() > 1:
+    raise RunError("--iterations > 1 (reward-model retraining) runs in one process only for now")
+  check_divisible(config, placement.data_parallel)
+
+
+# STAGE 2: THE METHOD'S STEPS
+
+
+def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointer, start_accuracy):
+  """Stage 2: `steps` steps of collect, then μ epochs of minibatch updates.
+
+  Returns (final policy params, the start policy's accuracy, whether `stop_after` stopped it).
+  """
+  cfg = method.cfg
+  algo, run_cfg = cfg.algorithm, cfg.run
+  rows = method.rows_per_step()
+  minibatch = algo.minibatch_size or rows
+  if rows % minibatch or minibatch % algo.grad_accum_steps:
+    raise RunError(f"--minibatch_size={minibatch} must divide the step's {rows} rows (batch_size*group_size) and "
+                   f"be divisible by --grad_accum_steps={algo.grad_accum_steps}")
+  if minibatch % (method.rows_per_item * algo.grad_accum_steps):
+    raise RunError(f"--algo={method.name}: micro-batches of {minibatch // algo.grad_accum_steps} rows split its "
+                   f"groups of {method.rows_per_item} rows")
+  updates_per_step = algo.num_epochs * rows // minibatch
+  steps = cfg.optim.steps
+  total_updates = steps * updates_per_step
+  warmup = min(cfg.optim.warmup_steps, total_updates // 2)  # short runs (smoke tests) still warm up and decay
+  optimizer = method.optimizer(total_updates, warmup)
+  key = jax.random.PRNGKey(run_cfg.seed)
+  state, train_step = method.rollouts.placement.train(method.init_params(policy, jax.random.fold_in(key, 1)),
+                                                      optimizer, method.objective(), algo.grad_accum_steps)
+  updates = method.reward_updates  # iterative RL's reward-model retraining, or None
+  per_iteration = cfg.reward_model.steps_per_iteration if updates else 0
+  recorded = resume_lib.record(cfg)
+
+  def checkpoint_tree(state):
+    tree = {"train": state}
+    if updates:  # the reference resets each iteration, the reward model and its replay history train
+      tree.update(reference=method.reference, **updates.checkpoint_state())
+    return tree
+
+  def evaluate(params):
+    return method.evaluate(method.policy(params), jax.random.PRNGKey(run_cfg.seed + 1))
+
+  position, start = 0, 0
+  if run_cfg.resume and ckpt.latest_step() is not None:
+    tree, meta = ckpt.restore_intact(
+        checkpoint_tree(state), check=lambda meta, step: resume_lib.check_flags(meta.get("flags"), recorded, step,
+                                                                                note))
+    dropped = logger.rewind(meta.get("metrics_offset"))  # records of steps after the checkpoint: re-run below
+    state = tree["train"]
+    if updates:
+      method.reference = tree["reference"]
+      updates.restore(tree)
+    start, position = int(meta["step"]), int(meta["data_position"])
+    key = jnp.asarray(meta["key"], jnp.uint32)
+    start_accuracy = meta.get("sft_accuracy", start_accuracy)
+    print(f"resumed from step {start} in {ckpt.directory}" + (
+        f" ({dropped} metrics.jsonl records of later steps dropped)" if dropped else ""), file=sys.stderr)
+  # Offline data comes from the start policy (the reference), so a resumed run rebuilds the same dataset.
+  prepared = method.prepare(policy, jax.random.fold_in(jax.random.PRNGKey(run_cfg.seed), 2))
+  if prepared:
+    logger.log(start, prepared, prefix="data/")
+    print("offline data: " + ", ".join(f"{k} {v:.4g}" for k, v in prepared.items()), file=sys.stderr)
+  logger.start(steps)
+
+  for step in range(start + 1, steps + 1):
+    step_key = jax.random.fold_in(key, step)
+    if per_iteration and step > 1 and (step - 1) % per_iteration == 0:
+      # Algorithm 1: each iteration starts with π_ref ← π_θ (a copy: the train state is donated).
+      method.reference = jax.tree.map(jnp.copy, method.policy(state.params))
+    # COLLECT: π_old is the current policy (online methods) or a fixed dataset (offline ones)
+    batch, stats, position = method.collect(state.params, position, step_key)
+    # UPDATE: μ epochs over the method's minibatches
+    t0 = time.time()
+    step_metrics = []
+    for epoch in range(algo.num_epochs):
+      for part in method.minibatches(batch, step_key, epoch, minibatch):
+        state, metrics = train_step(state, part)
+        step_metrics.append(metrics)
+    step_metrics = jax.device_get(step_metrics)  # LOG: one transfer for all of the step's metrics
+    metrics = {k: combine(k, [float(m[k]) for m in step_metrics]) for k in step_metrics[0]}
+    update_time = time.time() - t0
+    warm_start.check_finite(metrics, f"{method.name} step {step}")
+    stats.update(metrics, time_update=update_time, optimizer_steps=float(updates_per_step))
+    step_time = stats.get("time_sampling", 0.0) + stats.get("time_scoring", 0.0) + update_time
+    if "generated_tokens" in stats:
+      stats["tokens_per_s"] = stats.pop("generated_tokens") / max(step_time, 1e-9)
+    values = logger.log(step, stats, prefix="train/")
+    logger.progress(step, _progress_line(values))
+    if per_iteration and step % per_iteration == 0:  # ITERATE: the iteration's end, retrain the reward model
+      logger.newline()
+      iteration = step // per_iteration
+      rm_metrics = updates.update(method.policy(state.params), iteration, jax.random.fold_in(step_key, 20_000))
+      values = logger.log(step, {"iteration": float(iteration), **rm_metrics}, prefix="rm/")
+      policy_eval = logger.log(step, evaluate(state.params), prefix="iteration/")
+      print(f"iteration {iteration}: held-out accuracy {policy_eval['iteration/accuracy']:.3f}; reward model on "
+            f"fresh policy samples: accuracy {values['rm/before_outcome/accuracy']:.3f} -> "
+            f"{values['rm/after_outcome/accuracy']:.3f}", file=sys.stderr)
+    # EVALUATE AND SAVE
+    if cfg.eval.eval_every and step % cfg.eval.eval_every == 0 and step != steps:
+      logger.newline()
+      values = logger.log(step, evaluate(state.params), prefix="eval/")
+      print(f"step {step}: held-out accuracy {values['eval/accuracy']:.3f}", file=sys.stderr)
+    if (run_cfg.save_every and step % run_cfg.save_every == 0) or step == steps or step == run_cfg.stop_after:
+      ckpt.save(step, checkpoint_tree(state), {"step": step, "data_position": position,
+                                               "key": np.asarray(key).tolist(), "sft_accuracy": start_accuracy,
+                                               "algo": method.name, "flags": recorded,
+                                               "metrics_offset": logger.offset()})
+    if step == run_cfg.stop_after:
+      logger.newline()
+      print(f"stopping after step {step} (--stop_after); continue with --resume", file=sys.stderr)
+      return method.policy(state.params), start_accuracy, True
+  logger.newline()
+  return method.policy(state.params), start_accuracy, False
+
+
+def _progress_line(values: dict) -> str:
+  parts = [("reward", "train/reward_mean", ".3f"), ("acc", "train/accuracy", ".3f"), ("loss", "train/loss", ".4f"),
+           ("kl", "train/kl", ".4f"), ("kl", "train/kl_reward", ".3f"), ("vf", "train/value_loss", ".4f"),
+           ("len", "train/response_length", ".1f"), ("turns", "train/mean_turns", ".2f"),
+           ("tool err", "train/tool_error_rate", ".3f"), ("rm_auc", "train/reward_group_auc", ".2f")]
+  return " ".join(f"{name} {values[k]:{fmt}}" for name, k, fmt in parts
+                  if isinstance(values.get(k), (int, float)) and math.isfinite(values[k]))
+
+
+# THE RUN
+
+
+def run(config: config_lib.Config) -> dict:
+  """Runs stage 1 (when the start policy needs it) and stage 2 of `config`; returns the summary (also written to
+  `<work_dir>/summary.json`), or {} when `stop_after` stopped the run. Problems with the inputs raise RunError,
+  ConfigError, `CheckpointError`s or OSError with one line; nothing is overwritten."""
+  cfg, run_cfg = config, config.run
+  method_cls = methods_lib.METHODS[cfg.algorithm.algo]
+  work_dir = pathlib.Path(run_cfg.work_dir)
+  ckpt_dir = work_dir / "checkpoints"
+  if not run_cfg.resume and ckpt_dir.is_dir() and any(ckpt_dir.iterdir()):
+    raise RunError(f"{ckpt_dir} already holds checkpoints; pass --resume to continue, or choose another --work_dir")
+  if run_cfg.resume and not (ckpt_dir.is_dir() and any(ckpt_dir.iterdir())):
+    raise RunError(f"--resume: no checkpoint in {ckpt_dir}")
+  placement = placement_lib.Placement.from_config(cfg.mesh)
+  _check_placement(cfg, placement)
+  if run_cfg.resume:  # refuse other settings before anything (flags.txt included) is written
+    resume_lib.check_before_writing(ckpt_dir, resume_lib.record(cfg), note)
+  main_process = distributed.is_main_process()
+  t_start = time.time()
+  work_dir.mkdir(parents=True, exist_ok=True)
+  if main_process:
+    (work_dir / "config.json").write_text(json.dumps(resume_lib.record(cfg), indent=2))
+  params, model_config, tokenizer, needs_sft, source = policy_lib.load(cfg, placement, method_cls.sft_marker)
+  task = task_lib.Task(cfg.task, tokenizer, sft_lineage=needs_sft or policy_lib.sft_lineage(
+      source, cfg.task, method_cls.sft_marker), seed=run_cfg.seed)
+  logger = training.MetricsLogger(work_dir, cfg.optim.steps, tensorboard=run_cfg.tensorboard)
+  reward_model = learned_reward.make(cfg, tokenizer, model_config, placement)
+  rollouts = methods_lib.Rollouts(cfg, model_config, task, reward_model, placement)
+  method = method_cls(cfg, model_config, task, rollouts, None)
+  print(f"policy from {source} ({model_config.model_type}, {sum(x.size for x in jax.tree.leaves(params)):,} "
+        f"params); task {cfg.task.task}: {len(task.train)} train / {len(task.test)} held-out problems",
+        file=sys.stderr)
+
+  t_sft = time.time()
+  if needs_sft:
+    demos = method.demonstrations()
+    print(f"stage 1: SFT warm start, {cfg.sft.sft_steps} steps on {len(demos.pairs)} demonstrations",
+          file=sys.stderr)
+    params = warm_start.warm_start(params, model_config, demos, cfg, logger, tokenizer.pad_token_id or 0, placement)
+    policy_lib.export(params, model_config, source, work_dir / "sft_policy",
+                      {method.sft_marker: policy_lib.sft_marker(cfg.task.task, cfg.task.sft_examples, run_cfg.seed)})
+  start_eval = {}
+  if not run_cfg.resume:
+    start_eval = logger.log(0, method.evaluate(params, jax.random.PRNGKey(run_cfg.seed + 1)), prefix="eval/")
+    start_eval = {k[len("eval/"):]: v for k, v in start_eval.items()}
+    print(f"start policy: held-out accuracy {start_eval['accuracy']:.3f}", file=sys.stderr)
+  start_accuracy = start_eval.get("accuracy")  # on --resume it comes from the checkpoint
+
+  t_rl = time.time()
+  print(f"stage 2: {method.name}, {cfg.optim.steps} steps of {cfg.rollout.batch_size} prompts x "
+        f"{cfg.rollout.group_size} samples", file=sys.stderr)
+  method.reference = jax.tree.map(jnp.copy, params)  # frozen π_ref: the start policy
+  if cfg.reward_model.iterations > 1:
+    method.reward_updates = learned_reward.RewardModelUpdates(reward_model, task, rollouts)
+  ckpt = training.Checkpointer(ckpt_dir, max_to_keep=run_cfg.keep_checkpoints)
+  try:
+    policy, start_accuracy, stopped = train(method, params, logger, ckpt, start_accuracy)
+  finally:
+    ckpt.close()
+  if stopped:
+    return {}
+  t_final = time.time()
+  final_eval = method.evaluate(policy, jax.random.PRNGKey(run_cfg.seed + 1))
+  logger.log(cfg.optim.steps, final_eval, prefix="eval/")
+  policy_lib.export(policy, model_config, source, work_dir / "final_policy")
+  logger.close()
+  peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+  summary = {"algo": method.name, "start_accuracy": start_accuracy, "final_accuracy": final_eval["accuracy"],
+             "num_eval_problems": len(task.test), "wall_time_s": time.time() - t_start,
+             "sft_time_s": t_rl - t_sft, "rl_time_s": t_final - t_rl, "peak_rss_mib": peak_mib,
+             **{f"start_{k}": v for k, v in start_eval.items()},
+             **{f"final_{k}": v for k, v in final_eval.items()}}
+  if main_process:
+    training.atomic_write_text(work_dir / "summary.json", json.dumps(summary, indent=2))
+  rows = [("held-out problems", f"{len(task.test)}"),
+          ("greedy accuracy, start", "n/a" if start_accuracy is None else f"{100 * start_accuracy:.1f}%"),
+          (f"greedy accuracy, after {method.name}", f"{100 * final_eval['accuracy']:.1f}%"),
+          *method.summary_rows(start_eval, final_eval),
+          ("wall time (this run)", f"{summary['wall_time_s'] / 60:.1f} min"),
+          ("peak host memory (RSS)", f"{peak_mib:,.0f} MiB")]
+  print_table("summary", rows)
+  print(f"final policy (HF format): {work_dir / 'final_policy'}")
+  return summary

@@ -1,0 +1,93 @@
+"""The starting policy and what a run exports: loading (HF checkpoint, earlier SFT policy, or the embedded tiny
+model built in the work dir), the SFT marker that says which problems stage 1 saw, and atomic HF exports."""
+
+import json
+import pathlib
+import shutil
+
+from experiments.runner import config as config_lib
+from experiments.runner import placement as placement_lib
+from grpo_jax import distributed
+from grpo_jax import models
+from grpo_jax import training
+
+SFT_MARKER = "grpo_jax_sft.json"  # in a run's sft_policy: it was fine-tuned on the first --sft_examples problems
+
+
+def tiny_overrides(config: config_lib.ModelConfig) -> dict:
+  """The embedded model's size from the config (`models.build_default_checkpoint` keywords)."""
+  return dict(num_hidden_layers=config.tiny_layers, hidden_size=config.tiny_hidden_size,
+              intermediate_size=3 * config.tiny_hidden_size)
+
+
+def load(config: config_lib.Config, placement: placement_lib.Placement, marker_name: str = SFT_MARKER):
+  """`(params, model_config, tokenizer, needs_sft, path)` of the starting policy, placed by `placement`'s rules.
+
+  In order: `init_checkpoint`, `model`, the work dir's own `sft_policy` (which must hold `marker_name`, the
+  method's SFT marker), else the embedded model in `<work_dir>/base_model` (built by process 0), warm-started by
+  SFT unless `sft_steps` is 0.
+  """
+  model, work_dir = config.model, pathlib.Path(config.run.work_dir)
+  runtime = dict(dtype=model.dtype, param_dtype=model.dtype, remat=model.remat, remat_policy=model.remat_policy,
+                 scan_layers=model.scan_layers)
+  sft_dir = work_dir / "sft_policy"
+  if model.init_checkpoint:
+    path, needs_sft = pathlib.Path(model.init_checkpoint), False
+  elif model.model:
+    path, needs_sft = pathlib.Path(model.model), False
+  elif sft_dir.exists():  # exported whole with its marker (`export`), by an earlier run in this work_dir
+    if not (sft_dir / marker_name).is_file():
+      raise config_lib.RunError(f"{sft_dir} has no {marker_name}: not an SFT policy this runner exported whole; "
+                                f"remove it to redo stage 1, or pass it as --init_checkpoint")
+    path, needs_sft = sft_dir, False
+  else:
+    path, needs_sft = work_dir / "base_model", config.sft.sft_steps > 0
+  if path == work_dir / "base_model":
+    if distributed.is_main_process():  # one writer; the others wait for the files
+      models.build_default_checkpoint(path, seed=config.run.seed, **tiny_overrides(model))
+    distributed.barrier("base_model")
+  params, model_config = placement.load_hf(path, **runtime)
+  return params, model_config, models.load_tokenizer(path), needs_sft, path
+
+
+def sft_lineage(source: pathlib.Path, config: config_lib.TaskConfig, marker_name: str = SFT_MARKER) -> bool:
+  """Whether the start policy is a stage-1 SFT policy of this task (its `marker_name` file says so); then RL
+  draws prompts from the problems SFT did not see."""
+  marker = pathlib.Path(source) / marker_name
+  if not marker.is_file():
+    return False
+  try:
+    recorded = json.loads(marker.read_text())
+  except ValueError as err:
+    raise config_lib.RunError(f"{marker}: not valid JSON ({err})") from None
+  if recorded.get("task") == config.task and recorded.get("sft_examples") != config.sft_examples:
+    raise config_lib.RunError(f"{source} was fine-tuned on the first {recorded.get('sft_examples')} problems; pass "
+                              f"--sft_examples={recorded.get('sft_examples')} so the RL prompts exclude them")
+  return recorded.get("task") == config.task
+
+
+def sft_marker(task: str, sft_examples: int, seed: int) -> str:
+  """The marker file's text: which problems stage 1 fine-tuned on."""
+  return json.dumps({"sft_examples": sft_examples, "seed": seed, "task": task})
+
+
+def export(params, model_config, source: pathlib.Path, target: pathlib.Path,
+           extra_files: dict | None = None) -> None:
+  """Writes params in HF format with the source checkpoint's tokenizer files, as they were, plus
+  `extra_files` (name -> text, e.g. the SFT marker); the directory appears whole or not at all.
+
+  Every process calls it (global arrays are gathered); process 0 writes.
+  """
+  params = distributed.all_gather(params)
+  if not distributed.is_main_process():
+    distributed.barrier(f"export {target.name}")
+    return
+  with training.atomic_directory(target) as tmp:
+    models.save_hf(params, model_config, tmp)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                 "vocab.json", "merges.txt", "generation_config.json", "chat_template.jinja"):
+      if (source / name).is_file():
+        shutil.copyfile(source / name, tmp / name)
+    for name, text in (extra_files or {}).items():
+      (tmp / name).write_text(text)
+  distributed.barrier(f"export {target.name}")

@@ -1,0 +1,54 @@
+"""What `--resume` checks before it trusts a checkpoint: the configuration that defines the run.
+
+A checkpoint's metadata records the run's whole config, flat, by flag name (`Config.flat`). Resuming with a value
+that changes what is trained (seed, batch or group size, method, model, data, loss) would silently continue a
+different run, so it is refused with one line that names each such field. The fields in `config.MAY_CHANGE` only
+change how long the run goes, what it evaluates and logs, or where it runs, and may differ. `--steps` may grow or
+shrink a run: the learning-rate schedule is then rebuilt for the new total.
+"""
+
+import json
+
+from experiments.runner import config as config_lib
+from grpo_jax.training import checkpointing
+
+MAY_CHANGE = config_lib.MAY_CHANGE
+
+
+class ResumeError(ValueError):
+  """`--resume` with flags that differ from the checkpoint's."""
+
+
+def record(config: config_lib.Config) -> dict:
+  """The config as a checkpoint records it: flag name -> value, JSON-ready."""
+  return json.loads(json.dumps(config.flat(), default=str))
+
+
+def check_flags(recorded: dict | None, now: dict, step: int, report) -> None:
+  """Raises ResumeError naming every field outside `MAY_CHANGE` whose value in `now` (a `record`) differs from
+  `recorded`; fields only one side has are not compared."""
+  if recorded is None:
+    report(f"checkpoint step {step} records no flags (saved by an older version): flags not compared")
+    return
+  differ = sorted(name for name, value in recorded.items()
+                  if name not in MAY_CHANGE and name in now and now[name] != value)
+  if differ:
+    shown = ", ".join(f"--{name}={recorded[name]} (now {now[name]})" for name in differ)
+    raise ResumeError(f"--resume: checkpoint step {step} was saved with {shown}; resume with the same values, or "
+                      f"start a new --work_dir (may change on resume: "
+                      f"{', '.join('--' + n for n in sorted(MAY_CHANGE - {'resume'}))})")
+
+
+def check_before_writing(checkpoint_dir, now: dict, report) -> None:
+  """`check_flags` against the newest checkpoint whose metadata reads, before the run writes anything."""
+  ckpt = checkpointing.Checkpointer(checkpoint_dir)
+  try:
+    for step in sorted(ckpt.all_steps(), reverse=True):
+      try:
+        meta = ckpt.metadata(step)
+      except checkpointing.CheckpointError:
+        continue  # damaged: `Checkpointer.restore_intact` reports it
+      check_flags(meta.get("flags"), now, step, report)
+      return
+  finally:
+    ckpt.close()

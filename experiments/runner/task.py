@@ -1,0 +1,62 @@
+"""The task: training pool, held-out set, prompt format and rule reward, from a `TaskConfig`."""
+
+import numpy as np
+
+from experiments.runner import config as config_lib
+from grpo_jax import data
+from grpo_jax import rewards as rewards_lib
+
+
+class Task:
+  """Training pool, held-out set, prompt format and rewards of the chosen task.
+
+  `sft_lineage`: the start policy is a stage-1 SFT policy, so RL draws its prompts from the problems SFT did not
+  see (the first `sft_examples` are SFT's). `seed` orders the training pool and draws the synthetic problems.
+  """
+
+  def __init__(self, config: config_lib.TaskConfig, tokenizer, sft_lineage: bool, seed: int):
+    self.config, self.seed = config, seed
+    if config.task == "synthetic":
+      synthetic = data.SyntheticConfig(min_steps=config.synthetic_min_steps, max_steps=config.synthetic_max_steps,
+                                       max_digits=config.synthetic_digits, ops=config.synthetic_ops)
+      self.train, self.test = data.make_splits(config.num_train, config.num_test, seed=seed, config=synthetic)
+    else:
+      for name in ("train_file", "test_file"):
+        if not getattr(config, name):
+          raise config_lib.RunError(f"--task={config.task} needs --{name} (a JSONL file)")
+      self.train = data.load_task(config.task, "train", path=config.train_file)
+      self.test = data.load_task(config.task, "test", path=config.test_file)[:config.num_test]
+      if not self.train or not self.test:
+        raise config_lib.RunError(f"no problems in {config.train_file if not self.train else config.test_file}")
+    template = config.prompt_template
+    if template == "auto":
+      template = "chat" if config.task != "synthetic" and getattr(tokenizer, "chat_template", None) else "plain"
+    self.template = template
+    self.tokenizer = tokenizer
+    # SFT needs worked solutions, RL only answers: split the pool so RL trains on problems SFT never saw.
+    # Without the SFT stage (an HF model, --init_checkpoint) every problem is an RL prompt.
+    split = config.sft_examples if sft_lineage and 0 < config.sft_examples < len(self.train) else 0
+    self.sft_pool = self.train[:split] if split else self.train
+    self.rl_pool = self.train[split:]
+    # A learned or step reward (orm|prm|exact_steps) scores in the rollouts; the rule reward is then
+    # correctness, for logs.
+    scored_elsewhere = config.reward in ("orm", "prm", "exact_steps")
+    self.reward_fn = rewards_lib.make_reward_fn("correctness" if scored_elsewhere else config.reward)
+    self.is_formatted = (rewards_lib.has_final_answer_format if config.task != "math"
+                         else lambda c: rewards_lib.extract_boxed(c) is not None)
+
+  def prompt(self, example: data.Example) -> str:
+    if self.config.task == "synthetic" and self.template == "plain":
+      return data.format_prompt(example)
+    instruction = ("Solve step by step and put the final answer in \\boxed{}." if self.config.task == "math"
+                   else "Solve step by step and end with a line '#### <answer>'.")
+    if self.template == "chat":
+      messages = [{"role": "user", "content": f"{example.question}\n{instruction}"}]
+      return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return f"Question: {example.question}\n{instruction}\nAnswer:\n"
+
+  def train_example(self, position: int) -> data.Example:
+    """The example at a position of the endless, per-epoch shuffled training order."""
+    epoch, index = divmod(position, len(self.rl_pool))
+    order = np.random.default_rng([self.seed, epoch]).permutation(len(self.rl_pool))
+    return self.rl_pool[order[index]]

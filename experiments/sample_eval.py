@@ -1,0 +1,78 @@
+r"""Maj@K and Pass@K of a policy for every K = 1, 2, 4, ..., --eval_samples, from one set of samples.
+
+  python -m experiments.sample_eval --init_checkpoint=runs/grpo_math/final_policy \
+      --eval_samples=64 --work_dir=runs/eval_k
+
+DeepSeekMath's Fig 7 (arXiv 2402.03300) plots Maj@K and Pass@K against K before and after RL. The runner's
+evaluation (`experiments.grpo_math --eval_samples=K`) reports the same metrics during training; this entry point
+evaluates a saved policy: it samples K
+completions per held-out problem once, at --eval_temperature, and reports the unbiased pass@k (Chen et al.
+2021) and maj@k (the majority answer of the first k samples) for each power of two up to K, plus greedy
+accuracy. Task, held-out set, prompt and sampling flags are those of experiments.grpo_math, and the keys are
+the runner's (PRNGKey(seed + 1), then fold_in 1 for the samples), so its K and 1 agree with a runner's
+evaluation of the same policy and seed. Writes `summary.json` (`accuracy`, `maj@k`, `pass@k`, ...) and
+`flags.txt` in --work_dir.
+"""
+
+import json
+import pathlib
+import sys
+import time
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+
+from experiments import cli
+from experiments.runner import config as config_lib
+from experiments.runner import evaluation
+from experiments.runner import loop
+from experiments.runner import placement as placement_lib
+from experiments.runner import task as task_lib
+from grpo_jax import models
+
+FLAGS = flags.FLAGS
+
+
+def run(config: config_lib.Config) -> dict:
+  """Greedy accuracy and maj@k / pass@k of `init_checkpoint` on the held-out set; writes `summary.json`."""
+  t_start = time.time()
+  if not config.model.init_checkpoint:
+    raise config_lib.RunError("--init_checkpoint is required: the HF directory of the policy to evaluate")
+  k = config.eval.eval_samples
+  if k < 1:
+    raise config_lib.RunError("--eval_samples must be >= 1: the K of maj@K and pass@K")
+  path = pathlib.Path(config.model.init_checkpoint)
+  params, model_config = models.load_hf(path, dtype=config.model.dtype, param_dtype=config.model.dtype)
+  task = task_lib.Task(config.task, models.load_tokenizer(path), sft_lineage=False, seed=config.run.seed)
+  work_dir = pathlib.Path(config.run.work_dir)
+  work_dir.mkdir(parents=True, exist_ok=True)
+  print(f"sampling {k} completions for each of {len(task.test)} held-out problems from {path} "
+        f"(T = {config.eval.eval_temperature})", file=sys.stderr)
+  metrics = evaluation.evaluate(params, model_config, task, config, jax.random.PRNGKey(config.run.seed + 1),
+                                placement_lib.Placement())
+  ks = evaluation.ks_up_to(k)
+  summary = {"policy": str(path), **metrics, "num_eval_problems": len(task.test), "eval_samples": k,
+             "eval_temperature": config.eval.eval_temperature, "ks": ks, "wall_time_s": time.time() - t_start}
+  (work_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+  rows = [("held-out problems", f"{len(task.test)}"), ("greedy accuracy", f"{100 * summary['accuracy']:.1f}%")]
+  rows += [(f"maj@{j} / pass@{j}", f"{100 * summary[f'maj@{j}']:.1f}% / {100 * summary[f'pass@{j}']:.1f}%")
+           for j in ks]
+  loop.print_table(f"sampled evaluation of {path}", rows)
+  return summary
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  if not FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+  try:
+    run(cli.config_from_flags())
+  except cli.ERRORS as err:
+    sys.exit(f"sample_eval: error: {err}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,114 @@
+"""The runners' command line (`experiments/cli.py`) and the runner layer's shape: flags are read only by the
+entry modules, every config field is a flag with the field's default, a flagfile and the Python config give the
+same run, and the runner packages import in layers."""
+
+import ast
+import json
+import pathlib
+
+from absl import flags
+import numpy as np
+
+from experiments import cli
+from experiments.runner import config as config_lib
+from experiments.runner import loop
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+FLAGS = flags.FLAGS
+
+
+def _modules(package: str):
+  return sorted((REPO / package).rglob("*.py"))
+
+
+def test_flags_are_read_only_in_entry_modules():
+  """No `absl.flags` import and no `FLAGS` below the entry modules (`experiments/*.py`) or in the library."""
+  offenders = []
+  for path in _modules("experiments") + _modules("grpo_jax"):
+    if path.parent == REPO / "experiments":
+      continue  # the entry modules and cli.py: flags live here
+    tree = ast.parse(path.read_text())
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    if "FLAGS" in names or any(n.startswith("absl.flags") or n == "absl.flags" for n in _imports(path)) or any(
+        isinstance(n, ast.ImportFrom) and n.module == "absl" and any(a.name == "flags" for a in n.names)
+        for n in ast.walk(tree)):
+      offenders.append(str(path.relative_to(REPO)))
+  assert not offenders, offenders
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+  names = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.Import):
+      names.update(a.name for a in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      names.add(node.module)
+      names.update(f"{node.module}.{a.name}" for a in node.names)
+  return names
+
+
+def test_runner_layers():
+  """runner (config, task, placement, ...) < methods < runner.loop < cli < entry modules; no runner imports
+  another runner (entry modules import cli, the layers below and the library only)."""
+  entries = {p.stem for p in (REPO / "experiments").glob("*.py")} - {"__init__", "cli"}
+  below_loop = [p for p in _modules("experiments/runner") if p.stem != "loop"]
+  for path in below_loop:
+    bad = {n for n in _imports(path) if n.startswith(("experiments.methods", "experiments.runner.loop",
+                                                       "experiments.cli"))}
+    assert not bad, (path, bad)
+  for path in _modules("experiments/methods"):
+    bad = {n for n in _imports(path) if n.startswith(("experiments.runner.loop", "experiments.cli"))}
+    assert not bad, (path, bad)
+  for path in (REPO / "experiments").glob("*.py"):
+    bad = {n for n in _imports(path) for e in entries if n in (f"experiments.{e}",) and e != path.stem}
+    assert not bad, (path, bad)
+
+
+def test_every_field_is_a_flag_with_its_default():
+  FLAGS.unparse_flags()
+  FLAGS(["grpo_math"])
+  try:
+    for name, value in config_lib.Config().flat().items():
+      if name == "group_size":
+        assert FLAGS[name].default is None  # resolved by the method: 8, or 1 for PPO
+        continue
+      assert FLAGS[name].default == value, name
+    assert cli.config_from_flags() == config_lib.Config()
+  finally:
+    FLAGS.unparse_flags()
+
+
+def test_flagfile_preset_is_the_default_config():
+  FLAGS.unparse_flags()
+  FLAGS(["grpo_math", f"--flagfile={REPO / 'experiments' / 'configs' / 'cpu_default.cfg'}"])
+  try:
+    assert cli.config_from_flags() == config_lib.Config()
+  finally:
+    FLAGS.unparse_flags()
+
+
+TINY = dict(max_prompt_len=16, max_new_tokens=16, num_train=200, num_test=8, batch_size=2, group_size=4,
+            eval_batch_size=8, tiny_layers=1, tiny_hidden_size=32, sft_steps=4, sft_batch_size=4, steps=2,
+            eval_every=0, tensorboard=False)
+
+
+def test_a_flagfile_and_the_python_config_give_the_same_run(tmp_path):
+  flagfile = tmp_path / "tiny.cfg"
+  flagfile.write_text("".join(f"--{k}={str(v).lower() if isinstance(v, bool) else v}\n" for k, v in TINY.items()))
+  FLAGS.unparse_flags()
+  FLAGS(["grpo_math", f"--flagfile={flagfile}", f"--work_dir={tmp_path / 'cli'}"])
+  try:
+    from_flags = cli.run_from_flags()
+  finally:
+    FLAGS.unparse_flags()
+  from_python = loop.run(config_lib.Config().replace(**TINY, work_dir=str(tmp_path / "python")))
+  assert from_flags["final_accuracy"] == from_python["final_accuracy"]
+  records = [[json.loads(l) for l in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+             for d in ("cli", "python")]
+  train = [[r for r in rs if "train/loss" in r] for rs in records]
+  assert [r["step"] for r in train[0]] == [1, 2]
+  for a, b in zip(*train):
+    for key in ("train/loss", "train/reward_mean", "train/kl", "train/grad_norm", "train/response_length"):
+      np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+  assert json.loads((tmp_path / "cli" / "config.json").read_text()) == json.loads(
+      (tmp_path / "python" / "config.json").read_text()) | {"work_dir": str(tmp_path / "cli")}
