@@ -44,6 +44,10 @@ flags.DEFINE_enum("remat_policy", _D["remat_policy"], _choices("remat_policy"), 
 flags.DEFINE_bool("scan_layers", _D["scan_layers"], "Run the decoder layers as one lax.scan over stacked weights (compiles in "
                   "a third of the time on deep models; the same HF checkpoints load and save). Checkpoints of the "
                   "train state are layout-specific: resume with the same value.")
+flags.DEFINE_bool("shared_prompt_forward", _D["shared_prompt_forward"], "GRPO: run each prompt once per group of G "
+                  "samples in the π_ref / π_old forwards and the update (its KV cache shared by the G completions): "
+                  "B·P + B·G·T tokens instead of B·G·(P + T), the same loss up to float rounding. Minibatches then "
+                  "shuffle whole groups; off when a micro-batch would split a group.")
 flags.DEFINE_integer("logprob_chunk", _D["logprob_chunk"], "Sequence chunk of the memory-lean log-prob computation.")
 
 # TASK AND DATA

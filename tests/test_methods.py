@@ -180,3 +180,30 @@ def test_grpo_skips_the_old_policy_forward_only_when_exact(sft_policy, args, on_
     assert np.all(old == 0)  # not computed: the objective uses stop_gradient(π_θ)
   else:
     assert np.all(old <= 0) and np.any(old < 0)  # the log-probs of the sampled tokens
+
+
+def test_shared_prompt_forwards_match_the_full_ones(sft_policy, known_answers):
+  """GRPO with `shared_prompt_forward` (each prompt once per group): the same π_ref, loss and gradient as the
+  full forwards on the same samples, up to float rounding; minibatches keep whole groups."""
+  args = ("--beta=0.1", "--temperature=0.7", "--minibatch_size=8", "--num_epochs=2")
+  shared, params, reference = _method("grpo", sft_policy, *args)
+  full, _, _ = _method("grpo", sft_policy, *args, "--noshared_prompt_forward")
+  assert shared.grouped() and shared.rows_per_item == 4 and not full.grouped() and full.rows_per_item == 1
+  for method in (shared, full):
+    method.reference = jax.tree.map(lambda x: x * 1.1, reference)  # π_ref ≠ π_θ
+  batch_shared, _, _ = shared.collect(params, 0, jax.random.key(3))
+  batch_full, _, _ = full.collect(params, 0, jax.random.key(3))
+  np.testing.assert_array_equal(batch_shared.tokens, batch_full.tokens)
+  for name in ("ref_logp", "old_logp"):  # π_old: recomputed (two epochs), at T = 0.7
+    np.testing.assert_allclose(getattr(batch_shared, name), getattr(batch_full, name), atol=2e-5, err_msg=name)
+  totals = {"num_sequences": jnp.float32(8), "num_tokens": jnp.sum(batch_full.loss_mask[:8])}
+  rows = jnp.arange(8)  # two whole groups
+  part = jax.tree.map(lambda x: x[rows], batch_full)
+  (loss_s, _), grad_s = jax.value_and_grad(shared.objective(), has_aux=True)(params, part, totals)
+  (loss_f, _), grad_f = jax.value_and_grad(full.objective(), has_aux=True)(params, part, totals)
+  np.testing.assert_allclose(loss_s, loss_f, atol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5), grad_s, grad_f)
+  parts = shared.minibatches(batch_shared, jax.random.key(0), 0, 8)
+  for p in parts:  # every minibatch is whole groups: rows 4k..4k+3 share their prompt
+    prompts = np.asarray(p.tokens)[:, :16].reshape(2, 4, 16)
+    assert (prompts == prompts[:, :1]).all()

@@ -22,9 +22,27 @@ from grpo_jax.training import update as update_lib
 class GRPO(base.Method):
   name = "grpo"
 
+  def __init__(self, cfg, config, task, rollouts, reference):
+    super().__init__(cfg, config, task, rollouts, reference)
+    # π_ref (and a recomputed π_old) of the sampler's rows, each prompt once per group when `grouped()`
+    grouped = dict(group_size=cfg.rollout.group_size, prompt_len=cfg.task.max_prompt_len) if self.grouped() else {}
+    self.group_logprobs = rollouts.placement.logprobs(config, chunk_size=cfg.model.logprob_chunk,
+                                                      temperature=cfg.rollout.temperature, **grouped)
+
   @property
   def uses_reference(self):
     return self.cfg.algorithm.beta > 0
+
+  def grouped(self) -> bool:
+    """Whether forwards share each prompt across its group (`shared_prompt_forward`): every micro-batch must then
+    hold whole groups, so minibatches shuffle groups (`rows_per_item` = G)."""
+    algo, g = self.cfg.algorithm, self.cfg.rollout.group_size
+    micro = (algo.minibatch_size or self.rows_per_step()) // algo.grad_accum_steps
+    return algo.shared_prompt_forward and micro % g == 0
+
+  @property
+  def rows_per_item(self) -> int:
+    return self.cfg.rollout.group_size if self.grouped() else 1
 
   def on_policy(self) -> bool:
     """Whether π_old is exactly the policy being updated: one epoch over one minibatch (the params that
@@ -43,9 +61,11 @@ class GRPO(base.Method):
                        dual_clip=algo.dual_clip, max_len=self.cfg.rollout.max_new_tokens)
     # The policy trained is the sampling distribution π ∝ exp(logits / T): old, reference and new log-probs
     # all use T.
+    grouped = dict(group_size=self.cfg.rollout.group_size, prompt_len=self.cfg.task.max_prompt_len
+                   ) if self.grouped() else {}
     return update_lib.bind(training.grpo_objective, config=self.config, loss_kwargs=loss_kwargs,
                            use_reference=algo.beta > 0 and kl_in_loss, chunk_size=self.cfg.model.logprob_chunk,
-                           temperature=self.cfg.rollout.temperature, on_policy=self.on_policy())
+                           temperature=self.cfg.rollout.temperature, on_policy=self.on_policy(), **grouped)
 
   def collect(self, params, position: int, key):
     cfg, algo, rollout = self.cfg, self.cfg.algorithm, self.cfg.rollout
@@ -87,13 +107,15 @@ class GRPO(base.Method):
     loss_mask = jnp.asarray(samples.mask).at[len(chosen) * g:].set(False)
     if rollout.mask_truncated:
       loss_mask &= ~jnp.asarray(samples.truncated)[:, None]
+    sequences = logprobs_lib.sequences_from_samples(samples)
     if self.on_policy() and algo.advantage_estimator != "reinforce_pp":  # REINFORCE++'s reward reads π_old
       old_logp = jnp.zeros(samples.tokens.shape, jnp.float32)  # not read: the objective uses sg(π_θ)
+    elif rollout.temperature == 1.0 and not algo.recompute_old_logprobs:
+      old_logp = jnp.asarray(samples.logprobs)  # the sampler's own, exact at T = 1
     else:
-      old_logp = self.rollouts.old_logprobs(params, samples)
+      old_logp = self.rollouts.completion(self.group_logprobs(params, *sequences), samples)
     if algo.beta > 0:
-      sequences = logprobs_lib.sequences_from_samples(samples)
-      ref_logp = self.rollouts.completion(self.rollouts.logprobs(self.reference, *sequences), samples)
+      ref_logp = self.rollouts.completion(self.group_logprobs(self.reference, *sequences), samples)
     else:
       ref_logp = jnp.zeros(samples.tokens.shape, jnp.float32)
     if cfg.reward_model.supervision == "process":  # GRPO+PS: PRM rewards per step, normalised over the group's steps

@@ -89,6 +89,7 @@ class AlgorithmConfig:
   minibatch_size: int = 0
   grad_accum_steps: int = 1
   recompute_old_logprobs: bool = False
+  shared_prompt_forward: bool = True
   gamma: float = 1.0
   gae_lambda: float = 0.95
   value_learning_rate: float | None = None

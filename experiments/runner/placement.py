@@ -14,7 +14,7 @@ import numpy as np
 from grpo_jax import distributed
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import models
-from grpo_jax import partitioning as sharding
+from grpo_jax import partitioning
 from grpo_jax import training
 
 
@@ -24,18 +24,18 @@ class Placement:
 
   def __init__(self, mesh=None, rules=None):
     self.mesh, self.rules = mesh, rules
-    self.batch_sharding = sharding.batch_sharding(mesh, rules) if mesh is not None else None
+    self.batch_sharding = partitioning.batch_sharding(mesh, rules) if mesh is not None else None
 
   @classmethod
   def from_config(cls, config) -> "Placement":
     """From a `MeshConfig`: its mesh spec and rules; one device when the spec is empty and one process runs."""
     if not config.mesh and jax.process_count() == 1:
       return cls()
-    return cls(sharding.make_mesh(config.mesh), sharding.get_rules(config.sharding_rules))
+    return cls(partitioning.make_mesh(config.mesh), partitioning.get_rules(config.sharding_rules))
 
   @property
   def data_parallel(self) -> int:
-    return 1 if self.mesh is None else sharding.data_parallel_size(self.mesh, self.rules)
+    return 1 if self.mesh is None else partitioning.data_parallel_size(self.mesh, self.rules)
 
   def rows(self, tree):
     """Whole host arrays -> global arrays split over the data axes, from this process's rows."""
@@ -62,13 +62,13 @@ class Placement:
   def load_hf(self, path, **runtime):
     if self.mesh is None:
       return models.load_hf(path, **runtime)
-    return sharding.load_hf(path, self.mesh, self.rules, **runtime)
+    return partitioning.load_hf(path, self.mesh, self.rules, **runtime)
 
   def put_params(self, params):
     """Places a params pytree (policy, value or reward model) by the rules."""
     if self.mesh is None:
       return params
-    return sharding.put(params, sharding.param_shardings(self.mesh, self.rules, params))
+    return partitioning.put(params, partitioning.param_shardings(self.mesh, self.rules, params))
 
   def logprobs(self, config, **kwargs):
     """`fn(params, tokens, mask) -> [N, L]` log-probs on the device(s), split like the batch; kwargs of
@@ -84,7 +84,7 @@ class Placement:
     if self.mesh is None:
       return (training.init_train_state(params, optimizer),
               training.make_train_step(objective, optimizer, num_micro_batches))
-    state, shardings = sharding.init_train_state(params, optimizer, self.mesh, self.rules)
+    state, shardings = partitioning.init_train_state(params, optimizer, self.mesh, self.rules)
     step = training.make_train_step(objective, optimizer, num_micro_batches, state_shardings=shardings,
                                     batch_shardings=self.batch_sharding, mesh=self.mesh, rules=self.rules)
     return state, lambda state, batch: step(state, self.device(batch))
