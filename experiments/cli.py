@@ -30,29 +30,32 @@ def _choices(name: str) -> list[str]:
   return [c for c in config_lib.CHOICES[name] if c is not None]
 
 # MODEL
-flags.DEFINE_string("model", _D["model"], "Hugging Face checkpoint directory (Qwen2/2.5, Qwen3, Llama 3). "
-                    "Empty: the embedded tiny model, built in <work_dir>/base_model and warm-started by SFT.")
-flags.DEFINE_string("init_checkpoint", _D["init_checkpoint"], "HF-format directory with the starting policy (skips SFT), "
-                    "e.g. a previous run's sft_policy or final_policy.")
+flags.DEFINE_string("model", _D["model"],
+    "Hugging Face checkpoint directory (Qwen2/2.5, Qwen3, Llama 3). Empty: the embedded tiny model, built in "
+    "<work_dir>/base_model and warm-started by SFT.")
+flags.DEFINE_string("init_checkpoint", _D["init_checkpoint"],
+    "HF-format directory with the starting policy (skips SFT), e.g. a previous run's sft_policy or final_policy.")
 flags.DEFINE_integer("tiny_layers", _D["tiny_layers"], "Embedded default model: decoder layers.")
 flags.DEFINE_integer("tiny_hidden_size", _D["tiny_hidden_size"], "Embedded default model: hidden size (the MLP is 3x).")
 flags.DEFINE_enum("dtype", _D["dtype"], _choices("dtype"), "Compute and parameter dtype.")
 flags.DEFINE_bool("remat", _D["remat"], "Rematerialise each layer in the backward pass (saves memory).")
-flags.DEFINE_enum("remat_policy", _D["remat_policy"], _choices("remat_policy"), "With --remat: what each layer keeps "
-                  "for the backward pass: nothing (full), its matmul outputs without a batch dimension "
-                  "(dots_no_batch), or all matmul outputs (dots).")
-flags.DEFINE_bool("scan_layers", _D["scan_layers"], "Run the decoder layers as one lax.scan over stacked weights (compiles in "
-                  "a third of the time on deep models; the same HF checkpoints load and save). Checkpoints of the "
-                  "train state are layout-specific: resume with the same value.")
-flags.DEFINE_bool("shared_prompt_forward", _D["shared_prompt_forward"], "GRPO: run each prompt once per group of G "
-                  "samples in the π_ref / π_old forwards and the update (its KV cache shared by the G completions): "
-                  "B·P + B·G·T tokens instead of B·G·(P + T), the same loss up to float rounding. Minibatches then "
-                  "shuffle whole groups; off when a micro-batch would split a group.")
+flags.DEFINE_enum("remat_policy", _D["remat_policy"], _choices("remat_policy"),
+    "With --remat: what each layer keeps for the backward pass: nothing (full), its matmul outputs without a batch "
+    "dimension (dots_no_batch), or all matmul outputs (dots).")
+flags.DEFINE_bool("scan_layers", _D["scan_layers"],
+    "Run the decoder layers as one lax.scan over stacked weights (compiles in a third of the time on deep models; "
+    "the same HF checkpoints load and save). Checkpoints of the train state are layout-specific: resume with the "
+    "same value.")
+flags.DEFINE_bool("shared_prompt_forward", _D["shared_prompt_forward"],
+    "GRPO: run each prompt once per group of G samples in the π_ref / π_old forwards and the update (its KV cache "
+    "shared by the G completions): B·P + B·G·T tokens instead of B·G·(P + T), the same loss up to float rounding. "
+    "Minibatches then shuffle whole groups; off when a micro-batch would split a group.")
 flags.DEFINE_integer("logprob_chunk", _D["logprob_chunk"], "Sequence chunk of the memory-lean log-prob computation.")
 
 # TASK AND DATA
 flags.DEFINE_enum("task", _D["task"], _choices("task"), "The task.")
-flags.DEFINE_string("train_file", _D["train_file"], "JSONL training problems (gsm8k: question/answer; math: problem/solution).")
+flags.DEFINE_string("train_file", _D["train_file"],
+    "JSONL training problems (gsm8k: question/answer; math: problem/solution).")
 flags.DEFINE_string("test_file", _D["test_file"], "JSONL held-out problems.")
 flags.DEFINE_integer("num_train", _D["num_train"], "Synthetic task: training problems in the pool.")
 flags.DEFINE_integer("num_test", _D["num_test"], "Held-out problems to evaluate on (all of test_file if larger).")
@@ -61,14 +64,15 @@ flags.DEFINE_integer("synthetic_max_steps", _D["synthetic_max_steps"], "Syntheti
 flags.DEFINE_integer("synthetic_digits", _D["synthetic_digits"], "Synthetic task: digits of + and - operands.")
 flags.DEFINE_string("synthetic_ops", _D["synthetic_ops"], "Synthetic task: operations.")
 flags.DEFINE_enum("prompt_template", _D["prompt_template"], _choices("prompt_template"),
-                  "auto: chat template for real datasets when the tokenizer has one, else plain text.")
+    "auto: chat template for real datasets when the tokenizer has one, else plain text.")
 flags.DEFINE_integer("max_prompt_len", _D["max_prompt_len"], "Prompt tokens (longer prompts are cut from the left).")
-flags.DEFINE_string("reward", _D["reward"], "Reward spec 'name:weight,...' (correctness, format, "
-                    "arithmetic_format, boxed_format, step_correctness), or a learned reward model: 'orm' (an orm "
-                    "or orm_steps model) or 'prm' with --reward_model (see --supervision, --iterations), or "
-                    "'exact_steps': the synthetic task's exact step labels as a perfect PRM.")
-flags.DEFINE_integer("sft_examples", _D["sft_examples"], "SFT demonstrations: the first N training problems, with solutions; "
-                     "GRPO draws its prompts from the other problems (it needs answers only). 0: all.")
+flags.DEFINE_string("reward", _D["reward"],
+    "Reward spec 'name:weight,...' (correctness, format, arithmetic_format, boxed_format, step_correctness), or a "
+    "learned reward model: 'orm' (an orm or orm_steps model) or 'prm' with --reward_model (see --supervision, "
+    "--iterations), or 'exact_steps': the synthetic task's exact step labels as a perfect PRM.")
+flags.DEFINE_integer("sft_examples", _D["sft_examples"],
+    "SFT demonstrations: the first N training problems, with solutions; GRPO draws its prompts from the other "
+    "problems (it needs answers only). 0: all.")
 
 # STAGE 1: SFT WARM START
 flags.DEFINE_integer("sft_steps", _D["sft_steps"], "SFT steps of the warm start (embedded default only; 0 skips).")
@@ -79,92 +83,107 @@ flags.DEFINE_float("sft_learning_rate", _D["sft_learning_rate"], "SFT peak learn
 flags.DEFINE_integer("max_new_tokens", _D["max_new_tokens"], "Completion budget in tokens.")
 flags.DEFINE_integer("batch_size", _D["batch_size"], "Prompts per step (B).")
 flags.DEFINE_integer("group_size", _D["group_size"], "Samples per prompt (G); default 8, and 1 for --algo=ppo.")
-flags.DEFINE_bool("dynamic_sampling", _D["dynamic_sampling"], "DAPO dynamic sampling: drop groups whose rewards are all equal "
-                  "and sample more prompts to refill the batch.")
-flags.DEFINE_integer("dynamic_sampling_max_rounds", _D["dynamic_sampling_max_rounds"], "Most sampling rounds per step with dynamic sampling.")
-flags.DEFINE_integer("overlong_buffer", _D["overlong_buffer"], "DAPO overlong shaping: L_cache tokens before max_new_tokens (0: off).")
+flags.DEFINE_bool("dynamic_sampling", _D["dynamic_sampling"],
+    "DAPO dynamic sampling: drop groups whose rewards are all equal and sample more prompts to refill the batch.")
+flags.DEFINE_integer("dynamic_sampling_max_rounds", _D["dynamic_sampling_max_rounds"],
+    "Most sampling rounds per step with dynamic sampling.")
+flags.DEFINE_integer("overlong_buffer", _D["overlong_buffer"],
+    "DAPO overlong shaping: L_cache tokens before max_new_tokens (0: off).")
 flags.DEFINE_bool("mask_truncated", _D["mask_truncated"], "Leave completions that hit max_new_tokens out of the loss.")
-flags.DEFINE_float("temperature", _D["temperature"], "Sampling temperature of the rollouts; the policy trained is "
-                   "softmax(logits / temperature), so old, reference and new log-probs all use it.")
+flags.DEFINE_float("temperature", _D["temperature"],
+    "Sampling temperature of the rollouts; the policy trained is softmax(logits / temperature), so old, reference "
+    "and new log-probs all use it.")
 flags.DEFINE_float("top_p", _D["top_p"], "Nucleus sampling mass of the rollouts.")
 flags.DEFINE_integer("top_k", _D["top_k"], "Top-k of the rollouts (0: off).")
 
 # STAGE 2: THE METHOD AND ITS LOSS
-flags.DEFINE_enum("algo", _D["algo"], _choices("algo"), "Stage-2 method: grpo, ppo (with a critic), "
-                  "online_rft, rft, dpo (offline from the start policy) or sft (human solutions).")
+flags.DEFINE_enum("algo", _D["algo"], _choices("algo"),
+    "Stage-2 method: grpo, ppo (with a critic), online_rft, rft, dpo (offline from the start policy) or sft (human "
+    "solutions).")
 flags.DEFINE_float("beta", _D["beta"], "KL coefficient β (0 removes the KL term and the reference forward).")
 flags.DEFINE_float("epsilon", _D["epsilon"], "Clip range ε (lower side).")
 flags.DEFINE_float("epsilon_high", _D["epsilon_high"], "Upper clip range (DAPO clip-higher, e.g. 0.28); default ε.")
 flags.DEFINE_float("dual_clip", _D["dual_clip"], "Dual-clip constant c > 1 for negative advantages; default off.")
-flags.DEFINE_enum("kl", _D["kl"], _choices("kl"), "KL estimator: in GRPO's loss (default k3, the paper's; k1's "
-                  "on-policy gradient is zero in expectation, so as a loss term it barely regularises), in PPO's "
-                  "per-token reward (default k1, eq. 2's log-ratio).")
+flags.DEFINE_enum("kl", _D["kl"], _choices("kl"),
+    "KL estimator: in GRPO's loss (default k3, the paper's; k1's on-policy gradient is zero in expectation, so as a"
+    " loss term it barely regularises), in PPO's per-token reward (default k1, eq. 2's log-ratio).")
 flags.DEFINE_enum("loss_aggregation", _D["loss_aggregation"], _choices("loss_aggregation"),
-                  "Loss aggregation: GRPO's seq-mean-token-mean, DAPO's token-mean, Dr. GRPO's seq-mean-token-sum-norm.")
+    "Loss aggregation: GRPO's seq-mean-token-mean, DAPO's token-mean, Dr. GRPO's seq-mean-token-sum-norm.")
 flags.DEFINE_enum("advantage_scale", _D["advantage_scale"], _choices("advantage_scale"),
-                  "Advantage normalisation: group std (GRPO), batch std, or none (Dr. GRPO).")
+    "Advantage normalisation: group std (GRPO), batch std, or none (Dr. GRPO).")
 flags.DEFINE_float("advantage_eps", _D["advantage_eps"], "Added to the std of the advantage normalisation.")
 flags.DEFINE_enum("importance", _D["importance"], _choices("importance"), "Importance ratio level (sequence: GSPO).")
 flags.DEFINE_integer("num_epochs", _D["num_epochs"], "μ: passes over each step's samples.")
 flags.DEFINE_integer("minibatch_size", _D["minibatch_size"], "Sequences per optimiser step (0: all B·G of the step).")
 flags.DEFINE_integer("grad_accum_steps", _D["grad_accum_steps"], "Micro-batches per minibatch, accumulated exactly.")
-flags.DEFINE_bool("recompute_old_logprobs", _D["recompute_old_logprobs"], "Recompute π_old with a forward pass instead of taking it "
-                  "exactly as stop_gradient(π_θ) (GRPO with one epoch over one minibatch: the default) or from the "
-                  "sampler's log-probs (at temperature 1).")
+flags.DEFINE_bool("recompute_old_logprobs", _D["recompute_old_logprobs"],
+    "Recompute π_old with a forward pass instead of taking it exactly as stop_gradient(π_θ) (GRPO with one epoch "
+    "over one minibatch: the default) or from the sampler's log-probs (at temperature 1).")
 flags.DEFINE_enum("advantage_estimator", _D["advantage_estimator"], _choices("advantage_estimator"),
-                  "GRPO's advantages: group (normalised within the G samples of a prompt, --advantage_scale), rloo "
-                  "(r_i minus the mean of the other G-1 rewards, unscaled), or reinforce_pp (REINFORCE++: the KL "
-                  "penalty β·--kl (default k1) in every token's reward instead of the loss, returns whitened over "
-                  "the batch).")
+    "GRPO's advantages: group (normalised within the G samples of a prompt, --advantage_scale), rloo (r_i minus the"
+    " mean of the other G-1 rewards, unscaled), or reinforce_pp (REINFORCE++: the KL penalty β·--kl (default k1) in"
+    " every token's reward instead of the loss, returns whitened over the batch).")
 flags.DEFINE_float("gamma", _D["gamma"], "PPO: discount γ of GAE.")
 flags.DEFINE_float("gae_lambda", _D["gae_lambda"], "PPO: GAE λ.")
-flags.DEFINE_float("value_learning_rate", _D["value_learning_rate"], "PPO: peak learning rate of the value model; default --learning_rate.")
-flags.DEFINE_float("value_clip", _D["value_clip"], "PPO: value-loss clip range around the sampling-time values (0: unclipped).")
-flags.DEFINE_float("value_coef", _D["value_coef"], "PPO: weight of the value loss (separate optimisers, so it only rescales "
-                   "the critic's gradient before clipping).")
-flags.DEFINE_bool("whiten_advantages", _D["whiten_advantages"], "PPO: whiten GAE advantages over the batch's completion tokens.")
-flags.DEFINE_string("value_init", _D["value_init"], "PPO: the value model's backbone: 'policy' (the start policy's) or an "
-                    "HF-format checkpoint directory (e.g. a reward model's backbone).")
+flags.DEFINE_float("value_learning_rate", _D["value_learning_rate"],
+    "PPO: peak learning rate of the value model; default --learning_rate.")
+flags.DEFINE_float("value_clip", _D["value_clip"],
+    "PPO: value-loss clip range around the sampling-time values (0: unclipped).")
+flags.DEFINE_float("value_coef", _D["value_coef"],
+    "PPO: weight of the value loss (separate optimisers, so it only rescales the critic's gradient before "
+    "clipping).")
+flags.DEFINE_bool("whiten_advantages", _D["whiten_advantages"],
+    "PPO: whiten GAE advantages over the batch's completion tokens.")
+flags.DEFINE_string("value_init", _D["value_init"],
+    "PPO: the value model's backbone: 'policy' (the start policy's) or an HF-format checkpoint directory (e.g. a "
+    "reward model's backbone).")
 flags.DEFINE_float("dpo_beta", _D["dpo_beta"], "DPO: β of the implicit reward.")
 flags.DEFINE_integer("dpo_pairs_per_prompt", _D["dpo_pairs_per_prompt"], "DPO: most (correct, wrong) pairs per prompt.")
-flags.DEFINE_integer("offline_prompts", _D["offline_prompts"], "RFT/DPO: training prompts sampled once from the start policy "
-                     "(G samples each) to build the offline dataset.")
+flags.DEFINE_integer("offline_prompts", _D["offline_prompts"],
+    "RFT/DPO: training prompts sampled once from the start policy (G samples each) to build the offline dataset.")
 
 # OPTIMISER
 flags.DEFINE_integer("steps", _D["steps"], "Stage-2 steps (each: collect, then μ epochs of updates).")
 flags.DEFINE_float("learning_rate", _D["learning_rate"], "Stage-2 peak learning rate (the policy's).")
-flags.DEFINE_enum("lr_schedule", _D["lr_schedule"], _choices("lr_schedule"), "After warm-up: constant, or cosine decay "
-                  "to 10% over the run's optimiser steps.")
+flags.DEFINE_enum("lr_schedule", _D["lr_schedule"], _choices("lr_schedule"),
+    "After warm-up: constant, or cosine decay to 10% over the run's optimiser steps.")
 flags.DEFINE_integer("warmup_steps", _D["warmup_steps"], "Linear warm-up of the learning rate, in optimiser steps.")
 flags.DEFINE_float("weight_decay", _D["weight_decay"], "AdamW weight decay of the GRPO stage.")
 flags.DEFINE_float("max_grad_norm", _D["max_grad_norm"], "Global-norm gradient clipping (0: off).")
 
 # LEARNED REWARDS AND ITERATIVE RL
-flags.DEFINE_string("reward_model", _D["reward_model"], "With --reward=orm|prm: a reward-model directory written by "
-                    "experiments.train_reward_model (HF-format backbone + reward_head.safetensors).")
-flags.DEFINE_enum("supervision", _D["supervision"], _choices("supervision"), "outcome: one reward per completion "
-                  "(GRPO+OS); process: a PRM reward per step (GRPO+PS, needs --reward=prm).")
-flags.DEFINE_bool("process_center_tokens", _D["process_center_tokens"], "GRPO+PS: subtract the group's mean token advantage (a "
-                  "constant baseline; the paper's suffix sums drift negative when later steps score lower). "
-                  "See losses.process_advantages.")
-flags.DEFINE_integer("prm_max_steps", _D["prm_max_steps"], "PRM and orm_steps: most scored steps per completion (the first K-1 "
-                     "and the last).")
-flags.DEFINE_integer("iterations", _D["iterations"], "Iterative RL: iterations I (1: plain RL, the reward model stays frozen).")
-flags.DEFINE_integer("steps_per_iteration", _D["steps_per_iteration"], "Iterative RL: policy steps M per iteration; the run is I*M steps.")
-flags.DEFINE_float("replay_fraction", _D["replay_fraction"], "Iterative RL: share of historical data in each reward-model update.")
-flags.DEFINE_integer("replay_capacity", _D["replay_capacity"], "Iterative RL: most historical reward-model rows kept (a uniform "
-                     "sample of all rows seen).")
-flags.DEFINE_integer("rm_update_prompts", _D["rm_update_prompts"], "Iterative RL: prompts sampled (G each) from the current policy to "
-                     "retrain the reward model at the end of an iteration.")
-flags.DEFINE_integer("rm_update_steps", _D["rm_update_steps"], "Iterative RL: reward-model optimiser steps per iteration.")
+flags.DEFINE_string("reward_model", _D["reward_model"],
+    "With --reward=orm|prm: a reward-model directory written by experiments.train_reward_model (HF-format backbone "
+    "+ reward_head.safetensors).")
+flags.DEFINE_enum("supervision", _D["supervision"], _choices("supervision"),
+    "outcome: one reward per completion (GRPO+OS); process: a PRM reward per step (GRPO+PS, needs --reward=prm).")
+flags.DEFINE_bool("process_center_tokens", _D["process_center_tokens"],
+    "GRPO+PS: subtract the group's mean token advantage (a constant baseline; the paper's suffix sums drift "
+    "negative when later steps score lower). See losses.process_advantages.")
+flags.DEFINE_integer("prm_max_steps", _D["prm_max_steps"],
+    "PRM and orm_steps: most scored steps per completion (the first K-1 and the last).")
+flags.DEFINE_integer("iterations", _D["iterations"],
+    "Iterative RL: iterations I (1: plain RL, the reward model stays frozen).")
+flags.DEFINE_integer("steps_per_iteration", _D["steps_per_iteration"],
+    "Iterative RL: policy steps M per iteration; the run is I*M steps.")
+flags.DEFINE_float("replay_fraction", _D["replay_fraction"],
+    "Iterative RL: share of historical data in each reward-model update.")
+flags.DEFINE_integer("replay_capacity", _D["replay_capacity"],
+    "Iterative RL: most historical reward-model rows kept (a uniform sample of all rows seen).")
+flags.DEFINE_integer("rm_update_prompts", _D["rm_update_prompts"],
+    "Iterative RL: prompts sampled (G each) from the current policy to retrain the reward model at the end of an "
+    "iteration.")
+flags.DEFINE_integer("rm_update_steps", _D["rm_update_steps"],
+    "Iterative RL: reward-model optimiser steps per iteration.")
 flags.DEFINE_integer("rm_update_batch_size", _D["rm_update_batch_size"], "Iterative RL: reward-model rows per step.")
-flags.DEFINE_float("rm_update_learning_rate", _D["rm_update_learning_rate"], "Iterative RL: reward-model learning rate (constant after a "
-                   "10-step warm-up).")
+flags.DEFINE_float("rm_update_learning_rate", _D["rm_update_learning_rate"],
+    "Iterative RL: reward-model learning rate (constant after a 10-step warm-up).")
 
 # EVALUATION
 flags.DEFINE_integer("eval_every", _D["eval_every"], "Evaluate every N GRPO steps (0: only before and after).")
 flags.DEFINE_integer("eval_batch_size", _D["eval_batch_size"], "Prompts per evaluation batch.")
-flags.DEFINE_integer("eval_samples", _D["eval_samples"], "k > 0: also sample k completions per problem for maj@k and pass@k.")
+flags.DEFINE_integer("eval_samples", _D["eval_samples"],
+    "k > 0: also sample k completions per problem for maj@k and pass@k.")
 flags.DEFINE_float("eval_temperature", _D["eval_temperature"], "Temperature of the maj@k / pass@k samples.")
 
 # RUN, CHECKPOINTS, LOGS
@@ -172,35 +191,45 @@ flags.DEFINE_string("work_dir", _D["work_dir"], "Directory for checkpoints, logs
 flags.DEFINE_integer("save_every", _D["save_every"], "Checkpoint every N GRPO steps.")
 flags.DEFINE_integer("keep_checkpoints", _D["keep_checkpoints"], "Checkpoints to keep.")
 flags.DEFINE_bool("resume", _D["resume"], "Continue from the latest checkpoint in work_dir.")
-flags.DEFINE_integer("stop_after", _D["stop_after"], "Stop (as if interrupted) after this GRPO step, after saving; 0: off.")
+flags.DEFINE_integer("stop_after", _D["stop_after"],
+    "Stop (as if interrupted) after this GRPO step, after saving; 0: off.")
 flags.DEFINE_bool("tensorboard", _D["tensorboard"], "Write TensorBoard event files.")
 flags.DEFINE_integer("seed", _D["seed"], "Random seed of data order, sampling and initialisation.")
 
 # DEVICES AND PROCESSES
-flags.DEFINE_string("mesh", _D["mesh"], "Device mesh, e.g. 'data:2,fsdp:2,tensor:2' (one size may be -1: the remaining "
-                    "devices). Empty: one device (or, with several processes, every device on the data axis).")
-flags.DEFINE_enum("sharding_rules", _D["sharding_rules"], _choices("sharding_rules"), "How params, optimiser state and activations "
-                  "map onto the mesh: dp (replicated params), fsdp (params split over fsdp), fsdp_tp (+ tensor).")
-flags.DEFINE_string("coordinator_address", _D["coordinator_address"], "Multi-host: host:port of process 0's coordinator "
-                    "(or JAX_COORDINATOR_ADDRESS). Every process runs the same command.")
+flags.DEFINE_string("mesh", _D["mesh"],
+    "Device mesh, e.g. 'data:2,fsdp:2,tensor:2' (one size may be -1: the remaining devices). Empty: one device (or,"
+    " with several processes, every device on the data axis).")
+flags.DEFINE_enum("sharding_rules", _D["sharding_rules"], _choices("sharding_rules"),
+    "How params, optimiser state and activations map onto the mesh: dp (replicated params), fsdp (params split over"
+    " fsdp), fsdp_tp (+ tensor).")
+flags.DEFINE_string("coordinator_address", _D["coordinator_address"],
+    "Multi-host: host:port of process 0's coordinator (or JAX_COORDINATOR_ADDRESS). Every process runs the same "
+    "command.")
 flags.DEFINE_integer("num_processes", _D["num_processes"], "Multi-host: number of processes (or JAX_NUM_PROCESSES).")
 flags.DEFINE_integer("process_id", _D["process_id"], "Multi-host: this process's index (or JAX_PROCESS_ID).")
 
 
 # FLOW-GRPO'S AGENT (--algo=flow_grpo)
-flags.DEFINE_integer("max_turns", _D["max_turns"], "T_max: most planner turns per trajectory (training and evaluation).")
-flags.DEFINE_integer("memory_budget", _D["memory_budget"], "Tokens of memory text in the planner's prompt; the oldest turns are "
-                     "dropped (and summarised in one line) beyond it.")
-flags.DEFINE_integer("planner_prompt_len", _D["planner_prompt_len"], "Planner prompt budget in tokens (query + memory + cue).")
+flags.DEFINE_integer("max_turns", _D["max_turns"],
+    "T_max: most planner turns per trajectory (training and evaluation).")
+flags.DEFINE_integer("memory_budget", _D["memory_budget"],
+    "Tokens of memory text in the planner's prompt; the oldest turns are dropped (and summarised in one line) "
+    "beyond it.")
+flags.DEFINE_integer("planner_prompt_len", _D["planner_prompt_len"],
+    "Planner prompt budget in tokens (query + memory + cue).")
 flags.DEFINE_integer("action_tokens", _D["action_tokens"], "Token budget of one action.")
 flags.DEFINE_string("tools", _D["tools"], "The toolset K, from calc, frac, recall.")
-flags.DEFINE_float("tool_time_limit", _D["tool_time_limit"], "Seconds a tool call may take before it is an error observation.")
-flags.DEFINE_bool("tool_header", _D["tool_header"], "Describe the tools and the action format at the top of every prompt "
-                  "(for instruction-tuned models; the tiny default learns the format from SFT).")
-flags.DEFINE_bool("answer_from_memory", _D["answer_from_memory"], "Without a final-answer action, the generator answers with the "
-                  "last tool result in memory.")
-flags.DEFINE_integer("min_bucket", _D["min_bucket"], "Smallest padded active-set size of a turn (row counts are padded up to "
-                     "powers of two, so jit compiles a few shapes, not one per turn).")
+flags.DEFINE_float("tool_time_limit", _D["tool_time_limit"],
+    "Seconds a tool call may take before it is an error observation.")
+flags.DEFINE_bool("tool_header", _D["tool_header"],
+    "Describe the tools and the action format at the top of every prompt (for instruction-tuned models; the tiny "
+    "default learns the format from SFT).")
+flags.DEFINE_bool("answer_from_memory", _D["answer_from_memory"],
+    "Without a final-answer action, the generator answers with the last tool result in memory.")
+flags.DEFINE_integer("min_bucket", _D["min_bucket"],
+    "Smallest padded active-set size of a turn (row counts are padded up to powers of two, so jit compiles a few "
+    "shapes, not one per turn).")
 
 
 def config_from_flags(**overrides) -> config_lib.Config:
