@@ -78,6 +78,8 @@ def _cli(*args, cwd):
     (["--max_turns=0"], "--max_turns must be >= 1"),
     (["--dynamic_sampling"], "flow_grpo: error: --dynamic_sampling is a GRPO option that Flow-GRPO does not use"),
     (["--reward=orm", "--reward_model=rm"], "flow_grpo: error: --reward_model is a GRPO option"),
+    (["--mesh=data:1"], "flow_grpo: error: --algo=flow_grpo runs on one device"),
+    (["--algo=grpo"], "flow_grpo: error: --algo: this runner trains Flow-GRPO"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, message):
   result = _cli(f"--work_dir={tmp_path}", "--sft_steps=0", *args, cwd=tmp_path)

@@ -90,7 +90,8 @@ def test_errors_are_one_line(tmp_path):
   (tmp_path / "rm" / "reward_model").mkdir(parents=True)
   cases = [([], "--policy is required"),
            ([f"--policy={tmp_path / 'none'}"], "checkpoint directory does not exist"),
-           (["--rm_kind=prm", "--rm_loss=pairwise"], "--rm_loss=pairwise needs --rm_kind=orm")]
+           (["--rm_kind=prm", "--rm_loss=pairwise"], "--rm_loss=pairwise needs --rm_kind=orm"),
+           (["--policy=p", "--mesh=data:1"], "train_reward_model runs on one device in one process")]
   for args, message in cases:
     out = subprocess.run([sys.executable, "-m", "experiments.train_reward_model", f"--rm_dir={tmp_path / 'x'}",
                           *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
