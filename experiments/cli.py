@@ -244,8 +244,9 @@ def run_from_flags(**overrides) -> dict:
   return loop.run(config_from_flags(**overrides))
 
 
-def main_for(name: str, **overrides):
-  """`main(argv)` of the runner called `name`: flags -> config -> the loop, errors as one line."""
+def main_for(name: str, job=None, **overrides):
+  """`main(argv)` of the runner called `name`: flags -> config -> `job(config)` (default: the training loop),
+  errors as one line."""
 
   def main(argv):
     if len(argv) > 1:
@@ -259,7 +260,7 @@ def main_for(name: str, **overrides):
     if not FLAGS["verbosity"].present:
       logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO; -v 0 brings it back
     try:
-      loop.run(config)
+      (job or loop.run)(config)
     except ERRORS as err:
       logger_lib.end_progress_line()
       sys.exit(f"{name}: error: {err}")

@@ -20,8 +20,6 @@ import sys
 import time
 
 from absl import app
-from absl import flags
-from absl import logging
 import jax
 
 from experiments import cli
@@ -32,7 +30,6 @@ from experiments.runner import placement as placement_lib
 from experiments.runner import task as task_lib
 from grpo_jax import models
 
-FLAGS = flags.FLAGS
 
 
 def run(config: config_lib.Config) -> dict:
@@ -63,16 +60,5 @@ def run(config: config_lib.Config) -> dict:
   return summary
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
-  try:
-    run(cli.config_from_flags())
-  except cli.ERRORS as err:
-    sys.exit(f"sample_eval: error: {err}")
-
-
 if __name__ == "__main__":
-  app.run(main)
+  app.run(cli.main_for("sample_eval", run))

@@ -26,7 +26,6 @@ import time
 
 from absl import app
 from absl import flags
-from absl import logging
 import jax
 import numpy as np
 
@@ -39,7 +38,6 @@ from grpo_jax import models
 from grpo_jax import reward_models as rm
 from grpo_jax import training
 from grpo_jax.reward_models import positions
-from grpo_jax.training import logger as logger_lib
 
 RunError = config_lib.RunError
 
@@ -273,20 +271,5 @@ def config_from_flags() -> tuple[config_lib.Config, RewardModelConfig]:
           RewardModelConfig(**{f.name: FLAGS[f.name].value for f in dataclasses.fields(RewardModelConfig)}))
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-  if not FLAGS["verbosity"].present:
-    logging.set_verbosity(logging.WARNING)
-  try:
-    run(*config_from_flags())
-  except cli.ERRORS as err:
-    logger_lib.end_progress_line()
-    sys.exit(f"train_reward_model: error: {err}")
-  except BaseException:
-    logger_lib.end_progress_line()
-    raise
-
-
 if __name__ == "__main__":
-  app.run(main)
+  app.run(cli.main_for("train_reward_model", lambda config: run(config, config_from_flags()[1])))
