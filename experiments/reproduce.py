@@ -593,19 +593,20 @@ def report(study: spec.Study, profile: str, seeds: list[int], jobs: list[Job],
   for run in study.runs_in(profile):
     own = [j for j in jobs if j.run.name == run.name]
     times = {j.seed: (outcomes[j.key].wall_time_s if j.key in outcomes else _recorded_time(j)) for j in own}
-    held_out = set()
+    held_out, versions = set(), {}
     for j in own:
       if j.summary.is_file():
-        n = json.loads(j.summary.read_text()).get("num_eval_problems")
-        if n is not None:
-          held_out.add(n)
+        summary = json.loads(j.summary.read_text())
+        if summary.get("num_eval_problems") is not None:
+          held_out.add(summary["num_eval_problems"])
+        versions[j.seed] = summary.get("code_version", "not recorded")
     runs[run.name] = {
         "label": run.display, "module": run.module, "flags": study.flags_for(run, profile),
         "command_seed0": _shown(shlex.join(own[0].argv)) if own else "",
         "directories": {j.seed: _shown(str(j.directory)) for j in own},
         "status": {j.seed: (outcomes[j.key].status if j.key in outcomes
                             else ("cached" if j.summary.is_file() else "missing")) for j in own},
-        "wall_time_s": times, "num_eval_problems": sorted(held_out)}
+        "wall_time_s": times, "num_eval_problems": sorted(held_out), "code_versions": versions}
   failures = [{"run": k[0], "seed": k[1], "status": o.status, "message": o.message}
               for k, o in sorted(outcomes.items()) if o.status in ("failed", "blocked")]
   compute = sum(t for r in runs.values() for t in r["wall_time_s"].values() if t is not None)
@@ -666,6 +667,12 @@ def markdown(study: spec.Study, results: dict, cells: list[dict], plots: list[pa
     status = ", ".join(sorted(set(r["status"].values())))
     command = r["command_seed0"].replace("\n", " ")
     lines.append(f"| {r['label']} | {times} | {status} | `{command}` |")
+  versions = sorted({v for r in results["runs"].values() for v in r.get("code_versions", {}).values()})
+  if versions:
+    lines += ["", f"Code versions of the runs aggregated ({len(versions)}): "
+              + ", ".join(f"`{v[:12] + v[40:] if len(v) >= 40 else v}`" for v in versions)
+              + (". A run's directory is named by its runner and flags, not its code: runs of other code versions "
+                 "are reused until their directories are removed." if len(versions) > 1 else ".")]
   if results["failures"]:
     lines += ["", "## Failures", ""]
     lines += [f"- {f['run']} seed {f['seed']}: {f['status']}: {f['message']}" for f in results["failures"]]

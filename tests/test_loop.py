@@ -56,6 +56,8 @@ def test_stop_after_returns_nothing_and_saves(tmp_path):
   assert (tmp_path / "checkpoints" / "1").is_dir() and not (tmp_path / "final_policy").exists()
   resumed = loop.run(config.replace(stop_after=0, resume=True))
   assert resumed["algo"] == "grpo" and (tmp_path / "final_policy").is_dir()
+  assert resumed["config"] == json.loads((tmp_path / "config.json").read_text())  # the summary names its config
+  assert resumed["code_version"] == loop.code_version() != ""  # and its code: a git commit here, or "unknown"
 
 
 def test_combine_keeps_extremes():

@@ -23,6 +23,7 @@ import json
 import math
 import pathlib
 import resource
+import subprocess
 import sys
 import time
 
@@ -57,6 +58,20 @@ def combine(name: str, values: list[float]) -> float:
   if name.endswith("_max"):
     return max(values)
   return float(np.mean(values))
+
+
+def code_version() -> str:
+  """The git commit of the code that runs (with "-dirty" when tracked files differ from it), or "unknown"."""
+  root = pathlib.Path(__file__).resolve().parents[2]
+  try:
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=30)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
+                           text=True, timeout=30)
+  except (OSError, subprocess.SubprocessError):
+    return "unknown"
+  if commit.returncode:
+    return "unknown"
+  return commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
 def print_table(title: str, rows: list[tuple[str, str]]) -> None:
@@ -286,7 +301,8 @@ def run(config: config_lib.Config) -> dict:
              "num_eval_problems": len(task.test), "wall_time_s": time.time() - t_start,
              "sft_time_s": t_rl - t_sft, "rl_time_s": t_final - t_rl, "peak_rss_mib": peak_mib,
              **{f"start_{k}": v for k, v in start_eval.items()},
-             **{f"final_{k}": v for k, v in final_eval.items()}}
+             **{f"final_{k}": v for k, v in final_eval.items()},
+             "code_version": code_version(), "config": resume_lib.record(cfg)}
   if main_process:
     training.atomic_write_text(work_dir / "summary.json", json.dumps(summary, indent=2))
   rows = [("held-out problems", f"{len(task.test)}"),
