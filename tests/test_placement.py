@@ -84,6 +84,27 @@ def test_two_processes_match_one(single, tmp_path):
   assert (tmp_path / "two" / "checkpoints" / "2").is_dir()  # saved together by both processes
 
 
+@pytest.mark.parametrize("algo,layout", [("sft", "two processes"), ("ppo", "eight devices")])
+def test_other_methods_train_on_a_mesh(single, tmp_path, algo, layout):
+  """SFT's batches come from host data (each process contributes its rows), PPO's from the sampler and a critic:
+  both train under a mesh, on one host or two."""
+  policy, _ = single
+  args = [*MESH, f"--algo={algo}", *(["--group_size=1", "--batch_size=8"] if algo == "ppo" else [])]
+  if layout == "two processes":
+    port = _free_port()
+    procs = [_cli(tmp_path, policy, *args, f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+                  f"--process_id={i}", devices=4, background=True) for i in range(2)]
+    for p, log in zip(procs, [p.communicate(timeout=HANG_GUARD_S)[0] for p in procs]):
+      assert p.returncode == 0, log[-3000:]
+  else:
+    result = _cli(tmp_path, policy, *args, devices=8)
+    assert result.returncode == 0, result.stderr[-3000:]
+  records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines() if "train/loss" in l]
+  assert [r["step"] for r in records] == [1, 2] and all(np.isfinite(r["train/loss"]) for r in records)
+  final, start = models.load_hf(tmp_path / "final_policy")[0], models.load_hf(policy)[0]
+  assert not np.array_equal(final["embed"]["embedding"], start["embed"]["embedding"])
+
+
 @pytest.mark.parametrize("args,message", [
     (["--mesh=data:3"], "mesh"),
     (["--mesh=data:8"], "--batch_size = 4 must be a multiple of the mesh's data-parallel size 8"),

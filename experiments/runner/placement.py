@@ -46,14 +46,18 @@ class Placement:
         self.batch_sharding)
 
   def device(self, tree):
-    """Host leaves -> `rows`; device leaves -> placed by the batch sharding (no host round trip)."""
+    """Global device leaves -> placed by the batch sharding on the devices (no host round trip); host leaves, and
+    with several processes a process's local arrays (built from host data, e.g. an offline dataset) -> `rows`."""
     if self.mesh is None:
       return tree
-    host_leaves = jax.tree.map(lambda x: not isinstance(x, jax.Array), tree)
-    if all(jax.tree.leaves(host_leaves)):
-      return self.rows(tree)
-    return jax.tree.map(lambda x: jax.device_put(x, self.batch_sharding) if isinstance(x, jax.Array)
-                        else self.rows(x), tree)
+    several = jax.process_count() > 1
+
+    def place(x):
+      if isinstance(x, jax.Array) and not (several and x.is_fully_addressable):
+        return jax.device_put(x, self.batch_sharding)
+      return self.rows(np.asarray(x))
+
+    return jax.tree.map(place, tree)
 
   def host(self, tree):
     """Global (or local) arrays -> whole NumPy arrays on every process."""

@@ -31,7 +31,8 @@ def check_flags(recorded: dict | None, now: dict, step: int, report) -> None:
     report(f"checkpoint step {step} records no flags (saved by an older version): flags not compared")
     return
   differ = sorted(name for name, value in recorded.items()
-                  if name not in MAY_CHANGE and name in now and now[name] != value)
+                  if name not in MAY_CHANGE and name in now and now[name] != value
+                  and not (value is None and name == "group_size"))  # older records: unresolved, the default
   if differ:
     shown = ", ".join(f"--{name}={recorded[name]} (now {now[name]})" for name in differ)
     raise ResumeError(f"--resume: checkpoint step {step} was saved with {shown}; resume with the same values, or "
