@@ -2,8 +2,8 @@
 
 The entry modules (`experiments/grpo_math.py`, `flow_grpo.py`, `train_reward_model.py`) import this module to
 define the flags, then build their `Config` once in `main()` with `config_from_flags()`; nothing below them reads
-a flag. Values are checked by `runner.Config` (one line naming the flag), not at parse time, so the same checks
-guard a config built in Python.
+a flag. Values are checked by `runner.Config` (one line naming the flag; absl checks only the enum choices at
+parse time), so the same checks guard a config built in Python.
 """
 
 import sys
@@ -98,8 +98,8 @@ flags.DEFINE_integer("top_k", _D["top_k"], "Top-k of the rollouts (0: off).")
 
 # STAGE 2: THE METHOD AND ITS LOSS
 flags.DEFINE_enum("algo", _D["algo"], _choices("algo"),
-    "Stage-2 method: grpo, ppo (with a critic), online_rft, rft, dpo (offline from the start policy) or sft (human "
-    "solutions).")
+    "Stage-2 method: grpo, ppo (with a critic), online_rft, rft, dpo (offline from the start policy), sft (human "
+    "solutions) or flow_grpo (the multi-turn planner with tools; experiments.flow_grpo sets its defaults).")
 flags.DEFINE_float("beta", _D["beta"], "KL coefficient β (0 removes the KL term and the reference forward).")
 flags.DEFINE_float("epsilon", _D["epsilon"], "Clip range ε (lower side).")
 flags.DEFINE_float("epsilon_high", _D["epsilon_high"], "Upper clip range (DAPO clip-higher, e.g. 0.28); default ε.")

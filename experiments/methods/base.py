@@ -15,6 +15,7 @@ import optax
 
 from experiments.runner import config as config_lib
 from experiments.runner import evaluation
+from experiments.runner import policy
 from experiments.runner import warm_start
 from grpo_jax import training
 
@@ -24,15 +25,11 @@ class Method(abc.ABC):
 
   name = "method"
   rows_per_item = 1  # rows that must stay together in a minibatch (2: DPO's (o⁺, o⁻) pairs)
-  sft_marker = "grpo_jax_sft.json"  # the file in a stage-1 policy that says this method family fine-tuned it
+  sft_marker = policy.SFT_MARKER  # the file in a stage-1 policy that says this method family fine-tuned it
   reward_updates = None  # iterative RL: a `learned_reward.RewardModelUpdates`, set by the loop
 
   def __init__(self, config: config_lib.Config, model_config, task, rollouts, reference):
     self.cfg, self.config, self.task, self.rollouts, self.reference = config, model_config, task, rollouts, reference
-
-  @property
-  def uses_reference(self) -> bool:
-    return False
 
   def rows_per_step(self) -> int:
     return self.cfg.rows_per_step

@@ -26,7 +26,6 @@ def make_pairs(correct: np.ndarray, prompt_of_row: np.ndarray, max_pairs: int) -
 class DPO(base.Method):
   name = "dpo"
   rows_per_item = 2
-  uses_reference = True
 
   def objective(self):
     return update_lib.bind(objectives.dpo_objective, config=self.config, beta=self.cfg.algorithm.dpo_beta,

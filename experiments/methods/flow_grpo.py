@@ -89,10 +89,6 @@ class FlowGRPO(base.Method):
     self.prompts_truncated = 0
     self.num_turns = 0  # turn rows of the last collected step
 
-  @property
-  def uses_reference(self):
-    return self.cfg.algorithm.beta > 0
-
   def objective(self):
     algo = self.cfg.algorithm
     loss_kwargs = dict(epsilon=algo.epsilon, epsilon_high=algo.epsilon_high, beta=algo.beta, kl=algo.kl or "k3",

@@ -29,10 +29,6 @@ class GRPO(base.Method):
     self.group_logprobs = rollouts.placement.logprobs(config, chunk_size=cfg.model.logprob_chunk,
                                                       temperature=cfg.rollout.temperature, **grouped)
 
-  @property
-  def uses_reference(self):
-    return self.cfg.algorithm.beta > 0
-
   def grouped(self) -> bool:
     """Whether forwards share each prompt across its group (`shared_prompt_forward`): every micro-batch must then
     hold whole groups, so minibatches shuffle groups (`rows_per_item` = G)."""
@@ -107,14 +103,12 @@ class GRPO(base.Method):
     loss_mask = jnp.asarray(samples.mask).at[len(chosen) * g:].set(False)
     if rollout.mask_truncated:
       loss_mask &= ~jnp.asarray(samples.truncated)[:, None]
-    sequences = logprobs_lib.sequences_from_samples(samples)
     if self.on_policy() and algo.advantage_estimator != "reinforce_pp":  # REINFORCE++'s reward reads π_old
       old_logp = jnp.zeros(samples.tokens.shape, jnp.float32)  # not read: the objective uses sg(π_θ)
-    elif rollout.temperature == 1.0 and not algo.recompute_old_logprobs:
-      old_logp = jnp.asarray(samples.logprobs)  # the sampler's own, exact at T = 1
     else:
-      old_logp = self.rollouts.completion(self.group_logprobs(params, *sequences), samples)
+      old_logp = self.rollouts.old_logprobs(params, samples, self.group_logprobs)
     if algo.beta > 0:
+      sequences = logprobs_lib.sequences_from_samples(samples)
       ref_logp = self.rollouts.completion(self.group_logprobs(self.reference, *sequences), samples)
     else:
       ref_logp = jnp.zeros(samples.tokens.shape, jnp.float32)

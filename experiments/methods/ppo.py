@@ -33,10 +33,6 @@ def explained_variance(values: np.ndarray, returns: np.ndarray, mask: np.ndarray
 class PPO(base.Method):
   name = "ppo"
 
-  @property
-  def uses_reference(self):
-    return self.cfg.algorithm.beta > 0
-
   def __init__(self, cfg, config, task, rollouts, reference):
     super().__init__(cfg, config, task, rollouts, reference)
     values = jax.jit(lambda params, tokens, mask: objectives.token_values(params, config, tokens, mask))

@@ -73,11 +73,13 @@ class Rollouts:
                                                             rollout.overlong_buffer))
     return Scored(samples, rewards, correct, time.time() - t0, host)
 
-  def old_logprobs(self, params, samples: sampling.SampleOutput):
-    """π_old of the sampled tokens `[N, T]`: the sampler's own log-probs at T = 1, else recomputed."""
+  def old_logprobs(self, params, samples: sampling.SampleOutput, logprobs=None):
+    """π_old of the sampled tokens `[N, T]`: the sampler's own log-probs at T = 1, else recomputed with
+    `logprobs` (default `self.logprobs`; GRPO passes its shared-prompt one)."""
     if self.cfg.rollout.temperature == 1.0 and not self.cfg.algorithm.recompute_old_logprobs:
       return jax.numpy.asarray(samples.logprobs)
-    return self.completion(self.logprobs(params, *logprobs_lib.sequences_from_samples(samples)), samples)
+    return self.completion((logprobs or self.logprobs)(params, *logprobs_lib.sequences_from_samples(samples)),
+                           samples)
 
   @staticmethod
   def completion(full, samples: sampling.SampleOutput):

@@ -13,8 +13,6 @@ never reads a flag. `Config.flat()` is the flag-name -> value dict a checkpoint 
 import dataclasses
 from typing import Any
 
-_SENTINEL = object()
-
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:

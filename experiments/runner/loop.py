@@ -118,10 +118,7 @@ def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointe
   cfg = method.cfg
   algo, run_cfg = cfg.algorithm, cfg.run
   rows = method.rows_per_step()
-  minibatch = algo.minibatch_size or rows
-  if rows % minibatch or minibatch % algo.grad_accum_steps:
-    raise RunError(f"--minibatch_size={minibatch} must divide the step's {rows} rows (batch_size*group_size) and "
-                   f"be divisible by --grad_accum_steps={algo.grad_accum_steps}")
+  minibatch = algo.minibatch_size or rows  # divides the rows, and by grad_accum_steps (`config.check`)
   if minibatch % (method.rows_per_item * algo.grad_accum_steps):
     raise RunError(f"--algo={method.name}: micro-batches of {minibatch // algo.grad_accum_steps} rows split its "
                    f"groups of {method.rows_per_item} rows")
