@@ -6,11 +6,13 @@ a flag. Values are checked by `runner.Config` (one line naming the flag; absl ch
 parse time), so the same checks guard a config built in Python.
 """
 
+import os
 import sys
 
 from absl import app
 from absl import flags
 from absl import logging
+import jax
 
 from experiments.runner import config as config_lib
 from experiments.runner import loop
@@ -195,6 +197,9 @@ flags.DEFINE_integer("stop_after", _D["stop_after"],
     "Stop (as if interrupted) after this GRPO step, after saving; 0: off.")
 flags.DEFINE_bool("tensorboard", _D["tensorboard"], "Write TensorBoard event files.")
 flags.DEFINE_integer("seed", _D["seed"], "Random seed of data order, sampling and initialisation.")
+flags.DEFINE_string("compilation_cache_dir", _D["compilation_cache_dir"],
+    "JAX's on-disk compilation cache: a later run of the same programs (the same model, shapes and flags that "
+    "shape them) loads them instead of compiling. Empty: off. JAX_COMPILATION_CACHE_DIR, when set, wins.")
 
 # DEVICES AND PROCESSES
 flags.DEFINE_string("mesh", _D["mesh"],
@@ -244,6 +249,13 @@ def run_from_flags(**overrides) -> dict:
   return loop.run(config_from_flags(**overrides))
 
 
+def enable_compilation_cache(path: str) -> None:
+  """JAX's persistent compilation cache in `path` (programs that took over a second to compile are kept), unless
+  JAX_COMPILATION_CACHE_DIR already chose a directory or `path` is empty."""
+  if path and not jax.config.jax_compilation_cache_dir:
+    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(path))
+
+
 def main_for(name: str, job=None, **overrides):
   """`main(argv)` of the runner called `name`: flags -> config -> `job(config)` (default: the training loop),
   errors as one line."""
@@ -257,6 +269,7 @@ def main_for(name: str, job=None, **overrides):
       distributed.initialize(mesh.coordinator_address or None, mesh.num_processes, mesh.process_id)  # first
     except ValueError as err:
       sys.exit(f"{name}: error: {err}")
+    enable_compilation_cache(config.run.compilation_cache_dir)
     if not FLAGS["verbosity"].present:
       logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO; -v 0 brings it back
     try:

@@ -4,9 +4,13 @@ same run, and the runner packages import in layers."""
 
 import ast
 import json
+import os
 import pathlib
+import subprocess
+import sys
 
 from absl import flags
+import jax
 import numpy as np
 
 from experiments import cli
@@ -112,3 +116,33 @@ def test_a_flagfile_and_the_python_config_give_the_same_run(tmp_path):
       np.testing.assert_array_equal(a[key], b[key], err_msg=key)
   assert json.loads((tmp_path / "cli" / "config.json").read_text()) == json.loads(
       (tmp_path / "python" / "config.json").read_text()) | {"work_dir": str(tmp_path / "cli")}
+
+
+def test_the_compilation_cache_flag_defers_to_the_environment(tmp_path):
+  before = jax.config.jax_compilation_cache_dir  # conftest sets JAX_COMPILATION_CACHE_DIR for the whole run
+  assert before
+  cli.enable_compilation_cache(str(tmp_path / "elsewhere"))
+  assert jax.config.jax_compilation_cache_dir == before
+
+
+def test_a_second_run_loads_its_programs_from_the_compilation_cache(tmp_path):
+  env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+  env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # tiny programs compile in well under a second
+  cache = tmp_path / "cache"
+  args = [f"--{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in TINY.items()]
+
+  def run(name):
+    done = subprocess.run([sys.executable, "-m", "experiments.grpo_math", *args, f"--work_dir={tmp_path / name}",
+                           f"--compilation_cache_dir={cache}"], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=1800)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [json.loads(l) for l in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+
+  first = run("first")
+  entries = sorted(p.name for p in cache.rglob("*") if p.is_file())
+  assert len(entries) >= 3  # SFT step, sampler, update at least
+  second = run("second")
+  # Every program of the second run was found: nothing new written, and the same numbers.
+  assert sorted(p.name for p in cache.rglob("*") if p.is_file()) == entries
+  drop = lambda r: {k: v for k, v in r.items() if "time" not in k and k != "train/tokens_per_s"}
+  assert [drop(r) for r in first] == [drop(r) for r in second]
