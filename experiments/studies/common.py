@@ -6,25 +6,28 @@ SFT policy of a seed is trained once and plain GRPO from it runs once, whichever
 
 from experiments.studies.spec import FLOW_GRPO, GRPO_MATH, SAMPLE_EVAL, TRAIN_REWARD_MODEL, Metric, Run
 
-# The quick profile: every study, 3 seeds, in about an hour on a 2-core CPU. Stage 2 is QUICK_RL: 60 steps of
-# 16 prompts x 8 samples (the full runs: 200 x 32 x 8) at peak lr 1e-4, since at the default 3e-4 runs this
-# short lost accuracy (seed 0, 200 problems: GRPO 43.0% -> 37.5%, Online RFT 43.0% -> 36.0%), where 1e-4 took
-# GRPO to 48.5% (30 steps of 32 x 8 at 3e-4: 45.0%). Held-out accuracy every 15 steps on 200 problems (full:
-# 500 every 100); the SFT stage (600 steps on 2,000 solutions) is the full one. QUICK_RL goes to the stage-2
-# runs only (`rl`), so the SFT run's flags, and its directory, do not depend on it.
-QUICK_STEPS = 60
+# The quick profile: every study, 3 seeds, in under an hour on a 2-core CPU (BENCHMARKS.md and the README give the
+# measured time). Stage 2 is QUICK_RL: 40 steps of 16 prompts x 8 samples (the full runs: 200 x 32 x 8) at peak lr
+# 1e-4, since at the default 3e-4 runs this short lost accuracy (seed 0, 200 problems: GRPO 43.0% -> 37.5%, Online
+# RFT 43.0% -> 36.0%), where 1e-4 took GRPO to 48.5% in 60 steps. Held-out accuracy every 20 steps on 200 problems
+# (full: 500 every 100); the SFT stage is the full one. QUICK_RL goes to the stage-2 runs only (`rl`), so the SFT
+# run's flags, and its directory, do not depend on it. Flow-GRPO: 20 steps (full: 60) after an SFT of 300 steps of
+# 32 teacher turns (full: 64).
+QUICK_STEPS = 40
 QUICK_RL = {"steps": QUICK_STEPS, "batch_size": 16, "learning_rate": 1e-4}
 QUICK_EVAL = {"num_test": 200}
 QUICK = {
-    GRPO_MATH: {"eval_every": 15, "save_every": 15, "tensorboard": False, **QUICK_EVAL},
+    GRPO_MATH: {"eval_every": 20, "save_every": 20, "tensorboard": False, **QUICK_EVAL},
     SAMPLE_EVAL: dict(QUICK_EVAL),
     TRAIN_REWARD_MODEL: {"rm_eval_prompts": 100, "tensorboard": False},
-    FLOW_GRPO: {"steps": 30, "eval_every": 0, "save_every": 10, "tensorboard": False, **QUICK_EVAL},
+    FLOW_GRPO: {"steps": 20, "sft_batch_size": 32, "eval_every": 0, "save_every": 10, "tensorboard": False,
+                **QUICK_EVAL},
 }
-QUICK_NOTE = ("RL runs 60 steps of 16 prompts x 8 samples at peak lr 1e-4 (the full profile and the README: 200 "
-              "steps of 32 x 8 at 3e-4; at 3e-4 these short runs lost accuracy in a probe), held-out greedy accuracy "
-              "on 200 problems every 15 steps (full: 500 every 100), the full SFT stage; Flow-GRPO 30 steps (full: "
-              "60). Expect smaller gains than the README's.")
+QUICK_NOTE = ("RL runs 40 steps of 16 prompts x 8 samples at peak lr 1e-4 (the full profile and the README: 200 "
+              "steps of 32 x 8 at 3e-4; at 3e-4 short runs lost accuracy in a probe), held-out greedy accuracy "
+              "on 200 problems every 20 steps (full: 500 every 100), the full SFT stage; Flow-GRPO 20 steps after "
+              "an SFT on batches of 32 teacher turns (full: 60 steps, batches of 64). Expect smaller gains than "
+              "the README's.")
 
 
 def rl(name: str, label: str, quick: dict | None = None, **flags) -> Run:
