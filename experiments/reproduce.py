@@ -8,8 +8,9 @@ r"""Reproduces a paper's ablation with one command: runs over seeds, mean ± sta
 A study (`experiments/studies/`) is data: a list of runs (flag sets of the runners `experiments.grpo_math`,
 `experiments.flow_grpo`, `experiments.train_reward_model`), the metrics to read from what they write, and
 the plots to draw. Each run and seed is its own process, `python -m <runner> <flags> --seed=S
---work_dir=DIR`, in a directory named by a hash of its runner and flags (under --runs_dir), so a run that
-two studies share (the SFT policy, plain GRPO) runs once, and a run whose `summary.json` exists is skipped:
+--work_dir=DIR`, in a directory named by a hash of its runner, its flags and the runner's defaults for the
+flags it leaves out (under --runs_dir), so a run that two studies share (the SFT policy, plain GRPO) runs once,
+a change of a default starts new runs instead of reusing old ones, and a run whose `summary.json` exists is skipped:
 a study stopped halfway continues where it was, and `--seeds=5` after `--seeds=3` runs only seeds 3 and 4.
 A run interrupted after a checkpoint continues with the runner's `--resume`. A failed run is reported with
 its log's last line and does not stop the others (only the runs that need its output).
@@ -42,6 +43,8 @@ from absl import app
 from absl import flags
 
 from experiments import studies as studies_lib
+from experiments.methods import flow_grpo as flow_grpo_method
+from experiments.runner import config as config_lib
 from experiments.studies import spec
 
 flags.DEFINE_string("study", None, "A study name (--list shows them) or a JSON file of a study spec.")
@@ -131,11 +134,23 @@ def _prefix(run: spec.Run) -> list[str]:
   return list(run.command) if run.command else [sys.executable, "-m", run.module]
 
 
+def runner_defaults(run: spec.Run) -> dict[str, str]:
+  """The settings a runner module uses for the flags a run leaves out: the runner `Config`'s defaults (with
+  Flow-GRPO's own for experiments.flow_grpo); {} for a custom command."""
+  if run.command:
+    return {}
+  values = {k: v for k, v in config_lib.Config().flat().items() if k not in ("work_dir", "compilation_cache_dir")}
+  if run.module == spec.FLOW_GRPO:
+    values.update({k: v for k, v in flow_grpo_method.DEFAULTS.items() if k != "algo"})
+  return {k: str(v) for k, v in sorted(values.items())}
+
+
 def plan(study: spec.Study, profile: str, seeds: list[int], runs_dir: pathlib.Path) -> list[Job]:
   """The study's jobs, dependencies first, each in `runs_dir/<runner>-<hash>/seed<S>`.
 
-  The hash covers the runner, the flags (before {run:..} and {seed} are filled in) and, recursively, the
-  runs they name, so equal configurations share a directory across studies and profiles never collide.
+  The hash covers the runner, the flags (before {run:..} and {seed} are filled in), the runner's defaults
+  (`runner_defaults`) and, recursively, the runs they name, so equal configurations share a directory across
+  studies, profiles never collide, and runs made under other defaults are not taken for this code's.
   """
   if profile != "full" and profile not in study.profiles:
     raise StudyError(f"study {study.name} has no profile {profile!r}; it has full"
@@ -160,6 +175,7 @@ def plan(study: spec.Study, profile: str, seeds: list[int], runs_dir: pathlib.Pa
       run = study.run(name)
       blob = {"command": list(run.command) or [run.module], "out_flag": run.output_flag,
               "flags": {k: str(v) for k, v in sorted(merged[name].items())},
+              "defaults": runner_defaults(run),
               "needs": {n: digest(n, visiting + (name,)) for n in _needs(merged[name])}}
       hashes[name] = hashlib.sha1(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:10]
     return hashes[name]

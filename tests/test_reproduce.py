@@ -15,6 +15,7 @@ from experiments import reproduce
 from experiments import studies
 from experiments import cli
 from experiments import sample_eval
+from experiments.runner import config as config_lib
 from experiments.runner import evaluation as runner_evaluation
 from experiments.runner import task as task_lib
 from experiments.studies import spec
@@ -181,6 +182,22 @@ def test_plan_hashes_flags_and_dependencies(tmp_path):
     reproduce.plan(study, "medium", [0], tmp_path)
   with pytest.raises(reproduce.StudyError, match="set by reproduce"):
     reproduce.plan(spec.Study("s", "x", (spec.Run("a", {"seed": 3}),), ()), "full", [0], tmp_path)
+
+
+def test_a_changed_runner_default_means_new_run_directories(tmp_path, monkeypatch):
+  study = spec.Study("defaults", "x", (spec.Run("sft", {"steps": 0}), spec.Run("rl", {"init": "{run:sft}/p"}),
+                                       spec.Run("flow", {}, module=spec.FLOW_GRPO)), ())
+  before = reproduce.plan(study, "full", [0], tmp_path)
+  assert before[0].directory != before[2].directory  # another runner, other defaults
+  real = config_lib.Config
+  monkeypatch.setattr(config_lib, "Config", lambda: real().replace(sft_steps=123))
+  after = reproduce.plan(study, "full", [0], tmp_path)
+  # the runs that read the changed default (directly, or through the run they start from) move; Flow-GRPO sets
+  # its own sft_steps, so its run stays
+  assert [x.directory != y.directory for x, y in zip(before, after)] == [True, True, False]
+  # where the run settings are not results (the work dir, the compilation cache), nothing moves
+  monkeypatch.setattr(config_lib, "Config", lambda: real().replace(compilation_cache_dir="/elsewhere", work_dir="w"))
+  assert [j.directory for j in reproduce.plan(study, "full", [0], tmp_path)] == [j.directory for j in before]
 
 
 def test_json_spec_from_the_command_line(tmp_path):
