@@ -49,7 +49,7 @@ class TaskConfig:
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
   """Stage 1, the warm start of the embedded model on worked solutions."""
-  sft_steps: int = 500
+  sft_steps: int = 600
   sft_batch_size: int = 32
   sft_learning_rate: float = 3e-3
 
