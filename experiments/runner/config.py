@@ -103,8 +103,8 @@ class AlgorithmConfig:
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
   """The stage-2 optimiser (AdamW) and the run's length."""
-  steps: int = 100
-  learning_rate: float = 1e-4
+  steps: int = 200
+  learning_rate: float = 3e-4
   lr_schedule: str = "cosine"
   warmup_steps: int = 5
   weight_decay: float = 0.0
@@ -145,7 +145,7 @@ class AgentConfig:
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
   """Held-out evaluation: greedy accuracy, and maj@k / pass@k with `eval_samples` > 0."""
-  eval_every: int = 50
+  eval_every: int = 100
   eval_batch_size: int = 250
   eval_samples: int = 0
   eval_temperature: float = 0.7

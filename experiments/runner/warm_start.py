@@ -26,16 +26,6 @@ def check_finite(values: dict, where: str) -> None:
     raise FloatingPointError(f"{where}: non-finite {', '.join(bad)}; stopping without saving a checkpoint")
 
 
-def padded_lengths(demos: Demonstrations) -> tuple[int, int]:
-  """(prompt, target) columns of every SFT batch: the longest demonstration's, within the budgets.
-
-  Pad columns are masked (left of a prompt, right of a target), so fewer of them change the loss and its
-  gradient only by float rounding, and the synthetic task's prompts (at most 10 tokens of a 16-token budget) and
-  solutions (35 of 40) cost 45 columns a row instead of 56."""
-  return (min(demos.prompt_len, max(len(p) for p, _ in demos.pairs)),
-          min(demos.target_len, max(len(t) for _, t in demos.pairs)))
-
-
 def warm_start(params, model_config, demos: Demonstrations, config: config_lib.Config, logger, pad_id: int,
                placement: placement_lib.Placement):
   """`sft_steps` AdamW steps (cosine from `sft_learning_rate`) of the teacher-forced NLL of the targets, batches
@@ -48,11 +38,11 @@ def warm_start(params, model_config, demos: Demonstrations, config: config_lib.C
   objective = update_lib.bind(training.sft_objective, config=model_config, chunk_size=config.model.logprob_chunk)
   state, train_step = placement.train(params, optimizer, objective, config.algorithm.grad_accum_steps)
   rng = np.random.default_rng([config.run.seed, demos.stream])
-  prompt_len, target_len = padded_lengths(demos)
   logger.start(sft.sft_steps)
   for step in range(1, sft.sft_steps + 1):
     chunk = [demos.pairs[i] for i in rng.integers(0, len(demos.pairs), sft.sft_batch_size)]
-    batch = training.supervised_batch([p for p, _ in chunk], [t for _, t in chunk], prompt_len, target_len, pad_id)
+    batch = training.supervised_batch([p for p, _ in chunk], [t for _, t in chunk], demos.prompt_len,
+                                      demos.target_len, pad_id)
     state, metrics = train_step(state, batch)
     if step % 25 == 0 or step == sft.sft_steps:
       values = logger.log(step, metrics, prefix="sft/")
