@@ -11,8 +11,9 @@ from experiments.studies.spec import FLOW_GRPO, GRPO_MATH, SAMPLE_EVAL, TRAIN_RE
 # 1e-4, since at the default 3e-4 runs this short lost accuracy (seed 0, 200 problems: GRPO 43.0% -> 37.5%, Online
 # RFT 43.0% -> 36.0%), where 1e-4 took GRPO to 48.5% in 60 steps. Held-out accuracy every 20 steps on 200 problems
 # (full: 500 every 100); the SFT stage is the full one. QUICK_RL goes to the stage-2 runs only (`rl`), so the SFT
-# run's flags, and its directory, do not depend on it. Flow-GRPO: 20 steps (full: 60) after an SFT of 300 steps of
-# 32 teacher turns (full: 64).
+# run's flags, and its directory, do not depend on it. Flow-GRPO: its full SFT stage (300 steps of 64 teacher turns;
+# batches of 32 left the planner at 8% on seed 0, and Flow-GRPO had nothing to learn from), then 10 steps of 8
+# queries x 8 trajectories (full: 60 of 16 x 8).
 QUICK_STEPS = 40
 QUICK_RL = {"steps": QUICK_STEPS, "batch_size": 16, "learning_rate": 1e-4}
 QUICK_EVAL = {"num_test": 200}
@@ -20,13 +21,13 @@ QUICK = {
     GRPO_MATH: {"eval_every": 20, "save_every": 20, "tensorboard": False, **QUICK_EVAL},
     SAMPLE_EVAL: dict(QUICK_EVAL),
     TRAIN_REWARD_MODEL: {"rm_eval_prompts": 100, "tensorboard": False},
-    FLOW_GRPO: {"steps": 20, "sft_batch_size": 32, "eval_every": 0, "save_every": 10, "tensorboard": False,
+    FLOW_GRPO: {"steps": 10, "batch_size": 8, "eval_every": 0, "save_every": 10, "tensorboard": False,
                 **QUICK_EVAL},
 }
 QUICK_NOTE = ("RL runs 40 steps of 16 prompts x 8 samples at peak lr 1e-4 (the full profile and the README: 200 "
               "steps of 32 x 8 at 3e-4; at 3e-4 short runs lost accuracy in a probe), held-out greedy accuracy "
-              "on 200 problems every 20 steps (full: 500 every 100), the full SFT stage; Flow-GRPO 20 steps after "
-              "an SFT on batches of 32 teacher turns (full: 60 steps, batches of 64). Expect smaller gains than "
+              "on 200 problems every 20 steps (full: 500 every 100), the full SFT stage; Flow-GRPO 10 steps of 8 "
+              "queries x 8 trajectories after its full SFT (full: 60 steps of 16 x 8). Expect smaller gains than "
               "the README's.")
 
 
