@@ -126,8 +126,9 @@ def test_the_compilation_cache_flag_defers_to_the_environment(tmp_path):
 
 
 def test_a_second_run_loads_its_programs_from_the_compilation_cache(tmp_path):
-  env = {k: v for k, v in os.environ.items() if k != "JAX_COMPILATION_CACHE_DIR"}
-  env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # tiny programs compile in well under a second
+  # Without the test suite's cache and threshold, as a user runs it: the flag's cache keeps every program.
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}
   cache = tmp_path / "cache"
   args = [f"--{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in TINY.items()]
 
@@ -140,7 +141,7 @@ def test_a_second_run_loads_its_programs_from_the_compilation_cache(tmp_path):
 
   first = run("first")
   entries = sorted(p.name for p in cache.rglob("*") if p.is_file())
-  assert len(entries) >= 3  # SFT step, sampler, update at least
+  assert len(entries) >= 10  # every program, not only those over a second of compile time
   second = run("second")
   # Every program of the second run was found: nothing new written, and the same numbers.
   assert sorted(p.name for p in cache.rglob("*") if p.is_file()) == entries
