@@ -181,7 +181,8 @@ SECTIONS = {"model": ModelConfig, "task": TaskConfig, "sft": SFTConfig, "rollout
 # The fields of these sections only change how long a run goes, what it evaluates and logs, or where it
 # runs: `--resume` accepts other values (`resume.check`).
 MAY_CHANGE = frozenset({
-    "steps", "resume", "stop_after", "save_every", "keep_checkpoints", "work_dir", "tensorboard", "compilation_cache_dir",
+    "steps", "resume", "stop_after", "save_every", "keep_checkpoints", "work_dir", "tensorboard",
+    "compilation_cache_dir",
     "eval_every", "eval_batch_size", "eval_samples", "eval_temperature",
     "mesh", "sharding_rules", "coordinator_address", "num_processes", "process_id",
 })
