@@ -89,8 +89,8 @@ def test_sharded_logprob_function_equals_one_device(params, batch):
   from grpo_jax import partitioning
   tokens, mask = (jnp.tile(x, (4, 1)) for x in batch)  # 12 rows: split over the 4 data devices
   plain = logprobs.jit_token_logprobs(CONFIG, chunk_size=5, return_entropy=True, temperature=0.7)
-  expected = logprobs.token_logprobs(params, CONFIG, tokens, mask, chunk_size=5, return_entropy=True,
-                                     temperature=0.7)
+  expected = jax.jit(lambda p, t, m: logprobs.token_logprobs(p, CONFIG, t, m, chunk_size=5, return_entropy=True,
+                                                             temperature=0.7))(params, tokens, mask)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), plain(params, tokens, mask), expected)
   mesh, rules = partitioning.make_mesh("data:2,fsdp:2,tensor:2"), partitioning.get_rules("fsdp_tp")
   sharded = logprobs.jit_token_logprobs(CONFIG, mesh=mesh, rules=rules, chunk_size=5, return_entropy=True,
@@ -115,14 +115,15 @@ def _grouped_samples(params, group_size=3, prompt_len=7, new_tokens=6):
 def test_grouped_completion_logprobs_equal_ungrouped(params, chunk_size):
   samples = _grouped_samples(params)
   kw = dict(chunk_size=chunk_size, return_entropy=True, temperature=0.7)
-  logp, entropy = logprobs.completion_logprobs(params, CONFIG, samples, **kw)
+  logp, entropy = jax.jit(lambda p: logprobs.completion_logprobs(p, CONFIG, samples, **kw))(params)
   glogp, gentropy = jax.jit(lambda p: logprobs.completion_logprobs(p, CONFIG, samples, group_size=3, **kw))(params)
   np.testing.assert_allclose(glogp, logp, atol=2e-5)
   np.testing.assert_allclose(gentropy, entropy, atol=2e-5)
   assert bool(jnp.all(jnp.where(samples.mask, True, glogp == 0.0)))
   weights = jax.random.normal(jax.random.key(7), samples.tokens.shape)
   f = lambda p, g: jnp.sum(weights * logprobs.completion_logprobs(p, CONFIG, samples, group_size=g, chunk_size=4))
-  expected, grouped = jax.grad(f)(params, 1), jax.grad(f)(params, 3)
+  grad = jax.jit(jax.grad(f), static_argnums=1)  # eagerly, op by op, this took 30 s of compiles
+  expected, grouped = grad(params, 1), grad(params, 3)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, atol=2e-5 * float(jnp.abs(a).max()) + 1e-7),
                expected, grouped)
 

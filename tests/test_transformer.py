@@ -134,3 +134,27 @@ def test_param_logical_axes():
   assert axes["layers_1"]["attn"]["k_proj"]["kernel"] == ("embed", "kv_heads", None)
   assert axes["layers_0"]["mlp"]["down_proj"]["kernel"] == ("mlp", "embed")
   assert axes["lm_head"]["kernel"] == ("embed", "vocab")
+
+
+@pytest.mark.parametrize("x_shape,kernel_shape,n_in", [((2, 5, 6), (6, 3, 4), 1),  # q/k/v: ble,ehd->blhd
+                                                       ((2, 5, 3, 4), (3, 4, 6), 2),  # o: blhd,hde->ble
+                                                       ((2, 5, 6), (6, 7), 1)])  # MLP: ble,em->blm
+def test_project_values_and_gradients_equal_the_einsum(x_shape, kernel_shape, n_in):
+  """`project`'s hand-written backward (the kernel gradient as one xᵀ·dy product) against autodiff of einsum."""
+  from grpo_jax.models import transformer
+  kx, kk, kw = jax.random.split(jax.random.key(0), 3)
+  x, kernel = jax.random.normal(kx, x_shape), jax.random.normal(kk, kernel_shape)
+  letters = "abcdefgh"
+  x_axes, k_axes = letters[:len(x_shape)], letters[len(x_shape) - n_in:len(x_shape) - n_in + len(kernel_shape)]
+  spec = f"{x_axes},{k_axes}->{x_axes[:-n_in]}{k_axes[n_in:]}"
+  out = transformer.project(x, kernel, n_in)
+  np.testing.assert_array_equal(out, jnp.einsum(spec, x, kernel))
+  weights = jax.random.normal(kw, out.shape)
+  grads = jax.jit(jax.grad(lambda x, k: jnp.sum(weights * transformer.project(x, k, n_in)), argnums=(0, 1)))(x, kernel)
+  expected = jax.jit(jax.grad(lambda x, k: jnp.sum(weights * jnp.einsum(spec, x, k)), argnums=(0, 1)))(x, kernel)
+  for got, want in zip(grads, expected):
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  # By hand for the 2-D kernel: dkernel = Σ_rows xᵀ · weights.
+  if kernel.ndim == 2:
+    np.testing.assert_allclose(grads[1], np.einsum("ble,blm->em", x, weights), rtol=1e-5, atol=1e-5)

@@ -60,7 +60,7 @@ def test_sgd_step_moves_params_by_minus_lr_times_gradient(model):
   step = training.make_train_step(objective, optax.sgd(0.5), donate=False)
   state, metrics = step(training.init_train_state(params, optax.sgd(0.5)), batch)
   totals = update_lib._totals(batch.loss_mask)  # pylint: disable=protected-access
-  (loss, _), grads = jax.value_and_grad(objective, has_aux=True)(params, batch, totals)
+  (loss, _), grads = jax.jit(jax.value_and_grad(objective, has_aux=True))(params, batch, totals)
   np.testing.assert_allclose(metrics["loss"], loss, rtol=1e-6)
   expected = jax.tree.map(lambda p, g: p - 0.5 * g, params, grads)
   jax.tree.map(functools.partial(np.testing.assert_allclose, atol=1e-6), state.params, expected)
@@ -72,10 +72,12 @@ def test_grpo_objective_at_ratio_one_has_no_clipping(model):
   params, config = model
   batch = _batch(config)
   from grpo_jax import logprobs
-  logp = logprobs.token_logprobs(params, config, batch.tokens, batch.attention_mask) * batch.loss_mask
-  batch = batch._replace(old_logp=logp)
-  _, metrics = training.grpo_objective(params, batch, update_lib._totals(batch.loss_mask), config=config,  # pylint: disable=protected-access
-                                       loss_kwargs=dict(epsilon=0.2, beta=0.0), use_reference=False)
+  logp = jax.jit(functools.partial(logprobs.token_logprobs, config=config))(params, tokens=batch.tokens,
+                                                                           attention_mask=batch.attention_mask)
+  batch = batch._replace(old_logp=logp * batch.loss_mask)
+  objective = functools.partial(training.grpo_objective, config=config, loss_kwargs=dict(epsilon=0.2, beta=0.0),
+                                use_reference=False)
+  _, metrics = jax.jit(objective)(params, batch, update_lib._totals(batch.loss_mask))  # pylint: disable=protected-access
   np.testing.assert_allclose(metrics["ratio_mean"], 1.0, atol=1e-5)
   assert float(metrics["clip_frac"]) == 0.0
   assert float(metrics["entropy"]) > 0.0
@@ -170,15 +172,17 @@ def test_on_policy_objective_equals_old_logp_of_the_same_params(model):
   params, config = model
   batch = _sampled_batch(params, config)
   from grpo_jax import logprobs
-  logp = logprobs.token_logprobs(params, config, batch.tokens, batch.attention_mask, temperature=0.8)
+  logp = jax.jit(functools.partial(logprobs.token_logprobs, config=config, temperature=0.8))(
+      params, tokens=batch.tokens, attention_mask=batch.attention_mask)
   totals = update_lib._totals(batch.loss_mask)  # pylint: disable=protected-access
   kw = dict(config=config, use_reference=True, temperature=0.8,
             loss_kwargs=dict(epsilon=0.2, beta=0.04, aggregation="seq-mean-token-mean"))
   exact = batch._replace(old_logp=logp * batch.loss_mask)
-  (loss, metrics), grads = jax.value_and_grad(training.grpo_objective, has_aux=True)(params, exact, totals, **kw)
+  value_and_grad = lambda **more: jax.jit(jax.value_and_grad(functools.partial(training.grpo_objective, **kw, **more),
+                                                             has_aux=True))
+  (loss, metrics), grads = value_and_grad()(params, exact, totals)
   garbage = batch._replace(old_logp=jnp.full_like(batch.old_logp, jnp.nan))
-  (on_loss, on_metrics), on_grads = jax.value_and_grad(training.grpo_objective, has_aux=True)(
-      params, garbage, totals, on_policy=True, **kw)
+  (on_loss, on_metrics), on_grads = value_and_grad(on_policy=True)(params, garbage, totals)
   np.testing.assert_allclose(on_loss, loss, rtol=1e-6, atol=1e-7)
   assert float(on_metrics["ratio_mean"]) == 1.0 and float(on_metrics["clip_frac"]) == 0.0
   jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-7), on_grads, grads)
