@@ -14,6 +14,7 @@ import pytest
 
 from experiments import flow_grpo
 from experiments import methods
+from experiments.methods import flow_grpo as flow_method
 from experiments.runner import config as config_lib
 from grpo_jax import models
 from tests.conftest import HANG_GUARD_S
@@ -34,7 +35,14 @@ def _params(path):
   return models.load_hf(path)[0]
 
 
-def test_smoke_sft_then_flow_grpo(tmp_path):
+def test_smoke_sft_then_flow_grpo(tmp_path, monkeypatch):
+  # Right and wrong outcomes by construction: the training reward of trajectory i is i % 2, so every group has
+  # non-zero advantages whatever a 4-step SFT policy answers (which depends on the processor's rounding: on some
+  # it fails every tool call and every group's rewards tie). Evaluations keep the real scores.
+  real_score = flow_method.rewards_lib.score
+  monkeypatch.setattr(flow_method.rewards_lib, "score", lambda outputs, examples, reward_fn: (
+      real_score(outputs, examples, reward_fn) if isinstance(reward_fn, str)
+      else (np.arange(len(outputs)) % 2).astype(np.float32)))
   summary = _run(tmp_path, "--sft_steps=4", "--steps=2", "--save_every=1", "--sft_learning_rate=1e-2")
   for key in ("start_accuracy", "final_accuracy", "final_mean_turns", "final_tool_error_rate", "start_mean_turns",
               "final_answer_rate", "wall_time_s"):
@@ -47,6 +55,7 @@ def test_smoke_sft_then_flow_grpo(tmp_path):
               "train/entropy", "train/grad_norm", "train/clip_frac", "train/time_sampling", "train/time_update"):
     assert np.isfinite(train[-1][key]), key
   assert train[-1]["train/turn_rows"] >= 4  # B·G = 4 trajectories of at least one turn
+  assert [r["train/reward_mean"] for r in train] == [0.5, 0.5]  # the constructed rewards reached the update
   assert [r["step"] for r in records if "eval/accuracy" in r] == [0, 2]
   base, sft, final = (_params(tmp_path / d) for d in ("base_model", "sft_policy", "final_policy"))
   assert not np.allclose(base["embed"]["embedding"], sft["embed"]["embedding"])
