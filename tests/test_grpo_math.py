@@ -19,7 +19,8 @@ from tests.known_answers import known_answers  # noqa: F401  (a fixture)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TINY = ["--max_prompt_len=16", "--max_new_tokens=24", "--num_train=200", "--num_test=16", "--batch_size=4",
-        "--group_size=4", "--eval_batch_size=16", "--synthetic_digits=1", "--tensorboard=false"]
+        "--group_size=4", "--eval_batch_size=16", "--synthetic_digits=1", "--tensorboard=false", "--tiny_layers=2",
+        "--tiny_hidden_size=32"]
 
 
 def _run(work_dir, *args):

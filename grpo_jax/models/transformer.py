@@ -156,10 +156,10 @@ def project(x: jax.Array, kernel: jax.Array, n_in: int) -> jax.Array:
   """x's last `n_in` axes contracted with kernel's first `n_in`: [..., *in] x [*in, *out] -> [..., *out].
 
   The forward is the plain contraction. The backward forms the kernel's gradient as one 2-D product
-  xᵀ·dy ([R, in] x [R, out], contracted over the R rows, no operand copied), which XLA's CPU backend
-  otherwise lays out by transposing dy (and whatever elementwise op made dy, fused into that copy):
-  a SwiGLU MLP's forward + backward at [10,240 x 128 -> 384] took 135 ms that way, 90 ms this way
-  (scripts/bench_grpo_step.py; BENCHMARKS.md). Values and gradients equal autodiff's up to float rounding.
+  xᵀ·dy ([R, in] x [R, out], contracted over the R rows, no operand copied); under autodiff of the einsum,
+  XLA's CPU backend transposes dy instead, with the elementwise op that made dy (SwiGLU's derivative)
+  fused into that unvectorised copy. The default run's GRPO update: 0.85 -> 0.67 s a step (BENCHMARKS.md).
+  Values equal the einsum's; gradients equal autodiff's up to float rounding.
   """
   return jnp.tensordot(x, kernel, n_in)
 
@@ -182,7 +182,7 @@ project.defvjp(_project_fwd, _project_bwd)
 
 
 class Proj(nnx.Module):
-  """A linear map `x · kernel + bias` with a multi-dimensional kernel (`spec` names the einsum it computes)."""
+  """A linear map `x · kernel + bias` with a multi-dimensional kernel; `spec` is the einsum it computes."""
 
   def __init__(self, spec: str, kernel_shape, bias_shape, *, use_bias: bool, config: ModelConfig, rngs: nnx.Rngs):
     self.kernel = _normal(rngs, kernel_shape, config.param_dtype)
