@@ -24,8 +24,9 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 # child processes), JAX would otherwise try to start a TPU backend in every worker and print its warnings.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Compile the tests' programs without LLVM's optimisation passes: most of a cold run is XLA compiling small
-# programs that then run for milliseconds (0.8x the suite's time here). What the tests check is unchanged;
-# timing and compiler output are measured by scripts/ (and test_aot_compile drops this for the TPU compiler).
+# programs that then run for milliseconds (0.76-0.82x the time of the test files measured cold, BENCHMARKS.md).
+# What the tests check is unchanged; timing and compiler output are measured by scripts/ (and test_aot_compile
+# drops this flag for the TPU compiler).
 FAST_COMPILE_FLAG = "--xla_backend_optimization_level=0"
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), FAST_COMPILE_FLAG]))
