@@ -85,7 +85,7 @@ def test_cached_decoding(params):
   mask = jnp.ones((2, 12), bool).at[1, :3].set(False)
   full, _ = _apply(params, UNROLLED, tokens, attention_mask=mask)
   cache = models.init_cache(SCANNED, 2, 16)
-  assert cache.k.shape == (3, 2, 2, 16, 8) and cache.v.shape == (3, 2, 2, 8, 16)
+  assert cache.k.shape == (3, 2, 2, 16, 8) and cache.v.shape == (3, 2, 2, 16, 8)
   out = []
   for start, stop in [(0, 8)] + [(t, t + 1) for t in range(8, 12)]:
     logits, cache = _apply(stacked, SCANNED, tokens[:, start:stop], attention_mask=mask[:, start:stop],

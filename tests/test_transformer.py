@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from grpo_jax import models
+from grpo_jax.models import transformer
 
 _apply = jax.jit(models.apply, static_argnums=1, static_argnames="return_hidden")
 
@@ -76,9 +77,26 @@ def test_cached_prefill_and_decode_equal_full_forward(params):
   np.testing.assert_allclose(cached[mask], full[mask], atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_decode_attention_equals_the_einsum_attention(dtype):
+  """The one-query path (products and sums over the cache) against softmax(q k^T / sqrt(D)) v as einsums."""
+  b, k, g, s, d = 3, 2, 2, 7, 8
+  q, keys, values = (jax.random.normal(jax.random.key(i), shape, jnp.float32)
+                     for i, shape in enumerate([(b, 1, k, g, d), (b, k, s, d), (b, k, s, d)]))
+  allowed = jnp.arange(s)[None, None, :] < jnp.array([7, 4, 1])[:, None, None]  # row 2 sees one slot
+  scores = jnp.einsum("blkgd,bksd->bkgls", q, keys) / np.sqrt(d)
+  probs = jax.nn.softmax(jnp.where(allowed[:, None, None], scores, -jnp.inf), axis=-1)
+  want = jnp.einsum("bkgls,bksd->blkgd", probs, values)
+  np.testing.assert_allclose(want[2, 0], jnp.broadcast_to(values[2, :, None, 0], (k, g, d)), rtol=1e-6)
+  cast = lambda x: x.astype(dtype)
+  got = jax.jit(transformer._decode_attention, static_argnums=4)(cast(q), cast(keys), cast(values), allowed,
+                                                                 d ** -0.5)
+  assert got.shape == (b, 1, k, g, d) and got.dtype == jnp.dtype(dtype)
+  np.testing.assert_allclose(got.astype(jnp.float32), want, atol=1e-5 if dtype == "float32" else 5e-2)
+
+
 def test_grown_cache_decodes_as_the_full_one(params):
   """A cache grown between steps (`grow_cache`, the sampler's segments) gives the logits of the full forward."""
-  from grpo_jax.models import transformer
   tokens = _tokens(2, 12, seed=2)
   mask = jnp.ones((2, 12), bool).at[0, :2].set(False)
   full, _ = _apply(params, CONFIG, tokens, attention_mask=mask)
@@ -87,7 +105,7 @@ def test_grown_cache_decodes_as_the_full_one(params):
   for t in range(8, 12):
     if t == 9:  # 9 slots are full: grow to 12, then to 14 (more than needed)
       cache = transformer.grow_cache(cache, 12)
-      assert cache.k[0].shape == (2, 2, 12, 8) and cache.v[0].shape == (2, 2, 8, 12) and int(cache.index) == 9
+      assert cache.k[0].shape == (2, 2, 12, 8) and cache.v[0].shape == (2, 2, 12, 8) and int(cache.index) == 9
       np.testing.assert_array_equal(cache.mask[:, 9:], False)
       np.testing.assert_array_equal(cache.k[1][:, :, 9:], 0.0)
     if t == 11:
@@ -141,7 +159,6 @@ def test_param_logical_axes():
                                                        ((2, 5, 6), (6, 7), 1)])  # MLP: ble,em->blm
 def test_project_values_and_gradients_equal_the_einsum(x_shape, kernel_shape, n_in):
   """`project`'s hand-written backward (the kernel gradient as one xᵀ·dy product) against autodiff of einsum."""
-  from grpo_jax.models import transformer
   kx, kk, kw = jax.random.split(jax.random.key(0), 3)
   x, kernel = jax.random.normal(kx, x_shape), jax.random.normal(kk, kernel_shape)
   letters = "abcdefgh"
