@@ -56,12 +56,17 @@ def _truncate_largest_array(step_dir: pathlib.Path) -> None:
 
 def _one_line_error(result, *needles, thread_noise=False):
   """`thread_noise`: orbax's restore of a damaged array fails while tensorstore's reader threads still run, and
-  these may print their own tracebacks (asyncio "Event loop is closed") before the run's error, timing
-  permitting; the run's own outcome is still the one line."""
+  these may print their own tracebacks (asyncio "Event loop is closed", the failed read) before or after the
+  run's error, timing permitting; the run's own outcome is still exactly one error line."""
   assert result.returncode != 0
-  if not thread_noise:
+  lines = result.stderr.strip().splitlines()
+  if thread_noise:
+    errors = [l for l in lines if l.startswith("grpo_math: error: ")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    last = errors[0]
+  else:
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
-  last = result.stderr.strip().splitlines()[-1]
+    last = lines[-1]
   assert last.startswith("grpo_math: error: "), result.stderr[-3000:]
   for needle in needles:
     assert needle in last, last
