@@ -61,7 +61,7 @@ class KVCache(NamedTuple):
   Attributes:
     k: per layer, keys [B, kv_heads, S, head_dim]; with `config.scan_layers`, one
       array [L, B, kv_heads, S, head_dim].
-    v: per layer, values [B, kv_heads, head_dim, S] (S last); stacked likewise.
+    v: per layer, values [B, kv_heads, S, head_dim]; stacked likewise.
     mask: [B, S] bool, True where the slot holds a real (non-padding) token.
     index: [] int32, the next slot to write (the same for every row).
   """
