@@ -14,8 +14,9 @@ The reference work is one tiny Qwen2 checkpoint (hidden 128, 4 layers, GQA 4:2, 
   `--sizes` (rows x new tokens; 16-token prompts, G = 8 rows per prompt).
 * grpo: one GRPO step (8 prompts x G 8, 16 new tokens, temperature 1, β 0.04, one AdamW step, the loss
   GRPO's seq-mean-token-mean with k3 KL) built from the library's pieces (sample, decode + rule reward on
-  the host, group advantages, π_ref forward, update), as `experiments.grpo_math` runs them today ("runner")
-  and with the speed options ("fast": shared-prompt forwards, π_old = stop_gradient(π_θ)), against
+  the host, group advantages, π_ref forward, update), over every row's prompt + completion as TRL computes it
+  ("full"), and with the speed options that `experiments.grpo_math` takes by default ("fast": shared-prompt
+  forwards, π_old = stop_gradient(π_θ) on one epoch of one minibatch), against
   `trl.GRPOTrainer` (loss_type="grpo", its π_old likewise the detached current policy) on the same prompts
   and reward, at the best of the torch thread counts tried.
 
@@ -181,8 +182,8 @@ def bench_sampler(params, config, torch_model, torch, sizes, repeats, peak, thre
 def jax_grpo(params, config, tokenizer, prompts, steps, fast: bool):
   """Times one GRPO step composed from the library: returns per-phase medians (s).
 
-  fast=False: as `experiments.grpo_math` runs it today (T = 1: the sampler's log-probs are π_old; π_ref
-  and the update over every row's prompt + completion). fast=True: the speed options of issue #16, each
+  fast=False: the work as TRL does it (T = 1: the sampler's log-probs are π_old; π_ref and the update over
+  every row's prompt + completion). fast=True: the speed options of issue #16, the runner's defaults, each
   the same step up to float rounding: log-probs at the sampling temperature from the sampler, each
   prompt once in the π_ref forward and the update (`group_size`, `prompt_len`), π_old = stop_gradient(π_θ)
   in the loss (`on_policy`: one epoch, one minibatch).
@@ -209,7 +210,7 @@ def jax_grpo(params, config, tokenizer, prompts, steps, fast: bool):
     rewards = np.asarray(reward_fn(decode(tokenizer, samples)), np.float32)
     advantages = losses.group_advantages(rewards.reshape(PROMPTS, GROUP)).reshape(-1)
     t2 = time.perf_counter()
-    old_logp = jnp.asarray(samples.logprobs)  # T = 1: the sampler's log-probs are π_old (as the runner)
+    old_logp = jnp.asarray(samples.logprobs)  # T = 1: the sampler's log-probs are π_old
     sequences = logprobs_lib.sequences_from_samples(samples)
     ref_logp = ref_logprobs(reference, *sequences)[:, PROMPT_LEN:]
     batch = training.batch_from_samples(samples, jnp.asarray(samples.mask), old_logp, ref_logp, advantages)
@@ -274,7 +275,8 @@ def bench_grpo(params, config, tokenizer, path, torch, steps, peak, threads, var
   trl_s = min(trl_by_threads.values())
   flops = {name: step_flops(config, PROMPTS * GROUP, PROMPT_LEN, NEW_TOKENS, PROMPTS, fast)
            for name, fast in variants.items()}
-  work = sum(flops["runner"].values())  # the step's work as TRL does it (every row runs its prompt)
+  # The step's work as TRL does it (every row runs its prompt), whichever variants run.
+  work = sum(step_flops(config, PROMPTS * GROUP, PROMPT_LEN, NEW_TOKENS, PROMPTS, False).values())
   print(f"\n## GRPO step at equal work ({PROMPTS} prompts x G {GROUP}, {NEW_TOKENS} new tokens, temperature "
         f"{TEMPERATURE}, β {BETA}; median of {steps - 2} steps after 2 warm-up; load {load_average()})\n")
   print("TRL seconds per step by torch threads: " + ", ".join(f"{n}: {s:.3f}" for n, s in trl_by_threads.items()))
@@ -303,13 +305,16 @@ def main():
   parser.add_argument("--part", choices=["all", "sampler", "grpo"], default="all")
   parser.add_argument("--repeats", type=int, default=5, help="sampler: timed calls per size")
   parser.add_argument("--steps", type=int, default=10, help="GRPO: steps per framework (the first 2 warm up)")
-  parser.add_argument("--variants", default="runner,fast", help="GRPO: grpo_jax compositions to time")
+  parser.add_argument("--variants", default="full,fast", help="GRPO: grpo_jax compositions to time")
   parser.add_argument("--sizes", default="64x16,64x64,256x16,256x64", help="sampler: rows x new tokens")
   parser.add_argument("--cache_segments", default="auto",
                       help="sampler: sampling.sample's cache_segments, an int or auto (T // 8, at most 8)")
   parser.add_argument("--torch_threads", default=f"1,{os.cpu_count()}",
                       help="torch intra-op thread counts to try; the peers' best is reported")
   args = parser.parse_args()
+  unknown = set(args.variants.split(",")) - {"full", "fast"}
+  if unknown:
+    parser.error(f"--variants: unknown {', '.join(sorted(unknown))}; expected full and/or fast")
   torch, transformers = _peers()
   threads = [int(n) for n in args.torch_threads.split(",")]
   import trl  # pylint: disable=import-outside-toplevel
