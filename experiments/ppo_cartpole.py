@@ -35,7 +35,6 @@ from typing import NamedTuple
 from absl import app
 from absl import flags
 from flax import nnx
-import gymnax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -176,6 +175,8 @@ def episode_gae(rewards, values, next_values, terminated, truncated, gamma, lam)
 
 def make_train(config: Config):
   """Returns `train(key) -> (params, per-update metrics)`, the whole run as one jitted function."""
+  # Imported here, not at the top: gymnax's import takes about 2 s, which a bad flag should not wait for.
+  import gymnax  # pylint: disable=import-outside-toplevel
   env, env_params = gymnax.make("CartPole-v1")
   obs_dim = env.observation_space(env_params).shape[0]
   model = lambda rngs: ActorCritic(obs_dim, env.num_actions, config.hidden, rngs=rngs)
