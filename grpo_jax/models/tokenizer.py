@@ -1,13 +1,18 @@
 """Tokenizers: the Hugging Face loader and the project's character-level tokenizer."""
 
+from __future__ import annotations
+
 import json
 import pathlib
+from typing import TYPE_CHECKING
 
 import tokenizers
-import transformers
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from grpo_jax.models.config import CheckpointError
+
+if TYPE_CHECKING:
+  import transformers
 
 PAD = "<|pad|>"
 EOS = "<|endoftext|>"
@@ -27,6 +32,8 @@ CHAT_TEMPLATE = (
 
 def load_tokenizer(path: str | pathlib.Path) -> transformers.PreTrainedTokenizerBase:
   """`transformers.AutoTokenizer.from_pretrained(path)` (chat template included), with a clear error."""
+  # Imported on first use: transformers' import takes about 0.4 s, which a bad command-line flag need not wait for.
+  import transformers  # pylint: disable=import-outside-toplevel
   path = pathlib.Path(path)
   if not path.is_dir():
     raise CheckpointError(f"tokenizer directory does not exist: {path}")
