@@ -6,6 +6,7 @@ r"""Compiles the GRPO runner's programs for a TPU topology ahead of time, withou
   python scripts/aot_compile.py --model=deepseek-math-7b --topology=v5p:4x4x4 --mesh=fsdp:64 \
       --flagfile=experiments/configs/deepseekmath_gsm8k.cfg --reward_model      # the paper's setting
   python scripts/aot_compile.py --model=tiny --topology=cpu                      # this machine's CPU devices
+  python scripts/aot_compile.py --model=tiny --tiny_layers=2 --topology=v5e:2x2 --mesh=fsdp:4  # the runner's tiny flags
 
 The programs are the runner's own (experiments/grpo_math.py with `--mesh`/`--sharding_rules`), built
 by the library functions it calls, at the shapes its flags give:
@@ -108,11 +109,15 @@ def quiet_libtpu() -> None:
 
 
 def model_config(model: str, *, dtype: str = "float32", remat: bool = False, remat_policy: str = "full",
-                 scan_layers: bool = False) -> models.ModelConfig:
-  """A named shape (`tiny`, NAMED) or an HF checkpoint directory's config.json."""
+                 scan_layers: bool = False, tiny_layers: int = 4, tiny_hidden_size: int = 128) -> models.ModelConfig:
+  """A named shape (`tiny`, NAMED) or an HF checkpoint directory's config.json.
+
+  `tiny` is the runner's embedded model at its `--tiny_layers` and `--tiny_hidden_size` (MLP 3x the hidden size).
+  """
   runtime = dict(dtype=dtype, param_dtype=dtype, remat=remat, remat_policy=remat_policy, scan_layers=scan_layers)
-  if model == "tiny":  # the runner's embedded default (--tiny_layers=4)
-    return models.tiny_config(num_hidden_layers=4, **runtime)
+  if model == "tiny":
+    return models.tiny_config(num_hidden_layers=tiny_layers, hidden_size=tiny_hidden_size,
+                              intermediate_size=3 * tiny_hidden_size, **runtime)
   if model in NAMED:
     return models.ModelConfig(**NAMED[model], **runtime)
   return models.read_config(model, **runtime)
@@ -485,7 +490,7 @@ def main(argv):
   f = flags.FLAGS
   jax.config.update("jax_platforms", "cpu")  # compile only: nothing runs, no accelerator is claimed
   config = model_config(f.model, dtype=f.dtype, remat=f.remat, remat_policy=f.remat_policy,
-                        scan_layers=f.scan_layers)
+                        scan_layers=f.scan_layers, tiny_layers=f.tiny_layers, tiny_hidden_size=f.tiny_hidden_size)
   work = Work(batch_size=f.batch_size, group_size=f.group_size, max_prompt_len=f.max_prompt_len,
               max_new_tokens=f.max_new_tokens, grad_accum_steps=f.grad_accum_steps, minibatch_size=f.minibatch_size,
               logprob_chunk=f.logprob_chunk, forward_rows=f.forward_rows, beta=f.beta, reward_model=f.reward_model,
@@ -551,6 +556,12 @@ def define_flags():
   from absl import flags  # pylint: disable=import-outside-toplevel
   flags.DEFINE_string("model", "tiny", "Named shapes (tiny, " + ", ".join(NAMED) + ") or an HF checkpoint "
                       "directory (its config.json only).")
+  flags.DEFINE_integer("tiny_layers", 4, "--model=tiny: decoder layers (the runner's flag of the same name).")
+  flags.DEFINE_integer("tiny_hidden_size", 128, "--model=tiny: hidden size, the MLP 3x (the runner's flag).")
+  heads = models.tiny_config().num_attention_heads
+  flags.register_validator("tiny_layers", lambda v: v >= 1, message="--tiny_layers must be >= 1")
+  flags.register_validator("tiny_hidden_size", lambda v: v >= 1 and v % (2 * heads) == 0,
+                           message=f"--tiny_hidden_size must be a positive multiple of {2 * heads}")
   flags.DEFINE_string("topology", "v5e:2x4", "TPU topology (v4:2x2x1, v5e:2x4, v5p:2x2x1, v6e:2x4, ...) or 'cpu' "
                       "(this machine's devices; XLA_FLAGS=--xla_force_host_platform_device_count=8 fakes 8).")
   flags.DEFINE_string("mesh", "", "Device mesh over the topology, e.g. 'fsdp:8' or 'data:2,fsdp:4' (as the runner's).")

@@ -18,6 +18,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from experiments.runner import config as config_lib
+from experiments.runner import policy
+from grpo_jax import models
+
 from tests.conftest import FAST_COMPILE_FLAG, HANG_GUARD_S
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -45,7 +49,7 @@ def _run_script(tmp_path, *flags):
 
 
 @needs_libtpu
-@pytest.mark.parametrize("mesh, rules, extra", [("fsdp:4", "fsdp", ["--noisolate"]),
+@pytest.mark.parametrize("mesh, rules, extra", [("fsdp:4", "fsdp", ["--noisolate", "--tiny_layers=1"]),
                                                 ("fsdp:2,tensor:2", "fsdp_tp", ["--scan_layers", "--remat",
                                                                                 "--noisolate"])])
 def test_tiny_programs_compile_for_v5e_2x2(tmp_path, mesh, rules, extra):
@@ -74,6 +78,23 @@ def test_does_not_fit_exits_with_one_line(tmp_path):
   last = result.stderr.strip().splitlines()[-1]
   assert last.startswith("DOES NOT FIT: logprobs needs") and "GiB HBM; largest arrays: " in last
   assert [p["name"] for p in records[0]["programs"]] == ["logprobs", "reward"]
+
+
+def test_tiny_model_is_the_runners():
+  # --model=tiny compiles the model the runner builds for the same --tiny_layers / --tiny_hidden_size.
+  for layers, hidden in ((4, 128), (1, 32)):
+    runner = models.tiny_config(**policy.tiny_overrides(config_lib.ModelConfig(tiny_layers=layers,
+                                                                               tiny_hidden_size=hidden)))
+    assert aot.model_config("tiny", tiny_layers=layers, tiny_hidden_size=hidden) == runner
+    assert runner.num_hidden_layers == layers and runner.hidden_size == hidden
+  assert aot.model_config("tiny") == models.tiny_config(**policy.tiny_overrides(config_lib.ModelConfig()))
+
+
+def test_bad_tiny_shape_is_one_line(tmp_path):
+  result, _ = _run_script(tmp_path, "--topology=cpu", "--tiny_hidden_size=36", "--programs=logprobs")
+  assert result.returncode != 0
+  assert "--tiny_hidden_size must be a positive multiple of 8" in result.stderr, result.stderr[-2000:]
+  assert "Traceback" not in result.stderr
 
 
 def test_bad_topology_is_one_line(tmp_path):
