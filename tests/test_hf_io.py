@@ -163,25 +163,3 @@ def test_clear_errors(tmp_path):
   _assert_error(bad_json, "not valid JSON")
   with pytest.raises(models.CheckpointError, match="does not exist"):
     models.load_tokenizer(tmp_path / "nope")
-
-
-@pytest.mark.devices(8)
-def test_load_into_shardings(tmp_path):
-  import jax
-  from grpo_jax import partitioning
-  config = models.ModelConfig(**_SIZES, head_dim=8, model_type="qwen3", qk_norm=True, qkv_bias=True, o_bias=True,
-                              tie_word_embeddings=False)
-  models.save_hf(models.init_params(config, jax.random.key(0)), config, tmp_path)
-  expected, _ = models.load_hf(tmp_path, dtype="bfloat16")
-  mesh, rules = partitioning.make_mesh("data:2,fsdp:2,tensor:2"), partitioning.get_rules("fsdp_tp")
-  params, loaded = models.load_hf(tmp_path, dtype="bfloat16", shardings=lambda c: partitioning.param_shardings(
-      mesh, rules, jax.eval_shape(models.init_params, c, jax.random.key(0))))
-  assert loaded.param_dtype == "bfloat16"
-  jax.tree.map(np.testing.assert_array_equal, params, expected)
-  kernel = params["layers_0"]["mlp"]["down_proj"]["kernel"]  # [mlp, embed] = [64, 32]
-  assert kernel.dtype == jnp.bfloat16 and kernel.sharding.spec == jax.sharding.PartitionSpec("tensor", "fsdp")
-  assert {s.data.shape for s in kernel.addressable_shards} == {(32, 16)}
-  lm_head = params["lm_head"]["kernel"]  # vocab 97 does not split: only embed over fsdp
-  assert lm_head.sharding.spec == jax.sharding.PartitionSpec("fsdp", None)
-  again, _ = partitioning.load_hf(tmp_path, mesh, rules)  # the convenience wrapper, float32
-  jax.tree.map(np.testing.assert_array_equal, again, models.load_hf(tmp_path)[0])

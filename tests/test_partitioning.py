@@ -1,4 +1,4 @@
-"""Meshes, rule presets and placement (grpo_jax/partitioning.py)."""
+"""Meshes, rule presets and placement (grpo_jax/partitioning.py), and an HF checkpoint loaded into shardings."""
 
 import jax
 import jax.numpy as jnp
@@ -133,3 +133,25 @@ def test_make_mesh_and_sharded_init_on_8_devices():
   assert shardings.step == partitioning.replicated(mesh)
   jax.tree.map(lambda x, s: x.sharding.is_equivalent_to(s, x.ndim) or pytest.fail(str(x.sharding)), state,
                shardings)
+
+
+@pytest.mark.devices(8)
+def test_load_hf_into_shardings(tmp_path):
+  # Here rather than in test_hf_io.py, whose torch oracle would cost this test's 8-device child process 5 s.
+  config = models.ModelConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=8, model_type="qwen3",
+                              qk_norm=True, qkv_bias=True, o_bias=True, tie_word_embeddings=False)
+  models.save_hf(models.init_params(config, jax.random.key(0)), config, tmp_path)
+  expected, _ = models.load_hf(tmp_path, dtype="bfloat16")
+  mesh, rules = partitioning.make_mesh("data:2,fsdp:2,tensor:2"), partitioning.get_rules("fsdp_tp")
+  params, loaded = models.load_hf(tmp_path, dtype="bfloat16", shardings=lambda c: partitioning.param_shardings(
+      mesh, rules, jax.eval_shape(models.init_params, c, jax.random.key(0))))
+  assert loaded.param_dtype == "bfloat16"
+  jax.tree.map(np.testing.assert_array_equal, params, expected)
+  kernel = params["layers_0"]["mlp"]["down_proj"]["kernel"]  # [mlp, embed] = [64, 32]
+  assert kernel.dtype == jnp.bfloat16 and kernel.sharding.spec == P("tensor", "fsdp")
+  assert {s.data.shape for s in kernel.addressable_shards} == {(32, 16)}
+  lm_head = params["lm_head"]["kernel"]  # vocab 97 does not split: only embed over fsdp
+  assert lm_head.sharding.spec == P("fsdp", None)
+  again, _ = partitioning.load_hf(tmp_path, mesh, rules)  # the convenience wrapper, float32
+  jax.tree.map(np.testing.assert_array_equal, again, models.load_hf(tmp_path)[0])
