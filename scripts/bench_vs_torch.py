@@ -97,6 +97,15 @@ def load_average() -> str:
   return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+def _seconds(fn, sync=True) -> float:
+  """Wall-clock seconds of one call (waiting for JAX's asynchronous result with `sync`)."""
+  start = time.perf_counter()
+  out = fn()
+  if sync:
+    jax.block_until_ready(out)
+  return time.perf_counter() - start
+
+
 def _median(fn, repeats, sync=True, best=False):
   out = fn()
   if sync:
@@ -140,7 +149,8 @@ def segments_for(new_tokens: int, cache_segments: str) -> int:
 
 def bench_sampler(params, config, torch_model, torch, sizes, repeats, peak, threads, cache_segments="1"):
   print(f"\n## Sampler vs HF generate (16-token prompts, G = {GROUP}, temperature 1, no stop tokens; "
-        f"median of {repeats}; HF at the best of torch threads {threads}; cache_segments {cache_segments}; "
+        f"medians of {repeats} calls each, alternating; HF at the best of torch threads {threads}; speed-up: the median "
+        f"of the paired ratios; cache_segments {cache_segments}; "
         f"load {load_average()})\n")
   print("| rows x new tokens | HF generate s | grpo_jax s | HF tokens/s | grpo_jax tokens/s | speed-up | "
         "grpo_jax fraction of decode roofline |")
@@ -154,7 +164,6 @@ def bench_sampler(params, config, torch_model, torch, sizes, repeats, peak, thre
     run = lambda: sampling.sample(params, config, prompt, mask, key, num_samples=GROUP, max_new_tokens=new,
                                   temperature=1.0, eos_token_ids=(),
                                   cache_segments=segments_for(new, cache_segments)).tokens
-    jax_s = _median(run, repeats)
     ids = torch.as_tensor(np.repeat(np.asarray(prompt), GROUP, axis=0), dtype=torch.long)
     attn = torch.ones_like(ids)
 
@@ -163,16 +172,23 @@ def bench_sampler(params, config, torch_model, torch, sizes, repeats, peak, thre
         return torch_model.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=1.0, top_k=0,
                                     top_p=1.0, max_new_tokens=new, min_new_tokens=new, eos_token_id=None,
                                     pad_token_id=config.pad_token_id)
-    hf_s = float("inf")
-    for n in threads:
-      torch.set_num_threads(n)
-      hf_s = min(hf_s, _median(generate, repeats, sync=False))
+    # HF's best thread count first, then both sides timed in alternation (one call each per repeat), so that a
+    # change of the machine's speed during the run reaches both: the speed-up is the median of the paired ratios.
+    best = min(threads, key=lambda n: (torch.set_num_threads(n), _median(generate, repeats, sync=False))[1])
+    torch.set_num_threads(best)
+    jax.block_until_ready(run())  # compiles
+    jax_times, hf_times = [], []
+    for _ in range(repeats):
+      jax_times.append(_seconds(run))
+      hf_times.append(_seconds(generate, sync=False))
+    jax_s, hf_s = statistics.median(jax_times), statistics.median(hf_times)
+    ratio = statistics.median(h / j for h, j in zip(hf_times, jax_times))
     tokens = rows * new
     flops = forward_flops(config, rows, PROMPT_LEN + new / 2)  # one decode step, per row
     roofline_tps = peak * 1e9 / (flops / rows)
     print(f"| {rows} x {new} | {hf_s:.3f} | {jax_s:.3f} | {tokens / hf_s:,.0f} | {tokens / jax_s:,.0f} | "
-          f"{hf_s / jax_s:.2f}x | {tokens / jax_s / roofline_tps:.2f} |")
-    results.append(hf_s / jax_s)
+          f"{ratio:.2f}x | {tokens / jax_s / roofline_tps:.2f} |")
+    results.append(ratio)
   return results
 
 
