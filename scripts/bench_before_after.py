@@ -1,0 +1,143 @@
+r"""Wall-clock of a whole job at two revisions of this repository, back to back on this machine (issue #16).
+
+  python scripts/bench_before_after.py                              # the default run: f5a4965 then HEAD
+  python scripts/bench_before_after.py --job=ci                     # `.ci/run` on clean clones of both
+  python scripts/bench_before_after.py --baseline=HEAD~3 -- --steps=20 --sft_steps=100   # runner flags for both
+
+Each revision is cloned from this repository into a temporary directory (the working tree is not touched):
+
+  default_run  `python -m experiments.grpo_math` from that tree (this interpreter and its installed packages, the
+               tree first on PYTHONPATH), its own work dir and, where the revision has `--compilation_cache_dir`,
+               an empty compilation cache, plus any runner flags given after `--`; reports the wall-clock and
+               the held-out accuracy before and after RL from the run's summary.json.
+  ci           `.ci/run` in that tree, which builds its own virtual environment and runs the README's test
+               command; the tests' on-disk XLA cache (tests/conftest.py) is deleted first, as on a fresh machine.
+
+The machine's float32 matmul GFLOP/s ([1024, 1024] products, the fastest of 15) is measured before and after,
+and the load average printed, since machines of one kind differ by 2x: read the ratio, measured in one sitting.
+"""
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def matmul_gflops(n: int = 1024, repeats: int = 15) -> float:
+  """Float32 [n, n] @ [n, n] GFLOP/s, the fastest of `repeats` after a warm-up."""
+  a = jnp.ones((n, n), jnp.float32)
+  dot = jax.jit(jnp.dot)
+  dot(a, a).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    dot(a, a).block_until_ready()
+    best = min(best, time.perf_counter() - start)
+  return 2 * n ** 3 / best / 1e9
+
+
+def load_average() -> str:
+  return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def resolve(revision: str) -> str:
+  """The commit a revision names (one line of error if it names none)."""
+  done = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"], cwd=ROOT,
+                        capture_output=True, text=True, check=False)
+  if done.returncode != 0:
+    raise SystemExit(f"bench_before_after: error: {revision!r} names no commit of {ROOT}")
+  return done.stdout.strip()
+
+
+def checkout(commit: str, directory: pathlib.Path) -> pathlib.Path:
+  """A clean clone of this repository at `commit` in `directory` (as CI gets it: committed files only)."""
+  subprocess.run(["git", "clone", "--quiet", "--no-checkout", str(ROOT), str(directory)], check=True)
+  subprocess.run(["git", "checkout", "--quiet", "--detach", commit], cwd=directory, check=True)
+  return directory
+
+
+def run_default(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[str]) -> dict:
+  """The default run from `tree`: wall-clock seconds and the summary's accuracies."""
+  work_dir = scratch / "run"
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])))
+  cmd = [sys.executable, "-m", "experiments.grpo_math", f"--work_dir={work_dir}", *runner_flags]
+  if any("compilation_cache_dir" in p.read_text() for p in (tree / "experiments").rglob("*.py")):
+    cmd.append(f"--compilation_cache_dir={scratch / 'xla_cache'}")  # empty: the revision's own cache is not used
+  start = time.perf_counter()
+  done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
+  seconds = time.perf_counter() - start
+  if done.returncode != 0:
+    lines = [l for l in done.stderr.strip().splitlines() if not l.startswith("Pass --help")] or ["(no output)"]
+    raise SystemExit(f"bench_before_after: error: the run from {tree} failed: {lines[-1]}")
+  summary = json.loads((work_dir / "summary.json").read_text())
+  return {"seconds": seconds, "start": summary.get("start_accuracy"), "final": summary.get("final_accuracy")}
+
+
+def run_ci(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[str]) -> dict:
+  """`.ci/run` in `tree` after deleting the tests' on-disk XLA cache: wall-clock seconds and its exit status."""
+  del scratch
+  if runner_flags:
+    raise SystemExit("bench_before_after: error: runner flags after -- apply to --job=default_run only")
+  cache = pathlib.Path(tempfile.gettempdir()) / f"grpo_jax_tests_xla_cache_{os.getuid()}"
+  shutil.rmtree(cache, ignore_errors=True)
+  start = time.perf_counter()
+  done = subprocess.run(["bash", ".ci/run"], cwd=tree, capture_output=True, text=True, check=False)
+  seconds = time.perf_counter() - start
+  last = done.stdout.strip().splitlines()[-1:] or [""]
+  return {"seconds": seconds, "rc": done.returncode, "last": last[0]}
+
+
+JOBS = {"default_run": run_default, "ci": run_ci}
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--job", choices=sorted(JOBS), default="default_run")
+  parser.add_argument("--baseline", default="f5a4965", help="revision measured first (default: before #16)")
+  parser.add_argument("--candidate", default="HEAD", help="revision measured second")
+  parser.add_argument("runner_flags", nargs="*", help="after --: runner flags for both default runs")
+  args = parser.parse_args()
+  revisions = [(name, resolve(rev)) for name, rev in (("baseline", args.baseline), ("candidate", args.candidate))]
+  peaks = [matmul_gflops()]
+  print(f"jax {jax.__version__} ({jax.default_backend()}), {os.cpu_count()} cores; float32 matmul 1024^3 "
+        f"{peaks[0]:.0f} GFLOP/s; load average {load_average()}", flush=True)
+  results = {}
+  with tempfile.TemporaryDirectory(prefix="bench_before_after_") as tmp:
+    for name, commit in revisions:
+      tree = checkout(commit, pathlib.Path(tmp) / f"{name}_tree")
+      scratch = pathlib.Path(tmp) / f"{name}_scratch"
+      scratch.mkdir()
+      print(f"{name} {commit[:12]}: {args.job} ...", flush=True)
+      results[name] = JOBS[args.job](tree, scratch, args.runner_flags)
+      print(f"  {results[name]['seconds']:.1f} s (load average {load_average()})", flush=True)
+  peaks.append(matmul_gflops())
+  base = results["baseline"]["seconds"]
+  print(f"\n## {args.job}: {' '.join(args.runner_flags) or 'no flags'}; float32 matmul {peaks[0]:.0f} GFLOP/s "
+        f"before, {peaks[1]:.0f} after\n")
+  if args.job == "default_run":
+    print("| revision | wall-clock s | vs baseline | held-out accuracy, start -> after RL |")
+    print("|---|---|---|---|")
+    for name, commit in revisions:
+      r = results[name]
+      print(f"| {name} {commit[:9]} | {r['seconds']:.1f} | {r['seconds'] / base:.2f}x | "
+            f"{100 * r['start']:.1f}% -> {100 * r['final']:.1f}% |")
+  else:
+    print("| revision | wall-clock s | vs baseline | exit status | pytest's last line |")
+    print("|---|---|---|---|---|")
+    for name, commit in revisions:
+      r = results[name]
+      print(f"| {name} {commit[:9]} | {r['seconds']:.1f} | {r['seconds'] / base:.2f}x | {r['rc']} | {r['last']} |")
+
+
+if __name__ == "__main__":
+  main()
