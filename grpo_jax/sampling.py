@@ -13,7 +13,7 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, PartitionSpec
 
 from grpo_jax import partitioning as sharding
 from grpo_jax.models import transformer
@@ -85,12 +85,20 @@ def argmax_last(x: jax.Array) -> jax.Array:
   return jnp.min(jnp.where(at_max, index, x.shape[-1]), axis=-1)
 
 
-def _choose(logits, key, temperature, *, top_k, top_p, greedy):
-  """Next token [N] from float32 logits [N, V]: argmax, or the Gumbel-max draw of `jax.random.categorical`."""
+def _choose(logits, key, temperature, *, top_k, top_p, greedy, rows=None):
+  """Next token [N] from float32 logits [N, V]: argmax, or the Gumbel-max draw of `jax.random.categorical`.
+
+  `rows` = (first, total): the logits are rows first ... first + N - 1 of a batch of `total`, and get that
+  batch's noise rows, so that a shard draws what the whole batch would.
+  """
   if greedy:
     return argmax_last(logits)
   z = filter_logits(logits / temperature, top_k=top_k, top_p=top_p)
-  return argmax_last(z + jax.random.gumbel(key, z.shape, z.dtype))
+  if rows is None:
+    return argmax_last(z + jax.random.gumbel(key, z.shape, z.dtype))
+  first, total = rows
+  noise = jax.random.gumbel(key, (total, z.shape[-1]), z.dtype)
+  return argmax_last(z + jax.lax.dynamic_slice_in_dim(noise, first, z.shape[0]))
 
 
 _STATIC = ("config", "num_samples", "max_new_tokens", "top_k", "top_p", "greedy", "stop_ids", "pad_id",
@@ -119,10 +127,13 @@ def _place_cache(cache: transformer.KVCache) -> transformer.KVCache:
 
 def _sample_impl(params, prompt_tokens, prompt_mask, key, temperature, *, config: ModelConfig, num_samples: int,
                  max_new_tokens: int, top_k: int, top_p: float, greedy: bool, stop_ids: tuple[int, ...],
-                 pad_id: int, logprobs_at_temperature: bool = False, cache_segments: int = 1):
+                 pad_id: int, logprobs_at_temperature: bool = False, cache_segments: int = 1,
+                 shard_axes: tuple[str, ...] = (), num_shards: int = 1):
+  """The sampler; with `shard_axes`, one shard's rows inside `shard_map` (`num_shards` shards of the batch)."""
   n_prompts, prompt_len = prompt_tokens.shape
   n, steps = n_prompts * num_samples, max_new_tokens
-  choose = functools.partial(_choose, top_k=top_k, top_p=top_p, greedy=greedy)
+  rows = (jax.lax.axis_index(shard_axes) * n, n * num_shards) if shard_axes else None
+  choose = functools.partial(_choose, top_k=top_k, top_p=top_p, greedy=greedy, rows=rows)
 
   # PREFILL: once per prompt, then repeat the cache for the G samples.
   ends = segment_ends(steps, cache_segments)
@@ -189,7 +200,13 @@ _sample = jax.jit(_sample_impl, static_argnames=_STATIC)
 
 @functools.lru_cache(maxsize=64)
 def _sharded_sampler(mesh: Mesh, frozen_rules: tuple, prompt_shape: tuple[int, int], **static):
-  """`_sample` jitted with explicit in/out shardings: params by the rules, rows over the data axes."""
+  """`_sample` jitted with explicit in/out shardings: params by the rules, rows over the data axes.
+
+  When the params are whole on every device and the prompts and the samples split over the same mesh axes
+  (data parallelism), each shard runs the sampler on its own rows in `shard_map`: its decode loop stops when
+  its own rows are done, and no step waits on the other shards (GSPMD's one loop would reduce `done` over
+  all of them every token). The draws are the whole batch's, so the tokens are the same either way.
+  """
   rules, config = dict(frozen_rules), static["config"]
   params = sharding.param_shardings(mesh, rules, jax.eval_shape(transformer.init_params, config, jax.random.key(0)))
   rows = lambda n, *rest: sharding.logical_sharding(mesh, rules, ("batch",) + (None,) * len(rest), (n, *rest))
@@ -197,10 +214,25 @@ def _sharded_sampler(mesh: Mesh, frozen_rules: tuple, prompt_shape: tuple[int, i
   n, t = b * static["num_samples"], static["max_new_tokens"]
   out = SampleOutput(prompt_tokens=rows(n, p), prompt_mask=rows(n, p), tokens=rows(n, t), logprobs=rows(n, t),
                      mask=rows(n, t), lengths=rows(n), truncated=rows(n))
-  fn = sharding.jit_with_rules(functools.partial(_sample_impl, **static), mesh, rules,
-                               in_shardings=(params, rows(b, p), rows(b, p), sharding.replicated(mesh),
-                                             sharding.replicated(mesh)), out_shardings=out)
+  in_shardings = (params, rows(b, p), rows(b, p), sharding.replicated(mesh), sharding.replicated(mesh))
+  axes = _row_axes(rows(b, p))
+  if axes and axes == _row_axes(rows(n, t)) and all(s.is_fully_replicated for s in jax.tree.leaves(params)):
+    shards = int(np.prod([mesh.shape[a] for a in axes]))
+    body = functools.partial(_sample_impl, **static, shard_axes=axes, num_shards=shards)
+    split, whole = PartitionSpec(axes), PartitionSpec()
+    mapped = jax.shard_map(body, mesh=mesh, in_specs=(whole, split, split, whole, whole),
+                           out_specs=SampleOutput(*(split,) * len(SampleOutput._fields)), check_vma=False)
+    fn = jax.jit(mapped, in_shardings=in_shardings, out_shardings=out)
+  else:
+    fn = sharding.jit_with_rules(functools.partial(_sample_impl, **static), mesh, rules,
+                                 in_shardings=in_shardings, out_shardings=out)
   return fn, (params, rows(b, p), sharding.replicated(mesh))
+
+
+def _row_axes(row_sharding) -> tuple[str, ...]:
+  """The mesh axes that split an array's rows (its leading dimension) under a NamedSharding."""
+  axes = row_sharding.spec[0] if len(row_sharding.spec) else None
+  return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
 
 
 def sample(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: jax.Array, key: jax.Array, *,
@@ -233,7 +265,8 @@ def sample(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: j
     mesh: with `rules`, run sharded: params placed by the rules, prompts and
       outputs split over the data axes (inputs are re-sharded as needed, and may
       be global arrays spanning several processes). The tokens equal those of the
-      single-device sampler for the same key.
+      single-device sampler for the same key. With params whole on every device
+      (data parallelism), each shard decodes its own rows in its own loop.
     rules: logical-axis rules (`grpo_jax.sharding.get_rules`).
     logprobs_at_temperature: return log-probs under softmax(logits / temperature),
       the distribution sampled from before top-k/top-p (π_old of a policy trained at

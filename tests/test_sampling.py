@@ -195,19 +195,31 @@ def test_argument_checks(params, prompts):
 
 
 @pytest.mark.devices(8)
-def test_sharded_sampling_equals_one_device(params):
+@pytest.mark.parametrize("rules_name, per_shard", [("fsdp_tp", False), ("dp", True)])
+def test_sharded_sampling_equals_one_device(params, rules_name, per_shard):
+  """Sharded samples equal one device's: one GSPMD loop (weights split), or one loop per shard (weights whole)."""
   from grpo_jax import partitioning
   tokens = jnp.array([[10, 11, 12, 13, 14, 15], [0, 0, 0, 40, 41, 42], [0, 0, 0, 0, 0, 70], [0, 0, 20, 21, 22, 23]],
                      jnp.int32)
   kwargs = dict(num_samples=2, max_new_tokens=T, temperature=0.7, top_p=0.95)
+  free = sampling.sample(params, CONFIG, tokens, tokens != 0, jax.random.key(4), eos_token_ids=(), **kwargs)
+  kwargs["eos_token_ids"] = (int(free.tokens[0, 2]),)  # rows end at different steps, shards at different times
   expected = sampling.sample(params, CONFIG, tokens, tokens != 0, jax.random.key(4), **kwargs)
-  mesh, rules = partitioning.make_mesh("data:2,fsdp:2,tensor:2"), partitioning.get_rules("fsdp_tp")
+  lengths = np.asarray(expected.lengths)
+  assert lengths[:2].max() < T and lengths.max() == T  # the first shard (prompt 0's rows) is done early
+  mesh, rules = partitioning.make_mesh("data:2,fsdp:2,tensor:2"), partitioning.get_rules(rules_name)
   placed = partitioning.put(params, partitioning.param_shardings(mesh, rules, params))
   out = sampling.sample(placed, CONFIG, tokens, tokens != 0, jax.random.key(4), mesh=mesh, rules=rules, **kwargs)
   np.testing.assert_array_equal(out.tokens, expected.tokens)
   np.testing.assert_array_equal(out.lengths, expected.lengths)
+  np.testing.assert_array_equal(out.truncated, expected.truncated)
   np.testing.assert_allclose(out.logprobs, expected.logprobs, atol=1e-5)
   assert out.tokens.sharding.spec == PartitionSpec(("data", "fsdp"), None)
   assert bool((out.tokens[0] != out.tokens[1]).any())  # really sampled
+  # One loop per shard has no cross-device step at all; GSPMD's reduces `done` (and the split weights' sums).
+  static = {k: v for k, v in kwargs.items() if k != "temperature"}
+  fn = sampling.jit_sample(CONFIG, tokens.shape, mesh=mesh, rules=rules, **static)
+  hlo = fn.lower(placed, tokens, tokens != 0, jax.random.key(4), jnp.float32(0.7)).compile().as_text()
+  assert ("all-reduce" in hlo) != per_shard
   with pytest.raises(ValueError, match="both mesh and rules"):
     sampling.sample(placed, CONFIG, tokens, tokens != 0, jax.random.key(4), mesh=mesh)
