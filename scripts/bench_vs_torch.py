@@ -11,7 +11,9 @@ The reference work is one tiny Qwen2 checkpoint (hidden 128, 4 layers, GQA 4:2, 
 
 * sampler: `grpo_jax.sampling.sample` against Hugging Face `generate` (KV cache, multinomial sampling at
   temperature 1, no top-k/top-p, no stop tokens: every row makes exactly T tokens), for each size in
-  `--sizes` (rows x new tokens; 16-token prompts, G = 8 rows per prompt).
+  `--sizes` (rows x new tokens; 16-token prompts, G = 8 rows per prompt); on one device, and with the rows
+  split over a data mesh of `--jax_devices` CPU devices (default: one per core; XLA's CPU backend runs each
+  device's program on its own thread, which beats one device's intra-op threading on these small ops).
 * grpo: one GRPO step (8 prompts x G 8, 16 new tokens, temperature 1, β 0.04, one AdamW step, the loss
   GRPO's seq-mean-token-mean with k3 KL) built from the library's pieces (sample, decode + rule reward on
   the host, group advantages, π_ref forward, update), over every row's prompt + completion as TRL computes it
@@ -28,6 +30,7 @@ in one run.
 """
 
 import argparse
+import functools
 import os
 import pathlib
 import statistics
@@ -40,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import logprobs as logprobs_lib
-from grpo_jax import losses, models, sampling, training
+from grpo_jax import losses, models, partitioning, sampling, training
 from grpo_jax.evaluation import decode
 from grpo_jax.training import update as update_lib
 
@@ -148,22 +151,36 @@ def segments_for(new_tokens: int, cache_segments: str) -> int:
 
 
 def bench_sampler(params, config, torch_model, torch, sizes, repeats, peak, threads, cache_segments="1"):
+  """HF `generate` against `sampling.sample` on one device and, with several CPU devices, on a data mesh of all."""
+  n_dev = len(jax.devices())
+  sides = {"1 device": {}}
+  if n_dev > 1:
+    sides[f"{n_dev} devices"] = dict(mesh=partitioning.make_mesh(f"data:{n_dev}"), rules=partitioning.get_rules("dp"))
   print(f"\n## Sampler vs HF generate (16-token prompts, G = {GROUP}, temperature 1, no stop tokens; "
         f"medians of {repeats} calls each, alternating; HF at the best of torch threads {threads}; speed-up: the median "
-        f"of the paired ratios; cache_segments {cache_segments}; "
-        f"load {load_average()})\n")
-  print("| rows x new tokens | HF generate s | grpo_jax s | HF tokens/s | grpo_jax tokens/s | speed-up | "
-        "grpo_jax fraction of decode roofline |")
-  print("|---|---|---|---|---|---|---|")
+        f"of the paired ratios; cache_segments {cache_segments}; grpo_jax on {' and on '.join(sides)} (the rows "
+        f"split over a data mesh, the same tokens); load {load_average()})\n")
+  print("| rows x new tokens | HF generate s | HF tokens/s | " + " | ".join(
+      f"grpo_jax {name} s | tokens/s | speed-up | fraction of decode roofline" for name in sides) + " |")
+  print("|---|---|---|" + "---|---|---|---|" * len(sides))
   results = []
   for rows, new in sizes:
     n_prompts = rows // GROUP
     prompt = jax.random.randint(jax.random.key(1), (n_prompts, PROMPT_LEN), 5, config.vocab_size)
     mask = jnp.ones_like(prompt, bool)
     key = jax.random.key(2)
-    run = lambda: sampling.sample(params, config, prompt, mask, key, num_samples=GROUP, max_new_tokens=new,
-                                  temperature=1.0, eos_token_ids=(),
-                                  cache_segments=segments_for(new, cache_segments)).tokens
+    def placed(kw):
+      """The arguments placed as a run holds them (params by the rules, rows over the data axes), once."""
+      if not kw:
+        return params, prompt, mask
+      rows = partitioning.batch_sharding(kw["mesh"], kw["rules"])
+      return partitioning.put((params, prompt, mask), (partitioning.param_shardings(kw["mesh"], kw["rules"], params),
+                                                        rows, rows))
+    runs = {name: functools.partial(
+        lambda kw, args: sampling.sample(*args[:1], config, *args[1:], key, num_samples=GROUP, max_new_tokens=new,
+                                         temperature=1.0, eos_token_ids=(),
+                                         cache_segments=segments_for(new, cache_segments), **kw).tokens,
+        kw, placed(kw)) for name, kw in sides.items()}
     ids = torch.as_tensor(np.repeat(np.asarray(prompt), GROUP, axis=0), dtype=torch.long)
     attn = torch.ones_like(ids)
 
@@ -172,23 +189,28 @@ def bench_sampler(params, config, torch_model, torch, sizes, repeats, peak, thre
         return torch_model.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=1.0, top_k=0,
                                     top_p=1.0, max_new_tokens=new, min_new_tokens=new, eos_token_id=None,
                                     pad_token_id=config.pad_token_id)
-    # HF's best thread count first, then both sides timed in alternation (one call each per repeat), so that a
-    # change of the machine's speed during the run reaches both: the speed-up is the median of the paired ratios.
+    # HF's best thread count first, then every side timed in alternation (one call each per repeat), so that a
+    # change of the machine's speed during the run reaches all: a speed-up is the median of the paired ratios.
     best = min(threads, key=lambda n: (torch.set_num_threads(n), _median(generate, repeats, sync=False))[1])
     torch.set_num_threads(best)
-    jax.block_until_ready(run())  # compiles
-    jax_times, hf_times = [], []
+    tokens = {name: np.asarray(jax.block_until_ready(run())) for name, run in runs.items()}  # compiles
+    if any((t != tokens["1 device"]).any() for t in tokens.values()):
+      sys.exit("bench_vs_torch: the sharded sampler's tokens differ from one device's")
+    times = {name: [] for name in (*runs, "hf")}
     for _ in range(repeats):
-      jax_times.append(_seconds(run))
-      hf_times.append(_seconds(generate, sync=False))
-    jax_s, hf_s = statistics.median(jax_times), statistics.median(hf_times)
-    ratio = statistics.median(h / j for h, j in zip(hf_times, jax_times))
-    tokens = rows * new
+      for name, run in runs.items():
+        times[name].append(_seconds(run))
+      times["hf"].append(_seconds(generate, sync=False))
+    hf_s, n_tokens = statistics.median(times["hf"]), rows * new
     flops = forward_flops(config, rows, PROMPT_LEN + new / 2)  # one decode step, per row
     roofline_tps = peak * 1e9 / (flops / rows)
-    print(f"| {rows} x {new} | {hf_s:.3f} | {jax_s:.3f} | {tokens / hf_s:,.0f} | {tokens / jax_s:,.0f} | "
-          f"{ratio:.2f}x | {tokens / jax_s / roofline_tps:.2f} |")
-    results.append(ratio)
+    cells, ratios = [], {}
+    for name in runs:
+      jax_s = statistics.median(times[name])
+      ratios[name] = statistics.median(h / j for h, j in zip(times["hf"], times[name]))
+      cells.append(f"{jax_s:.3f} | {n_tokens / jax_s:,.0f} | {ratios[name]:.2f}x | {n_tokens / jax_s / roofline_tps:.2f}")
+    print(f"| {rows} x {new} | {hf_s:.3f} | {n_tokens / hf_s:,.0f} | " + " | ".join(cells) + " |")
+    results.append(ratios)
   return results
 
 
@@ -327,7 +349,13 @@ def main():
                       help="sampler: sampling.sample's cache_segments, an int or auto (T // 8, at most 8)")
   parser.add_argument("--torch_threads", default=f"1,{os.cpu_count()}",
                       help="torch intra-op thread counts to try; the peers' best is reported")
+  parser.add_argument("--jax_devices", type=int, default=os.cpu_count(),
+                      help="sampler: also time the sampler with its rows split over this many CPU devices (a data "
+                           "mesh, jax_num_cpu_devices), beside one device; 1: one device only")
   args = parser.parse_args()
+  if args.jax_devices < 1:
+    parser.error(f"--jax_devices must be >= 1, got {args.jax_devices}")
+  jax.config.update("jax_num_cpu_devices", args.jax_devices)  # before any JAX computation; CPU backend only
   unknown = set(args.variants.split(",")) - {"full", "fast"}
   if unknown:
     parser.error(f"--variants: unknown {', '.join(sorted(unknown))}; expected full and/or fast")
