@@ -115,6 +115,40 @@ def test_two_processes_end_with_the_single_process_params(tmp_path):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5), restored, expected_state)
 
 
+def _dp_samples(mesh_spec: str | None):
+  """8 prompts x G 2 sampled with the weights whole on every device (`dp`): each data shard runs its own loop."""
+  prompts = np.concatenate([PROMPTS, np.where(PROMPTS != 0, PROMPTS + 10, 0)])
+  key, rules = jax.random.key(5), partitioning.get_rules("dp")
+  kwargs = dict(num_samples=GROUP, max_new_tokens=NEW_TOKENS, temperature=0.8)
+  if mesh_spec is None:
+    params = partitioning.init_params(CONFIG, jax.random.key(0), partitioning.single_device_mesh(), rules)
+    out = sampling.sample(params, CONFIG, prompts, prompts != 0, key, **kwargs)
+  else:
+    mesh = partitioning.make_mesh(mesh_spec)
+    params = partitioning.init_params(CONFIG, jax.random.key(0), mesh, rules)
+    sharding = partitioning.batch_sharding(mesh, rules)
+    rows = distributed.global_batch({"tokens": prompts[distributed.process_rows(8, sharding)],
+                                     "mask": (prompts != 0)[distributed.process_rows(8, sharding)]}, sharding)
+    out = distributed.all_gather(sampling.sample(params, CONFIG, rows["tokens"], rows["mask"], key, mesh=mesh,
+                                                 rules=rules, **kwargs))
+  return {name: np.asarray(getattr(out, name)) for name in ("tokens", "logprobs", "lengths")}
+
+
+def test_two_processes_sample_as_one_device_with_whole_weights(tmp_path):
+  """The sampler's per-shard loops (`shard_map`, weights whole) over two processes: one device's samples."""
+  procs = _spawn("sample", tmp_path, _free_port())
+  expected = _dp_samples(None)
+  logs = [p.communicate(timeout=HANG_GUARD_S)[0] for p in procs]
+  for p, log in zip(procs, logs):
+    assert p.returncode == 0, log[-4000:]
+  for i in range(2):
+    got = np.load(tmp_path / f"samples_{i}.npz")
+    np.testing.assert_array_equal(got["tokens"], expected["tokens"])
+    np.testing.assert_array_equal(got["lengths"], expected["lengths"])
+    np.testing.assert_allclose(got["logprobs"], expected["logprobs"], atol=1e-5)
+  assert expected["tokens"].shape == (16, NEW_TOKENS) and len(np.unique(expected["tokens"])) > 4  # really sampled
+
+
 def test_a_dead_process_stops_the_other(tmp_path):
   procs = _spawn("die", tmp_path, _free_port())
   logs = [p.communicate(timeout=HANG_GUARD_S)[0] for p in procs]
@@ -151,6 +185,10 @@ def _worker(mode: str, out: pathlib.Path):
   distributed.initialize(initialization_timeout_s=60, heartbeat_timeout_s=5, shutdown_timeout_s=10)
   assert jax.process_count() == 2 and jax.device_count() == 8 and jax.local_device_count() == 4
   index = jax.process_index()
+  if mode == "sample":
+    np.savez(out / f"samples_{index}.npz", **_dp_samples("data:8"))
+    distributed.shutdown()
+    return
   if mode == "grpo":
     state, tokens, loss = _grpo_steps("data:2,fsdp:2,tensor:2")
     params = distributed.all_gather(state.params)
