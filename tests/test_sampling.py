@@ -195,10 +195,8 @@ def test_argument_checks(params, prompts):
 
 
 @pytest.mark.devices(8)
-@pytest.mark.parametrize("rules_name, per_shard", [("fsdp_tp", False), ("dp", True)])
-def test_sharded_sampling_equals_one_device(params, rules_name, per_shard):
+def test_sharded_sampling_equals_one_device(params):
   """Sharded samples equal one device's: one GSPMD loop (weights split), or one loop per shard (weights whole)."""
-  from grpo_jax import partitioning
   tokens = jnp.array([[10, 11, 12, 13, 14, 15], [0, 0, 0, 40, 41, 42], [0, 0, 0, 0, 0, 70], [0, 0, 20, 21, 22, 23]],
                      jnp.int32)
   kwargs = dict(num_samples=2, max_new_tokens=T, temperature=0.7, top_p=0.95)
@@ -207,6 +205,12 @@ def test_sharded_sampling_equals_one_device(params, rules_name, per_shard):
   expected = sampling.sample(params, CONFIG, tokens, tokens != 0, jax.random.key(4), **kwargs)
   lengths = np.asarray(expected.lengths)
   assert lengths[:2].max() < T and lengths.max() == T  # the first shard (prompt 0's rows) is done early
+  for rules_name, per_shard in [("fsdp_tp", False), ("dp", True)]:  # one child process with 8 devices for both
+    _check_sharded_sampling(params, tokens, kwargs, expected, rules_name, per_shard)
+
+
+def _check_sharded_sampling(params, tokens, kwargs, expected, rules_name, per_shard):
+  from grpo_jax import partitioning
   mesh, rules = partitioning.make_mesh("data:2,fsdp:2,tensor:2"), partitioning.get_rules(rules_name)
   placed = partitioning.put(params, partitioning.param_shardings(mesh, rules, params))
   out = sampling.sample(placed, CONFIG, tokens, tokens != 0, jax.random.key(4), mesh=mesh, rules=rules, **kwargs)
