@@ -30,7 +30,6 @@ in one run.
 """
 
 import argparse
-import functools
 import os
 import pathlib
 import statistics
@@ -169,18 +168,16 @@ def bench_sampler(params, config, torch_model, torch, sizes, repeats, peak, thre
     prompt = jax.random.randint(jax.random.key(1), (n_prompts, PROMPT_LEN), 5, config.vocab_size)
     mask = jnp.ones_like(prompt, bool)
     key = jax.random.key(2)
-    def placed(kw):
-      """The arguments placed as a run holds them (params by the rules, rows over the data axes), once."""
-      if not kw:
-        return params, prompt, mask
-      rows = partitioning.batch_sharding(kw["mesh"], kw["rules"])
-      return partitioning.put((params, prompt, mask), (partitioning.param_shardings(kw["mesh"], kw["rules"], params),
-                                                        rows, rows))
-    runs = {name: functools.partial(
-        lambda kw, args: sampling.sample(*args[:1], config, *args[1:], key, num_samples=GROUP, max_new_tokens=new,
-                                         temperature=1.0, eos_token_ids=(),
-                                         cache_segments=segments_for(new, cache_segments), **kw).tokens,
-        kw, placed(kw)) for name, kw in sides.items()}
+    def run_on(kw):
+      """One side's call, its arguments placed once as a run holds them (params by the rules, rows split)."""
+      p, pr, m = params, prompt, mask
+      if kw:
+        rows_sharding = partitioning.batch_sharding(kw["mesh"], kw["rules"])
+        p, pr, m = partitioning.put((p, pr, m), (partitioning.param_shardings(kw["mesh"], kw["rules"], p),
+                                                 rows_sharding, rows_sharding))
+      return lambda: sampling.sample(p, config, pr, m, key, num_samples=GROUP, max_new_tokens=new, temperature=1.0,
+                                     eos_token_ids=(), cache_segments=segments_for(new, cache_segments), **kw).tokens
+    runs = {name: run_on(kw) for name, kw in sides.items()}
     ids = torch.as_tensor(np.repeat(np.asarray(prompt), GROUP, axis=0), dtype=torch.long)
     attn = torch.ones_like(ids)
 
