@@ -23,13 +23,15 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 # CPU only: with libtpu installed (the test extra, for the ahead-of-time TPU compiles, which set up their own
 # child processes), JAX would otherwise try to start a TPU backend in every worker and print its warnings.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# Compile the tests' programs without LLVM's optimisation passes: most of a cold run is XLA compiling small
-# programs that then run for milliseconds (0.76-0.82x the time of the test files measured cold, BENCHMARKS.md).
-# What the tests check is unchanged; timing and compiler output are measured by scripts/ (and test_aot_compile
-# drops this flag for the TPU compiler).
-FAST_COMPILE_FLAG = "--xla_backend_optimization_level=0"
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), FAST_COMPILE_FLAG]))
+# Compile the tests' programs fast: most of a cold run is XLA compiling small programs that then run for
+# milliseconds. Without LLVM's optimisation passes (0.76-0.82x the time of the test files measured cold), and
+# with XLA CPU's older LLVM-IR fusion emitters instead of its MLIR ones (compiling the default run's GRPO update
+# 1.76 -> 1.12 s; BENCHMARKS.md, eighth pass). What the tests check is unchanged; timing and compiler output are
+# measured by scripts/ (and test_aot_compile drops these flags for the TPU compiler).
+FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+for _flag in FAST_COMPILE_FLAGS:
+  if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), _flag]))
 
 import jax  # pylint: disable=wrong-import-position
 import pytest

@@ -22,7 +22,7 @@ from experiments.runner import config as config_lib
 from experiments.runner import policy
 from grpo_jax import models
 
-from tests.conftest import FAST_COMPILE_FLAG, HANG_GUARD_S
+from tests.conftest import FAST_COMPILE_FLAGS, HANG_GUARD_S
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 _SCRIPT = _ROOT / "scripts" / "aot_compile.py"
@@ -39,7 +39,7 @@ _WORK = ["--batch_size=4", "--group_size=4", "--max_prompt_len=16", "--max_new_t
 
 def _run_script(tmp_path, *flags):
   env = {**os.environ, **aot.LIBTPU_ENV, "JAX_PLATFORMS": "cpu"}
-  env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if f != FAST_COMPILE_FLAG)
+  env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if f not in FAST_COMPILE_FLAGS)
   env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
   out = tmp_path / "figures.jsonl"
   result = subprocess.run([sys.executable, str(_SCRIPT), "--model=tiny", f"--json_out={out}", *_WORK, *flags],
