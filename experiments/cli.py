@@ -213,6 +213,11 @@ flags.DEFINE_string("coordinator_address", _D["coordinator_address"],
     "command.")
 flags.DEFINE_integer("num_processes", _D["num_processes"], "Multi-host: number of processes (or JAX_NUM_PROCESSES).")
 flags.DEFINE_integer("process_id", _D["process_id"], "Multi-host: this process's index (or JAX_PROCESS_ID).")
+flags.DEFINE_integer("cpu_devices", _D["cpu_devices"],
+    "One process on a CPU without --mesh: present the CPU as this many devices (0: one per core; 1: off) and split "
+    "the sampler's rows over them (the same tokens as one device, each core decoding its own rows); training and "
+    "scoring stay on the first. Ignored on GPU/TPU, with --mesh, several processes, or XLA_FLAGS' "
+    "--xla_force_host_platform_device_count.")
 
 
 # FLOW-GRPO'S AGENT (--algo=flow_grpo)
@@ -260,6 +265,16 @@ def enable_compilation_cache(path: str) -> None:
       jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
+def split_cpu(devices: int) -> None:
+  """Presents the CPU as `devices` devices (0: one per core) for a one-process run without a mesh, before JAX starts
+  its backends; left alone when XLA_FLAGS or JAX_NUM_CPU_DEVICES already set the count. On a GPU or TPU it only
+  adds CPU devices that nothing uses."""
+  if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "") or "JAX_NUM_CPU_DEVICES" in os.environ:
+    return
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+  jax.config.update("jax_num_cpu_devices", devices or cores)
+
+
 def main_for(name: str, job=None, **overrides):
   """`main(argv)` of the runner called `name`: flags -> config -> `job(config)` (default: the training loop),
   errors as one line."""
@@ -270,6 +285,8 @@ def main_for(name: str, job=None, **overrides):
     try:
       config = config_from_flags(**overrides)
       mesh = config.mesh
+      if not (mesh.mesh or mesh.coordinator_address or mesh.num_processes or os.environ.get("JAX_COORDINATOR_ADDRESS")):
+        split_cpu(mesh.cpu_devices)
       distributed.initialize(mesh.coordinator_address or None, mesh.num_processes, mesh.process_id)  # first
     except ValueError as err:
       sys.exit(f"{name}: error: {err}")

@@ -15,7 +15,11 @@ import jax
 import numpy as np
 import pytest
 
+from experiments.runner import config as config_lib
+from experiments.runner import placement as placement_lib
 from grpo_jax import models
+from grpo_jax import partitioning
+from grpo_jax import sampling
 from tests.conftest import HANG_GUARD_S, with_cpu_devices
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -82,6 +86,44 @@ def test_two_processes_match_one(single, tmp_path):
     assert p.returncode == 0, log[-3000:]
   _assert_same_run(one, tmp_path / "two")
   assert (tmp_path / "two" / "checkpoints" / "2").is_dir()  # saved together by both processes
+
+
+def _records(work_dir):
+  """metrics.jsonl without its timings."""
+  lines = (pathlib.Path(work_dir) / "metrics.jsonl").read_text().splitlines()
+  return [{k: v for k, v in json.loads(l).items() if "time" not in k and k != "train/tokens_per_s"} for l in lines]
+
+
+def test_sampler_over_two_cpu_devices_gives_the_same_run(single, tmp_path):
+  """No --mesh on a CPU presented as two devices: the sampler splits its rows over them and the rest runs on the
+  first, and every record (rewards, losses, held-out accuracy) and every final weight equal one device's."""
+  policy, one = single
+  result = _cli(tmp_path / "split", policy, devices=2)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert len(_records(one)) > 2 and _records(tmp_path / "split") == _records(one)
+  expected, actual = models.load_hf(one / "final_policy")[0], models.load_hf(tmp_path / "split" / "final_policy")[0]
+  jax.tree.map(np.testing.assert_array_equal, expected, actual)
+
+
+@pytest.mark.devices(2)
+def test_cpu_sampler_mesh_splits_whole_prompt_batches_and_returns_to_the_default_device():
+  placement = placement_lib.Placement.from_config(config_lib.MeshConfig())
+  assert placement.mesh is None and placement.sampler_mesh.size == 2
+  assert placement.sample_kwargs(4)["mesh"] is placement.sampler_mesh and placement.sample_kwargs(3) == {}
+  assert placement_lib.Placement(partitioning.make_mesh("data:2"), partitioning.get_rules("dp"),
+                                 sampler_mesh=placement.sampler_mesh).sampler_mesh is None  # a run's mesh wins
+  config = models.tiny_config(hidden_size=64, intermediate_size=128)
+  params = models.init_params(config, jax.random.key(0))
+  tokens = np.arange(4 * 6, dtype=np.int32).reshape(4, 6) % (config.vocab_size - 4) + 4
+  mask = np.ones_like(tokens, bool)
+  kw = dict(num_samples=2, max_new_tokens=8, temperature=1.0)
+  split = placement.sampled(sampling.sample(params, config, tokens, mask, jax.random.key(1),
+                                            **placement.sample_kwargs(4), **kw))
+  whole = sampling.sample(params, config, tokens, mask, jax.random.key(1), **kw)
+  assert all(a.sharding.device_set == {jax.devices()[0]} for a in split)
+  for name in ("prompt_tokens", "tokens", "mask", "lengths", "truncated"):  # the same draws, row for row
+    np.testing.assert_array_equal(getattr(split, name), getattr(whole, name))
+  np.testing.assert_allclose(split.logprobs, whole.logprobs, atol=1e-5)  # each device's own reductions
 
 
 @pytest.mark.parametrize("algo,layout", [("sft", "two processes"), ("ppo", "eight devices")])

@@ -172,6 +172,9 @@ class MeshConfig:
   coordinator_address: str = ""
   num_processes: int | None = None
   process_id: int | None = None
+  # One process on a CPU, no mesh: the CPU is presented as this many devices (0: one per core) and the sampler
+  # splits its rows over them, while everything else runs on the first (`placement.Placement.from_config`).
+  cpu_devices: int = 0
 
 
 SECTIONS = {"model": ModelConfig, "task": TaskConfig, "sft": SFTConfig, "rollout": RolloutConfig,
@@ -184,7 +187,7 @@ MAY_CHANGE = frozenset({
     "steps", "resume", "stop_after", "save_every", "keep_checkpoints", "work_dir", "tensorboard",
     "compilation_cache_dir",
     "eval_every", "eval_batch_size", "eval_samples", "eval_temperature",
-    "mesh", "sharding_rules", "coordinator_address", "num_processes", "process_id",
+    "mesh", "sharding_rules", "coordinator_address", "num_processes", "process_id", "cpu_devices",
 })
 
 
@@ -276,7 +279,7 @@ _POSITIVE = ("tiny_layers", "sft_batch_size", "num_train", "num_test", "max_prom
              "dynamic_sampling_max_rounds", "dpo_pairs_per_prompt", "offline_prompts", "prm_max_steps",
              "iterations", "replay_capacity", "rm_update_prompts", "rm_update_steps", "rm_update_batch_size",
              "max_turns", "planner_prompt_len", "action_tokens", "min_bucket")
-_NON_NEGATIVE = ("steps", "sft_steps", "sft_examples", "eval_every", "save_every", "minibatch_size",
+_NON_NEGATIVE = ("cpu_devices", "steps", "sft_steps", "sft_examples", "eval_every", "save_every", "minibatch_size",
                  "overlong_buffer", "eval_samples", "stop_after", "top_k", "max_grad_norm", "advantage_eps",
                  "steps_per_iteration", "memory_budget", "beta")
 CHOICES = {  # the allowed values of the enum fields (and flags)

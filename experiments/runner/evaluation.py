@@ -21,7 +21,8 @@ def evaluate(params, model_config, task: task_lib.Task, config: config_lib.Confi
   K samples per problem at `eval_temperature`."""
   prompts = [task.prompt(e) for e in task.test]
   common = dict(batch_size=min(config.eval.eval_batch_size, len(prompts)), max_prompt_len=config.task.max_prompt_len,
-                max_new_tokens=config.rollout.max_new_tokens, **placement.sample_kwargs())
+                max_new_tokens=config.rollout.max_new_tokens)
+  common.update(placement.sample_kwargs(common["batch_size"]))
   texts, lengths = evaluation.generate(params, model_config, task.tokenizer, prompts, key, greedy=True, **common)
   greedy = evaluation.summarize(texts, task.test, ks=(1,), is_formatted=task.is_formatted)
   metrics = {"accuracy": greedy["pass@1"], "format_rate": greedy["format_rate"],

@@ -5,7 +5,10 @@ step's training batch is built and kept there. Host code (decoding text, rule re
 arrays on every process. `rows` turns a whole host array into a global one from this process's rows only (so
 each process provides its own slice of the prompts), `device` does that for host leaves and places device leaves
 by the batch sharding, `host` brings a global result back whole to every process. Without a mesh these are
-plain conversions and everything runs on the default device.
+plain conversions and everything runs on the default device, except that on a CPU presented as several devices
+(`--cpu_devices`) the sampler splits its rows over them: a decode step is many small ops that one device runs
+one at a time, so each core decoding its own rows is 1.65x faster at the default run's 256 rows (the same
+tokens and log-probs to the bit; BENCHMARKS.md, eighth pass), and the samples then move to the default device.
 """
 
 import jax
@@ -22,15 +25,18 @@ from grpo_jax import training
 class Placement:
   """The mesh and logical-axis rules of a run (`mesh is None`: single device, no sharding)."""
 
-  def __init__(self, mesh=None, rules=None):
+  def __init__(self, mesh=None, rules=None, sampler_mesh=None):
     self.mesh, self.rules = mesh, rules
     self.batch_sharding = partitioning.batch_sharding(mesh, rules) if mesh is not None else None
+    # Without a mesh: a data mesh of CPU devices that only the sampler uses (None: the sampler runs on one device).
+    self.sampler_mesh = sampler_mesh if mesh is None else None
 
   @classmethod
   def from_config(cls, config) -> "Placement":
-    """From a `MeshConfig`: its mesh spec and rules; one device when the spec is empty and one process runs."""
+    """From a `MeshConfig`: its mesh spec and rules; one device when the spec is empty and one process runs, with
+    the sampler over every local device when they are CPU devices (`--cpu_devices`)."""
     if not config.mesh and jax.process_count() == 1:
-      return cls()
+      return cls(sampler_mesh=cpu_sampler_mesh())
     return cls(partitioning.make_mesh(config.mesh), partitioning.get_rules(config.sharding_rules))
 
   @property
@@ -93,5 +99,26 @@ class Placement:
                                     batch_shardings=self.batch_sharding, mesh=self.mesh, rules=self.rules)
     return state, lambda state, batch: step(state, self.device(batch))
 
-  def sample_kwargs(self) -> dict:
-    return {} if self.mesh is None else {"mesh": self.mesh, "rules": self.rules}
+  def sample_kwargs(self, num_prompts: int) -> dict:
+    """`sampling.sample`'s mesh arguments for `num_prompts` prompts: the run's mesh; without one, the CPU
+    sampler mesh when it divides the prompts (else one device)."""
+    if self.mesh is not None:
+      return {"mesh": self.mesh, "rules": self.rules}
+    if self.sampler_mesh is not None and num_prompts % self.sampler_mesh.size == 0:
+      return {"mesh": self.sampler_mesh, "rules": partitioning.get_rules("dp")}
+    return {}
+
+  def sampled(self, samples):
+    """The sampler's output where the rest of the run works on it: split over the mesh as it is, or (from the CPU
+    sampler mesh) on the default device."""
+    if self.mesh is None and self.sampler_mesh is not None:
+      return jax.device_put(samples, jax.devices()[0])
+    return samples
+
+
+def cpu_sampler_mesh():
+  """A data mesh over this process's devices when there are several and they are CPU devices, else None."""
+  devices = jax.local_devices()
+  if len(devices) < 2 or devices[0].platform != "cpu" or jax.default_backend() != "cpu":
+    return None
+  return partitioning.make_mesh(f"data:{len(devices)}", devices)
