@@ -285,7 +285,8 @@ def main_for(name: str, job=None, **overrides):
     try:
       config = config_from_flags(**overrides)
       mesh = config.mesh
-      if not (mesh.mesh or mesh.coordinator_address or mesh.num_processes or os.environ.get("JAX_COORDINATOR_ADDRESS")):
+      several = mesh.coordinator_address or mesh.num_processes or os.environ.get("JAX_COORDINATOR_ADDRESS")
+      if not (mesh.mesh or several):
         split_cpu(mesh.cpu_devices)
       distributed.initialize(mesh.coordinator_address or None, mesh.num_processes, mesh.process_id)  # first
     except ValueError as err:

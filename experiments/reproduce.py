@@ -139,7 +139,8 @@ def runner_defaults(run: spec.Run) -> dict[str, str]:
   Flow-GRPO's own for experiments.flow_grpo); {} for a custom command."""
   if run.command:
     return {}
-  values = {k: v for k, v in config_lib.Config().flat().items() if k not in ("work_dir", "compilation_cache_dir", "cpu_devices")}
+  where = ("work_dir", "compilation_cache_dir", "cpu_devices")  # where and how it runs, not what it computes
+  values = {k: v for k, v in config_lib.Config().flat().items() if k not in where}
   if run.module == spec.FLOW_GRPO:
     values.update({k: v for k, v in flow_grpo_method.DEFAULTS.items() if k != "algo"})
   return {k: str(v) for k, v in sorted(values.items())}

@@ -8,7 +8,8 @@ by the batch sharding, `host` brings a global result back whole to every process
 plain conversions and everything runs on the default device, except that on a CPU presented as several devices
 (`--cpu_devices`) the sampler splits its rows over them: a decode step is many small ops that one device runs
 one at a time, so each core decoding its own rows is 1.65x faster at the default run's 256 rows (the same
-tokens and log-probs to the bit; BENCHMARKS.md, eighth pass), and the samples then move to the default device.
+tokens; log-probs equal up to float rounding; BENCHMARKS.md, eighth pass), and the samples then move to the
+default device.
 """
 
 import jax
