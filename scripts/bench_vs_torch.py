@@ -18,7 +18,9 @@ The reference work is one tiny Qwen2 checkpoint (hidden 128, 4 layers, GQA 4:2, 
   GRPO's seq-mean-token-mean with k3 KL) built from the library's pieces (sample, decode + rule reward on
   the host, group advantages, π_ref forward, update), over every row's prompt + completion as TRL computes it
   ("full"), and with the speed options that `experiments.grpo_math` takes by default ("fast": shared-prompt
-  forwards, π_old = stop_gradient(π_θ) on one epoch of one minibatch), against
+  forwards, π_old = stop_gradient(π_θ) on one epoch of one minibatch, and with `--jax_devices` > 1 the
+  sampler's rows split over the CPU devices, the samples then moved to the first, as the runner's
+  `--cpu_devices` does), against
   `trl.GRPOTrainer` (loss_type="grpo", its π_old likewise the detached current policy) on the same prompts
   and reward, at the best of the torch thread counts tried.
 
@@ -221,7 +223,8 @@ def jax_grpo(params, config, tokenizer, prompts, steps, fast: bool):
   every row's prompt + completion). fast=True: the speed options of issue #16, the runner's defaults, each
   the same step up to float rounding: log-probs at the sampling temperature from the sampler, each
   prompt once in the π_ref forward and the update (`group_size`, `prompt_len`), π_old = stop_gradient(π_θ)
-  in the loss (`on_policy`: one epoch, one minibatch).
+  in the loss (`on_policy`: one epoch, one minibatch), and on several CPU devices the runner's sampler
+  placement (the rows over a data mesh of them, the samples back on the first device; the same tokens).
   """
   optimizer = training.make_optimizer(LR, max_grad_norm=1.0)
   loss_kwargs = dict(epsilon=0.2, beta=BETA, kl="k3", aggregation="seq-mean-token-mean")
@@ -232,6 +235,9 @@ def jax_grpo(params, config, tokenizer, prompts, steps, fast: bool):
   step_fn = training.make_train_step(objective, optimizer)
   reference = params  # the train state holds a copy: its params are donated
   ref_logprobs = logprobs_lib.jit_token_logprobs(config, temperature=TEMPERATURE, **speed)
+  devices = jax.local_devices()
+  split = dict(mesh=partitioning.make_mesh(f"data:{len(devices)}", devices),
+               rules=partitioning.get_rules("dp")) if fast and len(devices) > 1 else {}
   times = {k: [] for k in ("sampling", "scoring", "reference", "update", "step")}
   for i in range(steps):
     t0 = time.perf_counter()
@@ -239,7 +245,9 @@ def jax_grpo(params, config, tokenizer, prompts, steps, fast: bool):
     tokens, mask, _ = training.encode_prompts(tokenizer, batch_prompts, PROMPT_LEN)
     samples = sampling.sample(state.params, config, tokens, mask, jax.random.key(i), num_samples=GROUP,
                               max_new_tokens=NEW_TOKENS, temperature=TEMPERATURE, eos_token_ids=(),
-                              **({"logprobs_at_temperature": True} if fast else {}))
+                              **({"logprobs_at_temperature": True} if fast else {}), **split)
+    if split:  # the runner's `Placement.sampled`: scoring and the update run on the first device
+      samples = jax.device_put(samples, devices[0])
     samples = jax.device_get(samples)
     t1 = time.perf_counter()
     rewards = np.asarray(reward_fn(decode(tokenizer, samples)), np.float32)
