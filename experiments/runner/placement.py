@@ -13,6 +13,7 @@ default device.
 """
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import distributed
@@ -111,9 +112,11 @@ class Placement:
 
   def sampled(self, samples):
     """The sampler's output where the rest of the run works on it: split over the mesh as it is, or (from the CPU
-    sampler mesh) on the default device."""
+    sampler mesh) on the default device, uncommitted like the run's other one-device arrays (through the host: a
+    `device_put` to the device would commit them, and the update, given a committed batch, returns a committed
+    state that the next step's call would compile for again)."""
     if self.mesh is None and self.sampler_mesh is not None:
-      return jax.device_put(samples, jax.devices()[0])
+      return jax.tree.map(jnp.asarray, jax.device_get(samples))
     return samples
 
 
