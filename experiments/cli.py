@@ -267,12 +267,16 @@ def enable_compilation_cache(path: str) -> None:
 
 def split_cpu(devices: int) -> None:
   """Presents the CPU as `devices` devices (0: one per core) for a one-process run without a mesh, before JAX starts
-  its backends; left alone when XLA_FLAGS or JAX_NUM_CPU_DEVICES already set the count. On a GPU or TPU it only
-  adds CPU devices that nothing uses."""
+  its backends; left alone when XLA_FLAGS or JAX_NUM_CPU_DEVICES already set the count, or when the backends are
+  already up (a `main` called from a program that ran JAX first keeps its devices). On a GPU or TPU it only adds CPU
+  devices that nothing uses."""
   if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "") or "JAX_NUM_CPU_DEVICES" in os.environ:
     return
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-  jax.config.update("jax_num_cpu_devices", devices or cores)
+  try:
+    jax.config.update("jax_num_cpu_devices", devices or cores)
+  except RuntimeError:  # backends initialised: too late to change the CPU's device count
+    pass
 
 
 def main_for(name: str, job=None, **overrides):

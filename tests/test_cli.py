@@ -125,6 +125,28 @@ def test_the_compilation_cache_flag_defers_to_the_environment(tmp_path):
   assert jax.config.jax_compilation_cache_dir == before
 
 
+def test_the_cpu_is_split_into_devices_before_jax_starts_and_left_alone_after():
+  """`--cpu_devices`: N CPU devices in a fresh process (0: one per core); a count set by XLA_FLAGS wins; in a
+  process whose backends are up (this one) it changes nothing and does not raise."""
+  env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
+  env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split()
+                              if not f.startswith("--xla_force_host_platform_device_count"))
+  code = ("import sys; from experiments import cli; cli.split_cpu(int(sys.argv[1])); import jax; "
+          "print(jax.device_count())")
+  counts = {}
+  for n, extra in ((0, ""), (3, ""), (3, "--xla_force_host_platform_device_count=2")):
+    run_env = dict(env, XLA_FLAGS=" ".join(filter(None, [env["XLA_FLAGS"], extra])), JAX_PLATFORMS="cpu")
+    result = subprocess.run([sys.executable, "-c", code, str(n)], cwd=REPO, env=run_env, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    counts[(n, extra)] = int(result.stdout.split()[-1])
+  assert counts == {(0, ""): len(os.sched_getaffinity(0)), (3, ""): 3,
+                    (3, "--xla_force_host_platform_device_count=2"): 2}
+  before = jax.devices()
+  cli.split_cpu(4)
+  assert jax.devices() == before
+
+
 def test_a_second_run_loads_its_programs_from_the_compilation_cache(tmp_path):
   # Without the test suite's cache and threshold, as a user runs it: the flag's cache keeps every program.
   env = {k: v for k, v in os.environ.items()
