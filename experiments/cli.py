@@ -275,8 +275,8 @@ def split_cpu(devices: int) -> None:
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
   try:
     jax.config.update("jax_num_cpu_devices", devices or cores)
-  except RuntimeError:  # backends initialised: too late to change the CPU's device count
-    pass
+  except RuntimeError:
+    return  # the backends are up (JAX ran before this main): the CPU keeps the devices it has
 
 
 def main_for(name: str, job=None, **overrides):

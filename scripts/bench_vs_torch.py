@@ -246,9 +246,7 @@ def jax_grpo(params, config, tokenizer, prompts, steps, fast: bool):
     samples = sampling.sample(state.params, config, tokens, mask, jax.random.key(i), num_samples=GROUP,
                               max_new_tokens=NEW_TOKENS, temperature=TEMPERATURE, eos_token_ids=(),
                               **({"logprobs_at_temperature": True} if fast else {}), **split)
-    if split:  # the runner's `Placement.sampled`: scoring and the update run on the first device
-      samples = jax.device_put(samples, devices[0])
-    samples = jax.device_get(samples)
+    samples = jax.device_get(samples)  # from here on on the first device, as the runner's `Placement.sampled`
     t1 = time.perf_counter()
     rewards = np.asarray(reward_fn(decode(tokenizer, samples)), np.float32)
     advantages = losses.group_advantages(rewards.reshape(PROMPTS, GROUP)).reshape(-1)

@@ -117,8 +117,10 @@ def test_cpu_sampler_mesh_splits_whole_prompt_batches_and_returns_uncommitted_to
   tokens = np.arange(4 * 6, dtype=np.int32).reshape(4, 6) % (config.vocab_size - 4) + 4
   mask = np.ones_like(tokens, bool)
   kw = dict(num_samples=2, max_new_tokens=8, temperature=1.0)
-  split = placement.sampled(sampling.sample(params, config, tokens, mask, jax.random.key(1),
-                                            **placement.sample_kwargs(4), **kw))
+  split, host = placement.sampled(sampling.sample(params, config, tokens, mask, jax.random.key(1),
+                                                  **placement.sample_kwargs(4), **kw))
+  assert all(isinstance(h, np.ndarray) for h in host)
+  jax.tree.map(np.testing.assert_array_equal, host, jax.device_get(split))
   whole = sampling.sample(params, config, tokens, mask, jax.random.key(1), **kw)
   # On the default device and uncommitted, as the run's other arrays: a committed batch would make the update
   # return a committed state, and its next call compile again.

@@ -59,8 +59,7 @@ class Rollouts:
     samples = sampling.sample(params, self.config, tokens, mask, key, num_samples=num_samples,
                               max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature,
                               top_k=rollout.top_k, top_p=rollout.top_p, **self.placement.sample_kwargs(len(tokens)))
-    samples = self.placement.sampled(samples)
-    host = self.placement.host(samples)  # every process scores every sample (host code is cheap)
+    samples, host = self.placement.sampled(samples)  # every process scores every sample (host code is cheap)
     t0 = time.time()
     texts = evaluation.decode(tok, host)
     repeated = [e for e in examples for _ in range(num_samples)]

@@ -111,18 +111,20 @@ class Placement:
     return {}
 
   def sampled(self, samples):
-    """The sampler's output where the rest of the run works on it: split over the mesh as it is, or (from the CPU
-    sampler mesh) on the default device, uncommitted like the run's other one-device arrays (through the host: a
-    `device_put` to the device would commit them, and the update, given a committed batch, returns a committed
-    state that the next step's call would compile for again)."""
+    """`(device, host)`: the sampler's output where the rest of the run works on it, and its whole host copy (`host`;
+    the step's one host crossing). Split over the mesh as it is; from the CPU sampler mesh, the host copy put back on
+    the default device, uncommitted like the run's other one-device arrays (a `device_put` to the device would commit
+    them, and the update, given a committed batch, returns a committed state that its next call compiles for
+    again)."""
+    host = self.host(samples)
     if self.mesh is None and self.sampler_mesh is not None:
-      return jax.tree.map(jnp.asarray, jax.device_get(samples))
-    return samples
+      return jax.tree.map(jnp.asarray, host), host
+    return samples, host
 
 
 def cpu_sampler_mesh():
   """A data mesh over this process's devices when there are several and they are CPU devices, else None."""
   devices = jax.local_devices()
-  if len(devices) < 2 or devices[0].platform != "cpu" or jax.default_backend() != "cpu":
+  if len(devices) < 2 or jax.default_backend() != "cpu":
     return None
   return partitioning.make_mesh(f"data:{len(devices)}", devices)
