@@ -5,9 +5,10 @@ default run's GRPO update holds about 660 MB of activations there. glibc's mallo
 with `mmap` (always, when a worker thread's arena asks: its heaps are 64 MB at most) and unmaps it on `free`, so
 every call page-faults the whole buffer back in and the kernel zeroes it again: 56M page faults and 89 s of system
 time in a 247 s default run on a 2-core CPU. With one arena, no `mmap` and no trimming, a freed buffer stays in the
-heap and the next call reuses it: the same run in 199 s, the same records, a lower peak RSS (BENCHMARKS.md, ninth
-pass). The settings must be made before JAX starts its thread pools, since a thread keeps the arena of its first
-allocation.
+heap and the next call reuses it: the same run in 206 s, the same records, a lower peak RSS (BENCHMARKS.md, ninth
+pass; a run that compiles its programs in the process, rather than loading them from the compilation cache, gains
+little: the compiles leave the one heap fragmented). The settings must be made before JAX starts its thread pools,
+since a thread keeps the arena of its first allocation.
 
   from grpo_jax import host_memory
   if host_memory.cpu_only():

@@ -24,6 +24,7 @@ LAYERS = {
     "grpo_jax.losses": 0,
     "grpo_jax.models": 0,
     "grpo_jax.distributed": 0,
+    "grpo_jax.host_memory": 0,
     "grpo_jax.train_state": 0,
     # 1: rule rewards (of data's examples); meshes, rules and placement (of models' params, the state).
     "grpo_jax.rewards": 1,
