@@ -50,10 +50,11 @@ def retain_freed_memory() -> bool:
   """
   try:
     libc = ctypes.CDLL(None)
-    mallopt = libc.mallopt
-    libc.gnu_get_libc_version  # glibc only: musl has a mallopt that ignores these parameters
-  except (OSError, AttributeError):
+  except OSError:
     return False
-  mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-  return all(mallopt(param, value) == 1
-             for param, value in ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1)))
+  # glibc only: musl's mallopt ignores these parameters, macOS has none.
+  if not (hasattr(libc, "mallopt") and hasattr(libc, "gnu_get_libc_version")):
+    return False
+  libc.mallopt.argtypes, libc.mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+  done = [libc.mallopt(param, value) for param, value in ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1))]
+  return all(ok == 1 for ok in done)
