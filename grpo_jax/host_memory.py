@@ -1,14 +1,14 @@
 """Host memory for XLA's CPU backend: freed buffers kept in the process for the next call, not returned to the kernel.
 
 XLA's CPU client allocates each executable's temporary buffer afresh on every call and frees it afterwards: the
-default run's GRPO update holds about 660 MB of activations there. glibc's malloc serves an allocation that large
-with `mmap` (always, when a worker thread's arena asks: its heaps are 64 MB at most) and unmaps it on `free`, so
-every call page-faults the whole buffer back in and the kernel zeroes it again: 56M page faults and 89 s of system
-time in a 247 s default run on a 2-core CPU. With one arena, no `mmap` and no trimming, a freed buffer stays in the
-heap and the next call reuses it: the same run in 206 s, the same records, a lower peak RSS (BENCHMARKS.md, ninth
-pass; a run that compiles its programs in the process, rather than loading them from the compilation cache, gains
-little: the compiles leave the one heap fragmented). The settings must be made before JAX starts its thread pools,
-since a thread keeps the arena of its first allocation.
+default run's GRPO update holds about 660 MB of activations there. With asynchronous dispatch a worker thread of the
+client allocates it, and glibc's malloc serves a block that large to a worker thread's arena with `mmap` (those
+heaps are 64 MB at most) and unmaps it on `free`, so every call page-faults the whole buffer back in and the kernel
+zeroes it again: 56M page faults and 89 s of system time in a 247 s default run on a 2-core CPU. With synchronous
+dispatch the calling (main) thread allocates it, from the main heap, and with no `mmap` and no trimming there the
+freed buffer stays in the heap for the next call: the same run in 201 s, every record the same (BENCHMARKS.md,
+ninth pass). The worker threads keep their own arenas, so the many small buffers the fused kernels allocate at every
+call do not search a heap that the compiles left fragmented (one arena for every thread: 253 s).
 
   from grpo_jax import host_memory
   if host_memory.cpu_only():
@@ -20,10 +20,11 @@ import glob
 import os
 import pathlib
 
+import jax
+
 # mallopt(3) parameters, from glibc's <malloc.h>.
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
-_M_ARENA_MAX = -8
 
 # Device files of the accelerators JAX has backends for: NVIDIA and AMD GPUs, TPUs (v4 and older: accel; v5e and
 # later: vfio groups).
@@ -41,12 +42,13 @@ def cpu_only(environ=None, dev: str = "/dev") -> bool:
 
 
 def retain_freed_memory() -> bool:
-  """Makes glibc's malloc keep freed memory for reuse: one arena for every thread, no `mmap` for large blocks, no
-  trimming of the heap's top (mallopt M_ARENA_MAX 1, M_MMAP_MAX 0, M_TRIM_THRESHOLD -1).
+  """Makes XLA's CPU calls reuse freed memory: JAX's CPU dispatch synchronous (`jax_cpu_enable_async_dispatch`
+  False: a call runs, and allocates, on the calling thread), and glibc's main heap with no `mmap` for large blocks
+  and no trimming of its top (mallopt M_MMAP_MAX 0, M_TRIM_THRESHOLD -1).
 
-  Call it before JAX starts (threads that have allocated keep their arenas). The process's resident memory then
-  stays at its peak instead of shrinking between calls. Returns False, changing nothing, where the C library is not
-  glibc (macOS, musl).
+  Call it before JAX's first computation. The process's resident memory then stays at its peak instead of
+  shrinking between calls, and a jitted call returns when its result is ready. Returns False, changing nothing,
+  where the C library is not glibc (macOS, musl).
   """
   try:
     libc = ctypes.CDLL(None)
@@ -55,6 +57,7 @@ def retain_freed_memory() -> bool:
   # glibc only: musl's mallopt ignores these parameters, macOS has none.
   if not (hasattr(libc, "mallopt") and hasattr(libc, "gnu_get_libc_version")):
     return False
+  jax.config.update("jax_cpu_enable_async_dispatch", False)
   libc.mallopt.argtypes, libc.mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-  done = [libc.mallopt(param, value) for param, value in ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1))]
+  done = [libc.mallopt(param, value) for param, value in ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1))]
   return all(ok == 1 for ok in done)

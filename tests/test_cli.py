@@ -151,8 +151,8 @@ def test_the_cpu_is_split_into_devices_before_jax_starts_and_left_alone_after():
 @pytest.mark.skipif(not sys.platform.startswith("linux") or os.confstr("CS_GNU_LIBC_VERSION") is None,
                     reason="glibc's malloc only")
 def test_a_cpu_run_keeps_freed_host_memory_from_its_start():
-  """`main` makes glibc keep freed memory (`host_memory.retain_freed_memory`) before the job starts JAX, on the CPU
-  only: a 100 MB block then comes from the heap, not from mmap (mallinfo2's hblkhd)."""
+  """`main` keeps freed memory (`host_memory.retain_freed_memory`) before the job starts JAX, on the CPU only: a 100 MB
+  block then comes from the heap, not from mmap (mallinfo2's hblkhd), and JAX's CPU dispatch is synchronous."""
   code = ("import ctypes; from absl import app; from experiments import cli\n"
           "libc = ctypes.CDLL(None)\n"
           "libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)\n"
@@ -160,16 +160,17 @@ def test_a_cpu_run_keeps_freed_host_memory_from_its_start():
           "  _fields_ = [(n, ctypes.c_size_t) for n in 'arena ordblks smblks hblks hblkhd a b c d e'.split()]\n"
           "libc.mallinfo2.restype = Info\n"
           "def job(config):\n"
-          "  before = libc.mallinfo2().hblkhd; libc.malloc(100 << 20); print(libc.mallinfo2().hblkhd - before)\n"
+          "  before = libc.mallinfo2().hblkhd; libc.malloc(100 << 20)\n"
+          "  import jax; print(jax.config.read('jax_cpu_enable_async_dispatch'), libc.mallinfo2().hblkhd - before)\n"
           "app.run(cli.main_for('probe', job=job))")
-  mmapped = {}
-  for platforms in ("cpu", "cuda"):  # a GPU run keeps glibc's defaults (the job never starts JAX here)
+  seen = {}
+  for platforms in ("cpu", "cuda"):  # a GPU run keeps the defaults (the job never starts JAX here)
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=dict(os.environ, JAX_PLATFORMS=platforms),
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
-    mmapped[platforms] = int(result.stdout.split()[-1])
-  assert mmapped["cpu"] == 0
-  assert mmapped["cuda"] >= 100 << 20
+    asynchronous, mmapped = result.stdout.split()[-2:]
+    seen[platforms] = (asynchronous, int(mmapped) >= 100 << 20)
+  assert seen == {"cpu": ("False", False), "cuda": ("True", True)}
 
 
 def test_a_second_run_loads_its_programs_from_the_compilation_cache(tmp_path):

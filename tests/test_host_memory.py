@@ -13,7 +13,8 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 
 # A fresh process: optionally retain freed memory first, then (a) malloc a 100 MB block and read how many bytes
 # glibc holds in mmap'd blocks (mallinfo2's hblkhd) before and after, (b) call a jitted program whose 64 MB
-# intermediate ([4096, 4096] float32) lives in XLA's temporary buffer, and count the page faults of its later calls.
+# intermediate ([4096, 4096] float32) lives in XLA's temporary buffer, and count the page faults of its later calls,
+# (c) print whether JAX's CPU dispatch is asynchronous.
 _PROBE = """
 import ctypes, resource, sys
 from grpo_jax import host_memory
@@ -36,29 +37,30 @@ f(x).block_until_ready()
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(4):
   f(x).block_until_ready()
-print(applied, mmapped, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / 4)
+print(applied, mmapped, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / 4,
+      jax.config.read("jax_cpu_enable_async_dispatch"))
 """
 
 
-def _probe(mode: str) -> tuple[str, int, float]:
+def _probe(mode: str) -> tuple[str, int, float, str]:
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   result = subprocess.run([sys.executable, "-c", _PROBE, mode], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=600)
   assert result.returncode == 0, result.stderr[-2000:]
-  applied, mmapped, faults = result.stdout.split()[-3:]
-  return applied, int(mmapped), float(faults)
+  applied, mmapped, faults, asynchronous = result.stdout.split()[-4:]
+  return applied, int(mmapped), float(faults), asynchronous
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or os.confstr("CS_GNU_LIBC_VERSION") is None,
                     reason="glibc's malloc only")
 def test_freed_buffers_stay_in_the_process_and_xla_calls_stop_faulting_them_in():
-  applied, mmapped, faults = _probe("retain")
-  assert applied == "True"
+  applied, mmapped, faults, asynchronous = _probe("retain")
+  assert (applied, asynchronous) == ("True", "False")  # the calls run, and allocate, on the main thread
   assert mmapped == 0  # 100 MB from the heap, not from mmap
   assert faults < 1024  # the 64 MB temporary (16,384 pages) is reused, not faulted in again
-  # glibc's defaults, in the same kind of process: the 100 MB block is mmap'd (and unmapped on free).
-  default_applied, default_mmapped, _ = _probe("default")
-  assert default_applied == "None"
+  # The defaults, in the same kind of process: the 100 MB block is mmap'd (and unmapped on free), dispatch async.
+  default_applied, default_mmapped, _, default_asynchronous = _probe("default")
+  assert (default_applied, default_asynchronous) == ("None", "True")
   assert default_mmapped >= 100 << 20
 
 
