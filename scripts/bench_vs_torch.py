@@ -24,8 +24,10 @@ The reference work is one tiny Qwen2 checkpoint (hidden 128, 4 layers, GQA 4:2, 
   `trl.GRPOTrainer` (loss_type="grpo", its π_old likewise the detached current policy) on the same prompts
   and reward, at the best of the torch thread counts tried.
 
-Both report medians over repeats after warm-up (compilation excluded), the machine's float32 matmul
-GFLOP/s measured in this run by each framework (the fastest of 15 [1024, 1024] products), FLOPs counted from the shapes (matmuls and attention:
+The process runs with the runners' settings on a CPU (`--host_memory=runner`, `grpo_jax.host_memory`: synchronous
+CPU dispatch, freed host memory kept); they are the process's, so the peers run with them too (`--host_memory=default`:
+JAX's and glibc's defaults for both). Both report medians over repeats after warm-up (compilation excluded), the
+machine's float32 matmul GFLOP/s measured in this run by each framework (the fastest of 15 [1024, 1024] products), FLOPs counted from the shapes (matmuls and attention:
 2 per multiply-add; the backward as twice the forward), and the fraction of the roofline = FLOPs / time /
 the JAX matmul peak. The load average is printed: this benchmark is meant to be read as ratios measured
 in one run.
@@ -43,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from grpo_jax import host_memory
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import losses, models, partitioning, sampling, training
 from grpo_jax.evaluation import decode
@@ -355,10 +358,15 @@ def main():
   parser.add_argument("--jax_devices", type=int, default=os.cpu_count(),
                       help="sampler: also time the sampler with its rows split over this many CPU devices (a data "
                            "mesh, jax_num_cpu_devices), beside one device; 1: one device only")
+  parser.add_argument("--host_memory", choices=["runner", "default"], default="runner",
+                      help="runner: the runners' process settings on a CPU (grpo_jax.host_memory: synchronous dispatch, "
+                           "freed memory kept), which the peers in this process share; default: JAX's and glibc's")
   args = parser.parse_args()
   if args.jax_devices < 1:
     parser.error(f"--jax_devices must be >= 1, got {args.jax_devices}")
   jax.config.update("jax_num_cpu_devices", args.jax_devices)  # before any JAX computation; CPU backend only
+  if args.host_memory == "runner" and host_memory.cpu_only():
+    host_memory.retain_freed_memory()  # as the runners' main() does; the process's, so torch's too
   unknown = set(args.variants.split(",")) - {"full", "fast"}
   if unknown:
     parser.error(f"--variants: unknown {', '.join(sorted(unknown))}; expected full and/or fast")
