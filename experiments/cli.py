@@ -287,7 +287,7 @@ def main_for(name: str, job=None, **overrides):
   def main(argv):
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
-    if host_memory.cpu_only():  # before JAX starts its threads (BENCHMARKS.md, ninth pass)
+    if host_memory.cpu_only():  # before JAX's first computation (BENCHMARKS.md, ninth pass)
       host_memory.retain_freed_memory()
     try:
       config = config_from_flags(**overrides)
