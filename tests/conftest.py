@@ -13,6 +13,15 @@ import subprocess
 import sys
 import tempfile
 
+# Write the bytecode of what the suite imports, once. The README installs with `pip install --no-compile` (pip
+# byte-compiles the 17k files of the test extra one by one: 62 -> 26 s of a 2-core machine's install), and some
+# machines set PYTHONDONTWRITEBYTECODE, under which each of the suite's ~100 processes (workers, runner
+# subprocesses) would compile jax, torch and transformers from source again. Unset here, before the workers and
+# child processes start (they inherit it), the first import of a module writes its .pyc (5.4k files) and later
+# processes load it: a cold pytest takes as long as with pip's byte-compiled install (BENCHMARKS.md, tenth pass).
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 # One on-disk XLA compilation cache for the whole run, shared by the pytest workers and the child processes
 # the tests start (they inherit these variables): the same tiny programs are compiled once, not once per test.
 # Set before JAX is imported, which reads them.
@@ -68,7 +77,9 @@ def pytest_pyfunc_call(pyfuncitem):
     return None
   n = marker.args[0]
   result = subprocess.run(
-      [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--no-header", pyfuncitem.nodeid],
+      # One process (`-n 0`): pytest.ini's `-n auto` would start a worker per core for the one test.
+      [sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider", "--no-header",
+       pyfuncitem.nodeid],
       cwd=pyfuncitem.config.rootpath, env=with_cpu_devices(n), capture_output=True, text=True, timeout=HANG_GUARD_S)
   if result.returncode != 0:
     pytest.fail(f"on {n} CPU devices (child process):\n{result.stdout[-6000:]}\n{result.stderr[-3000:]}",
