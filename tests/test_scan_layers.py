@@ -85,13 +85,13 @@ def test_cached_decoding(params):
   mask = jnp.ones((2, 12), bool).at[1, :3].set(False)
   full, _ = _apply(params, UNROLLED, tokens, attention_mask=mask)
   cache = models.init_cache(SCANNED, 2, 16)
-  assert cache.k.shape == (3, 2, 2, 16, 8) and cache.v.shape == (3, 2, 2, 16, 8)
+  assert cache.k.shape == (3, 2, 2, 8, 16) and cache.v.shape == (3, 2, 2, 16, 8)  # keys [L, B, K, D, S]
   out = []
   for start, stop in [(0, 8)] + [(t, t + 1) for t in range(8, 12)]:
     logits, cache = _apply(stacked, SCANNED, tokens[:, start:stop], attention_mask=mask[:, start:stop],
                            cache=cache)
     out.append(logits)
-  assert int(cache.index) == 12 and cache.k.shape == (3, 2, 2, 16, 8)
+  assert int(cache.index) == 12 and cache.k.shape == (3, 2, 2, 8, 16)
   np.testing.assert_allclose(jnp.concatenate(out, axis=1)[mask], full[mask], atol=1e-5)
 
 

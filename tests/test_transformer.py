@@ -89,7 +89,8 @@ def test_decode_attention_equals_the_einsum_attention(dtype):
   want = jnp.einsum("bkgls,bksd->blkgd", probs, values)
   np.testing.assert_allclose(want[2, 0], jnp.broadcast_to(values[2, :, None, 0], (k, g, d)), rtol=1e-6)
   cast = lambda x: x.astype(dtype)
-  got = jax.jit(transformer._decode_attention, static_argnums=4)(cast(q), cast(keys), cast(values), allowed,
+  keys_ds = keys.transpose(0, 1, 3, 2)  # the cache's key layout, [B, K, D, S]
+  got = jax.jit(transformer._decode_attention, static_argnums=4)(cast(q), cast(keys_ds), cast(values), allowed,
                                                                  d ** -0.5)
   assert got.shape == (b, 1, k, g, d) and got.dtype == jnp.dtype(dtype)
   np.testing.assert_allclose(got.astype(jnp.float32), want, atol=1e-5 if dtype == "float32" else 5e-2)
@@ -105,9 +106,10 @@ def test_grown_cache_decodes_as_the_full_one(params):
   for t in range(8, 12):
     if t == 9:  # 9 slots are full: grow to 12, then to 14 (more than needed)
       cache = transformer.grow_cache(cache, 12)
-      assert cache.k[0].shape == (2, 2, 12, 8) and cache.v[0].shape == (2, 2, 12, 8) and int(cache.index) == 9
+      assert cache.k[0].shape == (2, 2, 8, 12) and cache.v[0].shape == (2, 2, 12, 8) and int(cache.index) == 9
       np.testing.assert_array_equal(cache.mask[:, 9:], False)
-      np.testing.assert_array_equal(cache.k[1][:, :, 9:], 0.0)
+      np.testing.assert_array_equal(cache.k[1][..., 9:], 0.0)
+      np.testing.assert_array_equal(cache.v[1][:, :, 9:], 0.0)
     if t == 11:
       cache = transformer.grow_cache(cache, 14)
     logits, cache = _apply(params, CONFIG, tokens[:, t:t + 1], attention_mask=mask[:, t:t + 1], cache=cache)
