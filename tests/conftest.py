@@ -19,8 +19,8 @@ import tempfile
 # subprocesses) would compile jax, torch and transformers from source again. Unset here, before the workers and
 # child processes start (they inherit it), the first import of a module writes its .pyc (5.4k files) and later
 # processes load it: a cold pytest takes as long as with pip's byte-compiled install (BENCHMARKS.md, tenth pass).
-os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-sys.dont_write_bytecode = False
+if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+  sys.dont_write_bytecode = False  # (`python -B` alone is left as it is)
 
 # One on-disk XLA compilation cache for the whole run, shared by the pytest workers and the child processes
 # the tests start (they inherit these variables): the same tiny programs are compiled once, not once per test.
