@@ -12,6 +12,7 @@ Each revision is cloned from this repository into a temporary directory (the wor
                the held-out accuracy before and after RL from the run's summary.json.
   ci           `.ci/run` in that tree, which builds its own virtual environment and runs the README's test
                command; the tests' on-disk XLA cache (tests/conftest.py) is deleted first, as on a fresh machine.
+               A revision whose run fails has its FAILED/ERROR lines (or its last lines) printed under the table.
 
 The machine's float32 matmul GFLOP/s ([1024, 1024] products, the fastest of 15) is measured before and after,
 and the load average printed, since machines of one kind differ by 2x: read the ratio, measured in one sitting.
@@ -94,7 +95,10 @@ def run_ci(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[str]) -
   done = subprocess.run(["bash", ".ci/run"], cwd=tree, capture_output=True, text=True, check=False)
   seconds = time.perf_counter() - start
   last = done.stdout.strip().splitlines()[-1:] or [""]
-  return {"seconds": seconds, "rc": done.returncode, "last": last[0]}
+  failed = [l for l in done.stdout.splitlines() if l.startswith(("FAILED ", "ERROR "))]  # pytest's summary lines
+  if done.returncode != 0 and not failed:  # it failed before or outside pytest (the install, the collection)
+    failed = (done.stderr.strip() or done.stdout.strip() or "(no output)").splitlines()[-3:]
+  return {"seconds": seconds, "rc": done.returncode, "last": last[0], "failed": failed}
 
 
 JOBS = {"default_run": run_default, "ci": run_ci}
@@ -137,6 +141,9 @@ def main():
     for name, commit in revisions:
       r = results[name]
       print(f"| {name} {commit[:9]} | {r['seconds']:.1f} | {r['seconds'] / base:.2f}x | {r['rc']} | {r['last']} |")
+    for name, commit in revisions:
+      for line in results[name]["failed"]:
+        print(f"{name} {commit[:9]}: {line}")
 
 
 if __name__ == "__main__":
