@@ -239,17 +239,16 @@ class Attention(nnx.Module):
         out = _decode_attention(q, *kv, allowed, self.head_dim ** -0.5)
         return self.o_proj(constrain(out.reshape(b, l, -1, self.head_dim), ("batch", "length", "heads", None))), kv
       k, v = kv
-    spec = "bskd" if kv is None else "bksd"
-    k_spec = "bskd" if kv is None else "bkds"
-    scores = _scores(q, k.astype(q.dtype), k_spec, cached=kv is not None)
+    k_spec, v_spec = ("bskd", "bskd") if kv is None else ("bkds", "bksd")  # the cache's layouts
+    scores = _scores(q, k.astype(q.dtype), k_spec)
     scores = scores * (self.head_dim ** -0.5)
     scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-    out = jnp.einsum(f"bkgls,{spec}->blkgd", probs, v.astype(q.dtype)).reshape(b, l, -1, self.head_dim)
+    out = jnp.einsum(f"bkgls,{v_spec}->blkgd", probs, v.astype(q.dtype)).reshape(b, l, -1, self.head_dim)
     return self.o_proj(constrain(out, ("batch", "length", "heads", None))), kv
 
 
-def _scores(q: jax.Array, k: jax.Array, k_spec: str, *, cached: bool) -> jax.Array:
+def _scores(q: jax.Array, k: jax.Array, k_spec: str) -> jax.Array:
   """q·k as float32 [B, K, G, L, S] for q [B, L, K, G, D] and keys `k_spec` ("bskd", or "bkds" from a cache).
 
   XLA's CPU backend has no bfloat16 x bfloat16 -> float32 product for keys laid out [B, K, D, S] (it falls back
@@ -257,7 +256,7 @@ def _scores(q: jax.Array, k: jax.Array, k_spec: str, *, cached: bool) -> jax.Arr
   (bfloat16 values are exact in float32) and float32 sums. Other platforms take the mixed-precision product.
   """
   dot = lambda q, k: jnp.einsum(f"blkgd,{k_spec}->bkgls", q, k, preferred_element_type=jnp.float32)
-  if not cached or q.dtype == jnp.float32:
+  if k_spec != "bkds" or q.dtype == jnp.float32:
     return dot(q, k)
   f32 = jnp.float32
   return jax.lax.platform_dependent(q, k, cpu=lambda q, k: dot(q.astype(f32), k.astype(f32)), default=dot)
