@@ -1,8 +1,9 @@
 """Batched autoregressive sampling with a static-shape KV cache, jitted end to end.
 
-Prefill each (left-padded) prompt once, repeat its cache for the G samples,
-then decode one token per step inside a `jax.lax.while_loop` that exits as
-soon as every row has produced an end token (EOS or an extra stop id).
+Prefill each (left-padded) prompt once; its keys and values are the shared
+prefix of its G samples' caches (read once per prompt, not G times, in every
+step); then decode one token per step inside a `jax.lax.while_loop` that exits
+as soon as every row has produced an end token (EOS or an extra stop id).
 """
 
 import functools
@@ -108,21 +109,24 @@ _STATIC = ("config", "num_samples", "max_new_tokens", "top_k", "top_p", "greedy"
 def segment_ends(max_new_tokens: int, cache_segments: int) -> tuple[int, ...]:
   """The exclusive ends of the decode segments: step t (1 <= t < T) runs in the first segment with t < end.
 
-  Segment i decodes against a cache of P + ends[i] slots (P + T for the last, as with one segment), so the
-  attention of early steps spans only the slots that can be live, not the whole P + T. Equal blocks of
-  ceil((T - 1) / cache_segments) steps; fewer segments when T is short.
+  Segment i decodes against the prompt's P slots and ends[i] - 1 own slots per row (T - 1 for the last, as with
+  one segment), so the attention of early steps spans only the slots that can be live, not the whole P + T.
+  Equal blocks of ceil((T - 1) / cache_segments) steps; fewer segments when T is short.
   """
   steps = max_new_tokens - 1  # step 0's token comes from the prefill
   block = max(-(-steps // max(cache_segments, 1)), 1)
   return tuple(range(1 + block, max_new_tokens, block)) + (max_new_tokens,)
 
 
-def _place_cache(cache: transformer.KVCache) -> transformer.KVCache:
-  """Names the cache's axes for the sharding hook (identity outside `axis_rules`)."""
+def _place_cache(cache):
+  """Names the axes of a `KVCache` or `KVPrefix` for the sharding hook (identity outside `axis_rules`)."""
   place = lambda axes: lambda x: constrain(x, (None,) * transformer.cache_batch_axis(x) + axes)
-  return cache._replace(k=jax.tree.map(place(transformer.CACHE_K_AXES), cache.k),
-                        v=jax.tree.map(place(transformer.CACHE_V_AXES), cache.v),
-                        mask=constrain(cache.mask, ("batch", "length")))
+  placed = cache._replace(k=jax.tree.map(place(transformer.CACHE_K_AXES), cache.k),
+                          v=jax.tree.map(place(transformer.CACHE_V_AXES), cache.v),
+                          mask=constrain(cache.mask, ("batch", "length")))
+  if getattr(cache, "prefix", None) is not None:
+    placed = placed._replace(prefix=_place_cache(cache.prefix))
+  return placed
 
 
 def _sample_impl(params, prompt_tokens, prompt_mask, key, temperature, *, config: ModelConfig, num_samples: int,
@@ -135,17 +139,18 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, temperature, *, config
   rows = (jax.lax.axis_index(shard_axes) * n, n * num_shards) if shard_axes else None
   choose = functools.partial(_choose, top_k=top_k, top_p=top_p, greedy=greedy, rows=rows)
 
-  # PREFILL: once per prompt, then repeat the cache for the G samples.
+  # PREFILL: once per prompt. Its keys and values become the cache's shared prefix (`KVPrefix`), read once per
+  # prompt by its G samples' steps; each row's own slots hold its completion, token j in slot j.
   ends = segment_ends(steps, cache_segments)
-  cache = _place_cache(transformer.init_cache(config, n_prompts, prompt_len + ends[0]))
-  hidden, cache = transformer.hidden_states(params, config, prompt_tokens, attention_mask=prompt_mask, cache=cache)
+  prompt_cache = _place_cache(transformer.init_cache(config, n_prompts, prompt_len))
+  hidden, prompt_cache = transformer.hidden_states(params, config, prompt_tokens, attention_mask=prompt_mask,
+                                                   cache=prompt_cache)
   logits = transformer.logits_from_hidden(params, config, hidden[:, -1])
-  repeat = lambda x, axis=0: jnp.repeat(x, num_samples, axis=axis) if x.ndim else x
-  repeat_kv = lambda x: repeat(x, transformer.cache_batch_axis(x))  # [(L,) B, ...]
-  cache = cache._replace(k=jax.tree.map(repeat_kv, cache.k), v=jax.tree.map(repeat_kv, cache.v),
-                         mask=repeat(cache.mask))
+  repeat = lambda x: jnp.repeat(x, num_samples, axis=0)
+  own_slots = lambda end: max(end - 1, 1)  # steps t < end write tokens 0 ... end - 2
+  prefix = transformer.as_prefix(prompt_cache)
+  cache = _place_cache(transformer.init_cache(config, n, own_slots(ends[0]), prefix=prefix))
   logits = repeat(logits)
-  cache = _place_cache(cache)
   prompt_tokens, prompt_mask = repeat(prompt_tokens), repeat(prompt_mask)
   n_prompt_tokens = jnp.sum(prompt_mask, axis=-1, dtype=jnp.int32)
   stop_ids = jnp.asarray(stop_ids, jnp.int32)
@@ -187,7 +192,7 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, temperature, *, config
   carry = (jnp.ones((), jnp.int32), cache, tok, done, tokens, logprobs, lengths)
   for i, end in enumerate(ends):
     if i:
-      carry = (carry[0], _place_cache(transformer.grow_cache(carry[1], prompt_len + end)), *carry[2:])
+      carry = (carry[0], _place_cache(transformer.grow_cache(carry[1], own_slots(end))), *carry[2:])
     carry = jax.lax.while_loop(cond(end), body, carry)
   _, _, _, done, tokens, logprobs, lengths = carry
   mask = jnp.arange(steps)[None, :] < lengths[:, None]
@@ -276,6 +281,11 @@ def sample(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: j
       instead of P + T (faster; one more compiled loop body each). 1: one loop over the whole
       cache. The same tokens and log-probs up to float rounding (the softmax and its sums run
       over fewer masked slots).
+
+  The G samples of a prompt share its prefilled keys and values (`transformer.KVPrefix`): the
+  cache holds B * P + N * (T - 1) slots instead of N * (P + T), and each step reads the prompts'
+  slots once per prompt. The tokens and log-probs equal those of a cache repeated G times up to
+  float rounding (the softmax's sums split into the prompt's part and the completion's).
 
   Returns:
     A SampleOutput with N = B * num_samples rows, prompt-major.

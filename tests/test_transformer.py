@@ -1,5 +1,6 @@
 """The NNX transformer's functional API (models/transformer.py). HF parity lives in test_hf_io.py."""
 
+import dataclasses
 import functools
 
 import jax
@@ -119,6 +120,54 @@ def test_grown_cache_decodes_as_the_full_one(params):
   np.testing.assert_allclose(jnp.concatenate(out, axis=1)[mask], full[mask], atol=1e-5)
   with pytest.raises(ValueError, match="shrink"):
     transformer.grow_cache(cache, 10)
+
+
+def test_decode_attention_with_a_shared_prefix_equals_the_concatenated_cache():
+  """Rows attending to their group's prefix slots, then their own, as one cache holding both per row."""
+  b, groups, k, g, d, p, s = 6, 3, 2, 2, 8, 5, 4  # 2 prefixes, each shared by 3 rows
+  q = jax.random.normal(jax.random.key(0), (b, 1, k, g, d))
+  pk, pv = (jax.random.normal(jax.random.key(i), (b // groups, k, p, d)) for i in (1, 2))
+  own_k, own_v = (jax.random.normal(jax.random.key(i), (b, k, s, d)) for i in (3, 4))
+  pmask = jnp.array([[False, False, True, True, True], [True] * p])  # prefix 0 left-padded by 2
+  allowed = (jnp.arange(s)[None, None, :] < jnp.array([4, 1, 2, 3, 4, 1])[:, None, None])
+  rep = lambda x: jnp.repeat(x, groups, axis=0)
+  whole_k, whole_v = jnp.concatenate([rep(pk), own_k], axis=2), jnp.concatenate([rep(pv), own_v], axis=2)
+  whole_allowed = jnp.concatenate([rep(pmask)[:, None], allowed], axis=-1)
+  decode = jax.jit(transformer._decode_attention, static_argnums=4)
+  want = decode(q, whole_k.transpose(0, 1, 3, 2), whole_v, whole_allowed, d ** -0.5)
+  got = decode(q, own_k.transpose(0, 1, 3, 2), own_v, allowed, d ** -0.5, (pk.transpose(0, 1, 3, 2), pv, pmask))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  # A masked prefix slot changes nothing: prefix 0's padding holds garbage.
+  garbage = pk.at[0, :, :2].set(1e3).transpose(0, 1, 3, 2)
+  again = decode(q, own_k.transpose(0, 1, 3, 2), own_v, allowed, d ** -0.5, (garbage, pv.at[0, :, :2].set(1e3), pmask))
+  np.testing.assert_allclose(again, got, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_decode_after_a_shared_prefix_equals_the_full_forward(params, scan):
+  """Prompts prefilled once (`as_prefix`), each continued by 3 rows: the logits of every row's full forward."""
+  config = dataclasses.replace(CONFIG, scan_layers=scan)
+  weights = transformer.stack_layers(params, CONFIG) if scan else params
+  groups, prompt_len, steps = 3, 6, 4
+  prompts = _tokens(2, prompt_len, seed=3)
+  prompt_mask = jnp.ones((2, prompt_len), bool).at[0, :2].set(False)
+  completions = _tokens(2 * groups, steps, seed=4)
+  rows = jnp.concatenate([jnp.repeat(prompts, groups, axis=0), completions], axis=1)
+  row_mask = jnp.concatenate([jnp.repeat(prompt_mask, groups, axis=0), jnp.ones((2 * groups, steps), bool)], axis=1)
+  full, _ = _apply(weights, config, rows, attention_mask=row_mask)
+  _, prompt_cache = _apply(weights, config, prompts, attention_mask=prompt_mask,
+                           cache=models.init_cache(config, 2, prompt_len))
+  cache = models.init_cache(config, 2 * groups, steps, prefix=models.as_prefix(prompt_cache))
+  out = []
+  for t in range(steps):
+    logits, cache = _apply(weights, config, completions[:, t:t + 1], cache=cache)  # positions from the masks
+    out.append(logits)
+  assert int(cache.index) == steps and cache.prefix.mask.shape == (2, prompt_len)
+  np.testing.assert_allclose(jnp.concatenate(out, axis=1), full[:, prompt_len:], atol=1e-5)
+  with pytest.raises(ValueError, match="one token per row"):
+    _apply(weights, config, completions[:, :2], cache=cache)
+  with pytest.raises(ValueError, match="already has a prefix"):
+    models.as_prefix(cache)
 
 
 def test_remat_same_values_and_gradients(params):
