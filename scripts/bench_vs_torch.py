@@ -11,9 +11,10 @@ The reference work is one tiny Qwen2 checkpoint (hidden 128, 4 layers, GQA 4:2, 
 
 * sampler: `grpo_jax.sampling.sample` against Hugging Face `generate` (KV cache, multinomial sampling at
   temperature 1, no top-k/top-p, no stop tokens: every row makes exactly T tokens), for each size in
-  `--sizes` (rows x new tokens; 16-token prompts, G = 8 rows per prompt); on one device, and with the rows
-  split over a data mesh of `--jax_devices` CPU devices (default: one per core; XLA's CPU backend runs each
-  device's program on its own thread, which beats one device's intra-op threading on these small ops).
+  `--sizes` (rows x new tokens; `--prompt_len` prompt tokens, default 16; G = 8 rows per prompt); on one
+  device, and with the rows split over a data mesh of `--jax_devices` CPU devices (default: one per core; XLA's
+  CPU backend runs each device's program on its own thread, which beats one device's intra-op threading on
+  these small ops).
 * grpo: one GRPO step (8 prompts x G 8, 16 new tokens, temperature 1, β 0.04, one AdamW step, the loss
   GRPO's seq-mean-token-mean with k3 KL) built from the library's pieces (sample, decode + rule reward on
   the host, group advantages, π_ref forward, update), over every row's prompt + completion as TRL computes it
@@ -154,13 +155,14 @@ def segments_for(new_tokens: int, cache_segments: str) -> int:
   return min(8, max(1, new_tokens // 8)) if cache_segments == "auto" else int(cache_segments)
 
 
-def bench_sampler(params, config, torch_model, torch, sizes, repeats, peak, threads, cache_segments="1"):
+def bench_sampler(params, config, torch_model, torch, sizes, repeats, peak, threads, cache_segments="1",
+                  prompt_len=PROMPT_LEN):
   """HF `generate` against `sampling.sample` on one device and, with several CPU devices, on a data mesh of all."""
   n_dev = len(jax.devices())
   sides = {"1 device": {}}
   if n_dev > 1:
     sides[f"{n_dev} devices"] = dict(mesh=partitioning.make_mesh(f"data:{n_dev}"), rules=partitioning.get_rules("dp"))
-  print(f"\n## Sampler vs HF generate (16-token prompts, G = {GROUP}, temperature 1, no stop tokens; "
+  print(f"\n## Sampler vs HF generate ({prompt_len}-token prompts, G = {GROUP}, temperature 1, no stop tokens; "
         f"medians of {repeats} calls each, alternating; HF at the best of torch threads {threads}; speed-up: the median "
         f"of the paired ratios; cache_segments {cache_segments}; grpo_jax on {' and on '.join(sides)} (the rows "
         f"split over a data mesh, the same tokens); load {load_average()})\n")
@@ -170,7 +172,7 @@ def bench_sampler(params, config, torch_model, torch, sizes, repeats, peak, thre
   results = []
   for rows, new in sizes:
     n_prompts = rows // GROUP
-    prompt = jax.random.randint(jax.random.key(1), (n_prompts, PROMPT_LEN), 5, config.vocab_size)
+    prompt = jax.random.randint(jax.random.key(1), (n_prompts, prompt_len), 5, config.vocab_size)
     mask = jnp.ones_like(prompt, bool)
     key = jax.random.key(2)
     def run_on(kw):
@@ -204,7 +206,7 @@ def bench_sampler(params, config, torch_model, torch, sizes, repeats, peak, thre
         times[name].append(_seconds(run))
       times["hf"].append(_seconds(generate, sync=False))
     hf_s, n_tokens = statistics.median(times["hf"]), rows * new
-    flops = forward_flops(config, rows, PROMPT_LEN + new / 2)  # one decode step, per row
+    flops = forward_flops(config, rows, prompt_len + new / 2)  # one decode step, per row
     roofline_tps = peak * 1e9 / (flops / rows)
     cells, ratios = [], {}
     for name in runs:
@@ -351,6 +353,7 @@ def main():
   parser.add_argument("--steps", type=int, default=10, help="GRPO: steps per framework (the first 2 warm up)")
   parser.add_argument("--variants", default="full,fast", help="GRPO: grpo_jax compositions to time")
   parser.add_argument("--sizes", default="64x16,64x64,256x16,256x64", help="sampler: rows x new tokens")
+  parser.add_argument("--prompt_len", type=int, default=PROMPT_LEN, help="sampler: prompt tokens per row")
   parser.add_argument("--cache_segments", default="auto",
                       help="sampler: sampling.sample's cache_segments, an int or auto (T // 8, at most 8)")
   parser.add_argument("--torch_threads", default=f"1,{os.cpu_count()}",
@@ -386,7 +389,8 @@ def main():
   if args.part in ("all", "sampler"):
     torch_model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
-    bench_sampler(params, config, torch_model, torch, sizes, args.repeats, jax_peak, threads, args.cache_segments)
+    bench_sampler(params, config, torch_model, torch, sizes, args.repeats, jax_peak, threads, args.cache_segments,
+                  args.prompt_len)
   if args.part in ("all", "grpo"):
     bench_grpo(params, config, tokenizer, path, torch, args.steps, jax_peak, threads, args.variants.split(","))
   print(f"\nload average at the end: {load_average()}")
