@@ -271,5 +271,8 @@ def config_from_flags() -> tuple[config_lib.Config, RewardModelConfig]:
           RewardModelConfig(**{f.name: FLAGS[f.name].value for f in dataclasses.fields(RewardModelConfig)}))
 
 
+main = cli.main_for("train_reward_model", lambda config: run(config, config_from_flags()[1]))
+
+
 if __name__ == "__main__":
-  app.run(cli.main_for("train_reward_model", lambda config: run(config, config_from_flags()[1])))
+  app.run(main)

@@ -42,8 +42,11 @@ for _flag in FAST_COMPILE_FLAGS:
   if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), _flag]))
 
+from absl import flags  # pylint: disable=wrong-import-position
 import jax  # pylint: disable=wrong-import-position
 import pytest
+
+from grpo_jax import host_memory  # pylint: disable=wrong-import-position
 
 # Full-precision float32 matmuls, so parity tests compare the math and not the backend's defaults.
 jax.config.update("jax_default_matmul_precision", "highest")
@@ -99,3 +102,37 @@ def variant(request):
     return jax.jit(bound) if request.param == "jit" else bound
 
   return wrap
+
+
+@pytest.fixture
+def main_in_process(monkeypatch):
+  """`run(main, argv, defaults=None)`: an entry point's `main(argv)` called in this process as `app.run` calls it,
+  the flags parsed from `argv` (with `defaults` as the flags' defaults, as a program sets them before `app.run`),
+  returning what it exits with: its one-line error (a string: printed to stderr, exit status 1), or None when it
+  returns. The flags and their defaults are restored afterwards.
+
+  For the many bad-input cases of one program: a child process costs about a second of imports and backend start
+  each, and each entry point keeps one child-process test of the real exit status and stderr. The CPU host-memory
+  settings that a runner's main applies to its process (`host_memory.retain_freed_memory`; test_cli tests them)
+  are skipped, so that this worker's later tests run under the suite's settings; and JAX's backends are started
+  first, so that main leaves this process's devices as they are (`cli.split_cpu`).
+  """
+  monkeypatch.setattr(host_memory, "retain_freed_memory", lambda: False)
+  jax.devices()
+
+  def run(main, argv, defaults=None):
+    saved = {name: flags.FLAGS[name].default for name in defaults or {}}
+    flags.FLAGS.unparse_flags()
+    try:
+      for name, value in (defaults or {}).items():
+        flags.FLAGS.set_default(name, value)
+      main(flags.FLAGS(argv))
+    except SystemExit as exit_:
+      return exit_.code
+    finally:
+      for name, value in saved.items():
+        flags.FLAGS.set_default(name, value)
+      flags.FLAGS.unparse_flags()
+    return None
+
+  return run

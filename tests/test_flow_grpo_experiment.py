@@ -90,10 +90,19 @@ def _cli(*args, cwd):
     (["--mesh=data:1"], "flow_grpo: error: --algo=flow_grpo runs on one device"),
     (["--algo=grpo"], "flow_grpo: error: --algo: this runner trains Flow-GRPO"),
 ])
-def test_bad_input_is_one_line(tmp_path, args, message):
-  result = _cli(f"--work_dir={tmp_path}", "--sft_steps=0", *args, cwd=tmp_path)
-  assert result.returncode != 0
-  assert message in result.stderr and "Traceback" not in result.stderr
+def test_bad_input_is_one_line(tmp_path, args, message, main_in_process, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  error = main_in_process(flow_grpo.main, ["flow_grpo", f"--work_dir={tmp_path}", "--sft_steps=0", *args],
+                          defaults=flow_grpo.DEFAULTS)  # as the program sets them
+  assert isinstance(error, str) and error.startswith("flow_grpo: error: ") and "\n" not in error, error
+  assert message in error, error
+
+
+def test_bad_input_exits_with_one_line(tmp_path):
+  """The process's contract: exit status 1, one line on stderr, no traceback."""
+  result = _cli(f"--work_dir={tmp_path}", "--sft_steps=0", "--max_turns=0", cwd=tmp_path)
+  assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines()[-1].startswith("flow_grpo: error: --max_turns must be >= 1")
 
 
 def test_preset_is_the_default():

@@ -83,11 +83,11 @@ def _cli(*args, cwd):
     (["--resume"], "--resume: no checkpoint in"),
     (["--model=/does/not/exist"], "checkpoint directory does not exist: /does/not/exist"),
 ])
-def test_bad_input_is_one_clear_line(tmp_path, args, message):
-  result = _cli(f"--work_dir={tmp_path / 'run'}", *args, cwd=tmp_path)
-  assert result.returncode != 0
-  assert message in result.stderr, result.stderr[-2000:]
-  assert "Traceback" not in result.stderr
+def test_bad_input_is_one_clear_line(tmp_path, args, message, main_in_process, monkeypatch):
+  monkeypatch.chdir(tmp_path)  # relative paths as in a child process started there
+  error = main_in_process(cli.main_for("grpo_math"), ["grpo_math", f"--work_dir={tmp_path / 'run'}", *args])
+  assert isinstance(error, str) and error.startswith("grpo_math: error: ") and "\n" not in error, error
+  assert message in error, error
 
 
 def test_malformed_jsonl_names_the_line(tmp_path):
@@ -95,8 +95,10 @@ def test_malformed_jsonl_names_the_line(tmp_path):
   (tmp_path / "train.jsonl").write_text(good + "\n" + "{not json\n")
   result = _cli(f"--work_dir={tmp_path / 'run'}", "--task=gsm8k", f"--train_file={tmp_path / 'train.jsonl'}",
                 f"--test_file={tmp_path / 'train.jsonl'}", cwd=tmp_path)
-  assert result.returncode != 0
-  assert "train.jsonl:2" in result.stderr, result.stderr[-2000:]
+  # The process's contract: exit status 1, one line on stderr naming the problem, no traceback.
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines()[-1].startswith("grpo_math: error: ") and "train.jsonl:2" in result.stderr
+  assert "Traceback" not in result.stderr, result.stderr[-2000:]
 
 
 def test_existing_checkpoints_are_never_overwritten(tmp_path):

@@ -72,6 +72,13 @@ def _one_line_error(result, *needles, thread_noise=False):
     assert needle in last, last
 
 
+def _error_in_process(main_in_process, *args):
+  """The one-line error of `grpo_math` on TINY + args, run in this process (conftest's `main_in_process`)."""
+  error = main_in_process(cli.main_for("grpo_math"), ["grpo_math", *TINY, *args])
+  assert isinstance(error, str) and error.startswith("grpo_math: error: ") and "\n" not in error, error
+  return error
+
+
 def test_check_flags_names_what_differs():
   now = {"seed": 1, "batch_size": 8, "steps": 50, "eval_every": 5}
   recorded = {"seed": 0, "batch_size": 8, "steps": 20, "eval_every": 10, "gone_flag": 3}
@@ -124,12 +131,13 @@ def test_no_intact_checkpoint_is_one_line_and_moves_nothing(tmp_path):
   assert _snapshot(work / "checkpoints") == before and not (work / "checkpoints_damaged").exists()
 
 
-def test_resume_with_other_flags_is_refused(tmp_path):
+def test_resume_with_other_flags_is_refused(tmp_path, main_in_process):
   work = tmp_path / "run"
   _run(work, *COMMON, "--stop_after=2")
   before = _snapshot(work)
-  result = _cli(f"--work_dir={work}", *COMMON, "--resume", "--seed=1", "--batch_size=8", cwd=tmp_path)
-  _one_line_error(result, "--seed=0 (now 1)", "--batch_size=4 (now 8)", "may change on resume", "--steps")
+  error = _error_in_process(main_in_process, f"--work_dir={work}", *COMMON, "--resume", "--seed=1", "--batch_size=8")
+  for needle in ("--seed=0 (now 1)", "--batch_size=4 (now 8)", "may change on resume", "--steps"):
+    assert needle in error, error
   assert _snapshot(work) == before
 
 
@@ -142,20 +150,20 @@ def test_work_dirs_sft_policy_without_marker_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garble"])
-def test_corrupt_init_checkpoint_is_one_line(tmp_path, damage):
+def test_corrupt_init_checkpoint_is_one_line(tmp_path, damage, main_in_process):
   model = models.build_default_checkpoint(tmp_path / "model", num_hidden_layers=1, hidden_size=32,
                                           intermediate_size=96)
   weights = model / "model.safetensors"
   data = weights.read_bytes()
   weights.write_bytes(data[:len(data) // 3] if damage == "truncate" else b"\xff" * 64 + data[64:])
-  result = _cli(f"--work_dir={tmp_path / 'run'}", f"--init_checkpoint={model}", "--steps=1", cwd=tmp_path)
-  _one_line_error(result, str(weights), "unreadable safetensors file")
+  error = _error_in_process(main_in_process, f"--work_dir={tmp_path / 'run'}", f"--init_checkpoint={model}",
+                            "--steps=1")
+  assert str(weights) in error and "unreadable safetensors file" in error, error
 
 
-def test_bad_tiny_shape_writes_nothing(tmp_path):
-  result = _cli(f"--work_dir={tmp_path / 'run'}", "--tiny_hidden_size=36", cwd=tmp_path)
-  assert result.returncode != 0 and "--tiny_hidden_size must be a positive multiple of 8" in result.stderr
-  assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
+def test_bad_tiny_shape_writes_nothing(tmp_path, main_in_process):
+  error = _error_in_process(main_in_process, f"--work_dir={tmp_path / 'run'}", "--tiny_hidden_size=36")
+  assert "--tiny_hidden_size must be a positive multiple of 8" in error and not (tmp_path / "run").exists()
 
 
 def test_checkpointer_reports_unreadable_metadata(tmp_path):

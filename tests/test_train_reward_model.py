@@ -85,15 +85,19 @@ def test_rm_init_must_read_the_policys_tokens(tmp_path):
     _run(tmp_path, "--rm_kind=orm", "--rm_steps=0", f"--rm_init={other}")
 
 
-def test_errors_are_one_line(tmp_path):
+def test_errors_are_one_line(tmp_path, main_in_process, monkeypatch):
+  # The process: exit status 1 and the one line on stderr.
   env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
-  (tmp_path / "rm" / "reward_model").mkdir(parents=True)
-  cases = [([], "--policy is required"),
-           ([f"--policy={tmp_path / 'none'}"], "checkpoint directory does not exist"),
+  out = subprocess.run([sys.executable, "-m", "experiments.train_reward_model", f"--rm_dir={tmp_path / 'x'}"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
+  lines = out.stderr.strip().splitlines()
+  assert out.returncode == 1 and len(lines) == 1, out.stderr[-2000:]
+  assert lines[0].startswith("train_reward_model: error: --policy is required"), lines
+  # The other bad inputs, in this process.
+  monkeypatch.chdir(tmp_path)
+  cases = [([f"--policy={tmp_path / 'none'}"], "checkpoint directory does not exist"),
            (["--rm_kind=prm", "--rm_loss=pairwise"], "--rm_loss=pairwise needs --rm_kind=orm"),
            (["--policy=p", "--mesh=data:1"], "train_reward_model runs on one device in one process")]
   for args, message in cases:
-    out = subprocess.run([sys.executable, "-m", "experiments.train_reward_model", f"--rm_dir={tmp_path / 'x'}",
-                          *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
-    assert out.returncode != 0 and message in out.stderr, out.stderr[-500:]
-  jax.clear_caches()
+    error = main_in_process(train_reward_model.main, ["train_reward_model", f"--rm_dir={tmp_path / 'x'}", *args])
+    assert isinstance(error, str) and error.startswith("train_reward_model: error: ") and message in error, error
