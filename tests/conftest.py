@@ -43,6 +43,7 @@ for _flag in FAST_COMPILE_FLAGS:
     os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), _flag]))
 
 from absl import flags  # pylint: disable=wrong-import-position
+from absl import logging  # pylint: disable=wrong-import-position
 import jax  # pylint: disable=wrong-import-position
 import pytest
 
@@ -109,7 +110,7 @@ def main_in_process(monkeypatch):
   """`run(main, argv, defaults=None)`: an entry point's `main(argv)` called in this process as `app.run` calls it,
   the flags parsed from `argv` (with `defaults` as the flags' defaults, as a program sets them before `app.run`),
   returning what it exits with: its one-line error (a string: printed to stderr, exit status 1), or None when it
-  returns. The flags and their defaults are restored afterwards.
+  returns. The flags, their defaults and absl's logging verbosity (which main lowers) are restored afterwards.
 
   For the many bad-input cases of one program: a child process costs about a second of imports and backend start
   each, and each entry point keeps one child-process test of the real exit status and stderr. The CPU host-memory
@@ -121,7 +122,7 @@ def main_in_process(monkeypatch):
   jax.devices()
 
   def run(main, argv, defaults=None):
-    saved = {name: flags.FLAGS[name].default for name in defaults or {}}
+    saved, verbosity = {name: flags.FLAGS[name].default for name in defaults or {}}, logging.get_verbosity()
     flags.FLAGS.unparse_flags()
     try:
       for name, value in (defaults or {}).items():
@@ -133,6 +134,7 @@ def main_in_process(monkeypatch):
       for name, value in saved.items():
         flags.FLAGS.set_default(name, value)
       flags.FLAGS.unparse_flags()
+      logging.set_verbosity(verbosity)
     return None
 
   return run
