@@ -101,3 +101,4 @@ def test_errors_are_one_line(tmp_path, main_in_process, monkeypatch):
   for args, message in cases:
     error = main_in_process(train_reward_model.main, ["train_reward_model", f"--rm_dir={tmp_path / 'x'}", *args])
     assert isinstance(error, str) and error.startswith("train_reward_model: error: ") and message in error, error
+  jax.clear_caches()
