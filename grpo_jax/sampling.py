@@ -17,6 +17,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
 from grpo_jax import partitioning as sharding
+from grpo_jax.gumbel_rows import gumbel_rows
 from grpo_jax.models import transformer
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.logical_axes import constrain
@@ -90,16 +91,13 @@ def _choose(logits, key, temperature, *, top_k, top_p, greedy, rows=None):
   """Next token [N] from float32 logits [N, V]: argmax, or the Gumbel-max draw of `jax.random.categorical`.
 
   `rows` = (first, total): the logits are rows first ... first + N - 1 of a batch of `total`, and get that
-  batch's noise rows, so that a shard draws what the whole batch would.
+  batch's noise rows (`gumbel_rows`: only those rows computed), so that a shard draws what the whole batch would.
   """
   if greedy:
     return argmax_last(logits)
   z = filter_logits(logits / temperature, top_k=top_k, top_p=top_p)
-  if rows is None:
-    return argmax_last(z + jax.random.gumbel(key, z.shape, z.dtype))
-  first, total = rows
-  noise = jax.random.gumbel(key, (total, z.shape[-1]), z.dtype)
-  return argmax_last(z + jax.lax.dynamic_slice_in_dim(noise, first, z.shape[0]))
+  first, total = (0, z.shape[0]) if rows is None else rows
+  return argmax_last(z + gumbel_rows(key, first, z.shape[0], (total, z.shape[-1]), z.dtype))
 
 
 _STATIC = ("config", "num_samples", "max_new_tokens", "top_k", "top_p", "greedy", "stop_ids", "pad_id",
@@ -181,19 +179,25 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, temperature, *, config
       return (t < end) & ~jnp.all(done)
     return fn
 
-  def body(carry):
-    t, cache, tok, done, tokens, logprobs, lengths = carry
-    positions = (n_prompt_tokens + t - 1)[:, None]
-    hidden, cache = transformer.hidden_states(params, config, tok[:, None], positions=positions, cache=cache)
-    logits = transformer.logits_from_hidden(params, config, hidden[:, 0])
-    tok, done, tokens, logprobs, lengths = record(t, logits, done, tokens, logprobs, lengths)
-    return t + 1, _place_cache(cache), tok, done, tokens, logprobs, lengths
+  def body(start, end):
+    # The RoPE tables of the segment's steps, once (inside the loop XLA would recompute them in every layer).
+    rope = transformer.rope_tables(config, n_prompt_tokens[:, None] + jnp.arange(start - 1, end - 1))
+    step_rope = lambda t: tuple(jax.lax.dynamic_index_in_dim(x, t - start, axis=0, keepdims=False)[:, None] for x in rope)
+    rope = tuple(x.transpose(1, 0, 2) for x in rope)
+    def fn(carry):
+      (t, cache, tok, done, tokens, logprobs, lengths), cur = carry
+      hidden, cache = transformer.hidden_states(params, config, tok[:, None], rope=cur, cache=cache)
+      logits = transformer.logits_from_hidden(params, config, hidden[:, 0])
+      tok, done, tokens, logprobs, lengths = record(t, logits, done, tokens, logprobs, lengths)
+      return (t + 1, _place_cache(cache), tok, done, tokens, logprobs, lengths), step_rope(t + 1)
+    return fn, step_rope(start)
 
   carry = (jnp.ones((), jnp.int32), cache, tok, done, tokens, logprobs, lengths)
-  for i, end in enumerate(ends):
+  for i, (start, end) in enumerate(zip((1,) + ends[:-1], ends)):
     if i:
       carry = (carry[0], _place_cache(transformer.grow_cache(carry[1], own_slots(end))), *carry[2:])
-    carry = jax.lax.while_loop(cond(end), body, carry)
+    fn, first = body(start, end)
+    carry = jax.lax.while_loop(lambda c: cond(end)(c[0]), fn, (carry, first))[0]
   _, _, _, done, tokens, logprobs, lengths = carry
   mask = jnp.arange(steps)[None, :] < lengths[:, None]
   return SampleOutput(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens, logprobs=logprobs,

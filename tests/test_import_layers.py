@@ -19,13 +19,14 @@ ROOT = pathlib.Path(grpo_jax.__file__).parent
 # Module (or package prefix) -> layer; a module may import only its own layer or lower.
 # The longest matching prefix decides, so a module can sit below its package.
 LAYERS = {
-    # 0: arrays and text in, arrays and text out: tasks and answers, losses, the model, the state type.
+    # 0: arrays and text in, arrays and text out: tasks and answers, losses, the model, the state type, noise.
     "grpo_jax.data": 0,
     "grpo_jax.losses": 0,
     "grpo_jax.models": 0,
     "grpo_jax.distributed": 0,
     "grpo_jax.host_memory": 0,
     "grpo_jax.train_state": 0,
+    "grpo_jax.gumbel_rows": 0,
     # 1: rule rewards (of data's examples); meshes, rules and placement (of models' params, the state).
     "grpo_jax.rewards": 1,
     "grpo_jax.partitioning": 1,

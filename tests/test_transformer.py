@@ -61,6 +61,18 @@ def test_left_padding_is_invisible(params):
   positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
   explicit, _ = _apply(params, CONFIG, padded_tokens, attention_mask=mask, positions=positions)
   np.testing.assert_array_equal(explicit, padded)
+  # So do those positions' RoPE tables computed ahead (a decode loop's), and not other positions' tables.
+  hidden = jax.jit(transformer.hidden_states, static_argnums=1)
+  by_positions, _ = hidden(params, CONFIG, padded_tokens, attention_mask=mask, positions=positions)
+  by_tables, _ = hidden(params, CONFIG, padded_tokens, attention_mask=mask,
+                        rope=transformer.rope_tables(CONFIG, positions))
+  np.testing.assert_allclose(by_tables, by_positions, atol=1e-6)
+  stretched, _ = hidden(params, CONFIG, padded_tokens, attention_mask=mask,
+                        rope=transformer.rope_tables(CONFIG, 2 * positions))  # other relative positions
+  assert float(jnp.abs(stretched - by_positions)[:, 5:].max()) > 1e-2
+  with pytest.raises(ValueError, match="positions or their rope tables"):
+    transformer.hidden_states(params, CONFIG, padded_tokens, positions=positions,
+                              rope=transformer.rope_tables(CONFIG, positions))
 
 
 def test_cached_prefill_and_decode_equal_full_forward(params):

@@ -144,8 +144,13 @@ def rope_inv_freq(config: ModelConfig) -> np.ndarray:
   return np.where(is_medium, smoothed, scaled).astype(np.float32)
 
 
-def _rope_tables(config: ModelConfig, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """cos, sin [B, L, head_dim] for integer positions [B, L] (rotate-half layout)."""
+def rope_tables(config: ModelConfig, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """cos, sin [B, L, head_dim] for integer positions [B, L] (rotate-half layout).
+
+  XLA counts cos and sin as cheap and recomputes them inside every fusion that reads them (each layer's
+  queries and keys, per head), so a decode loop computes its steps' tables once, before the loop, and passes
+  them in (`hidden_states(..., rope=...)`): 4.3 -> 0.? ms per device and call of the sampler at 256 x 64.
+  """
   angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(rope_inv_freq(config))
   angles = jnp.concatenate([angles, angles], axis=-1)
   return jnp.cos(angles), jnp.sin(angles)
@@ -226,6 +231,33 @@ class Proj(nnx.Module):
     return y
 
 
+def project_together(x: jax.Array, projs: tuple[Proj, ...]) -> tuple[jax.Array, ...]:
+  """(p(x) for p in projs), projections of one input with kernels of one shape; on the CPU as one product.
+
+  XLA's CPU backend runs each product as its own call, at a rate that grows with its width: SwiGLU's gate and
+  up projections as one [R, E] x [E, 2 x M] product instead of two cost 267 us instead of 2 x 142 at R 128,
+  E 128, M 384 (the sampler's decode step, BENCHMARKS.md). The kernels are stacked on a new axis after their
+  input axes, so a split output axis stays split. Each output is the same dot products as its own projection's
+  (the same values on the CPU); their gradients sum over both at once. Other platforms keep the separate
+  products (no stacked copy of the kernels).
+  """
+  first = projs[0]
+  assert all(p.kernel.shape == first.kernel.shape and p.n_in == first.n_in and (p.bias is None) == (first.bias is None)
+             for p in projs), "project_together: projections of one shape"
+  separate = lambda x: tuple(p(x) for p in projs)
+
+  def stacked(x):
+    kernel = jnp.stack([p.kernel[...] for p in projs], axis=first.n_in).astype(first.dtype)
+    y = project(x, kernel, first.n_in)  # [..., len(projs), *out]
+    at = (slice(None),) * (x.ndim - first.n_in)
+    outs = tuple(y[at + (i,)] for i in range(len(projs)))
+    if first.bias is None:
+      return outs
+    return tuple(o + p.bias[...].astype(first.dtype) for o, p in zip(outs, projs))
+
+  return jax.lax.platform_dependent(x, cpu=stacked, default=separate)
+
+
 class Attention(nnx.Module):
   """Grouped-query self-attention with RoPE and an optional static-shape KV cache."""
 
@@ -250,7 +282,7 @@ class Attention(nnx.Module):
     One query token per row with a cache (a decode step) goes through `_decode_attention`. Returns the output and
     the updated (k, v).
     """
-    q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+    q, (k, v) = self.q_proj(x), project_together(x, (self.k_proj, self.v_proj))
     if self.q_norm is not None:
       q, k = self.q_norm(q), self.k_norm(k)
     q = constrain(_apply_rope(q, cos, sin), ("batch", "length", "heads", None))
@@ -341,7 +373,8 @@ class MLP(nnx.Module):
     self.down_proj = Proj("blm,me->ble", (m, e), (e,), use_bias=bias, config=config, rngs=rngs)
 
   def __call__(self, x: jax.Array) -> jax.Array:
-    h = jax.nn.silu(self.gate_proj(x)) * self.up_proj(x)
+    gate, up = project_together(x, (self.gate_proj, self.up_proj))
+    h = jax.nn.silu(gate) * up
     return self.down_proj(constrain(h, ("batch", "length", "mlp")))
 
 
@@ -406,7 +439,7 @@ class Decoder(nnx.Module):
         setattr(self, f"layers_{i}", DecoderLayer(config, rngs=rngs))
     self.final_norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, param_dtype=config.param_dtype)
 
-  def __call__(self, tokens, *, positions=None, attention_mask=None, cache: KVCache | None = None):
+  def __call__(self, tokens, *, positions=None, attention_mask=None, cache: KVCache | None = None, rope=None):
     """Returns final-normed hidden states [B, L, E] and the updated cache (None without one)."""
     c = self.config
     b, l = tokens.shape
@@ -426,10 +459,10 @@ class Decoder(nnx.Module):
       if cache.prefix is not None:
         filled = jnp.sum(cache.prefix.mask, axis=-1, keepdims=True, dtype=jnp.int32)
         offset = offset + jnp.repeat(filled, b // filled.shape[0], axis=0)
-    if positions is None:
-      positions = jnp.maximum(offset + steps, 0)
+    if rope is None:
+      rope = rope_tables(c, jnp.maximum(offset + steps, 0) if positions is None else positions)
+    cos, sin = rope
     allowed = key_mask[:, None, :] & causal[None]
-    cos, sin = _rope_tables(c, positions)
 
     x = constrain(self.embed(tokens).astype(c.dtype), _BTE)
     if c.scan_layers:
@@ -567,7 +600,8 @@ def init_params(config: ModelConfig, key: jax.Array) -> Params:
 
 
 def hidden_states(params: Params, config: ModelConfig, tokens: jax.Array, *, positions: jax.Array | None = None,
-                  attention_mask: jax.Array | None = None, cache: KVCache | None = None):
+                  attention_mask: jax.Array | None = None, cache: KVCache | None = None,
+                  rope: tuple[jax.Array, jax.Array] | None = None):
   """Final-normed hidden states.
 
   Args:
@@ -578,6 +612,8 @@ def hidden_states(params: Params, config: ModelConfig, tokens: jax.Array, *, pos
       where offset counts the real tokens already in the cache, so left padding is invisible.
     attention_mask: [B, L] bool, False at padding; default all True.
     cache: a `KVCache`; the new keys/values are written at `cache.index`.
+    rope: (cos, sin) [B, L, head_dim], `rope_tables(config, positions)` computed ahead (a decode loop's, once
+      for all its steps); replaces `positions`.
 
   Returns:
     (hidden [B, L, E] in `config.dtype`, updated cache or None).
@@ -587,8 +623,12 @@ def hidden_states(params: Params, config: ModelConfig, tokens: jax.Array, *, pos
     chex.assert_equal_shape([tokens, attention_mask])
   if positions is not None:
     chex.assert_equal_shape([tokens, positions])
+  if rope is not None:
+    if positions is not None:
+      raise ValueError("hidden_states: pass positions or their rope tables, not both")
+    chex.assert_shape(rope, (*tokens.shape, config.head_dim))
   model = _merge(Decoder, config, backbone(params))
-  return model(tokens, positions=positions, attention_mask=attention_mask, cache=cache)
+  return model(tokens, positions=positions, attention_mask=attention_mask, cache=cache, rope=rope)
 
 
 def unembedding(params: Params, config: ModelConfig) -> jax.Array:
