@@ -180,24 +180,31 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, temperature, *, config
     return fn
 
   def body(start, end):
-    # The RoPE tables of the segment's steps, once (inside the loop XLA would recompute them in every layer).
-    rope = transformer.rope_tables(config, n_prompt_tokens[:, None] + jnp.arange(start - 1, end - 1))
-    step_rope = lambda t: tuple(jax.lax.dynamic_index_in_dim(x, t - start, axis=0, keepdims=False)[:, None] for x in rope)
-    rope = tuple(x.transpose(1, 0, 2) for x in rope)
+    """The loop body of segment [start, end) and its first step's RoPE tables.
+
+    The segment's tables are computed once, before its loop (XLA would recompute cos and sin inside every
+    layer's query and key fusions at every step), and each step's ride in the carry, so that no fusion indexes
+    into them.
+    """
+    positions = n_prompt_tokens[:, None] + jnp.arange(start - 1, end - 1)  # step t: real prompt tokens + t - 1
+    tables = tuple(x.transpose(1, 0, 2) for x in transformer.rope_tables(config, positions))  # [steps, N, D]
+    rope_at = lambda t: tuple(jax.lax.dynamic_index_in_dim(x, t - start, keepdims=False)[:, None] for x in tables)
+
     def fn(carry):
-      (t, cache, tok, done, tokens, logprobs, lengths), cur = carry
-      hidden, cache = transformer.hidden_states(params, config, tok[:, None], rope=cur, cache=cache)
+      (t, cache, tok, done, tokens, logprobs, lengths), rope = carry
+      hidden, cache = transformer.hidden_states(params, config, tok[:, None], rope=rope, cache=cache)
       logits = transformer.logits_from_hidden(params, config, hidden[:, 0])
       tok, done, tokens, logprobs, lengths = record(t, logits, done, tokens, logprobs, lengths)
-      return (t + 1, _place_cache(cache), tok, done, tokens, logprobs, lengths), step_rope(t + 1)
-    return fn, step_rope(start)
+      return (t + 1, _place_cache(cache), tok, done, tokens, logprobs, lengths), rope_at(t + 1)
+
+    return fn, rope_at(start)
 
   carry = (jnp.ones((), jnp.int32), cache, tok, done, tokens, logprobs, lengths)
   for i, (start, end) in enumerate(zip((1,) + ends[:-1], ends)):
     if i:
       carry = (carry[0], _place_cache(transformer.grow_cache(carry[1], own_slots(end))), *carry[2:])
-    fn, first = body(start, end)
-    carry = jax.lax.while_loop(lambda c: cond(end)(c[0]), fn, (carry, first))[0]
+    fn, rope = body(start, end)
+    carry, _ = jax.lax.while_loop(lambda c: cond(end)(c[0]), fn, (carry, rope))
   _, _, _, done, tokens, logprobs, lengths = carry
   mask = jnp.arange(steps)[None, :] < lengths[:, None]
   return SampleOutput(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens, logprobs=logprobs,

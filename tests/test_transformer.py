@@ -242,6 +242,38 @@ def test_project_values_and_gradients_equal_the_einsum(x_shape, kernel_shape, n_
     np.testing.assert_allclose(grads[1], np.einsum("ble,blm->em", x, weights), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_projections_together_equal_each_alone(bias):
+  """`project_together` (one stacked product on the CPU): each output is its projection's, values and gradients."""
+  from flax import nnx
+  config = dataclasses.replace(CONFIG, mlp_bias=bias)
+  mlp = transformer.MLP(config, rngs=nnx.Rngs(3))
+  for i, p in enumerate((mlp.gate_proj, mlp.up_proj)):
+    p.kernel[...] = jax.random.normal(jax.random.key(10 + i), p.kernel.shape)
+    if bias:
+      p.bias[...] = jax.random.normal(jax.random.key(20 + i), p.bias.shape)
+  x = jax.random.normal(jax.random.key(1), (2, 5, config.hidden_size))
+  together = transformer.project_together(x, (mlp.gate_proj, mlp.up_proj))
+  for got, proj in zip(together, (mlp.gate_proj, mlp.up_proj)):
+    np.testing.assert_array_equal(got, proj(x))  # the same dot products
+  assert not np.allclose(together[0], together[1])
+  graphdef, state = nnx.split(mlp)
+
+  def loss(state, x, fn):
+    m = nnx.merge(graphdef, state)
+    gate, up = fn(m, x)
+    return jnp.sum(jnp.sin(gate) * up)
+
+  alone = lambda m, x: (m.gate_proj(x), m.up_proj(x))
+  both = lambda m, x: transformer.project_together(x, (m.gate_proj, m.up_proj))
+  got = jax.grad(loss, argnums=(0, 1))(state, x, both)
+  want = jax.grad(loss, argnums=(0, 1))(state, x, alone)
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+  with pytest.raises(AssertionError, match="one shape"):
+    transformer.project_together(x, (mlp.gate_proj, mlp.down_proj))
+
+
 def test_bfloat16_scores_against_cached_keys_equal_float32_ones():
   """Keys from the cache ([B, K, D, S]) in bfloat16: XLA CPU has no bf16 x bf16 -> f32 dot for that layout, so
   `_scores` casts on the CPU; the products of bf16 values are exact in f32, so the scores equal float32's."""

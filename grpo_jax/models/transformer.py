@@ -148,8 +148,9 @@ def rope_tables(config: ModelConfig, positions: jax.Array) -> tuple[jax.Array, j
   """cos, sin [B, L, head_dim] for integer positions [B, L] (rotate-half layout).
 
   XLA counts cos and sin as cheap and recomputes them inside every fusion that reads them (each layer's
-  queries and keys, per head), so a decode loop computes its steps' tables once, before the loop, and passes
-  them in (`hidden_states(..., rope=...)`): 4.3 -> 0.? ms per device and call of the sampler at 256 x 64.
+  queries and keys, per head), so the sampler computes its steps' tables once, before its loop, and passes them
+  in (`hidden_states(..., rope=...)`): at 256 x 64, 128 rows a CPU device, the queries' RoPE 25 -> 12 us a layer
+  and step, the key write with its RoPE 36 -> 28 us.
   """
   angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(rope_inv_freq(config))
   angles = jnp.concatenate([angles, angles], axis=-1)
