@@ -239,8 +239,9 @@ def project_together(x: jax.Array, projs: tuple[Proj, ...]) -> tuple[jax.Array, 
   up projections as one [R, E] x [E, 2 x M] product instead of two cost 267 us instead of 2 x 142 at R 128,
   E 128, M 384 (the sampler's decode step, BENCHMARKS.md). The kernels are stacked on a new axis after their
   input axes, so a split output axis stays split. Each output is the same dot products as its own projection's
-  (the same values on the CPU); their gradients sum over both at once. Other platforms keep the separate
-  products (no stacked copy of the kernels).
+  (the same values on the CPU). Other platforms keep the separate products (no stacked copy of the kernels).
+  The model uses it in decode steps only: the gradients of the stacked product round differently from the
+  separate ones', and the tiny default run's training amplifies any rounding into another trajectory.
   """
   first = projs[0]
   assert all(p.kernel.shape == first.kernel.shape and p.n_in == first.n_in and (p.bias is None) == (first.bias is None)
@@ -283,13 +284,16 @@ class Attention(nnx.Module):
     One query token per row with a cache (a decode step) goes through `_decode_attention`. Returns the output and
     the updated (k, v).
     """
-    q, (k, v) = self.q_proj(x), project_together(x, (self.k_proj, self.v_proj))
+    b, l = x.shape[:2]
+    if kv is not None and l == 1:  # a decode step (no gradient): k and v as one product on the CPU
+      q, (k, v) = self.q_proj(x), project_together(x, (self.k_proj, self.v_proj))
+    else:
+      q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
     if self.q_norm is not None:
       q, k = self.q_norm(q), self.k_norm(k)
     q = constrain(_apply_rope(q, cos, sin), ("batch", "length", "heads", None))
     k = constrain(_apply_rope(k, cos, sin), ("batch", "length", "kv_heads", None))
     v = constrain(v, ("batch", "length", "kv_heads", None))
-    b, l = q.shape[:2]
     q = q.reshape(b, l, self.num_kv_heads, self.num_groups, self.head_dim)
     if kv is not None:
       kv, prefix = kv[:2], kv[2:] or None
@@ -380,8 +384,10 @@ class MLP(nnx.Module):
     self.up_proj = Proj("ble,em->blm", (e, m), (m,), use_bias=bias, config=config, rngs=rngs)
     self.down_proj = Proj("blm,me->ble", (m, e), (e,), use_bias=bias, config=config, rngs=rngs)
 
-  def __call__(self, x: jax.Array) -> jax.Array:
-    gate, up = project_together(x, (self.gate_proj, self.up_proj))
+  def __call__(self, x: jax.Array, *, together: bool = False) -> jax.Array:
+    """`together`: gate and up as one product on the CPU (`project_together`; decode steps, which take no
+    gradient, so that training's products and their rounding stay those of the separate projections)."""
+    gate, up = project_together(x, (self.gate_proj, self.up_proj)) if together else (self.gate_proj(x), self.up_proj(x))
     h = jax.nn.silu(gate) * up
     return self.down_proj(constrain(h, ("batch", "length", "mlp")))
 
@@ -399,7 +405,7 @@ class DecoderLayer(nnx.Module):
   def __call__(self, x, cos, sin, allowed, kv, index):
     h, kv = self.attn(self.input_norm(x), cos, sin, allowed, kv, index)
     x = x + h
-    x = x + self.mlp(self.post_attn_norm(x))
+    x = x + self.mlp(self.post_attn_norm(x), together=kv is not None and x.shape[1] == 1)
     return constrain(x, _BTE), kv
 
 
