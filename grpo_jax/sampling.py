@@ -292,6 +292,8 @@ def sample(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: j
       instead of P + T (faster; one more compiled loop body each). 1: one loop over the whole
       cache. The same tokens and log-probs up to float rounding (the softmax and its sums run
       over fewer masked slots).
+      A segment's RoPE tables (cos and sin, [its steps, N, head_dim] each) are computed before its
+      loop, so one segment holds [T, N, head_dim] of them.
 
   The G samples of a prompt share its prefilled keys and values (`transformer.KVPrefix`): the
   cache holds B * P + N * (T - 1) slots instead of N * (P + T), and each step reads the prompts'
