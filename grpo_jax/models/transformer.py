@@ -44,8 +44,8 @@ Params = dict[str, Any]
 
 _BTE = ("batch", "length", "embed")
 # The cache's logical axes: keys [B, K, D, S], values [B, K, S, D]. In a decode step's attention
-# (`_decode_attention`) the scores q·k reduce over D with S, the long axis, contiguous and vectorised, and the
-# output p·v reduces over S with D contiguous; a step writes one [D] column of keys and one [D] row of values
+# (`_decode_attention`) the scores q·k are [G, D] x [D, S] products with S, the long axis, contiguous, and the
+# output p·v [G, S] x [S, D] with D contiguous; a step writes one [D] column of keys and one [D] row of values
 # per (row, kv head).
 CACHE_K_AXES = ("batch", "kv_heads", None, "length")
 CACHE_V_AXES = ("batch", "kv_heads", "length", None)
@@ -332,14 +332,14 @@ def _scores(q: jax.Array, k: jax.Array, k_spec: str) -> jax.Array:
 
 def _decode_attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, scale: float,
                       prefix: tuple[jax.Array, jax.Array, jax.Array] | None = None) -> jax.Array:
-  """One query token per row against the cache, as products and sums rather than batched matmuls.
+  """One query token per row against the cache: B * K batched products per contraction.
 
   q [B, 1, K, G, D]; k [B, K, D, S]; v [B, K, S, D]; allowed [B, 1, S]. Returns [B, 1, K, G, D]. The same
-  attention as the einsums of `Attention`: with one query per row those are B * K matrix products of [G, D] x
-  [D, S], which XLA's CPU backend ran as tiny batched dots (1.22 ms a layer at B 256, S 80 on a 2-core CPU);
-  written as an elementwise product reduced over D, then over S, they fuse into two loops over the cache
-  (0.60 ms). With the keys [D, S] the scores' reduction over D runs across rows of S contiguous values
-  (vectorised over S) instead of within each 32-value row: 0.51 -> 0.16 ms at B 256, S 56 (BENCHMARKS.md).
+  attention as the einsums of `Attention`, with the softmax written out so that a prefix can join it. Per
+  (row, kv head) the scores are [G, D] x [D, S] and the output [G, S] x [S, D], batched dots that XLA's CPU
+  backend runs through YNNPACK. With the keys [D, S] they beat the elementwise products reduced over D, then
+  over S, of earlier passes, with bit for bit the same values (the sampler at 256 x 64 on 2 CPU devices: 1.03x;
+  BENCHMARKS.md, thirteenth pass).
 
   With `prefix` = (keys [B', K, D, P], values [B', K, P, D], mask [B', P]), B = B' * R, row r also attends to
   prefix row r // R's P slots, before its own: one softmax over P + S (`KVPrefix`). Each step then reads a
@@ -349,11 +349,11 @@ def _decode_attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Arr
   """
   f32, low = jnp.float32, jnp.finfo(jnp.float32).min
   b, _, n_kv, groups, d = q.shape
-  scores = jnp.sum(q[:, 0, :, :, :, None].astype(f32) * k[:, :, None].astype(f32), axis=-2) * scale  # [B, K, G, S]
+  scores = jnp.einsum("bkgd,bkds->bkgs", q[:, 0].astype(f32), k.astype(f32)) * scale  # [B, K, G, S]
   scores = jnp.where(allowed[:, None], scores, low)
   if prefix is None:
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-    out = jnp.sum(probs[..., None].astype(f32) * v[:, :, None].astype(f32), axis=-2)  # [B, K, G, D]
+    out = jnp.einsum("bkgs,bksd->bkgd", probs.astype(f32), v.astype(f32))  # [B, K, G, D]
     return out[:, None].astype(q.dtype)
   # With a prefix: one softmax over its P slots and the S own ones, without concatenating them: a common
   # maximum, the two parts' exponentials, their products with the values summed, divided by the total.
@@ -366,14 +366,14 @@ def _decode_attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Arr
   to_rows = lambda x: x.reshape(rows, n_kv, r, groups, *x.shape[3:]).swapaxes(1, 2).reshape(
       b, n_kv, groups, *x.shape[3:])  # and back
   qp = to_prefix(q[:, 0].astype(f32))
-  pscores = jnp.sum(qp[..., None] * pk[:, :, None].astype(f32), axis=-2) * scale  # [B', K, R * G, P]
+  pscores = jnp.einsum("bkgd,bkdp->bkgp", qp, pk.astype(f32)) * scale  # [B', K, R * G, P]
   pscores = jnp.where(pmask[:, None, None], pscores, low)
   top = jnp.maximum(jnp.max(scores, axis=-1), to_rows(jnp.max(pscores, axis=-1)[..., None])[..., 0])  # [B, K, G]
   e = jnp.exp(scores - top[..., None])
   pe = jnp.exp(pscores - to_prefix(top[..., None]))
   total = jnp.sum(e, axis=-1) + to_rows(jnp.sum(pe, axis=-1)[..., None])[..., 0]
-  pout = jnp.sum(pe[..., None] * pv[:, :, None].astype(f32), axis=-2)  # [B', K, R * G, D]
-  out = (to_rows(pout) + jnp.sum(e[..., None] * v[:, :, None].astype(f32), axis=-2)) / total[..., None]
+  pout = jnp.einsum("bkgp,bkpd->bkgd", pe, pv.astype(f32))  # [B', K, R * G, D]
+  out = (to_rows(pout) + jnp.einsum("bkgs,bksd->bkgd", e, v.astype(f32))) / total[..., None]
   return out[:, None].astype(q.dtype)
 
 
