@@ -150,13 +150,11 @@ def rope_tables(config: ModelConfig, positions: jax.Array) -> tuple[jax.Array, j
   XLA counts cos and sin as cheap and recomputes them inside every fusion that reads them (each layer's
   queries and keys, per head), so the sampler computes its steps' tables once, before its loop, and passes them
   in (`hidden_states(..., rope=...)`): at 256 x 64, 128 rows a CPU device, the queries' RoPE 25 -> 12 us a layer
-  and step, the key write with its RoPE 36 -> 28 us. The two halves of a table are equal, so cos and sin run on
-  one half and are then repeated (XLA does not share them across a concatenation): the same values, half the
-  trigonometry.
+  and step, the key write with its RoPE 36 -> 28 us.
   """
   angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(rope_inv_freq(config))
-  twice = lambda x: jnp.concatenate([x, x], axis=-1)
-  return twice(jnp.cos(angles)), twice(jnp.sin(angles))
+  angles = jnp.concatenate([angles, angles], axis=-1)
+  return jnp.cos(angles), jnp.sin(angles)
 
 
 def _apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
