@@ -3,13 +3,16 @@ r"""Wall-clock of a whole job at two revisions of this repository, back to back 
   python scripts/bench_before_after.py                              # the default run: f5a4965 then HEAD
   python scripts/bench_before_after.py --job=ci                     # `.ci/run` on clean clones of both
   python scripts/bench_before_after.py --baseline=HEAD~3 -- --steps=20 --sft_steps=100   # runner flags for both
+  python scripts/bench_before_after.py --baseline=HEAD~1 -- --steps=0       # SFT only: are training's bits kept?
 
 Each revision is cloned from this repository into a temporary directory (the working tree is not touched):
 
   default_run  `python -m experiments.grpo_math` from that tree (this interpreter and its installed packages, the
                tree first on PYTHONPATH), its own work dir and, where the revision has `--compilation_cache_dir`,
-               an empty compilation cache, plus any runner flags given after `--`; reports the wall-clock and
-               the held-out accuracy before and after RL from the run's summary.json.
+               an empty compilation cache, plus any runner flags given after `--`; reports the wall-clock, the
+               held-out accuracy before and after RL from the run's summary.json, and whether the SFT and final
+               policies' weights are byte for byte the baseline's (a speed-up should keep them: a change of
+               rounding in training can turn the tiny run into another trajectory, which a short check misses).
   ci           `.ci/run` in that tree, which builds its own virtual environment and runs the README's test
                command; the tests' on-disk XLA cache (tests/conftest.py) is deleted first, as on a fresh machine.
                A revision whose run fails has its FAILED/ERROR lines (or its last lines) printed under the table.
@@ -19,6 +22,7 @@ and the load average printed, since machines of one kind differ by 2x: read the 
 """
 
 import argparse
+import hashlib
 import json
 import os
 import pathlib
@@ -81,7 +85,10 @@ def run_default(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[st
     lines = [l for l in done.stderr.strip().splitlines() if not l.startswith("Pass --help")] or ["(no output)"]
     raise SystemExit(f"bench_before_after: error: the run from {tree} failed: {lines[-1]}")
   summary = json.loads((work_dir / "summary.json").read_text())
-  return {"seconds": seconds, "start": summary.get("start_accuracy"), "final": summary.get("final_accuracy")}
+  digest = lambda d: (hashlib.sha256((work_dir / d / "model.safetensors").read_bytes()).hexdigest()
+                      if (work_dir / d / "model.safetensors").is_file() else None)
+  return {"seconds": seconds, "start": summary.get("start_accuracy"), "final": summary.get("final_accuracy"),
+          "weights": {d: digest(d) for d in ("sft_policy", "final_policy")}}
 
 
 def run_ci(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[str]) -> dict:
@@ -102,6 +109,15 @@ def run_ci(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[str]) -
 
 
 JOBS = {"default_run": run_default, "ci": run_ci}
+
+
+def same_weights(result: dict, baseline: dict) -> str:
+  """Per saved policy, whether its safetensors bytes equal the baseline run's ("SFT yes, final no")."""
+  cells = []
+  for directory, label in (("sft_policy", "SFT"), ("final_policy", "final")):
+    mine, theirs = result["weights"][directory], baseline["weights"][directory]
+    cells.append(f"{label} {'n/a' if mine is None or theirs is None else 'yes' if mine == theirs else 'no'}")
+  return ", ".join(cells)
 
 
 def main():
@@ -129,12 +145,12 @@ def main():
   print(f"\n## {args.job}: {' '.join(args.runner_flags) or 'no flags'}; float32 matmul {peaks[0]:.0f} GFLOP/s "
         f"before, {peaks[1]:.0f} after\n")
   if args.job == "default_run":
-    print("| revision | wall-clock s | vs baseline | held-out accuracy, start -> after RL |")
-    print("|---|---|---|---|")
+    print("| revision | wall-clock s | vs baseline | held-out accuracy, start -> after RL | weights as the baseline's |")
+    print("|---|---|---|---|---|")
     for name, commit in revisions:
       r = results[name]
       print(f"| {name} {commit[:9]} | {r['seconds']:.1f} | {r['seconds'] / base:.2f}x | "
-            f"{100 * r['start']:.1f}% -> {100 * r['final']:.1f}% |")
+            f"{100 * r['start']:.1f}% -> {100 * r['final']:.1f}% | {same_weights(r, results['baseline'])} |")
   else:
     print("| revision | wall-clock s | vs baseline | exit status | pytest's last line |")
     print("|---|---|---|---|---|")
