@@ -336,8 +336,9 @@ def _decode_attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Arr
   attention as the einsums of `Attention`, with the softmax written out so that a prefix can join it. Per
   (row, kv head) the scores are [G, D] x [D, S] and the output [G, S] x [S, D], batched dots that XLA's CPU
   backend runs through YNNPACK. With the keys [D, S] they beat the elementwise products reduced over D, then
-  over S, of earlier passes, with bit for bit the same values (the sampler at 256 x 64 on 2 CPU devices: 1.03x;
-  BENCHMARKS.md, thirteenth pass).
+  over S, of earlier passes (the sampler at 256 x 64 on 2 CPU devices: 1.03x; BENCHMARKS.md, thirteenth pass),
+  with bit for bit the same values on the Zen 4 CPU measured (another processor's kernels may sum in another
+  order).
 
   With `prefix` = (keys [B', K, D, P], values [B', K, P, D], mask [B', P]), B = B' * R, row r also attends to
   prefix row r // R's P slots, before its own: one softmax over P + S (`KVPrefix`). Each step then reads a
