@@ -85,10 +85,10 @@ def run_default(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[st
     lines = [l for l in done.stderr.strip().splitlines() if not l.startswith("Pass --help")] or ["(no output)"]
     raise SystemExit(f"bench_before_after: error: the run from {tree} failed: {lines[-1]}")
   summary = json.loads((work_dir / "summary.json").read_text())
-  digest = lambda d: (hashlib.sha256((work_dir / d / "model.safetensors").read_bytes()).hexdigest()
-                      if (work_dir / d / "model.safetensors").is_file() else None)
+  weights = {d: work_dir / d / "model.safetensors" for d in ("sft_policy", "final_policy")}
   return {"seconds": seconds, "start": summary.get("start_accuracy"), "final": summary.get("final_accuracy"),
-          "weights": {d: digest(d) for d in ("sft_policy", "final_policy")}}
+          "weights": {d: hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+                      for d, p in weights.items()}}
 
 
 def run_ci(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[str]) -> dict:
