@@ -19,6 +19,7 @@ from experiments.runner import loop
 from grpo_jax import data
 from grpo_jax import distributed
 from grpo_jax import host_memory
+from grpo_jax import python_gc
 from grpo_jax import models
 from grpo_jax.training import checkpointing
 from grpo_jax.training import logger as logger_lib
@@ -287,6 +288,7 @@ def main_for(name: str, job=None, **overrides):
   def main(argv):
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    python_gc.collect_less()  # the imports' objects out of every collection; fewer full collections
     if host_memory.cpu_only():  # before JAX's first computation (BENCHMARKS.md, ninth pass)
       host_memory.retain_freed_memory()
     try:

@@ -41,6 +41,7 @@ import numpy as np
 import optax
 
 from grpo_jax import losses
+from grpo_jax import python_gc
 from grpo_jax import training
 
 
@@ -338,6 +339,7 @@ def run(config: Config, output_dir: pathlib.Path, log_every: int = 10_000, targe
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  python_gc.collect_less()
   config = Config(**{name: FLAGS[name].value for name in Config._fields})
   try:
     summary = run(config, pathlib.Path(FLAGS.output_dir), FLAGS.log_every, FLAGS.target_return)

@@ -51,6 +51,7 @@ from grpo_jax import models
 from grpo_jax import reward_models
 from grpo_jax import sampling
 from grpo_jax import partitioning
+from grpo_jax import python_gc
 from grpo_jax import training
 from grpo_jax.training import update as update_lib
 
@@ -486,6 +487,7 @@ def report(config: models.ModelConfig, tgt: Target, mesh_spec: str, rules_name: 
 
 def main(argv):
   del argv
+  python_gc.collect_less()  # compiling is Python-heavy: fewer full collections (BENCHMARKS.md, fourteenth pass)
   from absl import flags  # pylint: disable=import-outside-toplevel
   f = flags.FLAGS
   jax.config.update("jax_platforms", "cpu")  # compile only: nothing runs, no accelerator is claimed

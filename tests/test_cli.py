@@ -152,8 +152,9 @@ def test_the_cpu_is_split_into_devices_before_jax_starts_and_left_alone_after():
                     reason="glibc's malloc only")
 def test_a_cpu_run_keeps_freed_host_memory_from_its_start():
   """`main` keeps freed memory (`host_memory.retain_freed_memory`) before the job starts JAX, on the CPU only: a 100 MB
-  block then comes from the heap, not from mmap (mallinfo2's hblkhd), and JAX's CPU dispatch is synchronous."""
-  code = ("import ctypes; from absl import app; from experiments import cli\n"
+  block then comes from the heap, not from mmap (mallinfo2's hblkhd), and JAX's CPU dispatch is synchronous. On
+  every platform it sets Python's collector (`python_gc.collect_less`): the imports frozen, young collections rarer."""
+  code = ("import ctypes, gc; from absl import app; from experiments import cli\n"
           "libc = ctypes.CDLL(None)\n"
           "libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)\n"
           "class Info(ctypes.Structure):  # mallinfo2; hblkhd: bytes in mmap'd blocks\n"
@@ -161,16 +162,17 @@ def test_a_cpu_run_keeps_freed_host_memory_from_its_start():
           "libc.mallinfo2.restype = Info\n"
           "def job(config):\n"
           "  before = libc.mallinfo2().hblkhd; libc.malloc(100 << 20)\n"
-          "  import jax; print(jax.config.read('jax_cpu_enable_async_dispatch'), libc.mallinfo2().hblkhd - before)\n"
+          "  import jax; print(gc.get_threshold()[0], gc.get_freeze_count() > 10_000,\n"
+          "                    jax.config.read('jax_cpu_enable_async_dispatch'), libc.mallinfo2().hblkhd - before)\n"
           "app.run(cli.main_for('probe', job=job))")
   seen = {}
   for platforms in ("cpu", "cuda"):  # a GPU run keeps the defaults (the job never starts JAX here)
     result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=dict(os.environ, JAX_PLATFORMS=platforms),
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-2000:]
-    asynchronous, mmapped = result.stdout.split()[-2:]
-    seen[platforms] = (asynchronous, int(mmapped) >= 100 << 20)
-  assert seen == {"cpu": ("False", False), "cuda": ("True", True)}
+    threshold, frozen, asynchronous, mmapped = result.stdout.split()[-4:]
+    seen[platforms] = (threshold, frozen, asynchronous, int(mmapped) >= 100 << 20)
+  assert seen == {"cpu": ("10000", "True", "False", False), "cuda": ("10000", "True", "True", True)}
 
 
 def test_a_second_run_loads_its_programs_from_the_compilation_cache(tmp_path):
