@@ -4,6 +4,7 @@ r"""grpo_jax against its PyTorch peers at equal work, side by side in one run (i
   JAX_PLATFORMS=cpu python scripts/bench_vs_torch.py                  # both parts
   JAX_PLATFORMS=cpu python scripts/bench_vs_torch.py --part sampler --repeats 7
   JAX_PLATFORMS=cpu python scripts/bench_vs_torch.py --part grpo --steps 12
+  python scripts/bench_vs_torch.py --part sampler --torch_device=cuda    # on a GPU: JAX's and torch's both
 
 The reference work is one tiny Qwen2 checkpoint (hidden 128, 4 layers, GQA 4:2, character vocabulary of
 101, ~0.8M parameters), written once with `grpo_jax.models.save_hf` and loaded in torch with
@@ -68,15 +69,15 @@ def _peers():
 # ---------------------------------------------------------------- machine and FLOPs
 
 
-def matmul_gflops(torch, n: int = 1024, repeats: int = 15) -> tuple[float, float]:
+def matmul_gflops(torch, n: int = 1024, repeats: int = 15, torch_device: str = "cpu") -> tuple[float, float]:
   """Float32 [n, n] @ [n, n] GFLOP/s, (jax, torch): the fastest of `repeats` after a warm-up (the machine's
   peak; on a shared machine a median measures the neighbours)."""
   a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
   f = jax.jit(lambda x: x @ x)
   jax_s = _median(lambda: f(a), repeats, best=True)
   torch.set_num_threads(os.cpu_count())
-  t = torch.randn(n, n)
-  torch_s = _median(lambda: t @ t, repeats, sync=False, best=True)
+  t = torch.randn(n, n, device=torch_device)
+  torch_s = _median(lambda: _synced(torch, t @ t), repeats, sync=False, best=True)
   return 2 * n ** 3 / jax_s / 1e9, 2 * n ** 3 / torch_s / 1e9
 
 
@@ -112,6 +113,13 @@ def _seconds(fn, sync=True) -> float:
   if sync:
     jax.block_until_ready(out)
   return time.perf_counter() - start
+
+
+def _synced(torch, out):
+  """`out`, once the GPU's queued torch work is done (torch's CUDA calls return before it is)."""
+  if torch.cuda.is_available():
+    torch.cuda.synchronize()
+  return out
 
 
 def _median(fn, repeats, sync=True, best=False):
@@ -156,7 +164,7 @@ def segments_for(new_tokens: int, cache_segments: str) -> int:
 
 
 def bench_sampler(params, config, torch_model, torch, sizes, repeats, peak, threads, cache_segments="1",
-                  prompt_len=PROMPT_LEN):
+                  prompt_len=PROMPT_LEN, torch_device="cpu"):
   """HF `generate` against `sampling.sample` on one device and, with several CPU devices, on a data mesh of all."""
   n_dev = len(jax.devices())
   sides = {"1 device": {}}
@@ -185,14 +193,14 @@ def bench_sampler(params, config, torch_model, torch, sizes, repeats, peak, thre
       return lambda: sampling.sample(p, config, pr, m, key, num_samples=GROUP, max_new_tokens=new, temperature=1.0,
                                      eos_token_ids=(), cache_segments=segments_for(new, cache_segments), **kw).tokens
     runs = {name: run_on(kw) for name, kw in sides.items()}
-    ids = torch.as_tensor(np.repeat(np.asarray(prompt), GROUP, axis=0), dtype=torch.long)
+    ids = torch.as_tensor(np.repeat(np.asarray(prompt), GROUP, axis=0), dtype=torch.long, device=torch_device)
     attn = torch.ones_like(ids)
 
     def generate():
       with torch.no_grad():
-        return torch_model.generate(input_ids=ids, attention_mask=attn, do_sample=True, temperature=1.0, top_k=0,
-                                    top_p=1.0, max_new_tokens=new, min_new_tokens=new, eos_token_id=None,
-                                    pad_token_id=config.pad_token_id)
+        return _synced(torch, torch_model.generate(
+            input_ids=ids, attention_mask=attn, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+            max_new_tokens=new, min_new_tokens=new, eos_token_id=None, pad_token_id=config.pad_token_id))
     # HF's best thread count first, then every side timed in alternation (one call each per repeat), so that a
     # change of the machine's speed during the run reaches all: a speed-up is the median of the paired ratios.
     best = min(threads, key=lambda n: (torch.set_num_threads(n), _median(generate, repeats, sync=False))[1])
@@ -361,6 +369,8 @@ def main():
   parser.add_argument("--jax_devices", type=int, default=os.cpu_count(),
                       help="sampler: also time the sampler with its rows split over this many CPU devices (a data "
                            "mesh, jax_num_cpu_devices), beside one device; 1: one device only")
+  parser.add_argument("--torch_device", choices=["cpu", "cuda"], default="cpu",
+                      help="sampler: where HF generate runs (cuda: on the GPU, beside JAX's default device there)")
   parser.add_argument("--host_memory", choices=["runner", "default"], default="runner",
                       help="runner: the runners' process settings on a CPU (grpo_jax.host_memory: synchronous dispatch, "
                            "freed memory kept), which the peers in this process share; default: JAX's and glibc's")
@@ -374,23 +384,31 @@ def main():
   if unknown:
     parser.error(f"--variants: unknown {', '.join(sorted(unknown))}; expected full and/or fast")
   torch, transformers = _peers()
+  if args.torch_device == "cuda" and not torch.cuda.is_available():
+    parser.error("--torch_device=cuda: torch sees no CUDA device")
+  if args.torch_device == "cuda" and args.part != "sampler":
+    parser.error("--torch_device=cuda times the sampler part only (--part=sampler)")
   threads = [int(n) for n in args.torch_threads.split(",")]
-  import trl  # pylint: disable=import-outside-toplevel
+  trl = None
+  if args.part in ("all", "grpo"):
+    import trl  # pylint: disable=import-outside-toplevel
   path = pathlib.Path(tempfile.mkdtemp(prefix="bench_vs_torch_")) / "tiny"
   params, config, tokenizer = make_checkpoint(path)
   n_params = sum(x.size for x in jax.tree.leaves(params))
-  jax_peak, torch_peak = matmul_gflops(torch)
+  jax_peak, torch_peak = matmul_gflops(torch, torch_device=args.torch_device)
   print(f"jax {jax.__version__} ({jax.default_backend()}), torch {torch.__version__}, transformers "
-        f"{transformers.__version__}, trl {trl.__version__}; {os.cpu_count()} cores, load average {load_average()}")
+        f"{transformers.__version__}" + (f", trl {trl.__version__}" if trl else "") +
+        f"; {os.cpu_count()} cores, load average {load_average()}; devices: jax {jax.devices()[0].device_kind}, "
+        f"torch {torch.cuda.get_device_name() if args.torch_device == 'cuda' else 'cpu'}")
   print(f"model: {n_params / 1e6:.2f}M params (hidden {config.hidden_size}, {config.num_hidden_layers} layers, "
         f"GQA {config.num_attention_heads}:{config.num_key_value_heads}, vocab {config.vocab_size}), float32")
   print(f"float32 matmul 1024^3: jax {jax_peak:.1f} GFLOP/s, torch {torch_peak:.1f} GFLOP/s "
         f"(roofline fractions below use jax's)")
   if args.part in ("all", "sampler"):
-    torch_model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    torch_model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(args.torch_device).eval()
     sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
     bench_sampler(params, config, torch_model, torch, sizes, args.repeats, jax_peak, threads, args.cache_segments,
-                  args.prompt_len)
+                  args.prompt_len, args.torch_device)
   if args.part in ("all", "grpo"):
     bench_grpo(params, config, tokenizer, path, torch, args.steps, jax_peak, threads, args.variants.split(","))
   print(f"\nload average at the end: {load_average()}")
