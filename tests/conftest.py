@@ -8,6 +8,7 @@ or fails with it; run with that flag already set, it runs in place.
 
 import functools
 import gc
+import importlib.metadata
 import os
 import pathlib
 import subprocess
@@ -38,7 +39,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # with XLA CPU's older LLVM-IR fusion emitters instead of its MLIR ones (compiling the default run's GRPO update
 # 1.76 -> 1.12 s; BENCHMARKS.md, eighth pass). What the tests check is unchanged; timing and compiler output are
 # measured by scripts/ (and test_aot_compile drops these flags for the TPU compiler).
-FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+# jaxlib 0.11's XLA no longer has the second flag and aborts the process on an unknown flag in XLA_FLAGS: it is
+# set for the jaxlib releases that know it (seen on jax 0.11.2 CUDA, BENCHMARKS.md, fourteenth pass).
+FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0",) + (
+    ("--xla_cpu_use_fusion_emitters=false",)
+    if tuple(int(x) for x in importlib.metadata.version("jaxlib").split(".")[:2]) < (0, 11) else ())
 for _flag in FAST_COMPILE_FLAGS:
   if _flag.split("=")[0] not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), _flag]))
