@@ -1,7 +1,12 @@
-"""training.MetricsLogger: metrics.jsonl rewinds to a checkpoint; an error starts on a line of its own."""
+"""training.MetricsLogger: metrics.jsonl rewinds to a checkpoint; an error starts on a line of its own; no
+tensorboardX is one line."""
 
 import json
+import sys
 
+import pytest
+
+from experiments import cli
 from grpo_jax import training
 from grpo_jax.training import logger as logger_lib
 
@@ -38,3 +43,18 @@ def test_an_open_progress_bar_is_ended_once(tmp_path, capsys):
   assert capsys.readouterr().err == ""
   assert not logger_lib._open_line
   log.close()
+
+
+def test_tensorboard_without_tensorboardx_is_one_line_and_writes_nothing(tmp_path, monkeypatch):
+  monkeypatch.setitem(sys.modules, "tensorboardX", None)  # `import tensorboardX` now raises ImportError
+  with pytest.raises(ValueError, match=r"^tensorboard event files need tensorboardX, which is not installed") as err:
+    training.MetricsLogger(tmp_path / "run", 4, tensorboard=True)
+  assert "\n" not in str(err.value) and "pip install 'tensorboardX>=2.6'" in str(err.value)
+  assert not (tmp_path / "run").exists()
+
+
+def test_a_runner_without_tensorboardx_exits_with_one_line(tmp_path, monkeypatch, main_in_process):
+  monkeypatch.setitem(sys.modules, "tensorboardX", None)
+  error = main_in_process(cli.main_for("grpo_math"), ["grpo_math", f"--work_dir={tmp_path / 'run'}", "--steps=1",
+                                                      "--sft_steps=0", "--tensorboard=true"])
+  assert error.startswith("grpo_math: error: tensorboard event files need tensorboardX") and "\n" not in error

@@ -27,6 +27,17 @@ def _scalar(x):
   return x.item() if x.size == 1 else None
 
 
+def _summary_writer_class():
+  """tensorboardX's SummaryWriter, imported only when asked for (about a second of imports); a ValueError in one
+  line where it is not installed."""
+  try:
+    from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+  except ImportError as err:
+    raise ValueError(f"tensorboard event files need tensorboardX, which is not installed ({err}): "
+                     "pip install 'tensorboardX>=2.6', or turn tensorboard off") from None
+  return SummaryWriter
+
+
 class MetricsLogger:
   """Writes metrics from process 0 only.
 
@@ -45,13 +56,12 @@ class MetricsLogger:
     self._jsonl = None
     if not self.enabled:
       return
+    summary_writer = _summary_writer_class() if tensorboard else None
     work_dir = pathlib.Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
     self._jsonl = open(work_dir / "metrics.jsonl", "a", encoding="utf-8")
-    if tensorboard:
-      # Imported only when asked for: tensorboardX takes about a second to import (third-party, no cycle).
-      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
-      self._writer = SummaryWriter(str(work_dir / "tensorboard"))
+    if summary_writer is not None:
+      self._writer = summary_writer(str(work_dir / "tensorboard"))
 
   def log(self, step: int, metrics: dict, *, prefix: str = "") -> dict:
     """Records `metrics` (scalars) at `step`; returns them as Python floats."""
