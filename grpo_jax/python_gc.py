@@ -3,15 +3,16 @@
 Tracing, lowering and compiling allocate and drop container objects by the million, and CPython's default
 thresholds (700, 10, 10) start a collection of the youngest generation every 700 net allocations and a full
 collection every 100 of those. A full collection walks every tracked object, and a JAX process holds hundreds of
-thousands (its modules, jit caches, jaxprs): 80-300 ms each on a 2-core CPU. They took 8% of a test worker's
-time (51 s of a test run with 12 full collections; 1 with `collect_less`) and 10-15% of compiling a train step
+thousands (its modules, jit caches, jaxprs): 80-300 ms each on a 2-core CPU. Collections took 4.3 s of a 51 s
+test run (8%, 12 full ones; 1.1 s and 1 with `collect_less`) and 10-15% of compiling a train step
 (BENCHMARKS.md, fourteenth pass).
 
   from grpo_jax import python_gc
   python_gc.collect_less()   # in main(), once the imports are done
 
 Reference cycles are still collected, only later: memory held by a cycle waits for the next collection of its
-generation, about 14x as many allocations away as by default.
+generation, about 14x as many allocations away as by default, and so do the finalizers of its objects (one that
+uses an asyncio loop may find it closed by then, and print an "Exception ignored" line).
 """
 
 import gc
