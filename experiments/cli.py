@@ -19,8 +19,8 @@ from experiments.runner import loop
 from grpo_jax import data
 from grpo_jax import distributed
 from grpo_jax import host_memory
-from grpo_jax import python_gc
 from grpo_jax import models
+from grpo_jax import python_gc
 from grpo_jax.training import checkpointing
 from grpo_jax.training import logger as logger_lib
 

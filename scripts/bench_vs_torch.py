@@ -405,7 +405,8 @@ def main():
   print(f"float32 matmul 1024^3: jax {jax_peak:.1f} GFLOP/s, torch {torch_peak:.1f} GFLOP/s "
         f"(roofline fractions below use jax's)")
   if args.part in ("all", "sampler"):
-    torch_model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(args.torch_device).eval()
+    torch_model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    torch_model = torch_model.to(args.torch_device).eval()
     sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
     bench_sampler(params, config, torch_model, torch, sizes, args.repeats, jax_peak, threads, args.cache_segments,
                   args.prompt_len, args.torch_device)

@@ -50,4 +50,3 @@ def test_tensorboard_without_tensorboardx_is_one_line_and_writes_nothing(tmp_pat
     training.MetricsLogger(tmp_path / "run", 4, tensorboard=True)
   assert "\n" not in str(err.value) and "pip install 'tensorboardX>=2.6'" in str(err.value)
   assert not (tmp_path / "run").exists()
-
