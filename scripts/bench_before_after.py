@@ -4,6 +4,7 @@ r"""Wall-clock of a whole job at two revisions of this repository, back to back 
   python scripts/bench_before_after.py --job=ci                     # `.ci/run` on clean clones of both
   python scripts/bench_before_after.py --baseline=HEAD~3 -- --steps=20 --sft_steps=100   # runner flags for both
   python scripts/bench_before_after.py --baseline=HEAD~1 -- --steps=0       # SFT only: are training's bits kept?
+  python scripts/bench_before_after.py --job=ci --pairs=3                     # mean ± s.e. over three pairs
 
 Each revision is cloned from this repository into a temporary directory (the working tree is not touched):
 
@@ -17,12 +18,17 @@ Each revision is cloned from this repository into a temporary directory (the wor
                command; the tests' on-disk XLA cache (tests/conftest.py) is deleted first, as on a fresh machine.
                A revision whose run fails has its FAILED/ERROR lines (or its last lines) printed under the table.
 
+With `--pairs=n` the two revisions run n times each, in the order AB, BA, AB, ... (a drift of the machine's speed
+reaches both), each run from a fresh clone; the table then gives every run, and the summary the mean ± standard
+error of each revision's seconds and of the n paired ratios candidate / baseline.
+
 The machine's float32 matmul GFLOP/s ([1024, 1024] products, the fastest of 15) is measured before and after,
 and the load average printed, since machines of one kind differ by 2x: read the ratio, measured in one sitting.
 """
 
 import argparse
 import hashlib
+import math
 import json
 import os
 import pathlib
@@ -120,46 +126,68 @@ def same_weights(result: dict, baseline: dict) -> str:
   return ", ".join(cells)
 
 
+def mean_se(values: list[float]) -> str:
+  """"m ± s.e." of `values` (the standard error of the mean; "m" alone for one value)."""
+  m = sum(values) / len(values)
+  if len(values) < 2:
+    return f"{m:.3f}"
+  se = math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1) / len(values))
+  return f"{m:.3f} ± {se:.3f}"
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--job", choices=sorted(JOBS), default="default_run")
   parser.add_argument("--baseline", default="f5a4965", help="revision measured first (default: before #16)")
   parser.add_argument("--candidate", default="HEAD", help="revision measured second")
+  parser.add_argument("--pairs", type=int, default=1, help="runs of each revision, alternating AB, BA, ...")
   parser.add_argument("runner_flags", nargs="*", help="after --: runner flags for both default runs")
   args = parser.parse_args()
-  revisions = [(name, resolve(rev)) for name, rev in (("baseline", args.baseline), ("candidate", args.candidate))]
+  if args.pairs < 1:
+    parser.error(f"--pairs must be >= 1, got {args.pairs}")
+  revisions = dict((name, resolve(rev)) for name, rev in (("baseline", args.baseline), ("candidate", args.candidate)))
   peaks = [matmul_gflops()]
   print(f"jax {jax.__version__} ({jax.default_backend()}), {os.cpu_count()} cores; float32 matmul 1024^3 "
         f"{peaks[0]:.0f} GFLOP/s; load average {load_average()}", flush=True)
-  results = {}
+  runs = []  # (pair, name, result) in the order run
   with tempfile.TemporaryDirectory(prefix="bench_before_after_") as tmp:
-    for name, commit in revisions:
-      tree = checkout(commit, pathlib.Path(tmp) / f"{name}_tree")
-      scratch = pathlib.Path(tmp) / f"{name}_scratch"
-      scratch.mkdir()
-      print(f"{name} {commit[:12]}: {args.job} ...", flush=True)
-      results[name] = JOBS[args.job](tree, scratch, args.runner_flags)
-      print(f"  {results[name]['seconds']:.1f} s (load average {load_average()})", flush=True)
+    for pair in range(args.pairs):
+      for name in ("baseline", "candidate") if pair % 2 == 0 else ("candidate", "baseline"):
+        here = pathlib.Path(tmp) / f"{pair}_{name}"
+        tree, scratch = checkout(revisions[name], here / "tree"), here / "scratch"
+        scratch.mkdir()
+        print(f"{name} {revisions[name][:12]}: {args.job} ...", flush=True)
+        result = JOBS[args.job](tree, scratch, args.runner_flags)
+        runs.append((pair, name, result))
+        print(f"  {result['seconds']:.1f} s (load average {load_average()})", flush=True)
+        shutil.rmtree(here)
   peaks.append(matmul_gflops())
-  base = results["baseline"]["seconds"]
+  first = {name: r for pair, name, r in runs if pair == 0}
+  seconds = lambda pair, name: next(r["seconds"] for p, n, r in runs if p == pair and n == name)
   print(f"\n## {args.job}: {' '.join(args.runner_flags) or 'no flags'}; float32 matmul {peaks[0]:.0f} GFLOP/s "
         f"before, {peaks[1]:.0f} after\n")
   if args.job == "default_run":
-    print("| revision | wall-clock s | vs baseline | held-out accuracy, start -> after RL | weights as the baseline's |")
-    print("|---|---|---|---|---|")
-    for name, commit in revisions:
-      r = results[name]
-      print(f"| {name} {commit[:9]} | {r['seconds']:.1f} | {r['seconds'] / base:.2f}x | "
-            f"{100 * r['start']:.1f}% -> {100 * r['final']:.1f}% | {same_weights(r, results['baseline'])} |")
+    print("| pair | revision | wall-clock s | vs baseline | held-out accuracy, start -> after RL | weights as the "
+          "baseline's |")
+    print("|---|---|---|---|---|---|")
+    for pair, name, r in runs:
+      print(f"| {pair + 1} | {name} {revisions[name][:9]} | {r['seconds']:.1f} | "
+            f"{r['seconds'] / seconds(pair, 'baseline'):.2f}x | {100 * r['start']:.1f}% -> {100 * r['final']:.1f}% | "
+            f"{same_weights(r, first['baseline'])} |")
   else:
-    print("| revision | wall-clock s | vs baseline | exit status | pytest's last line |")
-    print("|---|---|---|---|---|")
-    for name, commit in revisions:
-      r = results[name]
-      print(f"| {name} {commit[:9]} | {r['seconds']:.1f} | {r['seconds'] / base:.2f}x | {r['rc']} | {r['last']} |")
-    for name, commit in revisions:
-      for line in results[name]["failed"]:
-        print(f"{name} {commit[:9]}: {line}")
+    print("| pair | revision | wall-clock s | vs baseline | exit status | pytest's last line |")
+    print("|---|---|---|---|---|---|")
+    for pair, name, r in runs:
+      print(f"| {pair + 1} | {name} {revisions[name][:9]} | {r['seconds']:.1f} | "
+            f"{r['seconds'] / seconds(pair, 'baseline'):.2f}x | {r['rc']} | {r['last']} |")
+    for pair, name, r in runs:
+      for line in r["failed"]:
+        print(f"{name} {revisions[name][:9]} (pair {pair + 1}): {line}")
+  if args.pairs > 1:
+    ratios = [seconds(p, "candidate") / seconds(p, "baseline") for p in range(args.pairs)]
+    each = {name: mean_se([seconds(p, name) for p in range(args.pairs)]) for name in revisions}
+    print(f"\nover {args.pairs} pairs (mean ± s.e.): baseline {each['baseline']} s, candidate {each['candidate']} s, "
+          f"candidate / baseline {mean_se(ratios)}")
 
 
 if __name__ == "__main__":

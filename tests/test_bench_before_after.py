@@ -1,0 +1,31 @@
+"""scripts/bench_before_after.py: its summary statistics and its argument checks (the runs themselves are timed by
+hand: they take minutes)."""
+
+import importlib.util
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+_SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "bench_before_after.py"
+_spec = importlib.util.spec_from_file_location("bench_before_after", _SCRIPT)
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+def test_mean_and_standard_error_hand_computed():
+  # mean 0.5; sample variance ((0.1)^2 + 0 + (0.1)^2) / 2 = 0.01; s.e. sqrt(0.01 / 3) = 0.0577
+  assert bench.mean_se([0.4, 0.5, 0.6]) == "0.500 ± 0.058"
+  assert bench.mean_se([0.25]) == "0.250"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--pairs=0"], "--pairs must be >= 1, got 0"),
+    (["--baseline=no-such-revision"], "'no-such-revision' names no commit"),
+])
+def test_bad_arguments_are_one_line(args, message):
+  done = subprocess.run([sys.executable, str(_SCRIPT), *args], capture_output=True, text=True, timeout=600,
+                        env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+  assert done.returncode != 0 and message in done.stderr, done.stderr[-2000:]
+  assert "Traceback" not in done.stderr
