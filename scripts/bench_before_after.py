@@ -28,8 +28,8 @@ and the load average printed, since machines of one kind differ by 2x: read the 
 
 import argparse
 import hashlib
-import math
 import json
+import math
 import os
 import pathlib
 import shutil
