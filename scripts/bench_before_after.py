@@ -5,6 +5,7 @@ r"""Wall-clock of a whole job at two revisions of this repository, back to back 
   python scripts/bench_before_after.py --baseline=HEAD~3 -- --steps=20 --sft_steps=100   # runner flags for both
   python scripts/bench_before_after.py --baseline=HEAD~1 -- --steps=0       # SFT only: are training's bits kept?
   python scripts/bench_before_after.py --job=ci --pairs=3                     # mean ± s.e. over three pairs
+  python scripts/bench_before_after.py --job=ci --logs=/tmp/ci_logs            # keep each run's whole output
 
 Each revision is cloned from this repository into a temporary directory (the working tree is not touched):
 
@@ -20,7 +21,9 @@ Each revision is cloned from this repository into a temporary directory (the wor
 
 With `--pairs=n` the two revisions run n times each, in the order AB, BA, AB, ... (a drift of the machine's speed
 reaches both), each run from a fresh clone; the table then gives every run, and the summary the mean ± standard
-error of each revision's seconds and of the n paired ratios candidate / baseline.
+error of each revision's seconds and of the n paired ratios candidate / baseline. With `--logs=DIR` each run's
+standard output and error are kept in DIR as `<pair>_<baseline|candidate>_<commit>.log` (the tables keep only the
+last lines).
 
 The machine's float32 matmul GFLOP/s ([1024, 1024] products, the fastest of 15) is measured before and after,
 and the load average printed, since machines of one kind differ by 2x: read the ratio, measured in one sitting.
@@ -94,7 +97,7 @@ def run_default(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[st
   weights = {d: work_dir / d / "model.safetensors" for d in ("sft_policy", "final_policy")}
   return {"seconds": seconds, "start": summary.get("start_accuracy"), "final": summary.get("final_accuracy"),
           "weights": {d: hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
-                      for d, p in weights.items()}}
+                      for d, p in weights.items()}, "output": done.stdout + done.stderr}
 
 
 def run_ci(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[str]) -> dict:
@@ -111,7 +114,8 @@ def run_ci(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[str]) -
   failed = [l for l in done.stdout.splitlines() if l.startswith(("FAILED ", "ERROR "))]  # pytest's summary lines
   if done.returncode != 0 and not failed:  # it failed before or outside pytest (the install, the collection)
     failed = (done.stderr.strip() or done.stdout.strip() or "(no output)").splitlines()[-3:]
-  return {"seconds": seconds, "rc": done.returncode, "last": last[0], "failed": failed}
+  return {"seconds": seconds, "rc": done.returncode, "last": last[0], "failed": failed,
+          "output": done.stdout + done.stderr}
 
 
 JOBS = {"default_run": run_default, "ci": run_ci}
@@ -141,10 +145,16 @@ def main():
   parser.add_argument("--baseline", default="f5a4965", help="revision measured first (default: before #16)")
   parser.add_argument("--candidate", default="HEAD", help="revision measured second")
   parser.add_argument("--pairs", type=int, default=1, help="runs of each revision, alternating AB, BA, ...")
+  parser.add_argument("--logs", default="", help="a directory to keep each run's output in (created if missing)")
   parser.add_argument("runner_flags", nargs="*", help="after --: runner flags for both default runs")
   args = parser.parse_args()
   if args.pairs < 1:
     parser.error(f"--pairs must be >= 1, got {args.pairs}")
+  logs = pathlib.Path(args.logs) if args.logs else None
+  if logs is not None:
+    if logs.exists() and not logs.is_dir():
+      parser.error(f"--logs={logs} is a file, not a directory")
+    logs.mkdir(parents=True, exist_ok=True)
   revisions = dict((name, resolve(rev)) for name, rev in (("baseline", args.baseline), ("candidate", args.candidate)))
   peaks = [matmul_gflops()]
   print(f"jax {jax.__version__} ({jax.default_backend()}), {os.cpu_count()} cores; float32 matmul 1024^3 "
@@ -158,6 +168,9 @@ def main():
         scratch.mkdir()
         print(f"{name} {revisions[name][:12]}: {args.job} ...", flush=True)
         result = JOBS[args.job](tree, scratch, args.runner_flags)
+        output = result.pop("output")
+        if logs is not None:
+          (logs / f"{pair + 1}_{name}_{revisions[name][:9]}.log").write_text(output)
         runs.append((pair, name, result))
         print(f"  {result['seconds']:.1f} s (load average {load_average()})", flush=True)
         shutil.rmtree(here)

@@ -23,6 +23,7 @@ def test_mean_and_standard_error_hand_computed():
 @pytest.mark.parametrize("args,message", [
     (["--pairs=0"], "--pairs must be >= 1, got 0"),
     (["--baseline=no-such-revision"], "'no-such-revision' names no commit"),
+    (["--logs=" + str(_SCRIPT)], "--logs=" + str(_SCRIPT) + " is a file, not a directory"),
 ])
 def test_bad_arguments_are_one_line(args, message):
   done = subprocess.run([sys.executable, str(_SCRIPT), *args], capture_output=True, text=True, timeout=600,
