@@ -22,8 +22,8 @@ Each revision is cloned from this repository into a temporary directory (the wor
 With `--pairs=n` the two revisions run n times each, in the order AB, BA, AB, ... (a drift of the machine's speed
 reaches both), each run from a fresh clone; the table then gives every run, and the summary the mean ± standard
 error of each revision's seconds and of the n paired ratios candidate / baseline. With `--logs=DIR` each run's
-standard output and error are kept in DIR as `<pair>_<baseline|candidate>_<commit>.log` (the tables keep only the
-last lines).
+standard output and error are kept in DIR as `<pair>_<baseline|candidate>_<commit>.log`, a failed run's too (the
+tables keep only the last lines).
 
 The machine's float32 matmul GFLOP/s ([1024, 1024] products, the fastest of 15) is measured before and after,
 and the load average printed, since machines of one kind differ by 2x: read the ratio, measured in one sitting.
@@ -80,7 +80,13 @@ def checkout(commit: str, directory: pathlib.Path) -> pathlib.Path:
   return directory
 
 
-def run_default(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[str]) -> dict:
+def keep_log(log: pathlib.Path | None, done: subprocess.CompletedProcess) -> None:
+  """Writes a finished run's standard output and error to `log` (nothing without one)."""
+  if log is not None:
+    log.write_text(done.stdout + done.stderr)
+
+
+def run_default(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[str], log: pathlib.Path | None) -> dict:
   """The default run from `tree`: wall-clock seconds and the summary's accuracies."""
   work_dir = scratch / "run"
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])))
@@ -90,6 +96,7 @@ def run_default(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[st
   start = time.perf_counter()
   done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
   seconds = time.perf_counter() - start
+  keep_log(log, done)
   if done.returncode != 0:
     lines = [l for l in done.stderr.strip().splitlines() if not l.startswith("Pass --help")] or ["(no output)"]
     raise SystemExit(f"bench_before_after: error: the run from {tree} failed: {lines[-1]}")
@@ -97,10 +104,10 @@ def run_default(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[st
   weights = {d: work_dir / d / "model.safetensors" for d in ("sft_policy", "final_policy")}
   return {"seconds": seconds, "start": summary.get("start_accuracy"), "final": summary.get("final_accuracy"),
           "weights": {d: hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
-                      for d, p in weights.items()}, "output": done.stdout + done.stderr}
+                      for d, p in weights.items()}}
 
 
-def run_ci(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[str]) -> dict:
+def run_ci(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[str], log: pathlib.Path | None) -> dict:
   """`.ci/run` in `tree` after deleting the tests' on-disk XLA cache: wall-clock seconds and its exit status."""
   del scratch
   if runner_flags:
@@ -110,12 +117,12 @@ def run_ci(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[str]) -
   start = time.perf_counter()
   done = subprocess.run(["bash", ".ci/run"], cwd=tree, capture_output=True, text=True, check=False)
   seconds = time.perf_counter() - start
+  keep_log(log, done)
   last = done.stdout.strip().splitlines()[-1:] or [""]
   failed = [l for l in done.stdout.splitlines() if l.startswith(("FAILED ", "ERROR "))]  # pytest's summary lines
   if done.returncode != 0 and not failed:  # it failed before or outside pytest (the install, the collection)
     failed = (done.stderr.strip() or done.stdout.strip() or "(no output)").splitlines()[-3:]
-  return {"seconds": seconds, "rc": done.returncode, "last": last[0], "failed": failed,
-          "output": done.stdout + done.stderr}
+  return {"seconds": seconds, "rc": done.returncode, "last": last[0], "failed": failed}
 
 
 JOBS = {"default_run": run_default, "ci": run_ci}
@@ -154,7 +161,10 @@ def main():
   if logs is not None:
     if logs.exists() and not logs.is_dir():
       parser.error(f"--logs={logs} is a file, not a directory")
-    logs.mkdir(parents=True, exist_ok=True)
+    try:
+      logs.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+      parser.error(f"--logs={logs}: cannot create it ({e.strerror})")
   revisions = dict((name, resolve(rev)) for name, rev in (("baseline", args.baseline), ("candidate", args.candidate)))
   peaks = [matmul_gflops()]
   print(f"jax {jax.__version__} ({jax.default_backend()}), {os.cpu_count()} cores; float32 matmul 1024^3 "
@@ -167,10 +177,8 @@ def main():
         tree, scratch = checkout(revisions[name], here / "tree"), here / "scratch"
         scratch.mkdir()
         print(f"{name} {revisions[name][:12]}: {args.job} ...", flush=True)
-        result = JOBS[args.job](tree, scratch, args.runner_flags)
-        output = result.pop("output")
-        if logs is not None:
-          (logs / f"{pair + 1}_{name}_{revisions[name][:9]}.log").write_text(output)
+        log = None if logs is None else logs / f"{pair + 1}_{name}_{revisions[name][:9]}.log"
+        result = JOBS[args.job](tree, scratch, args.runner_flags, log)
         runs.append((pair, name, result))
         print(f"  {result['seconds']:.1f} s (load average {load_average()})", flush=True)
         shutil.rmtree(here)

@@ -30,3 +30,12 @@ def test_bad_arguments_are_one_line(args, message):
                         env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
   assert done.returncode != 0 and message in done.stderr, done.stderr[-2000:]
   assert "Traceback" not in done.stderr
+
+
+def test_a_failed_runs_output_is_kept(tmp_path):
+  # An unknown runner flag fails the default run at start-up: the job stops with the run's last stderr line, and
+  # the log holds the run's whole output.
+  log = tmp_path / "1_candidate.log"
+  with pytest.raises(SystemExit, match="failed: FATAL Flags parsing error: Unknown command line flag 'no_such_flag'"):
+    bench.run_default(_SCRIPT.parents[1], tmp_path, ["--no_such_flag"], log)
+  assert "Unknown command line flag 'no_such_flag'" in log.read_text()
