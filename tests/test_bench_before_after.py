@@ -1,5 +1,5 @@
-"""scripts/bench_before_after.py: its summary statistics and its argument checks (the runs themselves are timed by
-hand: they take minutes)."""
+"""scripts/bench_before_after.py: its summary statistics, its argument checks and the log a failed run leaves (the
+timed runs themselves are measured by hand: they take minutes)."""
 
 import importlib.util
 import pathlib
