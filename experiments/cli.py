@@ -94,6 +94,10 @@ flags.DEFINE_integer("dynamic_sampling_max_rounds", _D["dynamic_sampling_max_rou
 flags.DEFINE_integer("overlong_buffer", _D["overlong_buffer"],
     "DAPO overlong shaping: L_cache tokens before max_new_tokens (0: off).")
 flags.DEFINE_bool("mask_truncated", _D["mask_truncated"], "Leave completions that hit max_new_tokens out of the loss.")
+flags.DEFINE_integer("completion_pad_multiple", _D["completion_pad_multiple"],
+    "Training batches keep a step's completions up to the longest one, rounded up to a multiple of this (each new "
+    "width compiles the scoring and update programs once; use 64-128 for long completions on an accelerator); 0 keeps "
+    "all max_new_tokens columns.")
 flags.DEFINE_float("temperature", _D["temperature"],
     "Sampling temperature of the rollouts; the policy trained is softmax(logits / temperature), so old, reference "
     "and new log-probs all use it.")

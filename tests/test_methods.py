@@ -19,7 +19,9 @@ from experiments import methods
 from experiments.runner import task as task_lib
 from experiments.methods import dpo as dpo_lib
 from experiments.methods import ppo as ppo_lib
+from experiments.methods import rollouts as rollouts_lib
 from grpo_jax import models
+from grpo_jax import sampling
 from grpo_jax import training
 from tests.known_answers import known_answers  # noqa: F401  (a fixture)
 
@@ -208,3 +210,50 @@ def test_shared_prompt_forwards_match_the_full_ones(sft_policy, known_answers):
   for p in parts:  # every minibatch is whole groups: rows 4k..4k+3 share their prompt
     prompts = np.asarray(p.tokens)[:, :16].reshape(2, 4, 16)
     assert (prompts == prompts[:, :1]).all()
+
+
+@pytest.fixture
+def short_samples(monkeypatch):
+  """The sampler's rows cut to 1-9 tokens (row r keeps 1 + r mod 9 of its own), so a step's longest completion is
+  well under `--max_new_tokens` (24) and the batch can drop columns."""
+  real_sample = rollouts_lib.sampling.sample
+
+  def sample(*args, **kwargs):
+    s = sampling.SampleOutput(*[np.array(x) for x in real_sample(*args, **kwargs)])
+    keep = 1 + np.arange(len(s.tokens)) % 9
+    s.mask[:] = np.arange(s.tokens.shape[1]) < keep[:, None]
+    s.tokens[~s.mask] = 0
+    s.logprobs[~s.mask] = 0.0
+    s.lengths[:], s.truncated[:] = keep, False
+    return s
+
+  monkeypatch.setattr(rollouts_lib.sampling, "sample", sample)
+
+
+@pytest.mark.parametrize("algo", ["grpo", "ppo", "online_rft"])
+def test_batches_keep_the_columns_up_to_the_longest_completion(sft_policy, short_samples, algo):
+  """`--completion_pad_multiple=4`: rows of at most 9 tokens give batches of 12 completion columns instead of 24,
+  the same tokens, masks and log-probs as the full batch's first columns, and the same loss and gradient."""
+  args = ("--beta=0.1", "--temperature=0.7")
+  trimmed, params, reference = _method(algo, sft_policy, *args, "--completion_pad_multiple=4")
+  full, _, _ = _method(algo, sft_policy, *args, "--completion_pad_multiple=0")
+  for method in (trimmed, full):
+    method.reference = jax.tree.map(lambda x: x * 1.1, reference)  # π_ref ≠ π_θ
+  if algo == "ppo":
+    params = trimmed.init_params(params, jax.random.key(1))
+  batch_t, stats_t, _ = trimmed.collect(params, 0, jax.random.key(3))
+  batch_f, _, _ = full.collect(params, 0, jax.random.key(3))
+  p = 16  # --max_prompt_len
+  assert batch_t.tokens.shape[1] == p + 12 and batch_f.tokens.shape[1] == p + 24
+  if algo == "grpo":
+    assert stats_t["completion_width"] == 12
+  assert not np.asarray(batch_f.attention_mask)[:, p + 9:].any()  # the dropped columns are padding everywhere
+  for name, a in batch_t._asdict().items():
+    np.testing.assert_allclose(a, np.asarray(getattr(batch_f, name))[:, :p + 12], atol=2e-5, err_msg=name)
+  totals = {"num_sequences": jnp.float32(len(batch_t.tokens)), "num_tokens": jnp.sum(batch_t.loss_mask)}
+  value_and_grad = lambda method: jax.jit(jax.value_and_grad(method.objective(), has_aux=True))  # noqa: E731
+  (loss_t, _), grad_t = value_and_grad(trimmed)(params, batch_t, totals)
+  (loss_f, _), grad_f = value_and_grad(full)(params, batch_f, totals)
+  assert float(loss_f) != 0.0 or algo == "online_rft"  # its rows here are all wrong: GC = 0
+  np.testing.assert_allclose(loss_t, loss_f, rtol=1e-5, atol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-6), grad_t, grad_f)

@@ -93,6 +93,7 @@ class GRPO(base.Method):
       samples, host = (sampling.SampleOutput(*[
           rows_of(field, flat_rows) for field in zip(*[getattr(s, name) for s in rounds])])
           for name in ("samples", "host"))
+    samples = self.rollouts.trim(samples, host.lengths)  # the columns up to the longest completion
     rewards = np.concatenate([s.rewards for s in rounds])[flat_rows]
     correct = np.concatenate([s.correct for s in rounds])[flat_rows]
     scored = rollouts_lib.Scored(samples, rewards, correct, score_time, host)
@@ -134,7 +135,8 @@ class GRPO(base.Method):
     jax.block_until_ready(batch)
     stats = self.rollouts.stats(scored, g)
     stats.update(zero_variance_groups=float(np.mean(np.ptp(rewards.reshape(b, g), axis=1) == 0)),
-                 sampling_rounds=float(len(rounds)), time_sampling=sample_time,
+                 sampling_rounds=float(len(rounds)), completion_width=float(samples.tokens.shape[1]),
+                 time_sampling=sample_time,
                  time_scoring=score_time + time.time() - t1)
     return batch, stats, position
 

@@ -75,7 +75,7 @@ class PPO(base.Method):
     t0 = time.time()
     examples = [self.task.train_example(position + i) for i in range(b)]
     scored = self.rollouts.sample(params["policy"], examples, key, g)
-    samples = scored.samples
+    samples = self.rollouts.trim(scored.samples, scored.host.lengths)  # the columns up to the longest completion
     sample_time = time.time() - t0 - scored.score_time
 
     t1 = time.time()

@@ -39,7 +39,7 @@ class OnlineRFT(_Paradigm):
     examples = [self.task.train_example(position + i) for i in range(b)]
     scored = self.rollouts.sample(params, examples, key, g)
     sample_time = time.time() - t0 - scored.score_time
-    batch = _batch(scored.samples, scored.correct)
+    batch = _batch(self.rollouts.trim(scored.samples, scored.host.lengths), scored.correct)
     stats = self.rollouts.stats(scored)
     stats.update(time_sampling=sample_time, time_scoring=scored.score_time)
     return batch, stats, position + b

@@ -67,6 +67,9 @@ class RolloutConfig:
   dynamic_sampling_max_rounds: int = 4
   overlong_buffer: int = 0
   mask_truncated: bool = False
+  # The training batch's completion columns: the step's longest completion rounded up to a multiple of this (0: all
+  # max_new_tokens). Each new width compiles the scoring and update programs once.
+  completion_pad_multiple: int = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,7 +284,7 @@ _POSITIVE = ("tiny_layers", "sft_batch_size", "num_train", "num_test", "max_prom
              "max_turns", "planner_prompt_len", "action_tokens", "min_bucket")
 _NON_NEGATIVE = ("cpu_devices", "steps", "sft_steps", "sft_examples", "eval_every", "save_every", "minibatch_size",
                  "overlong_buffer", "eval_samples", "stop_after", "top_k", "max_grad_norm", "advantage_eps",
-                 "steps_per_iteration", "memory_budget", "beta")
+                 "steps_per_iteration", "memory_budget", "beta", "completion_pad_multiple")
 CHOICES = {  # the allowed values of the enum fields (and flags)
     "dtype": ("float32", "bfloat16"), "remat_policy": ("full", "dots_no_batch", "dots"),
     "task": ("synthetic", "gsm8k", "math"), "prompt_template": ("auto", "plain", "chat"),
@@ -295,8 +298,8 @@ STEP_REWARDS = ("prm", "exact_steps")  # the `reward` values that score every st
 TINY_HEADS = 4  # attention heads of the embedded tiny model (`grpo_jax.models.tiny_config`)
 # GRPO knobs that mean nothing for Flow-GRPO's per-turn objective (eq. 5): refused unless at their defaults.
 FLOW_UNSUPPORTED = ("loss_aggregation", "importance", "dynamic_sampling", "overlong_buffer", "mask_truncated",
-                    "eval_samples", "reward_model", "supervision", "iterations", "steps_per_iteration",
-                    "advantage_estimator")
+                    "completion_pad_multiple", "eval_samples", "reward_model", "supervision", "iterations",
+                    "steps_per_iteration", "advantage_estimator")
 
 
 def check(config: Config) -> str | None:
