@@ -5,7 +5,9 @@ r"""Time per GRPO step of the main job, split into sampling / scoring / update.
 
 Runs `experiments.grpo_math` for `--steps` GRPO steps (no evaluation) in a temporary work dir and reports
 the median of each phase over the steps after the first (which includes compilation), as seconds and as a
-fraction of the whole step. Extra flags pass through to the runner.
+fraction of the whole step. Extra flags pass through to the runner. The run goes through the runner's own
+`main` (`cli.main_for`), so it sets up the process as `python -m experiments.grpo_math` does: the CPU as one
+device per core for the sampler, the compilation cache, the host-memory and garbage-collector settings.
 """
 
 import json
@@ -16,7 +18,7 @@ import tempfile
 from absl import flags
 import numpy as np
 
-from experiments import grpo_math
+from experiments import cli
 
 
 def main():
@@ -27,7 +29,7 @@ def main():
   argv = ["bench", f"--work_dir={work_dir}", "--eval_every=0", "--save_every=0"]
   argv += [d for d in defaults if d.split("=")[0] not in given] + args
   flags.FLAGS(argv)
-  grpo_math.run()
+  cli.main_for("bench_grpo_step")(argv[:1])
   records = [json.loads(l) for l in (pathlib.Path(work_dir) / "metrics.jsonl").read_text().splitlines()]
   train = [r for r in records if "train/time_update" in r][1:]
   phases = ["time_sampling", "time_scoring", "time_update"]
