@@ -44,8 +44,9 @@ def test_narrow_batches_have_the_loss_and_gradient_of_padded_ones():
   assert not np.asarray(padded.attention_mask)[:, np.setdiff1d(np.arange(56), columns)].any()
   objective = jax.jit(jax.value_and_grad(update_lib.bind(training.sft_objective, config=config, chunk_size=8),
                                          has_aux=True))
-  (loss_n, _), grad_n = objective(params, narrow, {"num_sequences": jnp.float32(4), "num_tokens": jnp.sum(narrow.loss_mask)})
-  (loss_p, _), grad_p = objective(params, padded, {"num_sequences": jnp.float32(4), "num_tokens": jnp.sum(padded.loss_mask)})
+  totals = lambda batch: {"num_sequences": jnp.float32(4), "num_tokens": jnp.sum(batch.loss_mask)}  # noqa: E731
+  (loss_n, _), grad_n = objective(params, narrow, totals(narrow))
+  (loss_p, _), grad_p = objective(params, padded, totals(padded))
   assert 0 < float(loss_n) < 2 * np.log(config.vocab_size)
   np.testing.assert_allclose(loss_n, loss_p, rtol=1e-6)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), grad_n, grad_p)
