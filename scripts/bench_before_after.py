@@ -6,12 +6,14 @@ r"""Wall-clock of a whole job at two revisions of this repository, back to back 
   python scripts/bench_before_after.py --baseline=HEAD~1 -- --steps=0       # SFT only: are training's bits kept?
   python scripts/bench_before_after.py --job=ci --pairs=3                     # mean ± s.e. over three pairs
   python scripts/bench_before_after.py --job=ci --logs=/tmp/ci_logs            # keep each run's whole output
+  python scripts/bench_before_after.py --cache=warm             # the default run with its programs cached
 
 Each revision is cloned from this repository into a temporary directory (the working tree is not touched):
 
   default_run  `python -m experiments.grpo_math` from that tree (this interpreter and its installed packages, the
                tree first on PYTHONPATH), its own work dir and, where the revision has `--compilation_cache_dir`,
-               an empty compilation cache, plus any runner flags given after `--`; reports the wall-clock, the
+               an empty compilation cache (`--cache=warm`: one filled by an untimed run of that revision first,
+               as a user's second run finds it), plus any runner flags given after `--`; reports the wall-clock, the
                held-out accuracy before and after RL from the run's summary.json, and whether the SFT and final
                policies' weights are byte for byte the baseline's (a speed-up should keep them: a change of
                rounding in training can turn the tiny run into another trajectory, which a short check misses).
@@ -86,13 +88,20 @@ def keep_log(log: pathlib.Path | None, done: subprocess.CompletedProcess) -> Non
     log.write_text(done.stdout + done.stderr)
 
 
-def run_default(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[str], log: pathlib.Path | None) -> dict:
-  """The default run from `tree`: wall-clock seconds and the summary's accuracies."""
+def has_compilation_cache(tree: pathlib.Path) -> bool:
+  """Whether the runner at `tree` has `--compilation_cache_dir` (f5a4965 has none: every run compiles)."""
+  return any("compilation_cache_dir" in p.read_text() for p in (tree / "experiments").rglob("*.py"))
+
+
+def run_default(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[str], log: pathlib.Path | None,
+                cache: pathlib.Path | None = None) -> dict:
+  """The default run from `tree`: wall-clock seconds and the summary's accuracies. Its compilation cache is `cache`
+  (default: an empty one in `scratch`, so the revision's own cache is not used)."""
   work_dir = scratch / "run"
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])))
   cmd = [sys.executable, "-m", "experiments.grpo_math", f"--work_dir={work_dir}", *runner_flags]
-  if any("compilation_cache_dir" in p.read_text() for p in (tree / "experiments").rglob("*.py")):
-    cmd.append(f"--compilation_cache_dir={scratch / 'xla_cache'}")  # empty: the revision's own cache is not used
+  if has_compilation_cache(tree):
+    cmd.append(f"--compilation_cache_dir={cache or scratch / 'xla_cache'}")
   start = time.perf_counter()
   done = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
   seconds = time.perf_counter() - start
@@ -107,9 +116,10 @@ def run_default(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[st
                       for d, p in weights.items()}}
 
 
-def run_ci(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[str], log: pathlib.Path | None) -> dict:
+def run_ci(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[str], log: pathlib.Path | None,
+           cache: pathlib.Path | None = None) -> dict:
   """`.ci/run` in `tree` after deleting the tests' on-disk XLA cache: wall-clock seconds and its exit status."""
-  del scratch
+  del scratch, cache  # always cold: `--cache=warm` is refused for this job
   if runner_flags:
     raise SystemExit("bench_before_after: error: runner flags after -- apply to --job=default_run only")
   cache = pathlib.Path(tempfile.gettempdir()) / f"grpo_jax_tests_xla_cache_{os.getuid()}"
@@ -153,10 +163,15 @@ def main():
   parser.add_argument("--candidate", default="HEAD", help="revision measured second")
   parser.add_argument("--pairs", type=int, default=1, help="runs of each revision, alternating AB, BA, ...")
   parser.add_argument("--logs", default="", help="a directory to keep each run's output in (created if missing)")
+  parser.add_argument("--cache", choices=("cold", "warm"), default="cold",
+                      help="default_run: an empty compilation cache for every run, or one per revision filled by an "
+                           "untimed run first (a revision without the cache stays cold)")
   parser.add_argument("runner_flags", nargs="*", help="after --: runner flags for both default runs")
   args = parser.parse_args()
   if args.pairs < 1:
     parser.error(f"--pairs must be >= 1, got {args.pairs}")
+  if args.cache == "warm" and args.job != "default_run":
+    parser.error("--cache=warm applies to --job=default_run only (CI runs from a clean clone are cold)")
   logs = pathlib.Path(args.logs) if args.logs else None
   if logs is not None:
     if logs.exists() and not logs.is_dir():
@@ -171,6 +186,21 @@ def main():
         f"{peaks[0]:.0f} GFLOP/s; load average {load_average()}", flush=True)
   runs = []  # (pair, name, result) in the order run
   with tempfile.TemporaryDirectory(prefix="bench_before_after_") as tmp:
+    caches = {name: None for name in revisions}
+    if args.cache == "warm":
+      for name in revisions:
+        here = pathlib.Path(tmp) / f"warm_{name}"
+        tree, scratch = checkout(revisions[name], here / "tree"), here / "scratch"
+        scratch.mkdir()
+        if not has_compilation_cache(tree):
+          print(f"{name} {revisions[name][:12]}: no compilation cache at this revision; its runs compile", flush=True)
+        else:
+          caches[name] = pathlib.Path(tmp) / f"xla_cache_{name}"
+          log = None if logs is None else logs / f"0_{name}_{revisions[name][:9]}_warm-up.log"
+          result = run_default(tree, scratch, args.runner_flags, log, caches[name])
+          print(f"{name} {revisions[name][:12]}: the cache filled by an untimed run ({result['seconds']:.1f} s)",
+                flush=True)
+        shutil.rmtree(here)
     for pair in range(args.pairs):
       for name in ("baseline", "candidate") if pair % 2 == 0 else ("candidate", "baseline"):
         here = pathlib.Path(tmp) / f"{pair}_{name}"
@@ -178,15 +208,15 @@ def main():
         scratch.mkdir()
         print(f"{name} {revisions[name][:12]}: {args.job} ...", flush=True)
         log = None if logs is None else logs / f"{pair + 1}_{name}_{revisions[name][:9]}.log"
-        result = JOBS[args.job](tree, scratch, args.runner_flags, log)
+        result = JOBS[args.job](tree, scratch, args.runner_flags, log, caches[name])
         runs.append((pair, name, result))
         print(f"  {result['seconds']:.1f} s (load average {load_average()})", flush=True)
         shutil.rmtree(here)
   peaks.append(matmul_gflops())
   first = {name: r for pair, name, r in runs if pair == 0}
   seconds = lambda pair, name: next(r["seconds"] for p, n, r in runs if p == pair and n == name)
-  print(f"\n## {args.job}: {' '.join(args.runner_flags) or 'no flags'}; float32 matmul {peaks[0]:.0f} GFLOP/s "
-        f"before, {peaks[1]:.0f} after\n")
+  print(f"\n## {args.job}: {' '.join(args.runner_flags) or 'no flags'}; compilation cache {args.cache}; float32 "
+        f"matmul {peaks[0]:.0f} GFLOP/s before, {peaks[1]:.0f} after\n")
   if args.job == "default_run":
     print("| pair | revision | wall-clock s | vs baseline | held-out accuracy, start -> after RL | weights as the "
           "baseline's |")

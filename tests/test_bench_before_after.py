@@ -24,12 +24,22 @@ def test_mean_and_standard_error_hand_computed():
     (["--pairs=0"], "--pairs must be >= 1, got 0"),
     (["--baseline=no-such-revision"], "'no-such-revision' names no commit"),
     (["--logs=" + str(_SCRIPT)], "--logs=" + str(_SCRIPT) + " is a file, not a directory"),
+    (["--job=ci", "--cache=warm"], "--cache=warm applies to --job=default_run only"),
 ])
 def test_bad_arguments_are_one_line(args, message):
   done = subprocess.run([sys.executable, str(_SCRIPT), *args], capture_output=True, text=True, timeout=600,
                         env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
   assert done.returncode != 0 and message in done.stderr, done.stderr[-2000:]
   assert "Traceback" not in done.stderr
+
+
+def test_which_revisions_have_a_compilation_cache(tmp_path):
+  assert bench.has_compilation_cache(_SCRIPT.parents[1])  # this tree's runner has `--compilation_cache_dir`
+  (tmp_path / "experiments").mkdir()
+  (tmp_path / "experiments" / "cli.py").write_text('flags.DEFINE_string("work_dir", "runs", "...")\n')
+  assert not bench.has_compilation_cache(tmp_path)  # as at f5a4965: every run compiles
+  (tmp_path / "experiments" / "cli.py").write_text('flags.DEFINE_string("compilation_cache_dir", "", "...")\n')
+  assert bench.has_compilation_cache(tmp_path)
 
 
 def test_a_failed_runs_output_is_kept(tmp_path):
