@@ -32,6 +32,7 @@ and the load average printed, since machines of one kind differ by 2x: read the 
 """
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -82,6 +83,18 @@ def checkout(commit: str, directory: pathlib.Path) -> pathlib.Path:
   return directory
 
 
+@contextlib.contextmanager
+def fresh_clone(commit: str, directory: pathlib.Path):
+  """`(tree, scratch)`: a clean clone at `commit` and an empty scratch directory under `directory`, both removed
+  afterwards."""
+  tree, scratch = checkout(commit, directory / "tree"), directory / "scratch"
+  scratch.mkdir()
+  try:
+    yield tree, scratch
+  finally:
+    shutil.rmtree(directory)
+
+
 def keep_log(log: pathlib.Path | None, done: subprocess.CompletedProcess) -> None:
   """Writes a finished run's standard output and error to `log` (nothing without one)."""
   if log is not None:
@@ -122,8 +135,8 @@ def run_ci(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[str], l
   del scratch, cache  # always cold: `--cache=warm` is refused for this job
   if runner_flags:
     raise SystemExit("bench_before_after: error: runner flags after -- apply to --job=default_run only")
-  cache = pathlib.Path(tempfile.gettempdir()) / f"grpo_jax_tests_xla_cache_{os.getuid()}"
-  shutil.rmtree(cache, ignore_errors=True)
+  tests_cache = pathlib.Path(tempfile.gettempdir()) / f"grpo_jax_tests_xla_cache_{os.getuid()}"
+  shutil.rmtree(tests_cache, ignore_errors=True)
   start = time.perf_counter()
   done = subprocess.run(["bash", ".ci/run"], cwd=tree, capture_output=True, text=True, check=False)
   seconds = time.perf_counter() - start
@@ -189,29 +202,24 @@ def main():
     caches = {name: None for name in revisions}
     if args.cache == "warm":
       for name in revisions:
-        here = pathlib.Path(tmp) / f"warm_{name}"
-        tree, scratch = checkout(revisions[name], here / "tree"), here / "scratch"
-        scratch.mkdir()
-        if not has_compilation_cache(tree):
-          print(f"{name} {revisions[name][:12]}: no compilation cache at this revision; its runs compile", flush=True)
-        else:
+        with fresh_clone(revisions[name], pathlib.Path(tmp) / f"warm_{name}") as (tree, scratch):
+          if not has_compilation_cache(tree):
+            print(f"{name} {revisions[name][:12]}: no compilation cache at this revision; its runs compile",
+                  flush=True)
+            continue
           caches[name] = pathlib.Path(tmp) / f"xla_cache_{name}"
           log = None if logs is None else logs / f"0_{name}_{revisions[name][:9]}_warm-up.log"
           result = run_default(tree, scratch, args.runner_flags, log, caches[name])
           print(f"{name} {revisions[name][:12]}: the cache filled by an untimed run ({result['seconds']:.1f} s)",
                 flush=True)
-        shutil.rmtree(here)
     for pair in range(args.pairs):
       for name in ("baseline", "candidate") if pair % 2 == 0 else ("candidate", "baseline"):
-        here = pathlib.Path(tmp) / f"{pair}_{name}"
-        tree, scratch = checkout(revisions[name], here / "tree"), here / "scratch"
-        scratch.mkdir()
-        print(f"{name} {revisions[name][:12]}: {args.job} ...", flush=True)
-        log = None if logs is None else logs / f"{pair + 1}_{name}_{revisions[name][:9]}.log"
-        result = JOBS[args.job](tree, scratch, args.runner_flags, log, caches[name])
+        with fresh_clone(revisions[name], pathlib.Path(tmp) / f"{pair}_{name}") as (tree, scratch):
+          print(f"{name} {revisions[name][:12]}: {args.job} ...", flush=True)
+          log = None if logs is None else logs / f"{pair + 1}_{name}_{revisions[name][:9]}.log"
+          result = JOBS[args.job](tree, scratch, args.runner_flags, log, caches[name])
         runs.append((pair, name, result))
         print(f"  {result['seconds']:.1f} s (load average {load_average()})", flush=True)
-        shutil.rmtree(here)
   peaks.append(matmul_gflops())
   first = {name: r for pair, name, r in runs if pair == 0}
   seconds = lambda pair, name: next(r["seconds"] for p, n, r in runs if p == pair and n == name)
