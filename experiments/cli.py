@@ -206,6 +206,9 @@ flags.DEFINE_integer("seed", _D["seed"], "Random seed of data order, sampling an
 flags.DEFINE_string("compilation_cache_dir", _D["compilation_cache_dir"],
     "JAX's on-disk compilation cache: a later run of the same programs (the same model, shapes and flags that "
     "shape them) loads them instead of compiling. Empty: off. JAX_COMPILATION_CACHE_DIR, when set, wins.")
+flags.DEFINE_string("profile_steps", _D["profile_steps"],
+    "FIRST:LAST: trace stage-2 steps FIRST to LAST (both included) with jax.profiler into <work_dir>/profile "
+    "(TensorBoard's profile plugin, Perfetto) and print each compiled program's runs, time and op kinds. Empty: off.")
 
 # DEVICES AND PROCESSES
 flags.DEFINE_string("mesh", _D["mesh"],

@@ -13,6 +13,7 @@ import pytest
 
 from experiments import cli
 from experiments import grpo_math
+from experiments.runner import profiling
 from grpo_jax import models
 from tests.conftest import HANG_GUARD_S
 from tests.known_answers import known_answers  # noqa: F401  (a fixture)
@@ -60,9 +61,13 @@ def test_resume_is_exact(tmp_path):
   _run(tmp_path / "straight", *common)
   _run(tmp_path / "stopped", *common, "--stop_after=2")
   assert not (tmp_path / "stopped" / "final_policy").exists()
-  _run(tmp_path / "stopped", *common, "--resume")
+  # The resumed steps under the profiler (a flag that may change on resume): the same run, and a trace of it.
+  _run(tmp_path / "stopped", *common, "--resume", "--profile_steps=3:4")
   straight, resumed = _params(tmp_path / "straight" / "final_policy"), _params(tmp_path / "stopped" / "final_policy")
   jax.tree.map(np.testing.assert_array_equal, straight, resumed)
+  programs = {p.name: p for p in profiling.summarize(tmp_path / "stopped" / "profile")}
+  assert programs["jit_step"].runs == 2 * 2 * 2  # 2 steps x 2 epochs x 2 minibatches of 8 of the 16 rows
+  assert programs["jit_step"].op_ms > 0 and programs["jit_step"].span_ms > 0
   base = _params(tmp_path / "straight" / "base_model")
   assert not np.array_equal(base["embed"]["embedding"], straight["embed"]["embedding"])
 
@@ -81,6 +86,8 @@ def _cli(*args, cwd):
     (["--task=gsm8k"], "--task=gsm8k needs --train_file"),
     (["--task=gsm8k", "--train_file=nope.jsonl", "--test_file=nope.jsonl"], "nope.jsonl"),
     (["--resume"], "--resume: no checkpoint in"),
+    (["--profile_steps=3"], "--profile_steps must be FIRST:LAST with 1 <= FIRST <= LAST"),
+    (["--steps=4", "--profile_steps=3:5"], "--profile_steps=3:5 ends after the run's last step (--steps=4)"),
     (["--model=/does/not/exist"], "checkpoint directory does not exist: /does/not/exist"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path, args, message, main_in_process, monkeypatch):

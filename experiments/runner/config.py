@@ -11,6 +11,7 @@ never reads a flag. `Config.flat()` is the flag-name -> value dict a checkpoint 
 """
 
 import dataclasses
+import re
 from typing import Any
 
 
@@ -165,6 +166,7 @@ class RunConfig:
   tensorboard: bool = True
   seed: int = 0
   compilation_cache_dir: str = "~/.cache/grpo_jax/xla"
+  profile_steps: str = ""  # "FIRST:LAST": trace stage-2 steps FIRST to LAST into <work_dir>/profile
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,7 +190,7 @@ SECTIONS = {"model": ModelConfig, "task": TaskConfig, "sft": SFTConfig, "rollout
 # runs: `--resume` accepts other values (`resume.check`).
 MAY_CHANGE = frozenset({
     "steps", "resume", "stop_after", "save_every", "keep_checkpoints", "work_dir", "tensorboard",
-    "compilation_cache_dir",
+    "compilation_cache_dir", "profile_steps",
     "eval_every", "eval_batch_size", "eval_samples", "eval_temperature",
     "mesh", "sharding_rules", "coordinator_address", "num_processes", "process_id", "cpu_devices",
 })
@@ -302,6 +304,18 @@ FLOW_UNSUPPORTED = ("loss_aggregation", "importance", "dynamic_sampling", "overl
                     "steps_per_iteration", "advantage_estimator")
 
 
+def profile_window(spec: str) -> tuple[int, int] | None:
+  """`--profile_steps`: "FIRST:LAST" -> (FIRST, LAST), the stage-2 steps traced (both included); "" -> None.
+  Raises ValueError with one line for anything else."""
+  if not spec:
+    return None
+  match = re.fullmatch(r"\s*(\d+)\s*:\s*(\d+)\s*", spec)
+  if not match or not 1 <= int(match[1]) <= int(match[2]):
+    raise ValueError(f"--profile_steps must be FIRST:LAST with 1 <= FIRST <= LAST (stage-2 steps, both traced), "
+                     f"not {spec!r}")
+  return int(match[1]), int(match[2])
+
+
 def check(config: Config) -> str | None:
   """The first problem of `config` as one line, or None."""
   v = config.flat()
@@ -337,6 +351,12 @@ def check(config: Config) -> str | None:
     return "--replay_fraction must be in [0, 1)"
   if v["overlong_buffer"] > v["max_new_tokens"]:
     return "--overlong_buffer must be <= --max_new_tokens"
+  try:
+    window = profile_window(v["profile_steps"])
+  except ValueError as err:
+    return str(err)
+  if window and window[1] > v["steps"]:
+    return f"--profile_steps={v['profile_steps']} ends after the run's last step (--steps={v['steps']})"
   rows = config.rows_per_step
   minibatch = v["minibatch_size"] or rows
   if minibatch % v["grad_accum_steps"] or rows % minibatch:

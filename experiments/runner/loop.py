@@ -36,6 +36,7 @@ from experiments.methods import learned_reward
 from experiments.runner import config as config_lib
 from experiments.runner import placement as placement_lib
 from experiments.runner import policy as policy_lib
+from experiments.runner import profiling
 from experiments.runner import resume as resume_lib
 from experiments.runner import task as task_lib
 from experiments.runner import warm_start
@@ -165,53 +166,60 @@ def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointe
     print("offline data: " + ", ".join(f"{k} {v:.4g}" for k, v in prepared.items()), file=sys.stderr)
   logger.start(steps)
 
-  for step in range(start + 1, steps + 1):
-    step_key = jax.random.fold_in(key, step)
-    if per_iteration and step > 1 and (step - 1) % per_iteration == 0:
-      # Algorithm 1: each iteration starts with π_ref ← π_θ (a copy: the train state is donated).
-      method.reference = jax.tree.map(jnp.copy, method.policy(state.params))
-    # COLLECT: π_old is the current policy (online methods) or a fixed dataset (offline ones)
-    batch, stats, position = method.collect(state.params, position, step_key)
-    # UPDATE: μ epochs over the method's minibatches
-    t0 = time.time()
-    step_metrics = []
-    for epoch in range(algo.num_epochs):
-      for part in method.minibatches(batch, step_key, epoch, minibatch):
-        state, metrics = train_step(state, part)
-        step_metrics.append(metrics)
-    step_metrics = jax.device_get(step_metrics)  # LOG: one transfer for all of the step's metrics
-    metrics = {k: combine(k, [float(m[k]) for m in step_metrics]) for k in step_metrics[0]}
-    update_time = time.time() - t0
-    warm_start.check_finite(metrics, f"{method.name} step {step}")
-    stats.update(metrics, time_update=update_time, optimizer_steps=float(updates_per_step))
-    step_time = stats.get("time_sampling", 0.0) + stats.get("time_scoring", 0.0) + update_time
-    if "generated_tokens" in stats:
-      stats["tokens_per_s"] = stats.pop("generated_tokens") / max(step_time, 1e-9)
-    values = logger.log(step, stats, prefix="train/")
-    logger.progress(step, _progress_line(values))
-    if per_iteration and step % per_iteration == 0:  # ITERATE: the iteration's end, retrain the reward model
-      logger.newline()
-      iteration = step // per_iteration
-      rm_metrics = updates.update(method.policy(state.params), iteration, jax.random.fold_in(step_key, 20_000))
-      values = logger.log(step, {"iteration": float(iteration), **rm_metrics}, prefix="rm/")
-      policy_eval = logger.log(step, evaluate(state.params), prefix="iteration/")
-      print(f"iteration {iteration}: held-out accuracy {policy_eval['iteration/accuracy']:.3f}; reward model on "
-            f"fresh policy samples: accuracy {values['rm/before_outcome/accuracy']:.3f} -> "
-            f"{values['rm/after_outcome/accuracy']:.3f}", file=sys.stderr)
-    # EVALUATE AND SAVE
-    if cfg.eval.eval_every and step % cfg.eval.eval_every == 0 and step != steps:
-      logger.newline()
-      values = logger.log(step, evaluate(state.params), prefix="eval/")
-      print(f"step {step}: held-out accuracy {values['eval/accuracy']:.3f}", file=sys.stderr)
-    if (run_cfg.save_every and step % run_cfg.save_every == 0) or step == steps or step == run_cfg.stop_after:
-      ckpt.save(step, checkpoint_tree(state), {"step": step, "data_position": position,
-                                               "key": np.asarray(key).tolist(), "sft_accuracy": start_accuracy,
-                                               "algo": method.name, "flags": recorded,
-                                               "metrics_offset": logger.offset()})
-    if step == run_cfg.stop_after:
-      logger.newline()
-      print(f"stopping after step {step} (--stop_after); continue with --resume", file=sys.stderr)
-      return method.policy(state.params), start_accuracy, True
+  def report(text):
+    logger.newline()
+    print(text, file=sys.stderr)
+
+  with profiling.StepTracer(run_cfg.profile_steps, pathlib.Path(run_cfg.work_dir) / "profile", report) as tracer:
+    for step in range(start + 1, steps + 1):
+      step_key = jax.random.fold_in(key, step)
+      tracer.before(step)
+      if per_iteration and step > 1 and (step - 1) % per_iteration == 0:
+        # Algorithm 1: each iteration starts with π_ref ← π_θ (a copy: the train state is donated).
+        method.reference = jax.tree.map(jnp.copy, method.policy(state.params))
+      # COLLECT: π_old is the current policy (online methods) or a fixed dataset (offline ones)
+      batch, stats, position = method.collect(state.params, position, step_key)
+      # UPDATE: μ epochs over the method's minibatches
+      t0 = time.time()
+      step_metrics = []
+      for epoch in range(algo.num_epochs):
+        for part in method.minibatches(batch, step_key, epoch, minibatch):
+          state, metrics = train_step(state, part)
+          step_metrics.append(metrics)
+      step_metrics = jax.device_get(step_metrics)  # LOG: one transfer for all of the step's metrics
+      metrics = {k: combine(k, [float(m[k]) for m in step_metrics]) for k in step_metrics[0]}
+      update_time = time.time() - t0
+      warm_start.check_finite(metrics, f"{method.name} step {step}")
+      stats.update(metrics, time_update=update_time, optimizer_steps=float(updates_per_step))
+      step_time = stats.get("time_sampling", 0.0) + stats.get("time_scoring", 0.0) + update_time
+      if "generated_tokens" in stats:
+        stats["tokens_per_s"] = stats.pop("generated_tokens") / max(step_time, 1e-9)
+      values = logger.log(step, stats, prefix="train/")
+      logger.progress(step, _progress_line(values))
+      tracer.after(step)
+      if per_iteration and step % per_iteration == 0:  # ITERATE: the iteration's end, retrain the reward model
+        logger.newline()
+        iteration = step // per_iteration
+        rm_metrics = updates.update(method.policy(state.params), iteration, jax.random.fold_in(step_key, 20_000))
+        values = logger.log(step, {"iteration": float(iteration), **rm_metrics}, prefix="rm/")
+        policy_eval = logger.log(step, evaluate(state.params), prefix="iteration/")
+        print(f"iteration {iteration}: held-out accuracy {policy_eval['iteration/accuracy']:.3f}; reward model on "
+              f"fresh policy samples: accuracy {values['rm/before_outcome/accuracy']:.3f} -> "
+              f"{values['rm/after_outcome/accuracy']:.3f}", file=sys.stderr)
+      # EVALUATE AND SAVE
+      if cfg.eval.eval_every and step % cfg.eval.eval_every == 0 and step != steps:
+        logger.newline()
+        values = logger.log(step, evaluate(state.params), prefix="eval/")
+        print(f"step {step}: held-out accuracy {values['eval/accuracy']:.3f}", file=sys.stderr)
+      if (run_cfg.save_every and step % run_cfg.save_every == 0) or step == steps or step == run_cfg.stop_after:
+        ckpt.save(step, checkpoint_tree(state), {"step": step, "data_position": position,
+                                                 "key": np.asarray(key).tolist(), "sft_accuracy": start_accuracy,
+                                                 "algo": method.name, "flags": recorded,
+                                                 "metrics_offset": logger.offset()})
+      if step == run_cfg.stop_after:
+        logger.newline()
+        print(f"stopping after step {step} (--stop_after); continue with --resume", file=sys.stderr)
+        return method.policy(state.params), start_accuracy, True
   logger.newline()
   return method.policy(state.params), start_accuracy, False
 

@@ -1,0 +1,149 @@
+"""A window of stage-2 steps under `jax.profiler`, and what its trace says per compiled program.
+
+`--profile_steps=FIRST:LAST` traces steps FIRST to LAST (both included) into `<work_dir>/profile`, a directory that
+TensorBoard's profile plugin and Perfetto (`*.trace.json.gz`) open, and prints one row per compiled program: how
+often it ran in the window, its span and summed op time per run, and the op kinds it spent that time in. The
+Python tracer is off: it slows a step by 2x on a CPU, and the per-program figures are the device's.
+
+    python -m experiments.grpo_math --profile_steps=5:8 --steps=8 --work_dir=/tmp/profiled
+    python scripts/profile_summary.py /tmp/profiled/profile     # the table again, or of any jax.profiler trace
+"""
+
+import collections
+import dataclasses
+import gzip
+import json
+import pathlib
+import re
+import sys
+
+import jax
+
+from experiments.runner import config as config_lib
+
+# Run-time options of the trace: the host's XLA op events and the device's, no Python function events.
+_HOST_TRACER_LEVEL = 2
+_PYTHON_TRACER_LEVEL = 0
+
+
+class StepTracer:
+  """Traces the steps of `--profile_steps` that a run takes: starts `jax.profiler` before the first (FIRST, or the
+  first after a resumed checkpoint) and stops it after LAST, whose results the loop has fetched, so that its device
+  work is in the trace; then reports `format_table(summarize(...))`. As a context manager, it stops a trace that
+  the run leaves open (an error, `--stop_after`)."""
+
+  def __init__(self, spec: str, out_dir: pathlib.Path, report=None):
+    self.window = config_lib.profile_window(spec)
+    if self.window and jax.process_count() > 1:  # each process traces its own host and devices
+      out_dir = pathlib.Path(out_dir) / f"process_{jax.process_index()}"
+    self.out_dir, self.first, self.active = pathlib.Path(out_dir), None, False
+    self.report = report or (lambda text: print(text, file=sys.stderr))
+
+  def before(self, step: int) -> None:
+    if self.window and self.first is None and self.window[0] <= step <= self.window[1]:
+      options = jax.profiler.ProfileOptions()
+      options.host_tracer_level, options.python_tracer_level = _HOST_TRACER_LEVEL, _PYTHON_TRACER_LEVEL
+      self.out_dir.mkdir(parents=True, exist_ok=True)
+      jax.profiler.start_trace(str(self.out_dir), profiler_options=options)
+      self.first, self.active = step, True
+
+  def after(self, step: int) -> None:
+    if self.active and step >= self.window[1]:
+      self.close()
+      self.report(f"profile of steps {self.first}-{step} in {self.out_dir} (TensorBoard's profile plugin, or "
+                  f"Perfetto on its trace.json.gz):\n" + format_table(summarize(self.out_dir), steps=step - self.first + 1))
+
+  def close(self) -> None:
+    if self.active:
+      jax.profiler.stop_trace()
+      self.active = False
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  """One compiled program's XLA op events in a trace.
+
+  Attributes:
+    name: its HLO module (`jit_step`: a train step; `jit__sample_impl`: the sampler; ...).
+    runs: its executions (distinct run ids; 0 when the events carry none).
+    span_ms: mean time from its first op's start to its last op's end, per run (0 without run ids).
+    op_ms: the summed durations of its op events, per run (per trace without run ids). Ops that overlap (two
+      threads of a CPU, streams of a GPU) each count, and work an op hands to a thread pool after its event
+      ends does not: a program can show more or less op time than span.
+    kinds: (op kind, share of op_ms) by share, largest first; a kind is an HLO op name without its number
+      (`ynn_fusion.21` -> `ynn_fusion`).
+  """
+  name: str
+  runs: int
+  span_ms: float
+  op_ms: float
+  kinds: tuple[tuple[str, float], ...]
+
+
+def trace_file(trace_dir: pathlib.Path) -> pathlib.Path:
+  """The newest `*.trace.json.gz` under a `jax.profiler` log directory (or the file itself)."""
+  trace_dir = pathlib.Path(trace_dir)
+  if trace_dir.is_file():
+    return trace_dir
+  found = sorted(trace_dir.glob("**/*.trace.json.gz"), key=lambda p: p.stat().st_mtime)
+  if not found:
+    raise FileNotFoundError(f"{trace_dir}: no *.trace.json.gz (a jax.profiler log directory holds one under "
+                            f"plugins/profile/<run>/)")
+  return found[-1]
+
+
+def summarize(trace_dir) -> list[Program]:
+  """The programs of a trace, by total op time, largest first. XLA op events are those whose args name an
+  `hlo_module` and an `hlo_op` (the CPU's thunks, a GPU's kernels)."""
+  path = trace_file(trace_dir)
+  try:
+    events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+  except (OSError, EOFError, ValueError, KeyError, TypeError) as err:
+    raise ValueError(f"{path}: not a readable trace ({type(err).__name__}: {err})") from None
+  ops = collections.defaultdict(list)
+  for e in events:
+    args = e.get("args") if isinstance(e, dict) else None
+    if e.get("ph") == "X" and isinstance(args, dict) and "hlo_module" in args and "hlo_op" in args:
+      ops[args["hlo_module"]].append(e)
+  programs = []
+  for name, evs in ops.items():
+    by_run = collections.defaultdict(list)
+    for e in evs:
+      if "run_id" in e["args"]:
+        by_run[e["args"]["run_id"]].append(e)
+    runs = len(by_run)
+    total = sum(float(e.get("dur", 0.0)) for e in evs)
+    kinds = collections.Counter()
+    for e in evs:
+      kinds[re.sub(r"\.\d+$", "", str(e["args"]["hlo_op"]))] += float(e.get("dur", 0.0))
+    spans = [max(e["ts"] + e.get("dur", 0.0) for e in r) - min(e["ts"] for e in r) for r in by_run.values()]
+    programs.append(Program(
+        name=name, runs=runs, span_ms=sum(spans) / runs / 1e3 if runs else 0.0,
+        op_ms=total / max(runs, 1) / 1e3,
+        kinds=tuple((k, v / total if total else 0.0) for k, v in kinds.most_common())))
+  return sorted(programs, key=lambda p: -p.op_ms * max(p.runs, 1))
+
+
+def format_table(programs: list[Program], steps: int | None = None, top: int = 4, min_share: float = 0.001) -> str:
+  """A Markdown table of `summarize`'s programs that hold at least `min_share` of the trace's op time (the rest,
+  such as a runner's eager ops, summed in a last line); with `steps`, each program's op time per traced step too."""
+  total = lambda p: p.op_ms * max(p.runs, 1)
+  everything = sum(map(total, programs)) or 1.0
+  shown = [p for p in programs if total(p) >= min_share * everything]
+  head = "| program | runs | span ms/run | op ms/run |" + (" op ms/step |" if steps else "") + " where the op time went |"
+  lines = [head, "|" + "---|" * (head.count("|") - 1)]
+  for p in shown:
+    where = ", ".join(f"{k} {100 * share:.0f}%" for k, share in p.kinds[:top])
+    per_step = f" {total(p) / steps:.1f} |" if steps else ""
+    lines.append(f"| {p.name} | {p.runs} | {p.span_ms:.1f} | {p.op_ms:.1f} |{per_step} {where} |")
+  rest = programs[len(shown):]
+  if rest:
+    lines.append(f"\n{len(rest)} more programs below {100 * min_share:g}% of the op time each: "
+                 f"{sum(map(total, rest)):.1f} ms of op time in all")
+  return "\n".join(lines)
