@@ -83,3 +83,22 @@ def test_the_script_prints_the_table_or_one_line(tmp_path, monkeypatch, capsys):
   monkeypatch.setattr("sys.argv", ["profile_summary", str(tmp_path / "missing")])
   with pytest.raises(SystemExit, match="^profile_summary: error: .*missing: no \\*.trace.json.gz"):
     profile_summary.main()
+
+
+def test_the_tracer_covers_the_window_from_where_a_run_starts(tmp_path, monkeypatch):
+  """Steps 3-5 traced from a run resumed at step 4: the trace runs from before step 4 to after step 5; a trace
+  that cannot be summarised is reported in one line, and the run goes on."""
+  calls, reports = [], []
+  monkeypatch.setattr(profiling.jax.profiler, "start_trace", lambda d, **kw: calls.append(("start", d)))
+  monkeypatch.setattr(profiling.jax.profiler, "stop_trace", lambda: calls.append(("stop",)))
+  with profiling.StepTracer("3:5", tmp_path / "profile", reports.append) as tracer:
+    for step in (4, 5, 6):
+      tracer.before(step)
+      assert tracer.active == (step in (4, 5))
+      tracer.after(step)
+  assert calls == [("start", str(tmp_path / "profile")), ("stop",)]
+  assert reports == [f"profile of steps 4-5 in {tmp_path / 'profile'}; no summary: {tmp_path / 'profile'}: no "
+                     f"*.trace.json.gz (a jax.profiler log directory holds one under plugins/profile/<run>/)"]
+  with profiling.StepTracer("3:5", tmp_path / "other", reports.append) as tracer:
+    tracer.before(3)  # a run that stops inside the window (--stop_after, an error): stopped on the way out
+  assert calls[-2:] == [("start", str(tmp_path / "other")), ("stop",)] and len(reports) == 1

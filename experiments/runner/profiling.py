@@ -50,8 +50,13 @@ class StepTracer:
   def after(self, step: int) -> None:
     if self.active and step >= self.window[1]:
       self.close()
-      self.report(f"profile of steps {self.first}-{step} in {self.out_dir} (TensorBoard's profile plugin, or "
-                  f"Perfetto on its trace.json.gz):\n" + format_table(summarize(self.out_dir), steps=step - self.first + 1))
+      where = f"profile of steps {self.first}-{step} in {self.out_dir}"
+      try:  # the trace is written; a summary that fails to read it does not stop the run
+        table = format_table(summarize(self.out_dir), steps=step - self.first + 1)
+      except (OSError, ValueError) as err:
+        self.report(f"{where}; no summary: {err}")
+        return
+      self.report(f"{where} (TensorBoard's profile plugin, or Perfetto on its trace.json.gz):\n{table}")
 
   def close(self) -> None:
     if self.active:
@@ -136,13 +141,14 @@ def format_table(programs: list[Program], steps: int | None = None, top: int = 4
   total = lambda p: p.op_ms * max(p.runs, 1)
   everything = sum(map(total, programs)) or 1.0
   shown = [p for p in programs if total(p) >= min_share * everything]
-  head = "| program | runs | span ms/run | op ms/run |" + (" op ms/step |" if steps else "") + " where the op time went |"
+  rest = [p for p in programs if total(p) < min_share * everything]
+  head = ("| program | runs | span ms/run | op ms/run |" + (" op ms/step |" if steps else "") +
+          " where the op time went |")
   lines = [head, "|" + "---|" * (head.count("|") - 1)]
   for p in shown:
     where = ", ".join(f"{k} {100 * share:.0f}%" for k, share in p.kinds[:top])
     per_step = f" {total(p) / steps:.1f} |" if steps else ""
     lines.append(f"| {p.name} | {p.runs} | {p.span_ms:.1f} | {p.op_ms:.1f} |{per_step} {where} |")
-  rest = programs[len(shown):]
   if rest:
     lines.append(f"\n{len(rest)} more programs below {100 * min_share:g}% of the op time each: "
                  f"{sum(map(total, rest)):.1f} ms of op time in all")
