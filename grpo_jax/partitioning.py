@@ -313,4 +313,8 @@ def jit_with_rules(fn: Callable, mesh: Mesh, rules: Mapping, **jit_kwargs) -> Ca
     with logical.axis_rules(mesh, rules):
       return fn(*args, **kwargs)
 
+  # The program is named after `fn` (a partial's function), as `jax.jit(fn)`'s would be: profiles and compile logs
+  # then tell the sharded sampler, forwards and updates apart.
+  traced.__name__ = traced.__qualname__ = getattr(fn, "__name__", getattr(getattr(fn, "func", None), "__name__",
+                                                                          "traced"))
   return jax.jit(traced, **jit_kwargs)

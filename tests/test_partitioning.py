@@ -1,5 +1,8 @@
 """Meshes, rule presets and placement (grpo_jax/partitioning.py), and an HF checkpoint loaded into shardings."""
 
+import functools
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -155,3 +158,27 @@ def test_load_hf_into_shardings(tmp_path):
   assert lm_head.sharding.spec == P("fsdp", None)
   again, _ = partitioning.load_hf(tmp_path, mesh, rules)  # the convenience wrapper, float32
   jax.tree.map(np.testing.assert_array_equal, again, models.load_hf(tmp_path)[0])
+
+
+class _Batch(NamedTuple):
+  x: jax.Array
+  loss_mask: jax.Array
+
+
+def test_sharded_programs_keep_their_functions_names():
+  """A profile or compile log names the program after the function it runs, on a mesh as on one device."""
+  mesh, rules = partitioning.single_device_mesh(), partitioning.get_rules("fsdp")
+  x = jnp.ones((2, 3))
+
+  def scores(a):
+    return a * 2
+
+  assert "module @jit_scores" in partitioning.jit_with_rules(scores, mesh, rules).lower(x).as_text()
+  scaled = functools.partial(lambda a, k: a * k, k=3)
+  assert "module @jit__lambda" in partitioning.jit_with_rules(scaled, mesh, rules).lower(x).as_text()
+  params = {"w": jnp.ones((3,))}
+  objective = lambda p, batch, totals: (jnp.sum(batch.x * p["w"]) / totals["num_tokens"], {"loss": jnp.zeros(())})
+  state, shardings = partitioning.init_train_state(params, optax.sgd(0.1), mesh, rules)
+  step = training.make_train_step(objective, optax.sgd(0.1), state_shardings=shardings, mesh=mesh, rules=rules)
+  batch = _Batch(x=jnp.ones((2, 3)), loss_mask=jnp.ones((2, 3), bool))
+  assert "module @jit_step" in step.lower(state, batch).as_text()

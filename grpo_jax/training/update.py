@@ -86,6 +86,7 @@ def make_train_step(objective: Objective, optimizer: optax.GradientTransformatio
   if mesh is None:
     return jax.jit(step, donate_argnums=donate_argnums)
 
+  @functools.wraps(step)  # the program keeps the name `step`, sharded or not (profiles, compile logs)
   def traced(state, batch):
     if not sharded:
       return step(state, batch)
