@@ -46,6 +46,7 @@ def _write(tmp_path, events):
 def test_summary_of_a_hand_made_trace(tmp_path):
   trace = _write(tmp_path, [
       {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "main"}},
+      "not an event",  # what a damaged or foreign trace may hold: skipped
       {"ph": "X", "name": "PjitFunction(step)", "ts": 0, "dur": 9000, "pid": 1, "tid": 1},  # no HLO args: not an op
       _op("jit_step", "fusion.1", 0, 4000, run="r1"),  # run r1: ops over 0 ... 7000 us
       _op("jit_step", "dot.2", 1000, 6000, run="r1"),

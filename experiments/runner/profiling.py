@@ -114,7 +114,7 @@ def summarize(trace_dir) -> list[Program]:
   ops = collections.defaultdict(list)
   for e in events:
     args = e.get("args") if isinstance(e, dict) else None
-    if e.get("ph") == "X" and isinstance(args, dict) and "hlo_module" in args and "hlo_op" in args:
+    if isinstance(args, dict) and e.get("ph") == "X" and "hlo_module" in args and "hlo_op" in args:
       ops[args["hlo_module"]].append(e)
   programs = []
   for name, evs in ops.items():
