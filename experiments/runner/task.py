@@ -1,5 +1,7 @@
 """The task: training pool, held-out set, prompt format and rule reward, from a `TaskConfig`."""
 
+import functools
+
 import numpy as np
 
 from experiments.runner import config as config_lib
@@ -58,5 +60,14 @@ class Task:
   def train_example(self, position: int) -> data.Example:
     """The example at a position of the endless, per-epoch shuffled training order."""
     epoch, index = divmod(position, len(self.rl_pool))
-    order = np.random.default_rng([self.seed, epoch]).permutation(len(self.rl_pool))
-    return self.rl_pool[order[index]]
+    return self.rl_pool[epoch_permutation(len(self.rl_pool), self.seed, epoch)[index]]
+
+
+@functools.lru_cache(maxsize=4)
+def epoch_permutation(size: int, seed: int, epoch: int) -> np.ndarray:
+  """The order of the pool's `size` examples in `epoch`, computed once per (size, seed, epoch) rather than once
+  per example read (B reads a step, each an O(size) shuffle). Four are kept: the RL order's epoch, the next one
+  at an epoch's end, and iterative RL's reward-model prompts, drawn from a far-off epoch."""
+  order = np.random.default_rng([seed, epoch]).permutation(size)
+  order.flags.writeable = False  # shared by every caller
+  return order

@@ -1,0 +1,47 @@
+"""The task's endless, per-epoch shuffled training order (`Task.train_example`)."""
+
+import numpy as np
+
+from experiments.runner import config as config_lib
+from experiments.runner import task as task_lib
+
+
+def _task(seed=3, num_train=30, sft_examples=7):
+  cfg = config_lib.TaskConfig(num_train=num_train, num_test=4, sft_examples=sft_examples)
+  return task_lib.Task(cfg, None, sft_lineage=True, seed=seed)
+
+
+def test_order_is_a_fresh_permutation_of_the_rl_pool_each_epoch():
+  task = _task()
+  n = len(task.rl_pool)
+  assert n == 23  # 30 problems, the first 7 are SFT's
+  # The order as it was first defined (and as runs and checkpoints made before the cache follow it): epoch e
+  # is `default_rng([seed, e]).permutation(n)` of the RL pool, drawn afresh for every read.
+  expected = [task.rl_pool[np.random.default_rng([3, p // n]).permutation(n)[p % n]] for p in range(4 * n + 5)]
+  assert [task.train_example(p) for p in range(4 * n + 5)] == expected
+  for epoch in range(4):  # each epoch visits every RL problem once, in its own order
+    seen = [task.train_example(epoch * n + i) for i in range(n)]
+    assert sorted(map(id, seen)) == sorted(map(id, task.rl_pool))
+  assert [task.train_example(i).question for i in range(n)] != [task.train_example(n + i).question
+                                                                 for i in range(n)]
+  other = _task(seed=4)
+  assert [other.train_example(i).question for i in range(n)] != [task.train_example(i).question for i in range(n)]
+
+
+def test_the_permutation_is_computed_once_per_epoch(monkeypatch):
+  calls = []
+  real = np.random.default_rng
+
+  def counting(seed):
+    calls.append(tuple(seed))
+    return real(seed)
+
+  task = _task()
+  n = len(task.rl_pool)
+  task_lib.epoch_permutation.cache_clear()
+  monkeypatch.setattr(task_lib.np.random, "default_rng", counting)
+  for position in range(3 * n):  # three epochs, read one example at a time as the methods do
+    task.train_example(position)
+  task.train_example(10**9)  # iterative RL's reward-model prompts: a far-off epoch, one more permutation
+  task.train_example(3 * n - 1)  # ... and back to the RL order: still cached
+  assert calls == [(3, 0), (3, 1), (3, 2), (3, 10**9 // n)]
