@@ -63,3 +63,13 @@ def test_stop_after_returns_nothing_and_saves(tmp_path):
 def test_combine_keeps_extremes():
   assert loop.combine("ratio_min", [0.5, 0.2]) == 0.2 and loop.combine("ratio_max", [0.5, 0.2]) == 0.5
   assert loop.combine("loss", [1.0, 2.0]) == 1.5
+
+
+def test_resume_keeps_the_count_of_truncated_prompts(tmp_path):
+  """`train/prompts_truncated` counts since the start of the run: a resumed run goes on from the checkpoint's
+  count instead of from 0. Every prompt is longer than 4 tokens, so after step s it is s·B."""
+  config = config_lib.Config().replace(**{**TINY, "max_prompt_len": 4}, stop_after=1, work_dir=str(tmp_path))
+  loop.run(config)
+  loop.run(config.replace(stop_after=0, resume=True))
+  records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [(r["step"], r["train/prompts_truncated"]) for r in records if "train/loss" in r] == [(1, 2.0), (2, 4.0)]

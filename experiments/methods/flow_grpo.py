@@ -86,7 +86,6 @@ class FlowGRPO(base.Method):
   def __init__(self, cfg, config, task, rollouts, reference):
     super().__init__(cfg, config, task, rollouts, reference)
     self.agent = Agent(cfg, task.tokenizer)
-    self.prompts_truncated = 0
     self.num_turns = 0  # turn rows of the last collected step
 
   def objective(self):
@@ -104,7 +103,7 @@ class FlowGRPO(base.Method):
     examples = [self.task.train_example(position + i) for i in range(b)]
     planner = self.agent.planner(params, self.config, greedy=False)
     trajectories = self.agent.episodes(planner, examples, g, key)
-    self.prompts_truncated += planner.prompts_truncated
+    self.rollouts.prompts_truncated += planner.prompts_truncated  # the count the checkpoint records
     t1 = time.time()
     repeated = [e for e in examples for _ in range(g)]
     outputs = [t.output for t in trajectories]
@@ -128,7 +127,7 @@ class FlowGRPO(base.Method):
         "zero_variance_groups": float(np.mean(np.ptp(rewards, axis=1) == 0)),
         **agents.episode_stats(trajectories),
         "turn_rows": float(n_turns), "padded_rows": float(len(host.advantages) - n_turns),
-        "sampled_rows": float(planner.rows_sampled), "prompts_truncated": float(self.prompts_truncated),
+        "sampled_rows": float(planner.rows_sampled), "prompts_truncated": float(self.rollouts.prompts_truncated),
         "action_length": float(np.mean([len(turn.output.action_ids) for t in trajectories for turn in t.turns])),
         "time_sampling": t1 - t0, "time_scoring": time.time() - t1,
     }

@@ -111,6 +111,21 @@ def _check_placement(config: config_lib.Config, placement: placement_lib.Placeme
 # STAGE 2: THE METHOD'S STEPS
 
 
+def update_plan(method: methods_lib.Method):
+  """`(minibatch rows, optimiser steps per step, optimiser)` of stage 2: the schedule spans the run's updates."""
+  cfg = method.cfg
+  algo = cfg.algorithm
+  rows = method.rows_per_step()
+  minibatch = algo.minibatch_size or rows  # divides the rows, and by grad_accum_steps (`config.check`)
+  if minibatch % (method.rows_per_item * algo.grad_accum_steps):
+    raise RunError(f"--algo={method.name}: micro-batches of {minibatch // algo.grad_accum_steps} rows split its "
+                   f"groups of {method.rows_per_item} rows")
+  updates_per_step = algo.num_epochs * rows // minibatch
+  total_updates = cfg.optim.steps * updates_per_step
+  warmup = min(cfg.optim.warmup_steps, total_updates // 2)  # short runs (smoke tests) still warm up and decay
+  return minibatch, updates_per_step, method.optimizer(total_updates, warmup)
+
+
 def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointer, start_accuracy):
   """Stage 2: `steps` steps of collect, then μ epochs of minibatch updates.
 
@@ -118,16 +133,8 @@ def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointe
   """
   cfg = method.cfg
   algo, run_cfg = cfg.algorithm, cfg.run
-  rows = method.rows_per_step()
-  minibatch = algo.minibatch_size or rows  # divides the rows, and by grad_accum_steps (`config.check`)
-  if minibatch % (method.rows_per_item * algo.grad_accum_steps):
-    raise RunError(f"--algo={method.name}: micro-batches of {minibatch // algo.grad_accum_steps} rows split its "
-                   f"groups of {method.rows_per_item} rows")
-  updates_per_step = algo.num_epochs * rows // minibatch
+  minibatch, updates_per_step, optimizer = update_plan(method)
   steps = cfg.optim.steps
-  total_updates = steps * updates_per_step
-  warmup = min(cfg.optim.warmup_steps, total_updates // 2)  # short runs (smoke tests) still warm up and decay
-  optimizer = method.optimizer(total_updates, warmup)
   key = jax.random.PRNGKey(run_cfg.seed)
   state, train_step = method.rollouts.placement.train(method.init_params(policy, jax.random.fold_in(key, 1)),
                                                       optimizer, method.objective(), algo.grad_accum_steps)
@@ -144,7 +151,7 @@ def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointe
   def evaluate(params):
     return method.evaluate(method.policy(params), jax.random.PRNGKey(run_cfg.seed + 1))
 
-  position, start = 0, 0
+  position, start, prompts_truncated = 0, 0, None
   if run_cfg.resume and ckpt.latest_step() is not None:
     tree, meta = ckpt.restore_intact(
         checkpoint_tree(state), check=lambda meta, step: resume_lib.check_flags(meta.get("flags"), recorded, step,
@@ -155,12 +162,15 @@ def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointe
       method.reference = tree["reference"]
       updates.restore(tree)
     start, position = int(meta["step"]), int(meta["data_position"])
+    prompts_truncated = meta.get("prompts_truncated")  # None in checkpoints saved before it was recorded
     key = jnp.asarray(meta["key"], jnp.uint32)
     start_accuracy = meta.get("sft_accuracy", start_accuracy)
     print(f"resumed from step {start} in {ckpt.directory}" + (
         f" ({dropped} metrics.jsonl records of later steps dropped)" if dropped else ""), file=sys.stderr)
   # Offline data comes from the start policy (the reference), so a resumed run rebuilds the same dataset.
   prepared = method.prepare(policy, jax.random.fold_in(jax.random.PRNGKey(run_cfg.seed), 2))
+  if prompts_truncated is not None:  # the count since the start, the rebuilt offline data's prompts included
+    method.rollouts.prompts_truncated = int(prompts_truncated)
   if prepared:
     logger.log(start, prepared, prefix="data/")
     print("offline data: " + ", ".join(f"{k} {v:.4g}" for k, v in prepared.items()), file=sys.stderr)
@@ -215,7 +225,8 @@ def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointe
         ckpt.save(step, checkpoint_tree(state), {"step": step, "data_position": position,
                                                  "key": np.asarray(key).tolist(), "sft_accuracy": start_accuracy,
                                                  "algo": method.name, "flags": recorded,
-                                                 "metrics_offset": logger.offset()})
+                                                 "metrics_offset": logger.offset(),
+                                                 "prompts_truncated": int(method.rollouts.prompts_truncated)})
       if step == run_cfg.stop_after:
         logger.newline()
         print(f"stopping after step {step} (--stop_after); continue with --resume", file=sys.stderr)
