@@ -176,7 +176,7 @@ def episode_gae(rewards, values, next_values, terminated, truncated, gamma, lam)
 
 def make_train(config: Config):
   """Returns `train(key) -> (params, per-update metrics)`, the whole run as one jitted function."""
-  # Imported here, not at the top: gymnax's import takes about 2 s, which a bad flag should not wait for.
+  # Imported here, not at the top: gymnax's import is slow, and a bad flag should not wait for it.
   import gymnax  # pylint: disable=import-outside-toplevel
   env, env_params = gymnax.make("CartPole-v1")
   obs_dim = env.observation_space(env_params).shape[0]

@@ -4,11 +4,11 @@ XLA's CPU client allocates each executable's temporary buffer afresh on every ca
 default run's GRPO update holds about 660 MB of activations there. With asynchronous dispatch a worker thread of the
 client allocates it, and glibc's malloc serves a block that large to a worker thread's arena with `mmap` (those
 heaps are 64 MB at most) and unmaps it on `free`, so every call page-faults the whole buffer back in and the kernel
-zeroes it again: 56M page faults and 89 s of system time in a 247 s default run on a 2-core CPU. With synchronous
-dispatch the calling (main) thread allocates it, from the main heap, and with no `mmap` and no trimming there the
-freed buffer stays in the heap for the next call: the same run in 201 s, every record the same (BENCHMARKS.md,
-ninth pass). The worker threads keep their own arenas, so the many small buffers the fused kernels allocate at every
-call do not search a heap that the compiles left fragmented (one arena for every thread: 253 s).
+zeroes it again: tens of millions of page faults in a default run. With synchronous dispatch the calling (main)
+thread allocates it, from the main heap, and with no `mmap` and no trimming there the freed buffer stays in the
+heap for the next call; every record of the run is the same. The worker threads keep their own arenas, so the many
+small buffers the fused kernels allocate at every call do not search a heap that the compiles left fragmented
+(one arena for every thread was slower).
 
   from grpo_jax import host_memory
   if host_memory.cpu_only():

@@ -3,9 +3,8 @@
 Tracing, lowering and compiling allocate and drop container objects by the million, and CPython's default
 thresholds (700, 10, 10) start a collection of the youngest generation every 700 net allocations and a full
 collection every 100 of those. A full collection walks every tracked object, and a JAX process holds hundreds of
-thousands (its modules, jit caches, jaxprs): 80-300 ms each on a 2-core CPU. Collections took 4.3 s of a 51 s
-test run (8%, 12 full ones; 1.1 s and 1 with `collect_less`) and 10-15% of compiling a train step
-(BENCHMARKS.md, fourteenth pass).
+thousands (its modules, jit caches, jaxprs), so collections were a measurable share of a test worker's time and
+of compiling a train step.
 
   from grpo_jax import python_gc
   python_gc.collect_less()   # in main(), once the imports are done

@@ -16,11 +16,11 @@ import sys
 import tempfile
 
 # Write the bytecode of what the suite imports, once. The README installs with `pip install --no-compile` (pip
-# byte-compiles the 17k files of the test extra one by one: 62 -> 26 s of a 2-core machine's install), and some
+# byte-compiles the 17k files of the test extra one by one, most of the install's time), and some
 # machines set PYTHONDONTWRITEBYTECODE, under which each of the suite's ~100 processes (workers, runner
 # subprocesses) would compile jax, torch and transformers from source again. Unset here, before the workers and
 # child processes start (they inherit it), the first import of a module writes its .pyc (5.4k files) and later
-# processes load it: a cold pytest takes as long as with pip's byte-compiled install (BENCHMARKS.md, tenth pass).
+# processes load it: a cold pytest takes as long as with pip's byte-compiled install.
 if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
   sys.dont_write_bytecode = False  # (`python -B` alone is left as it is)
 
@@ -35,12 +35,11 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 # child processes), JAX would otherwise try to start a TPU backend in every worker and print its warnings.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Compile the tests' programs fast: most of a cold run is XLA compiling small programs that then run for
-# milliseconds. Without LLVM's optimisation passes (0.76-0.82x the time of the test files measured cold), and
-# with XLA CPU's older LLVM-IR fusion emitters instead of its MLIR ones (compiling the default run's GRPO update
-# 1.76 -> 1.12 s; BENCHMARKS.md, eighth pass). What the tests check is unchanged; timing and compiler output are
+# milliseconds. Without LLVM's optimisation passes, and with XLA CPU's older LLVM-IR fusion emitters instead of
+# its MLIR ones (both compile faster; BENCHMARKS.md, the test suite). What the tests check is unchanged; timing and compiler output are
 # measured by scripts/ (and test_aot_compile drops these flags for the TPU compiler).
 # jaxlib 0.11's XLA no longer has the second flag and aborts the process on an unknown flag in XLA_FLAGS: it is
-# set for the jaxlib releases that know it (seen on jax 0.11.2 CUDA, BENCHMARKS.md, fourteenth pass).
+# set for the jaxlib releases that know it (seen on jax 0.11.2 CUDA).
 FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0",) + (
     ("--xla_cpu_use_fusion_emitters=false",)
     if tuple(int(x) for x in importlib.metadata.version("jaxlib").split(".")[:2]) < (0, 11) else ())

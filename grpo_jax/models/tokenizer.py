@@ -32,7 +32,7 @@ CHAT_TEMPLATE = (
 
 def load_tokenizer(path: str | pathlib.Path) -> transformers.PreTrainedTokenizerBase:
   """`transformers.AutoTokenizer.from_pretrained(path)` (chat template included), with a clear error."""
-  # Imported on first use: transformers' import takes about 0.4 s, which a bad command-line flag need not wait for.
+  # Imported on first use: transformers' import is slow, and a bad command-line flag need not wait for it.
   import transformers  # pylint: disable=import-outside-toplevel
   path = pathlib.Path(path)
   if not path.is_dir():
