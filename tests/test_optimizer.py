@@ -1,6 +1,5 @@
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 
 from grpo_jax import training

@@ -23,16 +23,21 @@ def test_last_token_mask():
 def test_ppo_loss_is_grpo_without_kl():
   key = jax.random.PRNGKey(0)
   logp = -jax.random.uniform(key, (3, 5))
-  old = logp + 0.2 * jax.random.normal(jax.random.PRNGKey(1), (3, 5))
+  old = logp + 0.5 * jax.random.normal(jax.random.PRNGKey(1), (3, 5))  # ratios inside and outside 1 ± ε
   adv = jax.random.normal(jax.random.PRNGKey(2), (3, 5))
   mask = jnp.arange(5)[None] < jnp.array([5, 2, 4])[:, None]
-  ppo, metrics = losses.ppo_loss(logp, old, adv, mask, epsilon=0.2)
+  ppo, _ = losses.ppo_loss(logp, old, adv, mask, epsilon=0.2)
+  # DeepSeekMath eq. 1 written out in NumPy: -(1/N) Σ_i (1/|o_i|) Σ_t min(ρ A, clip(ρ, 1 − ε, 1 + ε) A).
+  rho, a, m = np.exp(np.asarray(logp) - np.asarray(old)), np.asarray(adv), np.asarray(mask)
+  surrogate = np.minimum(rho * a, np.clip(rho, 0.8, 1.2) * a)
+  per_row = [surrogate[i][m[i]].mean() for i in range(3)]
+  np.testing.assert_allclose(ppo, -np.mean(per_row), rtol=1e-5)
+  assert abs(np.mean([(rho * a)[i][m[i]].mean() for i in range(3)]) + float(ppo)) > 0.02  # the clip is active
   grpo, _ = losses.grpo_loss(logp, old, None, adv, mask, epsilon=0.2, beta=0.0)
   np.testing.assert_allclose(ppo, grpo, rtol=1e-6)
-  assert "clip_frac" in metrics
-  # At ρ = 1 the actor's gradient coefficient is A_t (DeepSeekMath Table 10).
+  # At ρ = 1 the actor's gradient coefficient is A_t (DeepSeekMath Table 10): ∂loss/∂log π_t = −A_t / (N |o_i|).
   grad = jax.grad(lambda lp: losses.ppo_loss(lp, jax.lax.stop_gradient(lp), adv, mask, epsilon=0.2)[0])(logp)
-  np.testing.assert_allclose(grad, -losses.aggregation_weights(mask) * losses.ppo_coefficient(adv), atol=1e-6)
+  np.testing.assert_allclose(grad, -a * m / (3 * m.sum(1, keepdims=True)), atol=1e-6)
 
 
 def test_ppo_pipeline_end_to_end():
