@@ -10,6 +10,10 @@ SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 # full: only its input (everything recomputed); dots_no_batch: also the outputs of the weight matmuls
 # (attention scores recomputed); dots: every matmul output.
 REMAT_POLICIES = ("full", "dots_no_batch", "dots")
+# How multi-token forwards attend (`attention`; grpo_jax.models.attention, which checks it holds its names).
+ATTENTION_IMPLEMENTATIONS = ("einsum", "xla", "cudnn", "pallas")
+# The projections LoRA can adapt (`lora_targets`), as PEFT's target_modules name them without `_proj`.
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 
 _ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
@@ -51,7 +55,9 @@ class ModelConfig:
   and `scan_layers` (the layer stack as one `lax.scan` over stacked weights,
   params under `layers/...` with a leading [num_hidden_layers] axis, instead
   of unrolled `layers_{i}/...`) are run-time settings that are not written to
-  config.json.
+  config.json; so are `lora_rank`, `lora_alpha` and `lora_targets` (a subset of
+  LORA_TARGETS): with a rank r > 0 the targeted projections take LoRA adapters
+  from the params dict (`grpo_jax.models.lora`).
   """
 
   vocab_size: int
@@ -79,6 +85,10 @@ class ModelConfig:
   remat: bool = False
   remat_policy: str = "full"
   scan_layers: bool = False
+  attention: str = "einsum"  # multi-token attention: one of attention.IMPLEMENTATIONS (resolved, not auto)
+  lora_rank: int = 0
+  lora_alpha: float = 0.0
+  lora_targets: tuple[str, ...] = ()
 
   def __post_init__(self):
     if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -90,9 +100,16 @@ class ModelConfig:
           f"num_key_value_heads={self.num_key_value_heads}")
     if self.remat_policy not in REMAT_POLICIES:
       raise ValueError(f"unknown remat_policy={self.remat_policy!r}; choose from {REMAT_POLICIES}")
+    if self.attention not in ATTENTION_IMPLEMENTATIONS:
+      raise ValueError(f"unknown attention={self.attention!r}; choose from {ATTENTION_IMPLEMENTATIONS}")
     object.__setattr__(self, "dtype", jnp.dtype(self.dtype).name)
     object.__setattr__(self, "param_dtype", jnp.dtype(self.param_dtype).name)
     object.__setattr__(self, "eos_token_ids", tuple(int(i) for i in self.eos_token_ids))
+    object.__setattr__(self, "lora_targets", tuple(self.lora_targets))
+    unknown = [t for t in self.lora_targets if t not in LORA_TARGETS]
+    if unknown or self.lora_rank < 0 or bool(self.lora_rank) != bool(self.lora_targets):
+      raise ValueError(f"LoRA: rank {self.lora_rank} with targets {self.lora_targets}: the rank must be > 0 exactly "
+                       f"when targets are given, each one of {LORA_TARGETS}")
 
   @property
   def num_groups(self) -> int:
@@ -109,7 +126,7 @@ class ModelConfig:
     Args:
       d: the parsed config.json.
       source: path named in error messages.
-      **runtime: `dtype`, `param_dtype`, `remat`, `remat_policy`, `scan_layers`.
+      **runtime: `dtype`, `param_dtype`, `remat`, `remat_policy`, `scan_layers`, `attention`.
 
     Raises:
       CheckpointError: unsupported architecture or feature, or a missing key.

@@ -37,6 +37,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from grpo_jax.models import attention
+from grpo_jax.models import random_init
 from grpo_jax.models.config import REMAT_POLICIES, ModelConfig
 from grpo_jax.models.logical_axes import constrain
 
@@ -189,7 +191,7 @@ def project(x: jax.Array, kernel: jax.Array, n_in: int) -> jax.Array:
   The forward is the plain contraction. The backward forms the kernel's gradient as one 2-D product
   xᵀ·dy ([R, in] x [R, out], contracted over the R rows, no operand copied); under autodiff of the einsum,
   XLA's CPU backend transposes dy instead, with the elementwise op that made dy (SwiGLU's derivative)
-  fused into that unvectorised copy. The default run's GRPO update: 0.85 -> 0.67 s a step (BENCHMARKS.md).
+  fused into that unvectorised copy, which made the CPU update much slower.
   Values equal the einsum's; gradients equal autodiff's up to float rounding.
   """
   return jnp.tensordot(x, kernel, n_in)
@@ -213,9 +215,14 @@ project.defvjp(_project_fwd, _project_bwd)
 
 
 class Proj(nnx.Module):
-  """A linear map `x · kernel + bias` with a multi-dimensional kernel; `spec` is the einsum it computes."""
+  """A linear map `x · kernel + bias` with a multi-dimensional kernel; `spec` is the einsum it computes.
 
-  def __init__(self, spec: str, kernel_shape, bias_shape, *, use_bias: bool, config: ModelConfig, rngs: nnx.Rngs):
+  `lora` names the projection for `config.lora_targets`; a targeted one also has LoRA adapters `lora_a`
+  [*in, r] and `lora_b` [r, *out] and adds (x · A) · B · lora_alpha / r (`grpo_jax.models.lora`).
+  """
+
+  def __init__(self, spec: str, kernel_shape, bias_shape, *, use_bias: bool, config: ModelConfig, rngs: nnx.Rngs,
+               lora: str = ""):
     self.kernel = _normal(rngs, kernel_shape, config.param_dtype)
     self.bias = nnx.Param(jnp.zeros(bias_shape, config.param_dtype)) if use_bias else None
     x_axes, rest = spec.split(",")
@@ -224,11 +231,18 @@ class Proj(nnx.Module):
     assert x_axes[len(x_axes) - self.n_in:] == kernel_axes[:self.n_in], spec  # trailing x axes x leading kernel axes
     assert out_axes == x_axes[:len(x_axes) - self.n_in] + kernel_axes[self.n_in:], spec
     self.dtype = config.dtype
+    rank = config.lora_rank if lora in config.lora_targets else 0
+    self.lora_a = nnx.Param(jnp.zeros((*kernel_shape[:self.n_in], rank), jnp.float32)) if rank else None
+    self.lora_b = nnx.Param(jnp.zeros((rank, *kernel_shape[self.n_in:]), jnp.float32)) if rank else None
+    self.lora_scale = config.lora_alpha / rank if rank else 0.0
 
   def __call__(self, x: jax.Array) -> jax.Array:
     y = project(x, self.kernel[...].astype(self.dtype), self.n_in)
     if self.bias is not None:
       y = y + self.bias[...].astype(self.dtype)
+    if self.lora_a is not None:  # x·W + (x·A)·B·α/r: the update stays rank r, W is never copied
+      xa = project(x, self.lora_a[...].astype(self.dtype), self.n_in)
+      y = y + project(xa, (self.lora_scale * self.lora_b[...]).astype(self.dtype), 1)
     return y
 
 
@@ -247,6 +261,8 @@ def project_together(x: jax.Array, projs: tuple[Proj, ...]) -> tuple[jax.Array, 
   assert all(p.kernel.shape == first.kernel.shape and p.n_in == first.n_in and (p.bias is None) == (first.bias is None)
              for p in projs), "project_together: projections of one shape"
   separate = lambda x: tuple(p(x) for p in projs)
+  if any(p.lora_a is not None for p in projs):
+    return separate(x)
 
   def stacked(x):
     kernel = jnp.stack([p.kernel[...] for p in projs], axis=first.n_in).astype(first.dtype)
@@ -266,16 +282,17 @@ class Attention(nnx.Module):
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     c = config
     e, h, k, d = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
-    self.q_proj = Proj("ble,ehd->blhd", (e, h, d), (h, d), use_bias=c.qkv_bias, config=c, rngs=rngs)
-    self.k_proj = Proj("ble,ekd->blkd", (e, k, d), (k, d), use_bias=c.qkv_bias, config=c, rngs=rngs)
-    self.v_proj = Proj("ble,ekd->blkd", (e, k, d), (k, d), use_bias=c.qkv_bias, config=c, rngs=rngs)
-    self.o_proj = Proj("blhd,hde->ble", (h, d, e), (e,), use_bias=c.o_bias, config=c, rngs=rngs)
+    self.q_proj = Proj("ble,ehd->blhd", (e, h, d), (h, d), use_bias=c.qkv_bias, config=c, rngs=rngs, lora="q")
+    self.k_proj = Proj("ble,ekd->blkd", (e, k, d), (k, d), use_bias=c.qkv_bias, config=c, rngs=rngs, lora="k")
+    self.v_proj = Proj("ble,ekd->blkd", (e, k, d), (k, d), use_bias=c.qkv_bias, config=c, rngs=rngs, lora="v")
+    self.o_proj = Proj("blhd,hde->ble", (h, d, e), (e,), use_bias=c.o_bias, config=c, rngs=rngs, lora="o")
     if c.qk_norm:
       self.q_norm = RMSNorm(d, eps=c.rms_norm_eps, param_dtype=c.param_dtype)
       self.k_norm = RMSNorm(d, eps=c.rms_norm_eps, param_dtype=c.param_dtype)
     else:
       self.q_norm = self.k_norm = None
     self.num_kv_heads, self.num_groups, self.head_dim = k, c.num_groups, d
+    self.attention = c.attention
 
   def __call__(self, x, cos, sin, allowed, kv, index):
     """x [B, L, E]; allowed [B, L, S] bool; kv: the (k, v) cache, [B, K, D, S] and [B, K, S, D], or None (S = L);
@@ -305,27 +322,10 @@ class Attention(nnx.Module):
         out = _decode_attention(q, *kv, allowed, self.head_dim ** -0.5, prefix)
         return self.o_proj(constrain(out.reshape(b, l, -1, self.head_dim), ("batch", "length", "heads", None))), kv
       k, v = kv
-    k_spec, v_spec = ("bskd", "bskd") if kv is None else ("bkds", "bksd")  # the cache's layouts
-    scores = _scores(q, k.astype(q.dtype), k_spec)
-    scores = scores * (self.head_dim ** -0.5)
-    scores = jnp.where(allowed[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-    out = jnp.einsum(f"bkgls,{v_spec}->blkgd", probs, v.astype(q.dtype)).reshape(b, l, -1, self.head_dim)
+    # Multi-token attention (training, scoring, prefill): the config's implementation (`attention.attend`).
+    out = attention.attend(q.reshape(b, l, -1, self.head_dim), k, v, allowed, implementation=self.attention,
+                           causal=kv is None, cache_layout=kv is not None)
     return self.o_proj(constrain(out, ("batch", "length", "heads", None))), kv
-
-
-def _scores(q: jax.Array, k: jax.Array, k_spec: str) -> jax.Array:
-  """q·k as float32 [B, K, G, L, S] for q [B, L, K, G, D] and keys `k_spec` ("bskd", or "bkds" from a cache).
-
-  XLA's CPU backend has no bfloat16 x bfloat16 -> float32 product for keys laid out [B, K, D, S] (it falls back
-  to a dot without that type), so on the CPU such keys and queries are cast to float32 first: the same products
-  (bfloat16 values are exact in float32) and float32 sums. Other platforms take the mixed-precision product.
-  """
-  dot = lambda q, k: jnp.einsum(f"blkgd,{k_spec}->bkgls", q, k, preferred_element_type=jnp.float32)
-  if k_spec != "bkds" or q.dtype == jnp.float32:
-    return dot(q, k)
-  f32 = jnp.float32
-  return jax.lax.platform_dependent(q, k, cpu=lambda q, k: dot(q.astype(f32), k.astype(f32)), default=dot)
 
 
 def _decode_attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, scale: float,
@@ -336,14 +336,12 @@ def _decode_attention(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Arr
   attention as the einsums of `Attention`, with the softmax written out so that a prefix can join it. Per
   (row, kv head) the scores are [G, D] x [D, S] and the output [G, S] x [S, D], batched dots that XLA's CPU
   backend runs through YNNPACK. With the keys [D, S] they beat the elementwise products reduced over D, then
-  over S, of earlier passes (the sampler at 256 x 64 on 2 CPU devices: 1.03x; BENCHMARKS.md, thirteenth pass),
-  with bit for bit the same values on the Zen 4 CPU measured (another processor's kernels may sum in another
+  over S, with bit for bit the same values on the CPU measured (another processor's kernels may sum in another
   order).
 
   With `prefix` = (keys [B', K, D, P], values [B', K, P, D], mask [B', P]), B = B' * R, row r also attends to
   prefix row r // R's P slots, before its own: one softmax over P + S (`KVPrefix`). Each step then reads a
-  prompt's slots once for its R samples, not R times (the sampler, 256 x 64 after 128-token prompts on 2 CPU
-  devices: 0.544 -> 0.367 s). The prefix's part runs kv-head-major ([B', K, R·G, P]: the R samples' G query
+  prompt's slots once for its R samples, not R times. The prefix's part runs kv-head-major ([B', K, R·G, P]: the R samples' G query
   heads side by side against one [D, P] block of keys), whose fusions were faster than [B', R, K, G, P]'s.
   """
   f32, low = jnp.float32, jnp.finfo(jnp.float32).min
@@ -381,9 +379,9 @@ class MLP(nnx.Module):
 
   def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs):
     e, m, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
-    self.gate_proj = Proj("ble,em->blm", (e, m), (m,), use_bias=bias, config=config, rngs=rngs)
-    self.up_proj = Proj("ble,em->blm", (e, m), (m,), use_bias=bias, config=config, rngs=rngs)
-    self.down_proj = Proj("blm,me->ble", (m, e), (e,), use_bias=bias, config=config, rngs=rngs)
+    self.gate_proj = Proj("ble,em->blm", (e, m), (m,), use_bias=bias, config=config, rngs=rngs, lora="gate")
+    self.up_proj = Proj("ble,em->blm", (e, m), (m,), use_bias=bias, config=config, rngs=rngs, lora="up")
+    self.down_proj = Proj("blm,me->ble", (m, e), (e,), use_bias=bias, config=config, rngs=rngs, lora="down")
 
   def __call__(self, x: jax.Array, *, together: bool = False) -> jax.Array:
     """`together`: gate and up as one product on the CPU (`project_together`; decode steps, which take no
@@ -584,34 +582,94 @@ def unstack_layers(params: Params, config: ModelConfig) -> Params:
   return out
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def init_params(config: ModelConfig, key: jax.Array) -> Params:
-  """Random parameters as a plain nested dict, distributed as `CausalLM(config, rngs)` initialises them.
+def _drawn(names: tuple[str, ...]) -> bool:
+  return names[-1] in ("kernel", "embedding")
 
-  Kernels and embeddings are normal(0, 0.02), biases zero, norm scales one. All
-  weights are cut from a single normal draw (one threefry program instead of
-  one per weight, which keeps compilation fast). With `config.scan_layers` the
-  values are those of the unrolled layout, stacked: the same key gives the same
-  model in both layouts.
-  """
+
+def _init_params_one_draw(config: ModelConfig, key: jax.Array) -> Params:
+  """`init_params` as one normal draw sliced into every weight: for keys whose draws cannot be sliced."""
   if config.scan_layers:
-    return stack_layers(init_params(config.replace(scan_layers=False), key), config)
+    return stack_layers(_init_params_one_draw(config.replace(scan_layers=False), key), config)
   shapes = _pure_dict(_abstract(CausalLM, config)[1])
   leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
-  sizes = [int(np.prod(leaf.shape)) for path, leaf in leaves if path[-1].key in ("kernel", "embedding")]
+  sizes = [int(np.prod(leaf.shape)) for path, leaf in leaves if _drawn((path[-1].key,))]
   flat = 0.02 * jax.random.normal(key, (sum(sizes),), jnp.float32)
   out, start = [], 0
   for path, leaf in leaves:
     name = path[-1].key
-    if name in ("kernel", "embedding"):
+    if _drawn((name,)):
       size = int(np.prod(leaf.shape))
       out.append(flat[start:start + size].reshape(leaf.shape).astype(config.param_dtype))
       start += size
-    elif name == "bias":
-      out.append(jnp.zeros(leaf.shape, config.param_dtype))
     else:
-      out.append(jnp.ones(leaf.shape, config.param_dtype))
+      out.append((jnp.zeros if name == "bias" else jnp.ones)(leaf.shape, config.param_dtype))
   return jax.tree_util.tree_unflatten(treedef, out)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def init_params(config: ModelConfig, key: jax.Array) -> Params:
+  """Random parameters as a plain nested dict, distributed as `CausalLM(config, rngs)` initialises them.
+
+  Kernels and embeddings are normal(0, 0.02), biases zero, norm scales one. Every
+  weight is a slice of one normal draw over all of them, in the unrolled layout's
+  order: `0.02 · normal(key, (N,))[start:start + size]`. Each slice is drawn alone
+  (`random_init`), and the L layers' slices of one weight as one batched draw, so
+  the program holds one draw per kind of weight whatever the depth, and compiles
+  in about the same time for 2 layers or 28, on any backend. With
+  `config.scan_layers` the values are those of the unrolled layout, stacked: the
+  same key gives the same model in both layouts.
+  """
+  if not random_init.sliceable(key):
+    return _init_params_one_draw(config, key)
+  dtype = config.param_dtype
+  unrolled = _pure_dict(_abstract(CausalLM, config.replace(scan_layers=False))[1])
+  starts, n = {}, 0
+  for path, leaf in jax.tree_util.tree_flatten_with_path(unrolled)[0]:
+    names = tuple(p.key for p in path)
+    if _drawn(names):
+      starts[names] = n
+      n += int(np.prod(leaf.shape))
+
+  def fill(names, shape):
+    return (jnp.zeros if names[-1] == "bias" else jnp.ones)(shape, dtype)
+
+  values = {}
+  layer0 = unrolled[_layer_keys(config)[0]]
+  for path, leaf in jax.tree_util.tree_flatten_with_path(layer0)[0]:
+    sub = tuple(p.key for p in path)
+    shape = (config.num_hidden_layers, *leaf.shape)
+    if _drawn(sub):
+      stacked = random_init.normal_slices(key, [starts[(k, *sub)] for k in _layer_keys(config)], leaf.shape,
+                                          dtype, 0.02)
+    else:
+      stacked = fill(sub, shape)
+    values[sub] = stacked
+  out = {k: jax.tree_util.tree_map_with_path(
+      lambda path, leaf, k=k: (random_init.normal_slice(key, starts[(k, *(p.key for p in path))], leaf.shape,
+                                                        dtype, 0.02) if _drawn(tuple(p.key for p in path))
+                               else fill(tuple(p.key for p in path), leaf.shape)), v)
+         for k, v in unrolled.items() if not k.startswith("layers_")}
+  layers = _nest(values)
+  if config.scan_layers:
+    out[STACKED] = layers
+  else:
+    # A barrier keeps each batched draw whole, so the per-layer slices below are copies of it and XLA does not
+    # fuse (and repeat) the draw into each of them.
+    layers = jax.lax.optimization_barrier(layers)
+    for i, k in enumerate(_layer_keys(config)):
+      out[k] = jax.tree.map(lambda x, i=i: x[i], layers)
+  return out
+
+
+def _nest(flat: dict[tuple[str, ...], Any]) -> Params:
+  """{(a, b, c): x} -> {a: {b: {c: x}}}."""
+  out: dict = {}
+  for names, x in flat.items():
+    node = out
+    for name in names[:-1]:
+      node = node.setdefault(name, {})
+    node[names[-1]] = x
+  return out
 
 
 def hidden_states(params: Params, config: ModelConfig, tokens: jax.Array, *, positions: jax.Array | None = None,
@@ -698,6 +756,11 @@ _LEAF_AXES = {
     ("head", "kernel"): ("embed",),
     ("head", "bias"): (),
 }
+# LoRA adapters: A [*in, r] has its kernel's input axes then the rank, B [r, *out] the rank then its output axes.
+_LEAF_AXES.update({(proj, leaf): axes for proj, n_in in (("q_proj", 1), ("k_proj", 1), ("v_proj", 1), ("o_proj", 2),
+                                                         ("gate_proj", 1), ("up_proj", 1), ("down_proj", 1))
+                   for leaf, axes in (("lora_a", (*_LEAF_AXES[(proj, "kernel")][:n_in], None)),
+                                      ("lora_b", (None, *_LEAF_AXES[(proj, "kernel")][n_in:])))})
 
 
 def logical_axes_of(params_shapes: Params) -> Params:

@@ -40,7 +40,8 @@ def _totals(loss_mask: jax.Array) -> dict:
 
 def make_train_step(objective: Objective, optimizer: optax.GradientTransformation, num_micro_batches: int = 1,
                     donate: bool = True, *, state_shardings: Any = None, batch_shardings: Any = None,
-                    mesh: Mesh | None = None, rules: Mapping | None = None):
+                    mesh: Mesh | None = None, rules: Mapping | None = None, combine: Callable | None = None,
+                    frozen_shardings: Any = None):
   """Builds the jitted `step(state, batch) -> (state, metrics)`.
 
   The batch (a pytree of arrays with leading dimension N, including a `loss_mask`) is split
@@ -55,18 +56,24 @@ def make_train_step(objective: Objective, optimizer: optax.GradientTransformatio
       the call, so batches of any placement are accepted.
     mesh: the mesh (default: that of `state_shardings`); metrics come back replicated on it.
     rules: logical-axis rules; the model's `constrain` hook is active in the trace.
+
+  Frozen weights (LoRA, `grpo_jax.models.lora`): with `combine`, the step is `step(state, batch, frozen)`, the
+  objective sees `combine(state.params, frozen)` and only `state.params` is differentiated and optimised;
+  `frozen` (placed by `frozen_shardings` on a mesh) is neither donated nor returned.
   """
   if mesh is None and state_shardings is not None:
     mesh = getattr(jax.tree.leaves(state_shardings)[0], "mesh", None)
   sharded = mesh is not None and rules is not None
 
-  def step(state: TrainState, batch) -> tuple[TrainState, dict]:
+  def step(state: TrainState, batch, frozen=None) -> tuple[TrainState, dict]:
     totals = _totals(batch.loss_mask)
     micro = jax.tree.map(lambda x: x.reshape(num_micro_batches, x.shape[0] // num_micro_batches, *x.shape[1:]),
                          batch)
     if sharded:  # Every micro-batch spread over the data axes.
       micro = jax.tree.map(lambda x: constrain(x, (None, "batch") + (None,) * (x.ndim - 2)), micro)
-    grad_fn = jax.value_and_grad(objective, has_aux=True)
+    trained_objective = objective if combine is None else (
+        lambda params, micro_batch, totals: objective(combine(params, frozen), micro_batch, totals))
+    grad_fn = jax.value_and_grad(trained_objective, has_aux=True)
 
     def accumulate(grads, micro_batch):
       (_, metrics), g = grad_fn(state.params, micro_batch, totals)
@@ -87,23 +94,24 @@ def make_train_step(objective: Objective, optimizer: optax.GradientTransformatio
     return jax.jit(step, donate_argnums=donate_argnums)
 
   @functools.wraps(step)  # the program keeps the name `step`, sharded or not (profiles, compile logs)
-  def traced(state, batch):
+  def traced(state, batch, *frozen):
     if not sharded:
-      return step(state, batch)
+      return step(state, batch, *frozen)
     with axis_rules(mesh, rules):
-      return step(state, batch)
+      return step(state, batch, *frozen)
 
-  jitted = jax.jit(traced, donate_argnums=donate_argnums, in_shardings=(state_shardings, batch_shardings),
+  in_shardings = (state_shardings, batch_shardings) + ((frozen_shardings,) if combine is not None else ())
+  jitted = jax.jit(traced, donate_argnums=donate_argnums, in_shardings=in_shardings,
                    out_shardings=(state_shardings, NamedSharding(mesh, PartitionSpec())))
   if batch_shardings is None:
     return jitted
 
   @functools.wraps(step)
-  def call(state: TrainState, batch) -> tuple[TrainState, dict]:
-    return jitted(state, partitioning.put(batch, batch_shardings))
+  def call(state: TrainState, batch, *frozen) -> tuple[TrainState, dict]:
+    return jitted(state, partitioning.put(batch, batch_shardings), *frozen)
 
   call.jitted = jitted
-  call.lower = lambda state, batch: jitted.lower(state, batch)
+  call.lower = lambda state, batch, *frozen: jitted.lower(state, batch, *frozen)
   return call
 
 
@@ -123,7 +131,7 @@ def reduce_metric(name: str, values):
 def sft_objective(params: Params, batch, totals: dict, *, config: ModelConfig, chunk_size: int = 128):
   """Token-mean negative log-likelihood of the target tokens (GC = 1 in the paradigm, §5.2.1)."""
   logp = logprobs_lib.token_logprobs(params, config, batch.tokens, batch.attention_mask, chunk_size=chunk_size)
-  loss = losses.aggregate(-logp, batch.loss_mask, "token-mean", num_tokens=totals["num_tokens"])
+  loss = losses.aggregate(-logp, batch.loss_mask, "seq-mean-token-mean", num_sequences=totals["num_sequences"])
   return loss, {"loss": loss}
 
 

@@ -1,0 +1,149 @@
+"""LoRA (grpo_jax.models.lora): exactly the base model at B = 0, gradients and optimiser state for the adapters only,
+the merged export equal to the adapted model, PEFT loading our adapters in torch with the same logits."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from grpo_jax import models
+from grpo_jax import training
+from grpo_jax.training import update as update_lib
+from grpo_jax.models import lora
+
+_SIZES = dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=8, qkv_bias=True, tie_word_embeddings=False)
+ALL = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def _base(scan_layers=False):
+  config = models.ModelConfig(**_SIZES, scan_layers=scan_layers)
+  return models.init_params(config, jax.random.PRNGKey(0)), config
+
+
+def _batch():
+  tokens = np.random.RandomState(0).randint(0, _SIZES["vocab_size"], (3, 10))
+  mask = np.ones(tokens.shape, bool)
+  mask[1, :4] = False
+  return jnp.asarray(tokens), jnp.asarray(mask)
+
+
+def _logits(params, config):
+  tokens, mask = _batch()
+  return np.asarray(models.apply(params, config, tokens, attention_mask=mask)[0])
+
+
+def _perturbed(params):
+  """Adapters with nonzero B, so that the adapted model differs from the base."""
+  return jax.tree_util.tree_map_with_path(
+      lambda p, x: 0.05 * jax.random.normal(jax.random.PRNGKey(len(str(p))), x.shape) if lora.is_adapter(p) else x,
+      params)
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_zero_b_is_exactly_the_base_model(scan_layers):
+  base, config = _base(scan_layers)
+  config_r = lora.lora_config(config, rank=4, alpha=8.0, targets=ALL)
+  params = lora.add_adapters(base, config_r, jax.random.PRNGKey(1))
+  adapters = lora.adapters(params)
+  leaves = jax.tree_util.tree_flatten_with_path(adapters)[0]
+  assert len(leaves) == 2 * 7 * (1 if scan_layers else 2)
+  assert all(float(jnp.abs(x).max()) > 0 for p, x in leaves if p[-1].key == "lora_a")  # A random, B zero
+  assert all(float(jnp.abs(x).max()) == 0 for p, x in leaves if p[-1].key == "lora_b")
+  np.testing.assert_array_equal(_logits(params, config_r), _logits(base, config))
+  # the base arrays are shared, not copied
+  assert params["embed"]["embedding"] is base["embed"]["embedding"]
+
+
+def test_adapter_shapes_and_scale():
+  base, config = _base()
+  config_r = lora.lora_config(config, rank=3, alpha=6.0, targets=("q", "o", "down"))
+  params = lora.add_adapters(base, config_r, jax.random.PRNGKey(1))
+  attn, mlp = params["layers_0"]["attn"], params["layers_0"]["mlp"]
+  assert attn["q_proj"]["lora_a"].shape == (32, 3) and attn["q_proj"]["lora_b"].shape == (3, 4, 8)
+  assert attn["o_proj"]["lora_a"].shape == (4, 8, 3) and attn["o_proj"]["lora_b"].shape == (3, 32)
+  assert mlp["down_proj"]["lora_a"].shape == (48, 3) and mlp["down_proj"]["lora_b"].shape == (3, 32)
+  assert "lora_a" not in attn["k_proj"] and "lora_a" not in mlp["up_proj"]
+  # Kaiming-uniform A: |A| <= 1/sqrt(fan_in)
+  assert float(jnp.abs(attn["o_proj"]["lora_a"]).max()) <= 1 / np.sqrt(32)
+  # one adapted projection by hand: q's delta is (x·A)·B·α/r
+  x = jax.random.normal(jax.random.PRNGKey(2), (2, 5, 32))
+  a, b = jax.random.normal(jax.random.PRNGKey(3), (32, 3)), jax.random.normal(jax.random.PRNGKey(4), (3, 4, 8))
+  w = attn["q_proj"]["kernel"]
+  model = models.CausalLM(config_r, rngs=__import__("flax").nnx.Rngs(0))
+  proj = model.layers_0.attn.q_proj
+  proj.kernel[...], proj.bias[...] = w, jnp.zeros((4, 8))
+  proj.lora_a[...], proj.lora_b[...] = a, b
+  want = np.einsum("ble,ehd->blhd", x, w) + np.einsum("ble,er,rhd->blhd", x, a, b) * 2.0
+  np.testing.assert_allclose(proj(x), want, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_targets_are_one_clear_error():
+  _, config = _base()
+  with pytest.raises(ValueError, match="each one of"):
+    lora.lora_config(config, rank=4, alpha=8, targets=("q", "qkv"))
+  with pytest.raises(ValueError, match="rank must be > 0"):
+    lora.lora_config(config, rank=0, alpha=8, targets=("q",))
+
+
+def test_split_join_disabled():
+  base, config = _base()
+  config_r = lora.lora_config(config, rank=2, alpha=2.0, targets=("v", "up"))
+  params = _perturbed(lora.add_adapters(base, config_r, jax.random.PRNGKey(1)))
+  trained, frozen = lora.split(params)
+  assert all(lora.is_adapter(p) for p, _ in jax.tree_util.tree_flatten_with_path(trained)[0])
+  assert not any(lora.is_adapter(p) for p, _ in jax.tree_util.tree_flatten_with_path(frozen)[0])
+  assert jax.tree.structure(lora.join(trained, frozen)) == jax.tree.structure(params)
+  assert not np.allclose(_logits(params, config_r), _logits(base, config), atol=1e-3)
+  off = lora.disabled(params)  # adapters switched off: the base model from the same arrays
+  np.testing.assert_array_equal(_logits(off, config_r), _logits(base, config))
+  assert off["layers_1"]["mlp"]["up_proj"]["kernel"] is base["layers_1"]["mlp"]["up_proj"]["kernel"]
+  with pytest.raises(ValueError, match="in both trees"):
+    lora.join(trained, params)
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_merged_model_equals_adapted(scan_layers):
+  base, config = _base(scan_layers)
+  config_r = lora.lora_config(config, rank=4, alpha=16.0, targets=ALL)
+  params = _perturbed(lora.add_adapters(base, config_r, jax.random.PRNGKey(1)))
+  merged, merged_config = lora.merge(params, config_r)
+  assert merged_config == config and jax.tree.structure(merged) == jax.tree.structure(base)
+  adapted = _logits(params, config_r)
+  assert np.abs(adapted - _logits(base, config)).max() > 1e-2  # the adapters matter
+  np.testing.assert_allclose(_logits(merged, merged_config), adapted, rtol=1e-5, atol=1e-5)
+
+
+def test_gradients_and_optimiser_state_only_for_adapters():
+  base, config = _base()
+  config_r = lora.lora_config(config, rank=4, alpha=8.0, targets=ALL)
+  params = lora.add_adapters(base, config_r, jax.random.PRNGKey(1))
+  trained, frozen = lora.split(params)
+  tokens, mask = _batch()
+  batch = training.Batch(tokens=tokens, attention_mask=mask, loss_mask=mask, old_logp=jnp.zeros(tokens.shape),
+                         ref_logp=jnp.zeros(tokens.shape), advantages=jnp.zeros(tokens.shape))
+  objective = update_lib.bind(update_lib.sft_objective, config=config_r, chunk_size=4)
+  optimizer = optax.adam(1e-2)
+  state = training.init_train_state(trained, optimizer)
+  # Adam's moments exist for the adapters only
+  moments = jax.tree_util.tree_flatten_with_path(state.opt_state)[0]
+  assert all(lora.is_adapter(p) for p, x in moments if np.ndim(x) > 0)
+  assert sum(np.size(x) for _, x in moments) == 1 + 2 * sum(x.size for x in jax.tree.leaves(trained))
+  # the gradient of the whole model's loss reaches the base weights, but the step differentiates the adapters
+  full_grads = jax.grad(lambda p: objective(p, batch, {"num_sequences": 3.0, "num_tokens": float(mask.sum())})[0])(
+      params)
+  step = training.make_train_step(objective, optimizer, combine=lora.join)
+  before = jax.tree.map(np.asarray, trained)  # the step donates the state
+  new_state, metrics = step(state, batch, frozen)
+  assert jax.tree.structure(new_state.params) == jax.tree.structure(trained)
+  assert float(metrics["grad_norm"]) > 0
+  grads_b = [np.abs(x).max() for p, x in jax.tree_util.tree_flatten_with_path(lora.adapters(full_grads))[0]
+             if p[-1].key == "lora_b"]
+  assert min(grads_b) > 0  # every B gets a gradient at B = 0 (A's is zero there)
+  moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), new_state.params, before)
+  assert all(v > 0 for p, v in jax.tree_util.tree_flatten_with_path(moved)[0] if p[-1].key == "lora_b")
+  # the frozen base is not an output of the step, and is not donated: it still holds its values
+  np.testing.assert_array_equal(frozen["embed"]["embedding"], base["embed"]["embedding"])
