@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from grpo_jax import partitioning
+from grpo_jax import row_chunks
 from grpo_jax.models import transformer
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.sampling import SampleOutput
@@ -138,8 +139,14 @@ def grouped_completion_logprobs(params, config: ModelConfig, prompt_tokens: jax.
 
 def jit_token_logprobs(config: ModelConfig, *, mesh: Mesh | None = None, rules: Mapping | None = None,
                        chunk_size: int = 128, return_entropy: bool = False, temperature: float = 1.0,
-                       group_size: int = 1, prompt_len: int | None = None):
+                       group_size: int = 1, prompt_len: int | None = None, forward_rows: int = 0,
+                       memory_budget: int = 0):
   """A jitted `fn(params, tokens, attention_mask)` computing `token_logprobs` (e.g. π_old or π_ref).
+
+  The rows run in chunks inside the program (`row_chunks.map_rows`): `forward_rows` rows at a time (whole
+  groups of `group_size`); 0: as many as `memory_budget` bytes per device hold (`row_chunks.rows_per_chunk`
+  of `row_chunks.forward_row_bytes`), or all at once without a budget. The values are those of one chunk up
+  to float rounding.
 
   Params are an argument, never a compile-time constant. With `mesh` and `rules`
   the function has explicit in/out shardings: params placed by the rules, rows of
@@ -164,8 +171,19 @@ def jit_token_logprobs(config: ModelConfig, *, mesh: Mesh | None = None, rules: 
     body = lambda params, tokens, mask: token_logprobs(params, config, tokens, mask, **kwargs)
   if (mesh is None) != (rules is None):
     raise ValueError("jit_token_logprobs: pass both mesh and rules, or neither")
+  devices = 1 if mesh is None else partitioning.data_parallel_size(mesh, rules)
+
+  def chunked(params, tokens, mask):  # the shapes are static here: the chunk is chosen per shape
+    rows = forward_rows
+    if not rows and memory_budget:
+      row_bytes = row_chunks.forward_row_bytes(config, tokens.shape[1], logits_chunk=chunk_size,
+                                               cached=group_size > 1)
+      rows = row_chunks.rows_per_chunk(tokens.shape[0], row_bytes, memory_budget, devices=devices,
+                                       multiple=group_size)
+    return row_chunks.map_rows(lambda t, m: body(params, t, m), (tokens, mask), rows, group=group_size)
+
   if mesh is None:
-    return jax.jit(body)
+    return jax.jit(chunked)
   params_sh = partitioning.param_shardings(mesh, rules, jax.eval_shape(transformer.init_params, config,
                                                                        jax.random.key(0)))
   compiled = {}
@@ -176,7 +194,7 @@ def jit_token_logprobs(config: ModelConfig, *, mesh: Mesh | None = None, rules: 
     if shape not in compiled:
       rows = partitioning.logical_sharding(mesh, rules, ("batch", None), shape)
       out = (rows, rows) if return_entropy else rows
-      compiled[shape] = (partitioning.jit_with_rules(body, mesh, rules, in_shardings=(params_sh, rows, rows),
+      compiled[shape] = (partitioning.jit_with_rules(chunked, mesh, rules, in_shardings=(params_sh, rows, rows),
                                                      out_shardings=out), rows)
     return compiled[shape]
 

@@ -1,0 +1,114 @@
+"""Forwards over many rows in row chunks: one compiled chunk, looped inside the program.
+
+A forward that sees all B·G rows of a step at once (π_ref and π_old log-probs, reward-model scores, PPO's
+values) holds activations for every row at the same time: its logits chunk [rows, chunk, V], attention scores
+[rows, heads, L, L] and, in the grouped forward, a KV cache of every row. `map_rows` runs the same function over
+row chunks of R rows in a `lax.map` (a `scan`, so the program holds one chunk's activations plus the outputs),
+and `rows_per_chunk` picks R from a memory budget and an estimate of one row's bytes (`forward_row_bytes`).
+
+Each row's outputs depend on that row alone, so the values are the unchunked ones up to float rounding (the
+products run over fewer rows). Chunk c holds rows c, c + C, c + 2C, ... (C chunks): with the rows split over
+devices in contiguous blocks, every chunk keeps that split, and no device idles while another works.
+"""
+
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax.models.config import ModelConfig
+
+GiB = 2 ** 30
+CPU_BUDGET_BYTES = 4 * GiB  # the default budget of a CPU device (host memory, shared with everything else)
+DEVICE_BUDGET_FRACTION = 0.25  # the default budget of an accelerator: this share of its memory
+
+
+def map_rows(fn: Callable, arrays: Sequence[jax.Array], rows_per_chunk: int, *, group: int = 1):
+  """fn(*arrays) computed R = `rows_per_chunk` rows at a time: the same pytree of [N, ...] outputs.
+
+  Args:
+    fn: maps arrays of [R, ...] rows to a pytree of [R, ...] outputs, each row's from that row alone.
+    arrays: [N, ...] inputs, rows aligned.
+    rows_per_chunk: R, a multiple of `group`; 0 or >= N: one call, fn(*arrays).
+    group: rows that must stay together, in consecutive blocks of this many (a prompt's G samples in the
+      grouped forward): chunks hold whole groups, in their order.
+
+  When the N / group groups are not a multiple of R / group, the last groups are repeated up to one (their
+  outputs are dropped).
+  """
+  n = arrays[0].shape[0]
+  if any(x.shape[0] != n for x in arrays):
+    raise ValueError(f"map_rows: arrays of {[x.shape[0] for x in arrays]} rows; they must agree")
+  if n % group or rows_per_chunk % group:
+    raise ValueError(f"map_rows: {n} rows and chunks of {rows_per_chunk} must be whole groups of {group}")
+  if not 0 < rows_per_chunk < n:
+    return fn(*arrays)
+  units, per_chunk = n // group, rows_per_chunk // group
+  chunks = -(-units // per_chunk)
+  padded = chunks * per_chunk
+  take = np.minimum(np.arange(padded), units - 1)  # the groups, the last ones repeated to fill the last chunk
+
+  def split(x):  # [N, ...] -> [C, R, ...]: chunk c holds groups c, c + C, ...
+    x = x.reshape(units, group, *x.shape[1:])
+    x = x if padded == units else x[take]
+    return x.reshape(per_chunk, chunks, group, *x.shape[2:]).swapaxes(0, 1).reshape(
+        chunks, per_chunk * group, *x.shape[2:])
+
+  def join(y):  # [C, R, ...] -> [N, ...]
+    y = y.reshape(chunks, per_chunk, group, *y.shape[2:]).swapaxes(0, 1)
+    return y.reshape(padded * group, *y.shape[3:])[:n]
+
+  out = jax.lax.map(lambda xs: fn(*xs), tuple(split(x) for x in arrays))
+  return jax.tree.map(join, out)
+
+
+def rows_per_chunk(total_rows: int, row_bytes: float, budget_bytes: float, *, devices: int = 1,
+                   multiple: int = 1) -> int:
+  """Rows per chunk for `total_rows` rows of `row_bytes` each under `budget_bytes` per device.
+
+  The rows are split over `devices` (the data-parallel ones), so a chunk of R rows holds R / devices of them on
+  each. R is a multiple of `multiple` and of `devices`, as large as the budget allows,
+  then evened out over the chunks that takes; `total_rows` (one chunk) when they all fit.
+  """
+  step = int(np.lcm(multiple, devices))
+  fit = int(budget_bytes // max(row_bytes, 1)) * devices
+  rows = max(step, fit // step * step)
+  if rows >= total_rows:
+    return total_rows
+  chunks = -(-total_rows // rows)
+  even = -(-total_rows // chunks)  # <= rows
+  return -(-even // step) * step
+
+
+def forward_row_bytes(config: ModelConfig, length: int, *, logits_chunk: int = 0, cached: bool = False,
+                      fused_attention: bool | None = None) -> int:
+  """An estimate of the activation bytes one row of `length` tokens holds at the peak of a forward (no grad).
+
+  The largest live arrays of a layer: the residual stream, q, k, v and the attention output ~ 6·L·E, the MLP's
+  gate, up and product ~ 3·L·M (in the activation dtype); the attention scores and their softmax, 2·N·L²
+  float32, unless the attention is fused (`config.attention` cudnn or pallas: blocks, not [L, L]); the
+  log-prob chunk's float32 logits and their exponentials, 2·min(chunk, L)·V (`logits_chunk` > 0); with `cached`
+  (the grouped forward's KV cache, every layer's keys and values) 2·layers·K·D·L.
+  """
+  c = config
+  act = jnp.dtype(c.dtype).itemsize
+  fused = c.attention in ("cudnn", "pallas") if fused_attention is None else fused_attention
+  layer = (6 * c.hidden_size + 3 * c.intermediate_size) * length * act
+  scores = 0 if fused else 2 * c.num_attention_heads * length * length * 4
+  logits = 2 * min(logits_chunk, length) * c.vocab_size * 4 if logits_chunk else 0
+  cache = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * length * act if cached else 0
+  return int(layer + scores + logits + cache)
+
+
+def default_budget_bytes(device: jax.Device | None = None) -> int:
+  """The activation budget per device when none is given: DEVICE_BUDGET_FRACTION of an accelerator's memory
+  (`memory_stats()["bytes_limit"]`), CPU_BUDGET_BYTES on a CPU or where the device does not say."""
+  device = device or jax.devices()[0]
+  if device.platform == "cpu":
+    return CPU_BUDGET_BYTES
+  try:
+    limit = (device.memory_stats() or {}).get("bytes_limit", 0)
+  except Exception:  # pylint: disable=broad-except  # a device description (ahead-of-time) has no stats
+    limit = 0
+  return int(DEVICE_BUDGET_FRACTION * limit) if limit else CPU_BUDGET_BYTES

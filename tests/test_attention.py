@@ -1,0 +1,216 @@
+"""The attention seam (grpo_jax/models/attention.py): each implementation against the einsum reference.
+
+Values and gradients on the CPU: xla directly, the Pallas TPU kernel in Pallas's TPU interpret mode; the model's
+logits and log-probs with each; the Pallas kernel compiled for a TPU topology with libtpu (no TPU). cuDNN needs an
+NVIDIA GPU: here only its selection is tested.
+"""
+
+import functools
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental.pallas import tpu as pltpu
+
+from grpo_jax import logprobs as logprobs_lib
+from grpo_jax.models import ModelConfig, attention, transformer
+from tests.conftest import HANG_GUARD_S
+
+B, L, N, K, D = 3, 20, 4, 2, 16  # GQA: 2 query heads per kv head
+
+
+def _inputs(dtype=jnp.float32, seed=0):
+  rng = np.random.default_rng(seed)
+  q, k, v = (jnp.asarray(rng.normal(size=shape), dtype) for shape in ((B, L, N, D), (B, L, K, D), (B, L, K, D)))
+  key_mask = np.ones((B, L), bool)
+  key_mask[0, :3] = False  # a left-padded prompt
+  key_mask[1, 15:] = False  # a right-padded completion
+  key_mask[2, :2] = key_mask[2, 17:] = False  # both
+  allowed = key_mask[:, None, :] & np.tril(np.ones((L, L), bool))[None]
+  return q, k, v, key_mask, jnp.asarray(allowed)
+
+
+def _numpy_attention(q, k, v, allowed):
+  """float64 softmax(q·kᵀ/√D)·v with each kv head repeated for its query heads; rows with no allowed key: NaN."""
+  groups = q.shape[2] // k.shape[2]
+  q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+  k, v = np.repeat(k, groups, axis=2), np.repeat(v, groups, axis=2)
+  s = np.einsum("blnd,bsnd->bnls", q, k) / np.sqrt(q.shape[-1])
+  s = np.where(np.asarray(allowed)[:, None], s, -np.inf)
+  with np.errstate(invalid="ignore"):
+    p = np.exp(s - s.max(-1, keepdims=True))
+  return np.einsum("bnls,bsnd->blnd", p / p.sum(-1, keepdims=True), v)
+
+
+def _run(implementation, *args, **kwargs):
+  fn = jax.jit(functools.partial(attention.attend, implementation=implementation, **kwargs))
+  if implementation == "pallas":
+    with pltpu.force_tpu_interpret_mode():
+      return fn(*args)
+  return fn(*args)
+
+
+def test_einsum_reference_is_grouped_query_attention():
+  q, k, v, key_mask, allowed = _inputs()
+  got = np.asarray(_run("einsum", q, k, v, allowed, causal=True))
+  want = _numpy_attention(q, k, v, allowed)
+  real = key_mask[:, :, None, None]
+  np.testing.assert_allclose(np.where(real, got, 0), np.where(real, want, 0), rtol=1e-5, atol=1e-5)
+  # A query that may attend nothing (left padding) averages every value, as the model always did.
+  np.testing.assert_allclose(got[0, 0, 0], np.asarray(v)[0, :, 0].mean(0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("implementation", ["xla", "pallas"])
+def test_values_and_gradients_equal_the_einsum_reference(implementation):
+  q, k, v, key_mask, allowed = _inputs()
+  real = jnp.asarray(key_mask[:, :, None, None])
+  w = jax.random.normal(jax.random.key(3), (B, L, N, D))
+
+  def loss(impl, q, k, v):  # read at real queries only: padding rows are free to differ
+    return jnp.sum(jnp.where(real, attention.attend(q, k, v, allowed, implementation=impl, causal=True) * w, 0))
+
+  ref_value, ref_grads = jax.jit(jax.value_and_grad(functools.partial(loss, "einsum"), argnums=(0, 1, 2)))(q, k, v)
+  fn = jax.jit(jax.value_and_grad(functools.partial(loss, implementation), argnums=(0, 1, 2)))
+  if implementation == "pallas":
+    with pltpu.force_tpu_interpret_mode():
+      value, grads = fn(q, k, v)
+  else:
+    value, grads = fn(q, k, v)
+  np.testing.assert_allclose(value, ref_value, rtol=1e-5)
+  for g, r in zip(grads, ref_grads):
+    assert np.abs(np.asarray(r)).max() > 0.1  # the gradients are not trivially zero
+    np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+  out = np.asarray(_run(implementation, q, k, v, allowed, causal=True))
+  assert np.isfinite(out).all()  # padding rows too: their values flow on into the next layer
+
+
+def test_xla_reads_a_cache_layout_and_a_dense_mask():
+  """The grouped forward's completions: keys [B, K, D, S] and values [B, K, S, D] from a cache, queries at slots
+  P.. of S = P + L, a mask that is not a plain causal one."""
+  q, k, v, key_mask, _ = _inputs()
+  p = 5
+  rng = np.random.default_rng(1)
+  k_all, v_all = (jnp.asarray(rng.normal(size=(B, p + L, K, D)), jnp.float32) for _ in range(2))
+  slots = np.arange(p + L)
+  allowed = (slots[None, :] <= p + np.arange(L)[:, None])[None] & np.concatenate(
+      [np.ones((B, p), bool), key_mask], axis=1)[:, None, :]
+  k_cache, v_cache = k_all.transpose(0, 2, 3, 1), v_all.transpose(0, 2, 1, 3)
+  want = _run("einsum", q, k_cache, v_cache, jnp.asarray(allowed), cache_layout=True)
+  for impl in ("xla", "pallas"):  # pallas has no kernel for it: xla with the dense mask
+    got = _run(impl, q, k_cache, v_cache, jnp.asarray(allowed), cache_layout=True)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(want, _numpy_attention(q, k_all, v_all, allowed), rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_scores_against_cached_keys_equal_float32_ones():
+  """Keys from the cache ([B, K, D, S]) in bfloat16: XLA CPU has no bf16 x bf16 -> f32 dot for that layout, so
+  `scores` casts on the CPU; the products of bf16 values are exact in f32, so the scores equal float32's."""
+  q = jax.random.normal(jax.random.key(0), (2, 3, 2, 2, 8)).astype(jnp.bfloat16)  # [B, L, K, G, D]
+  keys = jax.random.normal(jax.random.key(1), (2, 2, 8, 5)).astype(jnp.bfloat16)  # [B, K, D, S]
+  got = jax.jit(functools.partial(attention.scores, k_spec="bkds"))(q, keys)
+  want = jnp.einsum("blkgd,bkds->bkgls", q.astype(jnp.float32), keys.astype(jnp.float32))
+  assert got.dtype == jnp.float32 and got.shape == (2, 2, 2, 3, 5)
+  np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_auto_picks_per_backend():
+  assert attention.resolve("auto", "cpu", "float32") == "einsum"
+  assert attention.resolve("auto", "tpu", "float32") == "pallas"
+  assert attention.resolve("auto", "gpu", "bfloat16") == "cudnn"
+  assert attention.resolve("auto", "cuda", "float16") == "cudnn"
+  assert attention.resolve("auto", "gpu", "float32") == "xla"  # cuDNN's fused kernel has no float32 variant
+  assert attention.resolve("xla", "tpu", "bfloat16") == "xla"
+  with pytest.raises(ValueError, match="attention must be one of auto, einsum, xla, cudnn, pallas, not 'flash'"):
+    attention.resolve("flash", "cpu", "float32")
+  with pytest.raises(ValueError, match="unknown attention='auto'"):
+    _config("auto")
+
+
+def _config(implementation, **kw):
+  return ModelConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=8, attention=implementation, **kw)
+
+
+@pytest.mark.parametrize("implementation", ["xla", "pallas"])
+def test_the_model_scores_and_trains_with_each_implementation(implementation):
+  """token_logprobs (the no-cache forward: π_ref, π_old, the update) and grouped_completion_logprobs (prompts
+  once, completions against the cache) equal the einsum model's, and so do the log-probs' gradients."""
+  base = _config("einsum", scan_layers=True)
+  params = transformer.init_params(base, jax.random.key(0))
+  rng = np.random.default_rng(0)
+  g, p, t = 2, 6, 9
+  prompts = jnp.asarray(rng.integers(1, 61, (2, p)))
+  prompt_mask = jnp.asarray(np.arange(p)[None] >= np.array([[0], [2]]))  # the second prompt left-padded
+  completions = jnp.asarray(rng.integers(1, 61, (2 * g, t)))
+  completion_mask = jnp.asarray(np.arange(t)[None] < np.array([[9], [4], [7], [1]]))
+  tokens = jnp.concatenate([jnp.repeat(prompts, g, 0), completions], 1)
+  mask = jnp.concatenate([jnp.repeat(prompt_mask, g, 0), completion_mask], 1)
+
+  def outputs(config):
+    full = lambda params: logprobs_lib.token_logprobs(params, config, tokens, mask, chunk_size=4)
+    grouped = logprobs_lib.grouped_completion_logprobs(params, config, prompts, prompt_mask, completions,
+                                                       completion_mask, group_size=g, chunk_size=4)
+    grads = jax.grad(lambda params: jnp.sum(full(params) * jnp.linspace(-1, 1, p + t)))(params)
+    return full(params), grouped, grads
+
+  want = jax.jit(lambda: outputs(base))()
+  fn = jax.jit(lambda: outputs(base.replace(attention=implementation)))
+  if implementation == "pallas":
+    with pltpu.force_tpu_interpret_mode():
+      got = fn()
+  else:
+    got = fn()
+  assert np.abs(np.asarray(want[0])).max() > 1  # real log-probs, not all padding
+  np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got[1], want[0][:, p:], rtol=1e-4, atol=1e-4)
+  for a, b in zip(jax.tree.leaves(got[2]), jax.tree.leaves(want[2])):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed: no TPU compiler")
+def test_pallas_kernel_compiles_for_a_tpu_topology():
+  """The kernel, its backward and the model's bfloat16 log-prob forward with it compile for one chip
+  of a v5e:2x2 with libtpu as the compiler (a child process: libtpu's environment is set before it loads)."""
+  code = textwrap.dedent("""
+      import jax, jax.numpy as jnp, numpy as np
+      from jax.experimental import topologies
+      from jax.sharding import SingleDeviceSharding
+      from grpo_jax import logprobs
+      from grpo_jax.models import ModelConfig, attention, transformer
+      device = topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu").devices[0]
+      one = SingleDeviceSharding(device)
+      spec = lambda shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype, sharding=one)
+      b, l, n, k, d = 2, 200, 4, 2, 64
+      def loss(q, k_, v, allowed):
+        return jnp.sum(attention.attend(q, k_, v, allowed, implementation="pallas", causal=True).astype(jnp.float32))
+      args = (spec((b, l, n, d)), spec((b, l, k, d)), spec((b, l, k, d)), spec((b, l, l), jnp.bool_))
+      forward = jax.jit(lambda *a: attention.attend(*a, implementation="pallas", causal=True)).lower(*args)
+      assert "tpu_custom_call" in forward.as_text(), "no Mosaic kernel in the lowered forward"
+      out = forward.compile().out_info
+      grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(*args).compile().out_info
+      config = ModelConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=64, dtype="bfloat16",
+                           param_dtype="bfloat16", attention="pallas", scan_layers=True)
+      params = jax.tree.map(lambda x: spec(x.shape, x.dtype), jax.eval_shape(transformer.init_params, config,
+                                                                              jax.random.key(0)))
+      fn = jax.jit(lambda p, t, m: logprobs.token_logprobs(p, config, t, m))
+      lowered = fn.lower(params, spec((4, 300), jnp.int32), spec((4, 300), jnp.bool_))
+      assert "tpu_custom_call" in lowered.as_text()
+      logp = lowered.compile().out_info
+      print("SHAPES", out.shape, out.dtype, [g.shape for g in grads], logp.shape, logp.dtype)
+  """)
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "TPU_SKIP_MDS_QUERY": "1",
+         "TPU_WORKER_HOSTNAMES": "localhost", "TPU_ACCELERATOR_TYPE": "v5litepod-1"}
+  result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=HANG_GUARD_S, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  assert result.returncode == 0, result.stderr[-3000:]
+  shapes = result.stdout.strip().splitlines()[-1]
+  assert shapes == ("SHAPES (2, 200, 4, 64) bfloat16 [(2, 200, 4, 64), (2, 200, 2, 64), (2, 200, 2, 64)] "
+                    "(4, 300) float32"), shapes
