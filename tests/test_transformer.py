@@ -1,7 +1,6 @@
 """The NNX transformer's functional API (models/transformer.py). HF parity lives in test_hf_io.py."""
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
