@@ -131,7 +131,7 @@ def reduce_metric(name: str, values):
 def sft_objective(params: Params, batch, totals: dict, *, config: ModelConfig, chunk_size: int = 128):
   """Token-mean negative log-likelihood of the target tokens (GC = 1 in the paradigm, §5.2.1)."""
   logp = logprobs_lib.token_logprobs(params, config, batch.tokens, batch.attention_mask, chunk_size=chunk_size)
-  loss = losses.aggregate(-logp, batch.loss_mask, "seq-mean-token-mean", num_sequences=totals["num_sequences"])
+  loss = losses.aggregate(-logp, batch.loss_mask, "token-mean", num_tokens=totals["num_tokens"])
   return loss, {"loss": loss}
 
 
