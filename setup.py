@@ -13,6 +13,8 @@ def _requirements():
 
 
 _TPU = "jax[tpu]"  # jax's own extra pins libtpu (and jaxlib) to the jax release it installs
+# Optional integrations (docs/integrations.md): `datasets` files on disk.
+_HF = ["datasets>=3", "pyarrow>=15"]
 
 setuptools.setup(
     name="grpo_jax",
@@ -31,7 +33,9 @@ setuptools.setup(
             "rlax>=0.1.6",  # oracle for GAE parity
             "torch==2.13.0",  # CPU wheel; oracle for model-logit parity
             _TPU,  # the TPU compiler: tests compile for TPU topologies ahead of time (no TPU needed)
+            *_HF,  # the integrations' tests run too (datasets writes the files they read)
         ],
+        "hf": _HF,
         # libtpu at the installed jax's version: run on TPUs, or compile for them on any machine
         # (scripts/aot_compile.py).
         "tpu": [_TPU],

@@ -59,8 +59,10 @@ flags.DEFINE_integer("logprob_chunk", _D["logprob_chunk"], "Sequence chunk of th
 # TASK AND DATA
 flags.DEFINE_enum("task", _D["task"], _choices("task"), "The task.")
 flags.DEFINE_string("train_file", _D["train_file"],
-    "JSONL training problems (gsm8k: question/answer; math: problem/solution).")
-flags.DEFINE_string("test_file", _D["test_file"], "JSONL held-out problems.")
+    "Training problems (gsm8k: question/answer; math: problem/solution[/level/type]): a JSONL or parquet file (or a "
+    "glob of parquet files), a `datasets` save_to_disk folder, or a folder with train.jsonl, train[-*].parquet or a "
+    "DatasetDict's train split (docs/integrations.md).")
+flags.DEFINE_string("test_file", _D["test_file"], "Held-out problems, in the forms --train_file takes (split 'test').")
 flags.DEFINE_integer("num_train", _D["num_train"], "Synthetic task: training problems in the pool.")
 flags.DEFINE_integer("num_test", _D["num_test"], "Held-out problems to evaluate on (all of test_file if larger).")
 flags.DEFINE_integer("synthetic_min_steps", _D["synthetic_min_steps"], "Synthetic task: fewest operations per problem.")

@@ -25,7 +25,8 @@ class Task:
     else:
       for name in ("train_file", "test_file"):
         if not getattr(config, name):
-          raise config_lib.RunError(f"--task={config.task} needs --{name} (a JSONL file)")
+          raise config_lib.RunError(f"--task={config.task} needs --{name} (a JSONL or parquet file, or a "
+                                    "`datasets` save_to_disk folder)")
       self.train = data.load_task(config.task, "train", path=config.train_file)
       self.test = data.load_task(config.task, "test", path=config.test_file)[:config.num_test]
       if not self.train or not self.test:

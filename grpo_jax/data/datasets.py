@@ -1,8 +1,10 @@
-"""GSM8K and MATH as `Example`s, from local JSONL files or the `datasets` library.
+"""GSM8K and MATH as `Example`s, from local files or the `datasets` library.
 
-GSM8K lines hold `question` and `answer`, the answer text ending in `#### x`;
-MATH lines hold `problem` and `solution`, the final answer in the last
-`\\boxed{...}`. `load_task` picks any task, synthetic included, by name.
+GSM8K records hold `question` and `answer`, the answer text ending in `#### x`;
+MATH records hold `problem` and `solution`, the final answer in the last
+`\\boxed{...}`. Local files are JSONL, or what `datasets` writes (parquet
+files, `save_to_disk` folders: `arrow_files`). `load_task` picks any task,
+synthetic included, by name.
 """
 
 import itertools
@@ -11,6 +13,7 @@ import os
 import re
 from typing import Any, Callable, Iterator, Mapping
 
+from grpo_jax.data import arrow_files
 from grpo_jax.data import synthetic
 from grpo_jax.data.example import Example
 from grpo_jax.data.answer import extract_answer, extract_boxed
@@ -101,26 +104,37 @@ def _records(path: str) -> Iterator[tuple[str, Any]]:
       yield where, record
 
 
-def _load(path, convert: Callable[..., Example], limit: int | None) -> list[Example]:
-  return [convert(record, where) for where, record in itertools.islice(read_jsonl(path), limit)]
+def _load(path, convert: Callable[..., Example], limit: int | None, columns: tuple[str, str],
+          split: str | None) -> list[Example]:
+  try:
+    if arrow_files.is_source(path) or (split and os.path.isdir(path)):
+      records = arrow_files.read_rows(path, columns, split)
+    else:
+      records = read_jsonl(path)
+    return [convert(record, where) for where, record in itertools.islice(records, limit)]
+  except arrow_files.ArrowFileError as err:
+    raise DatasetError(str(err)) from None
 
 
-def load_gsm8k(path: str | os.PathLike, limit: int | None = None) -> list[Example]:
-  """Reads a GSM8K JSONL file (fields `question`, `answer`).
+def load_gsm8k(path: str | os.PathLike, limit: int | None = None, split: str | None = None) -> list[Example]:
+  """Reads GSM8K records (fields `question`, `answer`) from a JSONL file, a parquet file or glob, or a
+  `datasets` `save_to_disk` folder (`arrow_files`; `split` picks a split of a folder of splits).
 
   Raises:
-    DatasetError: naming the path and 1-based line of the first bad record.
+    DatasetError: naming the path and the 1-based line (JSONL) or 0-based row of the first bad record, or
+      the file without a needed column.
   """
-  return _load(path, gsm8k_example, limit)
+  return _load(path, gsm8k_example, limit, ("question", "answer"), split)
 
 
-def load_math(path: str | os.PathLike, limit: int | None = None) -> list[Example]:
-  """Reads a MATH JSONL file (fields `problem`, `solution`).
+def load_math(path: str | os.PathLike, limit: int | None = None, split: str | None = None) -> list[Example]:
+  """Reads MATH records (fields `problem`, `solution`; `level`, `type` kept as metadata) from the files
+  `load_gsm8k` reads.
 
   Raises:
-    DatasetError: naming the path and 1-based line of the first bad record.
+    DatasetError: as `load_gsm8k`.
   """
-  return _load(path, math_example, limit)
+  return _load(path, math_example, limit, ("problem", "solution"), split)
 
 
 def load_hf_dataset(name: str, split: str, limit: int | None = None) -> list[Example]:
@@ -160,8 +174,9 @@ def load_task(name: str, split: str, *, path: str | os.PathLike | None = None,
   Args:
     name: "synthetic", "gsm8k" or "math".
     split: "train" or "test".
-    path: for gsm8k/math, a JSONL file or a directory holding `<split>.jsonl`;
-      None loads from the hub through `load_hf_dataset`.
+    path: for gsm8k/math, a JSONL or parquet file (or glob), a `save_to_disk`
+      folder, or a folder holding `<split>.jsonl`, `<split>[-*].parquet` or
+      a `DatasetDict`'s splits; None loads from the hub (`load_hf_dataset`).
     limit: keep at most this many examples (gsm8k/math).
     num_train: synthetic train size.
     num_test: synthetic test size.
@@ -181,6 +196,8 @@ def load_task(name: str, split: str, *, path: str | os.PathLike | None = None,
     raise DatasetError(f"unknown task {name!r}; expected one of ['gsm8k', 'math', 'synthetic']")
   if path is None:
     return load_hf_dataset(name, split, limit)
-  if os.path.isdir(path):
-    path = os.path.join(path, f"{split}.jsonl")
-  return loaders[name](path, limit)
+  if os.path.isdir(path) and not arrow_files.is_source(path):
+    jsonl = os.path.join(path, f"{split}.jsonl")
+    if os.path.isfile(jsonl) or not arrow_files.has_split(path, split):
+      return loaders[name](jsonl, limit)
+  return loaders[name](path, limit, split=split)
