@@ -47,6 +47,13 @@ def test_narrow_batches_have_the_loss_and_gradient_of_padded_ones():
   totals = lambda batch: {"num_sequences": jnp.float32(4), "num_tokens": jnp.sum(batch.loss_mask)}  # noqa: E731
   (loss_n, _), grad_n = objective(params, narrow, totals(narrow))
   (loss_p, _), grad_p = objective(params, padded, totals(padded))
-  assert 0 < float(loss_n) < 2 * np.log(config.vocab_size)
+  # Each demonstration alone, without padding: the loss is the NLL of its target tokens, summed over the four
+  # and divided by their 26 tokens (token-mean).
+  nll = 0.0
+  for prompt, target in zip(prompts, targets):
+    logits, _ = models.apply(params, config, jnp.asarray([prompt + target]))
+    logp = jax.nn.log_softmax(logits[0].astype(jnp.float32), axis=-1)
+    nll -= sum(float(logp[t - 1, token]) for t, token in enumerate(prompt + target) if t >= len(prompt))
+  np.testing.assert_allclose(loss_n, nll / 26, rtol=1e-5)
   np.testing.assert_allclose(loss_n, loss_p, rtol=1e-6)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), grad_n, grad_p)
