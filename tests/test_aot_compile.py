@@ -1,12 +1,12 @@
-"""Ahead-of-time compilation of the runner's programs (scripts/aot_compile.py).
+"""Ahead-of-time compilation of a run's programs (scripts/aot_compile.py over experiments/runner/programs.py).
 
-TPU: the tiny model's update step, log-prob forward and sampler compile for a v5e:2x2
-topology with the fsdp and fsdp_tp rules (libtpu as the compiler, no TPU; each run in a child process
-whose environment is set before libtpu loads). GPU path: the flags a GPU run uses (bfloat16, remat,
-a mesh) compile for 8 fake CPU devices at the same shapes. And the FLOP count's loop trip counts.
+TPU: the tiny model's programs, as `programs(config)` lists them for the runner's flags, compile for a v5e:2x2
+topology (libtpu as the compiler, no TPU; in a child process whose environment is set before libtpu loads), and
+their figures add up. GPU path: the flags a GPU run uses (bfloat16, remat, a mesh) compile for 8 fake CPU
+devices. The runner's flagfile for the paper's setting loads, and its programs are those the runner runs. And
+the FLOP count's loop trip counts.
 """
 
-import dataclasses
 import importlib.util
 import json
 import os
@@ -33,94 +33,136 @@ _spec.loader.exec_module(aot)
 needs_libtpu = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                                   reason="libtpu is not installed (pip install -e '.[tpu]'): no TPU compiler")
 
-# The runner's shapes for the tiny model, small enough to compile in seconds.
-_WORK = ["--batch_size=4", "--group_size=4", "--max_prompt_len=16", "--max_new_tokens=24", "--grad_accum_steps=2"]
+# The runner's flags for the tiny model, small enough to compile in seconds.
+_RUN = ["--batch_size=4", "--group_size=4", "--max_prompt_len=16", "--max_new_tokens=24", "--grad_accum_steps=2",
+        "--eval_batch_size=4", "--num_test=8", "--tiny_layers=1"]
+_PAPER = ["--flagfile=experiments/configs/deepseekmath_gsm8k.cfg"]
 
 
-def _run_script(tmp_path, *flags):
+def _run_script(tmp_path, *flags, run=tuple(_RUN)):
   env = {**os.environ, **aot.LIBTPU_ENV, "JAX_PLATFORMS": "cpu"}
   env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if f not in FAST_COMPILE_FLAGS)
   env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
   out = tmp_path / "figures.jsonl"
-  result = subprocess.run([sys.executable, str(_SCRIPT), "--model=tiny", f"--json_out={out}", *_WORK, *flags],
+  result = subprocess.run([sys.executable, str(_SCRIPT), f"--json_out={out}", *run, *flags],
                           cwd=_ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
   records = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
   return result, records
 
 
 @needs_libtpu
-@pytest.mark.parametrize("mesh, rules, extra", [("fsdp:4", "fsdp", ["--noisolate", "--tiny_layers=1"]),
-                                                ("fsdp:2,tensor:2", "fsdp_tp", ["--scan_layers", "--remat",
-                                                                                "--noisolate"])])
-def test_tiny_programs_compile_for_v5e_2x2(tmp_path, mesh, rules, extra):
-  result, records = _run_script(tmp_path, "--topology=v5e:2x2", f"--mesh={mesh}", f"--sharding_rules={rules}",
-                                "--dtype=bfloat16", "--programs=update,logprobs,sampler", *extra)
+def test_tiny_programs_compile_for_v5e_2x2(tmp_path):
+  result, records = _run_script(tmp_path, "--topology=v5e:2x2", "--mesh=fsdp:4", "--dtype=bfloat16",
+                                "--recompute_old_logprobs", "--scan_layers", "--remat", "--noisolate")
   assert result.returncode == 0, result.stderr[-3000:]
   assert "v5e: 15.75 GiB HBM" in result.stdout and result.stdout.strip().endswith("GiB per chip")
   (record,) = records
   programs = {p["name"]: p for p in record["programs"]}
-  assert set(programs) == {"update", "logprobs", "sampler"}
+  # With --recompute_old_logprobs the π_old forward runs besides π_ref (else on-policy: stop_gradient(π_θ)).
+  assert list(programs) == ["sampler", "logprobs", "update", "eval_greedy"]
+  assert programs["logprobs"]["calls"] == 2 and programs["update"]["calls"] == 1
+  assert programs["eval_greedy"]["calls"] == 2 and programs["eval_greedy"]["per"] == "eval"  # 8 prompts, 4 a call
+  resident = record["resident"]
+  assert resident["reference"] == resident["start policy"] > 0
+  assert resident["train state"] >= 3 * resident["reference"]  # params and AdamW's two moments
   for p in programs.values():
-    assert p["argument"] > 0 and p["code"] > 0 and p["flops"] > 0 and p["peak_bytes"] < 15.75 * 2 ** 30
+    assert p["argument"] > 0 and p["code"] > 0 and p["flops"] > 0 and p["temp"] >= 0
+    assert p["peak_bytes"] == p["argument"] + p["output"] + p["temp"] + p["code"] - p["alias"] + p["resident_other"]
+    assert p["peak_bytes"] < 15.75 * 2 ** 30
+  # Resident trees that are not a program's arguments: the update takes the whole train state, the forwards and
+  # samplers one params tree.
+  total = sum(resident.values())
+  assert programs["update"]["resident_other"] == total - resident["train state"]
+  assert programs["logprobs"]["resident_other"] == total - resident["reference"]
   assert programs["update"]["alias"] > 0  # the train state is donated
-  # Trip counts: the update's FLOPs cover every micro-batch, the sampler's every decode step.
+  # Trip counts: the update's FLOPs cover both micro-batches, the sampler's every decode step.
   assert programs["update"]["flops"] > 2 * programs["logprobs"]["flops"]
   assert programs["sampler"]["flops"] > programs["sampler"]["xla_flops"]
-  assert record["resident"]["reference params"] > 0 and record["resident"]["reward model"] == 0
 
 
 @needs_libtpu
 def test_does_not_fit_exits_with_one_line(tmp_path):
   # Two programs, each compiled in a child run of the script (--isolate, the default); the parent reports.
-  result, records = _run_script(tmp_path, "--topology=v5e:2x2", "--mesh=fsdp:4", "--programs=logprobs,reward",
-                                "--reward_model", "--scan_layers", "--hbm_gib=0.0001")
+  result, records = _run_script(tmp_path, "--topology=v5e:2x2", "--mesh=fsdp:4", "--programs=logprobs,eval_greedy",
+                                "--hbm_gib=0.0001")
   assert result.returncode != 0
   last = result.stderr.strip().splitlines()[-1]
   assert last.startswith("DOES NOT FIT: logprobs needs") and "GiB HBM; largest arrays: " in last
-  assert [p["name"] for p in records[0]["programs"]] == ["logprobs", "reward"]
+  assert [p["name"] for p in records[0]["programs"]] == ["logprobs", "eval_greedy"]
+
+
+def test_the_papers_flagfile_loads_and_names_the_runners_programs(tmp_path):
+  # The runner's flagfile as it is: on-policy (one epoch over one minibatch) at temperature 1, so no π_old
+  # forward; β > 0: the π_ref forward; a rule reward: no reward model. Listed without compiling.
+  result, _ = _run_script(tmp_path, "--model=qwen2.5-0.5b", "--topology=cpu", "--mesh=data:1", "--programs=nothing",
+                          run=_PAPER)
+  assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+  assert result.stderr.strip().splitlines()[-1] == (
+      "aot_compile: --programs: nothing not among this run's programs (sampler, logprobs, update, eval_greedy)")
+  # An outcome reward model adds its scorer; --eval_samples the evaluation's sampler; β = 0 drops the forward.
+  result, _ = _run_script(tmp_path, "--model=qwen2.5-0.5b", "--topology=cpu", "--mesh=data:1", "--programs=nothing",
+                          "--reward=orm", "--reward_model=qwen2.5-0.5b", "--eval_samples=4", "--beta=0", run=_PAPER)
+  assert result.stderr.strip().splitlines()[-1].endswith(
+      "(sampler, reward, update, eval_greedy, eval_samples)"), result.stderr[-3000:]
+
+
+def _lowered(config, name, **overrides):
+  """The lowered text of one of `programs(config)`'s programs (tiny model, one CPU device as a mesh)."""
+  from experiments.runner import placement as placement_lib  # pylint: disable=import-outside-toplevel
+  from experiments.runner import programs  # pylint: disable=import-outside-toplevel
+  config = config.replace(**overrides)
+  placement = placement_lib.Placement.from_config(config.mesh, jax.devices()[:1])
+  program = programs.programs(config, aot.policy_config(config.model), placement)[name]
+  return program.jitted.trace(*program.args).lower().as_text()
+
+
+def test_the_update_follows_the_run_config():
+  # The update compiled is the one the run's flags make: its temperature, its clip range and schedule are in the
+  # lowered program; where a run only logs differently, the program is the same.
+  config = config_lib.Config().replace(mesh="data:1", tiny_layers=1, batch_size=2, group_size=2,
+                                       max_prompt_len=4, max_new_tokens=4, eval_batch_size=2)
+  base = _lowered(config, "update")
+  assert _lowered(config, "update", seed=3, work_dir="elsewhere", eval_every=7) == base
+  assert _lowered(config, "update", temperature=0.5) != base
+  assert _lowered(config, "update", epsilon=0.3) != base
+  assert _lowered(config, "update", lr_schedule="constant") != base
+
+
+def test_bad_flags_are_one_line(tmp_path):
+  for flags, message in ((["--topology=v9z:2x2"], "aot_compile: cannot describe TPU topology 'v9z:2x2'"),
+                         (["--topology=cpu"], "aot_compile: --mesh is empty"),
+                         (["--topology=cpu", "--mesh=data:1", "--tiny_hidden_size=36"],
+                          "aot_compile: --tiny_hidden_size must be a positive multiple of 8")):
+    result, _ = _run_script(tmp_path, "--programs=logprobs", *flags)
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1].startswith(message), result.stderr[-2000:]
 
 
 def test_tiny_model_is_the_runners():
-  # --model=tiny compiles the model the runner builds for the same --tiny_layers / --tiny_hidden_size.
+  # An empty --model compiles the model the runner builds for the same --tiny_layers / --tiny_hidden_size.
   for layers, hidden in ((4, 128), (1, 32)):
-    runner = models.tiny_config(**policy.tiny_overrides(config_lib.ModelConfig(tiny_layers=layers,
-                                                                               tiny_hidden_size=hidden)))
-    assert aot.model_config("tiny", tiny_layers=layers, tiny_hidden_size=hidden) == runner
-    assert runner.num_hidden_layers == layers and runner.hidden_size == hidden
-  assert aot.model_config("tiny") == models.tiny_config(**policy.tiny_overrides(config_lib.ModelConfig()))
-
-
-def test_bad_tiny_shape_is_one_line(tmp_path):
-  result, _ = _run_script(tmp_path, "--topology=cpu", "--tiny_hidden_size=36", "--programs=logprobs")
-  assert result.returncode != 0
-  assert "--tiny_hidden_size must be a positive multiple of 8" in result.stderr, result.stderr[-2000:]
-  assert "Traceback" not in result.stderr
-
-
-def test_bad_topology_is_one_line(tmp_path):
-  result, _ = _run_script(tmp_path, "--topology=v9z:2x2", "--programs=logprobs")
-  assert result.returncode != 0
-  assert result.stderr.strip().splitlines()[-1].startswith("aot_compile: ")
+    model = config_lib.ModelConfig(tiny_layers=layers, tiny_hidden_size=hidden, dtype="bfloat16", scan_layers=True)
+    runner = models.tiny_config(**policy.tiny_overrides(model), **policy.runtime(model))
+    assert aot.policy_config(model) == runner
+    assert runner.num_hidden_layers == layers and runner.hidden_size == hidden and runner.scan_layers
+  assert aot.policy_config(config_lib.ModelConfig(model="qwen2.5-1.5b")).hidden_size == 1536
 
 
 @pytest.mark.devices(8)
-def test_gpu_path_flags_compile_for_cpu_at_the_same_shapes():
-  """--dtype=bfloat16 --remat with a mesh: the update, log-prob and sampler programs compile for 8 (fake CPU)
-  devices at the TPU test's shapes."""
-  work = aot.Work(batch_size=4, group_size=4, max_prompt_len=16, max_new_tokens=24, grad_accum_steps=2)
+def test_gpu_path_flags_compile_for_cpu():
+  """--dtype=bfloat16 --remat with a mesh: the run's programs compile for 8 (fake CPU) devices."""
   cpu = aot.target("cpu")
   assert len(cpu.devices) == 8 and cpu.chip is None
-  # One of the tiny model's four layers: the flags, not the depth, are what this checks (compiling 4 took 31 s).
-  config = dataclasses.replace(aot.model_config("tiny", dtype="bfloat16", remat=True, remat_policy="dots_no_batch"),
-                               num_hidden_layers=1)
-  mesh = "data:2,fsdp:2,tensor:2"
-  results, resident = aot.compile_programs(config, cpu, mesh, "fsdp_tp", work, ("update", "logprobs", "sampler"),
-                                           log=lambda s: None)
-  assert [r.name for r in results] == ["update", "logprobs", "sampler"]
+  config = config_lib.Config().replace(dtype="bfloat16", remat=True, remat_policy="dots_no_batch", tiny_layers=1,
+                                       mesh="data:2,fsdp:2,tensor:2", sharding_rules="fsdp_tp", batch_size=4,
+                                       group_size=4, max_prompt_len=16, max_new_tokens=24, grad_accum_steps=2,
+                                       eval_batch_size=4, num_test=4)
+  results, resident = aot.compile_programs(config, cpu, ("update", "logprobs", "sampler"), log=lambda s: None)
+  assert [r.name for r in results] == ["sampler", "logprobs", "update"]
   assert all(r.flops > 0 and r.argument > 0 and not r.error for r in results)
-  assert resident["policy params + AdamW"] > 0 and resident["reference params"] > 0
-  assert aot.report(config, cpu, mesh, "fsdp_tp", work, results, resident, None)[-1].startswith("fits")
-  assert aot.report(config, cpu, mesh, "fsdp_tp", work, results, resident, 1e-6)[-1].startswith("DOES NOT FIT")
+  assert resident["train state"] > 0 and resident["reference"] > 0
+  assert aot.report(config, cpu, results, resident, None)[-1].startswith("fits")
+  assert aot.report(config, cpu, results, resident, 1e-6)[-1].startswith("DOES NOT FIT")
 
 
 def test_matmul_flops_count_loops_at_their_trip_counts():
@@ -142,3 +184,4 @@ def test_matmul_flops_count_loops_at_their_trip_counts():
   # dead code here: a matmul's transposes need its inputs, not its output).
   grad = jax.make_jaxpr(jax.grad(lambda w: f(w, x).sum()))(w).jaxpr
   assert aot.matmul_flops(grad) == 3 * 11 * one
+

@@ -29,6 +29,11 @@ from experiments.runner import placement as placement_lib
 
 
 
+# The reward model's programs (config static): each row's outcome score; the scores at its step ends (logits).
+OUTCOME_SCORES = jax.jit(rm.outcome_scores, static_argnums=1)
+STEP_SCORES = jax.jit(rm.step_scores, static_argnums=1)
+
+
 def learned(cfg: config_lib.Config) -> bool:
   """Whether the reward is a learned reward model (`reward` orm or prm)."""
   return cfg.task.reward in ("orm", "prm")
@@ -63,10 +68,9 @@ class LearnedReward:
     self.placement = placement or placement_lib.Placement()
     self.params = self.placement.put_params(params)
     self.config, self.kind, self.tokenizer = config, kind, tokenizer
-    outcome, steps = jax.jit(rm.outcome_scores, static_argnums=1), jax.jit(rm.step_scores, static_argnums=1)
     rows, host = self.placement.rows, self.placement.host
-    self._outcome = lambda params, config, *arrays: host(outcome(params, config, *rows(arrays)))
-    self._steps = lambda params, config, *arrays: host(steps(params, config, *rows(arrays)))
+    self._outcome = lambda params, config, *arrays: host(OUTCOME_SCORES(params, config, *rows(arrays)))
+    self._steps = lambda params, config, *arrays: host(STEP_SCORES(params, config, *rows(arrays)))
 
   def steps(self, samples, texts, examples=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """PRM or orm_steps: `(σ(step scores) [N, K], completion-relative step ends [N, K], step mask [N, K])`;

@@ -43,8 +43,7 @@ def completion_width(lengths: np.ndarray, max_width: int, multiple: int) -> int:
   Past every row's end there is only padding (mask False), which the losses, log-probs and advantages ignore, so
   the step's values are those of the full width up to float rounding (sums over fewer padded slots group
   differently), and its forwards and backward do less work: the embedded default's longest completion is 31-35 of
-  40 tokens, and at 36 columns its GRPO update takes 0.48 s a step instead of 0.54 (BENCHMARKS.md, seventeenth
-  pass). `lengths` is the sampler's host copy, the same on every process, so every process picks the same width.
+  40 tokens. `lengths` is the sampler's host copy, the same on every process, so every process picks the same width.
   """
   if not multiple:
     return max_width
@@ -81,8 +80,8 @@ class Rollouts:
     self.prompts_truncated += cut
     tokens, mask = self.placement.rows((tokens, mask))  # each process provides its own prompts
     samples = sampling.sample(params, self.config, tokens, mask, key, num_samples=num_samples,
-                              max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature,
-                              top_k=rollout.top_k, top_p=rollout.top_p, **self.placement.sample_kwargs(len(tokens)))
+                              temperature=rollout.temperature, **self.sampler_options(),
+                              **self.placement.sample_kwargs(len(tokens)))
     samples, host = self.placement.sampled(samples)  # every process scores every sample (host code is cheap)
     t0 = time.time()
     texts = evaluation.decode(tok, host)
@@ -96,6 +95,12 @@ class Rollouts:
       rewards = rewards + np.asarray(losses.overlong_penalty(host.lengths, rollout.max_new_tokens,
                                                             rollout.overlong_buffer))
     return Scored(samples, rewards, correct, time.time() - t0, host)
+
+  def sampler_options(self) -> dict:
+    """The sampler's compile-time options of the rollouts (`sampling.sample` / `sampling.jit_sample` keywords; the
+    temperature is a traced argument)."""
+    rollout = self.cfg.rollout
+    return dict(max_new_tokens=rollout.max_new_tokens, top_k=rollout.top_k, top_p=rollout.top_p)
 
   def old_logprobs(self, params, samples: sampling.SampleOutput, logprobs=None):
     """π_old of the sampled tokens `[N, T]`: the sampler's own log-probs at T = 1, else recomputed with

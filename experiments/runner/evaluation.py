@@ -14,15 +14,21 @@ def ks_up_to(k: int) -> list[int]:
   return sorted({1, k} | {2 ** i for i in range(k.bit_length()) if 2 ** i <= k})
 
 
+def generate_options(config: config_lib.Config, num_prompts: int, placement: placement_lib.Placement) -> dict:
+  """`evaluation.generate`'s shape and placement keywords for `num_prompts` held-out prompts (its sampler's prompt
+  batch is `batch_size` x `max_prompt_len`)."""
+  common = dict(batch_size=min(config.eval.eval_batch_size, num_prompts), max_prompt_len=config.task.max_prompt_len,
+                max_new_tokens=config.rollout.max_new_tokens)
+  return common | placement.sample_kwargs(common["batch_size"])
+
+
 def evaluate(params, model_config, task: task_lib.Task, config: config_lib.Config, key,
              placement: placement_lib.Placement) -> dict:
   """Greedy pass@1 ("accuracy"), format rate and mean length on the held-out set; with `eval_samples` = K > 0
   also maj@k and the unbiased pass@k (DeepSeekMath Fig 7) for every power of two k <= K and K, from one set of
   K samples per problem at `eval_temperature`."""
   prompts = [task.prompt(e) for e in task.test]
-  common = dict(batch_size=min(config.eval.eval_batch_size, len(prompts)), max_prompt_len=config.task.max_prompt_len,
-                max_new_tokens=config.rollout.max_new_tokens)
-  common.update(placement.sample_kwargs(common["batch_size"]))
+  common = generate_options(config, len(prompts), placement)
   texts, lengths = evaluation.generate(params, model_config, task.tokenizer, prompts, key, greedy=True, **common)
   greedy = evaluation.summarize(texts, task.test, ks=(1,), is_formatted=task.is_formatted)
   metrics = {"accuracy": greedy["pass@1"], "format_rate": greedy["format_rate"],

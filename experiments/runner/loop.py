@@ -42,6 +42,7 @@ from experiments.runner import task as task_lib
 from experiments.runner import warm_start
 from grpo_jax import distributed
 from grpo_jax import training
+from grpo_jax.models import lora
 
 RunError = config_lib.RunError
 
@@ -126,8 +127,13 @@ def update_plan(method: methods_lib.Method):
   return minibatch, updates_per_step, method.optimizer(total_updates, warmup)
 
 
-def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointer, start_accuracy):
+def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointer, start_accuracy,
+          lora_base: dict | None = None):
   """Stage 2: `steps` steps of collect, then μ epochs of minibatch updates.
+
+  With LoRA (`lora_base`: the base checkpoint's path and digest, recorded in every checkpoint and checked on resume)
+  the train state holds only the trained leaves (`lora.split`: the adapters, a value head); the frozen base is
+  joined to them where the policy is used, and is not checkpointed.
 
   Returns (final policy params, the start policy's accuracy, whether `stop_after` stopped it).
   """
@@ -136,8 +142,13 @@ def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointe
   minibatch, updates_per_step, optimizer = update_plan(method)
   steps = cfg.optim.steps
   key = jax.random.PRNGKey(run_cfg.seed)
-  state, train_step = method.rollouts.placement.train(method.init_params(policy, jax.random.fold_in(key, 1)),
-                                                      optimizer, method.objective(), algo.grad_accum_steps)
+  trained, frozen = method.init_params(policy, jax.random.fold_in(key, 1)), None
+  if lora_base is not None:  # LoRA: only the adapters (and a value head) are trained, optimised and checkpointed
+    trained, frozen = lora.split(trained)
+  full = (lambda params: params) if frozen is None else (lambda params: lora.join(params, frozen))
+  trained_part = (lambda params: params) if frozen is None else (lambda params: lora.split(params)[0])
+  state, train_step = method.rollouts.placement.train(trained, optimizer, method.objective(), algo.grad_accum_steps,
+                                                      frozen=frozen)
   updates = method.reward_updates  # iterative RL's reward-model retraining, or None
   per_iteration = cfg.reward_model.steps_per_iteration if updates else 0
   recorded = resume_lib.record(cfg)
@@ -145,11 +156,11 @@ def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointe
   def checkpoint_tree(state):
     tree = {"train": state}
     if updates:  # the reference resets each iteration, the reward model and its replay history train
-      tree.update(reference=method.reference, **updates.checkpoint_state())
+      tree.update(reference=trained_part(method.reference), **updates.checkpoint_state())
     return tree
 
   def evaluate(params):
-    return method.evaluate(method.policy(params), jax.random.PRNGKey(run_cfg.seed + 1))
+    return method.evaluate(method.policy(full(params)), jax.random.PRNGKey(run_cfg.seed + 1))
 
   position, start, prompts_truncated = 0, 0, None
   if run_cfg.resume and ckpt.latest_step() is not None:
@@ -157,9 +168,13 @@ def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointe
         checkpoint_tree(state), check=lambda meta, step: resume_lib.check_flags(meta.get("flags"), recorded, step,
                                                                                 note))
     dropped = logger.rewind(meta.get("metrics_offset"))  # records of steps after the checkpoint: re-run below
+    if meta.get("lora_base") != lora_base:
+      raise RunError(f"--resume: the checkpoint's trained weights go with the base {meta.get('lora_base')}, this "
+                     f"run's base is {lora_base}")
     state = tree["train"]
     if updates:
-      method.reference = tree["reference"]
+      method.reference = tree["reference"] if frozen is None else lora.join(tree["reference"],
+                                                                            lora.split(method.reference)[1])
       updates.restore(tree)
     start, position = int(meta["step"]), int(meta["data_position"])
     prompts_truncated = meta.get("prompts_truncated")  # None in checkpoints saved before it was recorded
@@ -186,9 +201,9 @@ def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointe
       tracer.before(step)
       if per_iteration and step > 1 and (step - 1) % per_iteration == 0:
         # Algorithm 1: each iteration starts with π_ref ← π_θ (a copy: the train state is donated).
-        method.reference = jax.tree.map(jnp.copy, method.policy(state.params))
+        method.reference = method.policy(full(jax.tree.map(jnp.copy, state.params)))
       # COLLECT: π_old is the current policy (online methods) or a fixed dataset (offline ones)
-      batch, stats, position = method.collect(state.params, position, step_key)
+      batch, stats, position = method.collect(full(state.params), position, step_key)
       # UPDATE: μ epochs over the method's minibatches
       t0 = time.time()
       step_metrics = []
@@ -210,7 +225,8 @@ def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointe
       if per_iteration and step % per_iteration == 0:  # ITERATE: the iteration's end, retrain the reward model
         logger.newline()
         iteration = step // per_iteration
-        rm_metrics = updates.update(method.policy(state.params), iteration, jax.random.fold_in(step_key, 20_000))
+        rm_metrics = updates.update(method.policy(full(state.params)), iteration,
+                                    jax.random.fold_in(step_key, 20_000))
         values = logger.log(step, {"iteration": float(iteration), **rm_metrics}, prefix="rm/")
         policy_eval = logger.log(step, evaluate(state.params), prefix="iteration/")
         print(f"iteration {iteration}: held-out accuracy {policy_eval['iteration/accuracy']:.3f}; reward model on "
@@ -225,14 +241,14 @@ def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointe
         ckpt.save(step, checkpoint_tree(state), {"step": step, "data_position": position,
                                                  "key": np.asarray(key).tolist(), "sft_accuracy": start_accuracy,
                                                  "algo": method.name, "flags": recorded,
-                                                 "metrics_offset": logger.offset(),
+                                                 "metrics_offset": logger.offset(), "lora_base": lora_base,
                                                  "prompts_truncated": int(method.rollouts.prompts_truncated)})
       if step == run_cfg.stop_after:
         logger.newline()
         print(f"stopping after step {step} (--stop_after); continue with --resume", file=sys.stderr)
-        return method.policy(state.params), start_accuracy, True
+        return method.policy(full(state.params)), start_accuracy, True
   logger.newline()
-  return method.policy(state.params), start_accuracy, False
+  return method.policy(full(state.params)), start_accuracy, False
 
 
 def _progress_line(values: dict) -> str:
@@ -273,8 +289,11 @@ def run(config: config_lib.Config) -> dict:
       source, cfg.task, method_cls.sft_marker), seed=run_cfg.seed)
   logger = training.MetricsLogger(work_dir, cfg.optim.steps, tensorboard=run_cfg.tensorboard)
   reward_model = learned_reward.make(cfg, tokenizer, model_config, placement)
-  rollouts = methods_lib.Rollouts(cfg, model_config, task, reward_model, placement)
-  method = method_cls(cfg, model_config, task, rollouts, None)
+  lora_targets = config_lib.lora_targets(cfg.model.lora_targets)
+  policy_config = lora.lora_config(model_config, rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha,
+                                   targets=lora_targets) if cfg.model.lora_rank else model_config
+  rollouts = methods_lib.Rollouts(cfg, policy_config, task, reward_model, placement)
+  method = method_cls(cfg, policy_config, task, rollouts, None)
   print(f"policy from {source} ({model_config.model_type}, {sum(x.size for x in jax.tree.leaves(params)):,} "
         f"params); task {cfg.task.task}: {len(task.train)} train / {len(task.test)} held-out problems",
         file=sys.stderr)
@@ -287,6 +306,10 @@ def run(config: config_lib.Config) -> dict:
     params = warm_start.warm_start(params, model_config, demos, cfg, logger, tokenizer.pad_token_id or 0, placement)
     policy_lib.export(params, model_config, source, work_dir / "sft_policy",
                       {method.sft_marker: policy_lib.sft_marker(cfg.task.task, cfg.task.sft_examples, run_cfg.seed)})
+  lora_base = None
+  if cfg.model.lora_rank:  # stage 2 trains adapters on this base (stage 1, if any, fine-tuned it whole)
+    params = placement.put_params(lora.add_adapters(params, policy_config, jax.random.PRNGKey(run_cfg.seed + 3)))
+    lora_base = policy_lib.base_record(work_dir / "sft_policy" if needs_sft else source)
   start_eval = {}
   if not run_cfg.resume:
     start_eval = logger.log(0, method.evaluate(params, jax.random.PRNGKey(run_cfg.seed + 1)), prefix="eval/")
@@ -297,12 +320,13 @@ def run(config: config_lib.Config) -> dict:
   t_rl = time.time()
   print(f"stage 2: {method.name}, {cfg.optim.steps} steps of {cfg.rollout.batch_size} prompts x "
         f"{cfg.rollout.group_size} samples", file=sys.stderr)
-  method.reference = jax.tree.map(jnp.copy, params)  # frozen π_ref: the start policy
+  # frozen π_ref: the start policy; with LoRA the base itself (the adapters off: no copy of the weights)
+  method.reference = lora.disabled(params) if lora_base else jax.tree.map(jnp.copy, params)
   if cfg.reward_model.iterations > 1:
     method.reward_updates = learned_reward.RewardModelUpdates(reward_model, task, rollouts)
   ckpt = training.Checkpointer(ckpt_dir, max_to_keep=run_cfg.keep_checkpoints)
   try:
-    policy, start_accuracy, stopped = train(method, params, logger, ckpt, start_accuracy)
+    policy, start_accuracy, stopped = train(method, params, logger, ckpt, start_accuracy, lora_base)
   finally:
     ckpt.close()
   if stopped:
@@ -310,7 +334,9 @@ def run(config: config_lib.Config) -> dict:
   t_final = time.time()
   final_eval = method.evaluate(policy, jax.random.PRNGKey(run_cfg.seed + 1))
   logger.log(cfg.optim.steps, final_eval, prefix="eval/")
-  policy_lib.export(policy, model_config, source, work_dir / "final_policy")
+  if cfg.model.lora_export_peft:
+    policy_lib.export_adapters(policy, policy_config, lora_base["path"], work_dir / "final_adapter")
+  policy_lib.export(*lora.merge(policy, policy_config), source, work_dir / "final_policy")  # merged: a plain model
   logger.close()
   peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
   summary = {"algo": method.name, "start_accuracy": start_accuracy, "final_accuracy": final_eval["accuracy"],

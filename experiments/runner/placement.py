@@ -7,9 +7,8 @@ each process provides its own slice of the prompts), `device` does that for host
 by the batch sharding, `host` brings a global result back whole to every process. Without a mesh these are
 plain conversions and everything runs on the default device, except that on a CPU presented as several devices
 (`--cpu_devices`) the sampler splits its rows over them: a decode step is many small ops that one device runs
-one at a time, so each core decoding its own rows is 1.65x faster at the default run's 256 rows (the same
-tokens; log-probs equal up to float rounding; BENCHMARKS.md, eighth pass), and the samples then move to the
-default device.
+one at a time, so each core decoding its own rows keeps every core busy (the same tokens; log-probs equal up
+to float rounding), and the samples then move to the default device.
 """
 
 import jax
@@ -19,6 +18,7 @@ import numpy as np
 from grpo_jax import distributed
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import models
+from grpo_jax.models import lora
 from grpo_jax import partitioning
 from grpo_jax import training
 
@@ -34,12 +34,13 @@ class Placement:
     self.sampler_mesh = sampler_mesh if mesh is None else None
 
   @classmethod
-  def from_config(cls, config) -> "Placement":
+  def from_config(cls, config, devices=None) -> "Placement":
     """From a `MeshConfig`: its mesh spec and rules; one device when the spec is empty and one process runs, with
-    the sampler over every local device when they are CPU devices (`--cpu_devices`)."""
+    the sampler over every local device when they are CPU devices (`--cpu_devices`). `devices`: the mesh's devices
+    (default all; e.g. a TPU topology's, to compile for it ahead of time)."""
     if not config.mesh and jax.process_count() == 1:
       return cls(sampler_mesh=cpu_sampler_mesh())
-    return cls(partitioning.make_mesh(config.mesh), partitioning.get_rules(config.sharding_rules))
+    return cls(partitioning.make_mesh(config.mesh, devices), partitioning.get_rules(config.sharding_rules))
 
   @property
   def data_parallel(self) -> int:
@@ -86,20 +87,36 @@ class Placement:
     """`fn(params, tokens, mask) -> [N, L]` log-probs on the device(s), split like the batch; kwargs of
     `logprobs.jit_token_logprobs`."""
     fn = logprobs_lib.jit_token_logprobs(config, mesh=self.mesh, rules=self.rules, **kwargs)
-    return lambda params, tokens, mask: fn(params, *self.device((tokens, mask)))
+    call = lambda params, tokens, mask: fn(params, *self.device((tokens, mask)))
+    call.jitted = getattr(fn, "jitted", lambda shape: fn)  # the program for tokens of `shape` (ahead of time)
+    return call
 
-  def train(self, params, optimizer, objective, num_micro_batches: int):
+  def train(self, params, optimizer, objective, num_micro_batches: int, frozen=None):
     """`(state, step)`: the train state placed by the rules and the jitted update (state donated).
+
+    `frozen`: weights the objective reads but the update does not train (LoRA's base, `models.lora.split`): the
+    objective sees `lora.join(state.params, frozen)`; they are neither in the state nor donated.
 
     `step(state, batch)` takes a batch on the device(s) (or whole host arrays: each process contributes its
     rows)."""
+    extra = () if frozen is None else (frozen,)
     if self.mesh is None:
-      return (training.init_train_state(params, optimizer),
-              training.make_train_step(objective, optimizer, num_micro_batches))
+      step = training.make_train_step(objective, optimizer, num_micro_batches,
+                                      combine=None if frozen is None else lora.join)
+      return training.init_train_state(params, optimizer), lambda state, batch: step(state, batch, *extra)
     state, shardings = partitioning.init_train_state(params, optimizer, self.mesh, self.rules)
-    step = training.make_train_step(objective, optimizer, num_micro_batches, state_shardings=shardings,
-                                    batch_shardings=self.batch_sharding, mesh=self.mesh, rules=self.rules)
-    return state, lambda state, batch: step(state, self.device(batch))
+    step = self.train_step(shardings, optimizer, objective, num_micro_batches, frozen=frozen)
+    return state, lambda state, batch: step(state, self.device(batch), *extra)
+
+  def train_step(self, state_shardings, optimizer, objective, num_micro_batches: int, frozen=None):
+    """The jitted update of `train` on a mesh, for a train state placed by `state_shardings`
+    (`partitioning.state_shardings`); `.jitted` is the program itself (ahead of time: `.jitted.lower(...)`).
+    With `frozen` (arrays or shape structs, placed), the step takes them as a third argument."""
+    lora_kwargs = {} if frozen is None else dict(
+        combine=lora.join, frozen_shardings=jax.tree.map(lambda x: x.sharding, frozen))
+    return training.make_train_step(objective, optimizer, num_micro_batches, state_shardings=state_shardings,
+                                    batch_shardings=self.batch_sharding, mesh=self.mesh, rules=self.rules,
+                                    **lora_kwargs)
 
   def sample_kwargs(self, num_prompts: int) -> dict:
     """`sampling.sample`'s mesh arguments for `num_prompts` prompts: the run's mesh; without one, the CPU

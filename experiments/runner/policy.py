@@ -1,6 +1,7 @@
 """The starting policy and what a run exports: loading (HF checkpoint, earlier SFT policy, or the embedded tiny
 model built in the work dir), the SFT marker that says which problems stage 1 saw, and atomic HF exports."""
 
+import hashlib
 import json
 import pathlib
 import shutil
@@ -9,6 +10,7 @@ from experiments.runner import config as config_lib
 from experiments.runner import placement as placement_lib
 from grpo_jax import distributed
 from grpo_jax import models
+from grpo_jax.models import lora
 from grpo_jax import training
 
 SFT_MARKER = "grpo_jax_sft.json"  # in a run's sft_policy: it was fine-tuned on the first --sft_examples problems
@@ -20,6 +22,12 @@ def tiny_overrides(config: config_lib.ModelConfig) -> dict:
               intermediate_size=3 * config.tiny_hidden_size)
 
 
+def runtime(config: config_lib.ModelConfig) -> dict:
+  """The policy's `models.ModelConfig` runtime keywords (dtype, remat, layer scan) from the run's config."""
+  return dict(dtype=config.dtype, param_dtype=config.dtype, remat=config.remat, remat_policy=config.remat_policy,
+              scan_layers=config.scan_layers)
+
+
 def load(config: config_lib.Config, placement: placement_lib.Placement, marker_name: str = SFT_MARKER):
   """`(params, model_config, tokenizer, needs_sft, path)` of the starting policy, placed by `placement`'s rules.
 
@@ -28,8 +36,6 @@ def load(config: config_lib.Config, placement: placement_lib.Placement, marker_n
   SFT unless `sft_steps` is 0.
   """
   model, work_dir = config.model, pathlib.Path(config.run.work_dir)
-  runtime = dict(dtype=model.dtype, param_dtype=model.dtype, remat=model.remat, remat_policy=model.remat_policy,
-                 scan_layers=model.scan_layers)
   sft_dir = work_dir / "sft_policy"
   if model.init_checkpoint:
     path, needs_sft = pathlib.Path(model.init_checkpoint), False
@@ -46,7 +52,7 @@ def load(config: config_lib.Config, placement: placement_lib.Placement, marker_n
     if distributed.is_main_process():  # one writer; the others wait for the files
       models.build_default_checkpoint(path, seed=config.run.seed, **tiny_overrides(model))
     distributed.barrier("base_model")
-  params, model_config = placement.load_hf(path, **runtime)
+  params, model_config = placement.load_hf(path, **runtime(model))
   return params, model_config, models.load_tokenizer(path), needs_sft, path
 
 
@@ -69,6 +75,28 @@ def sft_lineage(source: pathlib.Path, config: config_lib.TaskConfig, marker_name
 def sft_marker(task: str, sft_examples: int, seed: int) -> str:
   """The marker file's text: which problems stage 1 fine-tuned on."""
   return json.dumps({"sft_examples": sft_examples, "seed": seed, "task": task})
+
+
+def base_record(path: pathlib.Path) -> dict:
+  """What LoRA checkpoints record of their frozen base, checked on `--resume`: its path and the SHA-256 of its
+  config.json and weight files."""
+  path = pathlib.Path(path)
+  digest = hashlib.sha256()
+  for f in sorted([path / "config.json", *path.glob("*.safetensors"), *path.glob("*.safetensors.index.json")]):
+    digest.update(f.name.encode())
+    with open(f, "rb") as stream:
+      digest.update(hashlib.file_digest(stream, "sha256").digest())
+  return {"path": str(path.resolve()), "sha256": digest.hexdigest()}
+
+
+def export_adapters(params, model_config, base_path: str, target: pathlib.Path) -> None:
+  """Writes a LoRA policy's adapters in PEFT's format (`lora.save_peft`), naming `base_path` as the base model;
+  the directory appears whole or not at all. Every process calls it; process 0 writes."""
+  params = distributed.all_gather(lora.adapters(params))
+  if distributed.is_main_process():
+    with training.atomic_directory(target) as tmp:
+      lora.save_peft(params, model_config, tmp, base_model_name_or_path=base_path)
+  distributed.barrier(f"export {target.name}")
 
 
 def export(params, model_config, source: pathlib.Path, target: pathlib.Path,

@@ -1,0 +1,192 @@
+r"""The compiled programs of a run, built by the runner's own builders at abstract shapes.
+
+  placement = placement_lib.Placement.from_config(config.mesh, devices)      # e.g. a TPU topology's devices
+  for name, p in programs(config, model_config, placement).items():
+    p.jitted.trace(*p.args).lower().compile()       # nothing allocated: the args are ShapeDtypeStructs
+
+`programs` returns exactly the programs stage 2 of `loop.run(config)` runs, each built by the code the runner
+calls (so a change there changes them here):
+
+  update        the method's objective and optimiser schedule (`loop.update_plan`) through `Placement.train_step`,
+                over a minibatch of [M, P + T] rows in `grad_accum_steps` micro-batches; the train state donated
+  logprobs      the π_ref (β > 0) and π_old (when recomputed) forward the method calls (`Placement.logprobs`,
+                at the rollout temperature, grouped when the method shares prompts), over [B·G, P + T] rows
+  sampler       the rollouts' sampler (`Rollouts.sampler_options`): B prompts of P tokens, G samples each
+  reward        a learned reward's scorer (`learned_reward.OUTCOME_SCORES` or `STEP_SCORES`), with --reward=orm|prm
+  eval_greedy   held-out evaluation's sampler (`evaluation.generate_options`), and eval_samples with
+                --eval_samples=k: k samples per prompt at --eval_temperature
+
+Widths are the widest the runner gives: a step trims its completions to the longest one
+(`rollouts.completion_width`), which is at most T = --max_new_tokens. Every program's first argument is the
+resident tree it reads (the train state, policy, reference or reward-model params): `resident` gives the trees
+that stay on the device(s) between programs, so a program's peak is its own memory plus the resident trees
+that are not its arguments.
+"""
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from experiments import methods as methods_lib
+from experiments.methods import learned_reward
+from experiments.runner import config as config_lib
+from experiments.runner import evaluation
+from experiments.runner import loop
+from experiments.runner import placement as placement_lib
+from grpo_jax import models
+from grpo_jax import partitioning
+from grpo_jax import sampling
+from grpo_jax import training
+
+ALGOS = ("grpo", "online_rft")  # the methods whose programs are listed here
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  """One jitted program of a run and its abstract arguments (`jax.ShapeDtypeStruct`s carrying shardings; static
+  arguments as they are)."""
+  jitted: Any  # jax.jit-wrapped: `.trace(*args)`, `.lower(*args)`
+  args: tuple
+  uses: str  # what the runner runs it for
+  per_step: int  # calls per stage-2 step (0: not a step's program, e.g. evaluation)
+  per_eval: int = 0  # calls per evaluation
+  loop_trips: int = 1  # trip count of its while loops (the sampler: its decode steps)
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardModel:
+  """A learned reward model's shapes: its backbone's config (as `learned_reward.LearnedReward` loads it) and kind."""
+  config: models.ModelConfig
+  kind: str  # orm, orm_steps or prm (`reward_models.KINDS`)
+
+
+def _abstract(shapes, shardings):
+  return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
+
+
+def _check(config: config_lib.Config, placement: placement_lib.Placement, reward: RewardModel | None) -> None:
+  """The runner's checks of a run's placement, plus what this module covers; ConfigError with one line."""
+  if config.algorithm.algo not in ALGOS:
+    raise config_lib.ConfigError(f"--algo={config.algorithm.algo}: its programs are not listed yet (listed: "
+                                 f"{', '.join(ALGOS)})")
+  if placement.mesh is None:
+    raise config_lib.ConfigError("--mesh is empty: the runner then runs on one device; give the mesh to compile "
+                                 "for, e.g. --mesh=fsdp:8")
+  if learned_reward.learned(config) != (reward is not None):
+    raise config_lib.ConfigError("a learned reward (--reward=orm|prm) needs its reward model's shapes, and only it")
+  loop.check_divisible(config, placement.data_parallel)
+
+
+def _setup(config: config_lib.Config, model_config: models.ModelConfig, placement: placement_lib.Placement,
+           reward: RewardModel | None):
+  """The runner's method (its rollouts on `placement`, no task or weights) and the abstract policy params."""
+  _check(config, placement, reward)
+  rollouts = methods_lib.Rollouts(config, model_config, None, None, placement)
+  method = methods_lib.METHODS[config.algorithm.algo](config, model_config, None, rollouts, None)
+  shapes = jax.eval_shape(models.init_params, model_config, jax.random.key(0))
+  params = _abstract(shapes, partitioning.param_shardings(placement.mesh, placement.rules, shapes))
+  return method, params
+
+
+def _reward_params(reward: RewardModel, placement: placement_lib.Placement):
+  shapes = jax.eval_shape(lambda k: models.init_scalar_params(reward.config, k), jax.random.key(0))
+  return _abstract(shapes, partitioning.param_shardings(placement.mesh, placement.rules, shapes))
+
+
+def _train_state(method, params, placement: placement_lib.Placement):
+  """`(optimiser steps per step, minibatch rows, optimiser, abstract train state, its shardings)`."""
+  minibatch, updates_per_step, optimizer = loop.update_plan(method)
+  shapes = jax.eval_shape(lambda p: training.init_train_state(method.init_params(p, None), optimizer), params)
+  shardings = partitioning.state_shardings(placement.mesh, placement.rules, shapes)
+  return updates_per_step, minibatch, optimizer, _abstract(shapes, shardings), shardings
+
+
+def resident(config: config_lib.Config, model_config: models.ModelConfig, placement: placement_lib.Placement,
+             reward: RewardModel | None = None) -> dict[str, Any]:
+  """The abstract trees that stay on the device(s) through stage 2 of `loop.run`, by name: the train state, the
+  frozen reference (`method.reference`, a copy of the start policy), the start policy itself (`loop.run` holds it
+  while stage 2 runs) and the learned reward model."""
+  method, params = _setup(config, model_config, placement, reward)
+  out = {"train state": _train_state(method, params, placement)[3], "reference": params, "start policy": params}
+  if reward is not None:
+    out["reward model"] = _reward_params(reward, placement)
+  return out
+
+
+def programs(config: config_lib.Config, model_config: models.ModelConfig, placement: placement_lib.Placement,
+             reward: RewardModel | None = None) -> dict[str, Program]:
+  """The programs stage 2 of `loop.run(config)` compiles, by name, in the order a step runs them (see the module
+  docstring). `model_config` is the policy's (`policy.load`'s), `placement` holds the mesh, `reward` the learned
+  reward model's shapes (with --reward=orm|prm). Raises ConfigError (or RunError) with one line where the runner
+  would refuse the config."""
+  method, params = _setup(config, model_config, placement, reward)
+  mesh, rules, rows_sharding = placement.mesh, placement.rules, placement.batch_sharding
+  rollout, algo = config.rollout, config.algorithm
+  b, g, p, t = rollout.batch_size, rollout.group_size, config.task.max_prompt_len, rollout.max_new_tokens
+  n, length = b * g, p + t
+  rows = lambda dtype, count, width=length: jax.ShapeDtypeStruct((count, width), dtype, sharding=rows_sharding)
+  scalar = partitioning.replicated(mesh)
+  key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=scalar)  # jax.random.PRNGKey's
+  temperature = jax.ShapeDtypeStruct((), jnp.float32, sharding=scalar)
+  out = {}
+
+  def sampler(prompts: int, samples: int, **options):
+    return sampling.jit_sample(model_config, (prompts, p), mesh=mesh, rules=rules, num_samples=samples, **options)
+
+  rounds = rollout.dynamic_sampling_max_rounds if rollout.dynamic_sampling else 1
+  out["sampler"] = Program(sampler(b, g, **method.rollouts.sampler_options()),
+                           (params, rows(jnp.int32, b, p), rows(jnp.bool_, b, p), key, temperature),
+                           f"rollouts: {b} prompts x {g} samples of up to {t} tokens"
+                           + (f" (1 to {rounds} rounds a step, --dynamic_sampling)" if rounds > 1 else ""),
+                           per_step=1, loop_trips=t - 1)
+  if reward is not None:
+    reward_params = _reward_params(reward, placement)
+    if reward.kind == "orm" and config.reward_model.supervision == "outcome":
+      out["reward"] = Program(learned_reward.OUTCOME_SCORES,
+                              (reward_params, reward.config, rows(jnp.int32, n), rows(jnp.bool_, n)),
+                              f"the outcome reward model's score of the {n} rows", per_step=1)
+    else:
+      k = config.reward_model.prm_max_steps
+      out["reward"] = Program(learned_reward.STEP_SCORES,
+                              (reward_params, reward.config, rows(jnp.int32, n), rows(jnp.bool_, n),
+                               rows(jnp.int32, n, k), rows(jnp.bool_, n, k)),
+                              f"the {reward.kind} reward model's scores at up to {k} step ends of the {n} rows",
+                              per_step=1)
+  forwards = []
+  if algo.algo == "grpo":
+    reinforce_pp = algo.advantage_estimator == "reinforce_pp"
+    on_policy = method.on_policy() and not reinforce_pp
+    if not on_policy and (rollout.temperature != 1.0 or algo.recompute_old_logprobs):
+      forwards.append("π_old")  # else the sampler's log-probs, or stop_gradient(π_θ) in the update
+    if algo.beta > 0:
+      forwards.append("π_ref")
+  if forwards:
+    fn = method.group_logprobs.jitted((n, length))
+    out["logprobs"] = Program(fn, (params, rows(jnp.int32, n), rows(jnp.bool_, n)),
+                              f"the {' and '.join(forwards)} forward of the {n} rows"
+                              + (f", each prompt once per group of {g}" if method.grouped() else ""),
+                              per_step=len(forwards))
+  updates, minibatch, optimizer, state, state_shardings = _train_state(method, params, placement)
+  step = placement.train_step(state_shardings, optimizer, method.objective(), algo.grad_accum_steps)
+  f32, bool_ = (lambda: rows(jnp.float32, minibatch)), (lambda: rows(jnp.bool_, minibatch))
+  batch = training.Batch(tokens=rows(jnp.int32, minibatch), attention_mask=bool_(), loss_mask=bool_(),
+                         old_logp=f32(), ref_logp=f32(), advantages=f32())
+  out["update"] = Program(step.jitted, (state, batch),
+                          f"{method.name}: one optimiser step over {minibatch} rows in {algo.grad_accum_steps} "
+                          f"micro-batches", per_step=updates)
+  held_out = config.task.num_test  # the held-out set has at most this many problems
+  options = evaluation.generate_options(config, held_out, placement)
+  e = options["batch_size"]
+  calls = -(-held_out // e)
+  prompts = (params, rows(jnp.int32, e, p), rows(jnp.bool_, e, p), key, temperature)
+  out["eval_greedy"] = Program(sampler(e, 1, max_new_tokens=t, greedy=True), prompts,
+                               f"evaluation: greedy completions of {e} held-out prompts a call", per_step=0,
+                               per_eval=calls, loop_trips=t - 1)
+  if config.eval.eval_samples:
+    k = config.eval.eval_samples
+    out["eval_samples"] = Program(sampler(e, k, max_new_tokens=t), prompts,
+                                  f"evaluation: {k} samples of {e} held-out prompts a call (maj@k, pass@k)",
+                                  per_step=0, per_eval=calls, loop_trips=t - 1)
+  return out
