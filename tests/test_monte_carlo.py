@@ -1,6 +1,7 @@
 """Monte Carlo rollouts from a policy (grpo_jax/reward_models/monte_carlo.py): k continuations per prefix."""
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 from grpo_jax import models
@@ -27,6 +28,29 @@ def test_k_continuations_per_prefix_in_order(tokenizer):
   assert again == out  # the same key, the same continuations
   first = rollout(prefixes[:1], jax.random.key(1))
   assert first[0] == out[0]  # batches are padded to one shape, so prefix 0 gets the same draws alone
+  assert all(len(set(texts)) > 1 for texts in out)  # k draws, not one draw k times
+
+
+def _greedy(params, prefix, steps):
+  """The argmax continuation of `prefix`, one full forward of the unpadded sequence per token."""
+  tokens = list(prefix)
+  for _ in range(steps):
+    logits, _ = models.apply(params, CONFIG, jnp.asarray([tokens]))
+    tokens.append(int(jnp.argmax(logits[0, -1])))
+  return tokens[len(prefix):]
+
+
+def test_continuations_follow_their_own_prefix(tokenizer):
+  # At temperature 1e-4 sampling is argmax (the random model's logits differ by far more than 1e-4), so each
+  # prefix's k continuations are its greedy continuation, computed here without the sampler.
+  params = models.init_params(CONFIG, jax.random.key(0))
+  rollout = rm.policy_rollout(params, CONFIG, tokenizer, num_rollouts=2, max_prefix_len=8, max_new_tokens=4,
+                              batch_size=2, temperature=1e-4)
+  prefixes = [tokenizer.encode(t, add_special_tokens=False) for t in ("1+1=", "2*3", "9-4")]
+  out = rollout(prefixes, jax.random.key(1))
+  expected = [tokenizer.decode(_greedy(params, p, 4), skip_special_tokens=True) for p in prefixes]
+  assert out == [[e, e] for e in expected]
+  assert len(set(expected)) == 3  # the prefixes lead to different continuations
 
 
 def test_rejects_empty_budgets(tokenizer):
