@@ -101,7 +101,7 @@ def _choose(logits, key, temperature, *, top_k, top_p, greedy, rows=None):
 
 
 _STATIC = ("config", "num_samples", "max_new_tokens", "top_k", "top_p", "greedy", "stop_ids", "pad_id",
-           "logprobs_at_temperature", "cache_segments")
+           "logprobs_at_temperature", "cache_segments", "prompt_chunk")
 
 
 def segment_ends(max_new_tokens: int, cache_segments: int) -> tuple[int, ...]:
@@ -127,14 +127,42 @@ def _place_cache(cache):
   return placed
 
 
-def _sample_impl(params, prompt_tokens, prompt_mask, key, temperature, *, config: ModelConfig, num_samples: int,
+def _sample_impl(params, prompt_tokens, prompt_mask, key, temperature, *, num_samples: int, prompt_chunk: int = 0,
+                 shard_axes: tuple[str, ...] = (), num_shards: int = 1, **static):
+  """The sampler; with `shard_axes`, one shard's rows inside `shard_map` (`num_shards` shards of the batch).
+
+  With 0 < `prompt_chunk` < the prompts (a divisor), `prompt_chunk` prompts and their G samples at a time, in a
+  `lax.map`: one chunk's KV cache in memory, and each chunk's decode loop stops when its own rows are done. Every
+  row draws its row of the whole batch's noise, so the tokens are those of one chunk, and the log-probs too up
+  to float rounding.
+  """
+  n_prompts = prompt_tokens.shape[0]
+  n = n_prompts * num_samples
+  first, total = (jax.lax.axis_index(shard_axes) * n, n * num_shards) if shard_axes else (0, n)
+  if not 0 < prompt_chunk < n_prompts:
+    return _sample_rows(params, prompt_tokens, prompt_mask, key, temperature, num_samples=num_samples,
+                        rows=(first, total) if shard_axes else None, **static)
+  if n_prompts % prompt_chunk:
+    raise ValueError(f"sample: prompt_chunk={prompt_chunk} must divide the {n_prompts} prompts (of each shard)")
+  chunks = n_prompts // prompt_chunk
+  split = lambda x: x.reshape(chunks, prompt_chunk, *x.shape[1:])
+
+  def chunk(xs):
+    c, tokens, mask = xs
+    return _sample_rows(params, tokens, mask, key, temperature, num_samples=num_samples,
+                        rows=(first + c * prompt_chunk * num_samples, total), **static)
+
+  out = jax.lax.map(chunk, (jnp.arange(chunks), split(prompt_tokens), split(prompt_mask)))
+  return jax.tree.map(lambda x: x.reshape(n, *x.shape[2:]), out)
+
+
+def _sample_rows(params, prompt_tokens, prompt_mask, key, temperature, *, config: ModelConfig, num_samples: int,
                  max_new_tokens: int, top_k: int, top_p: float, greedy: bool, stop_ids: tuple[int, ...],
-                 pad_id: int, logprobs_at_temperature: bool = False, cache_segments: int = 1,
-                 shard_axes: tuple[str, ...] = (), num_shards: int = 1):
-  """The sampler; with `shard_axes`, one shard's rows inside `shard_map` (`num_shards` shards of the batch)."""
+                 pad_id: int, logprobs_at_temperature: bool = False, cache_segments: int = 1, rows=None):
+  """The sampler on these prompts; `rows` = (first, total): they are rows first ... of a batch of `total` rows
+  whose noise they draw (`_choose`)."""
   n_prompts, prompt_len = prompt_tokens.shape
   n, steps = n_prompts * num_samples, max_new_tokens
-  rows = (jax.lax.axis_index(shard_axes) * n, n * num_shards) if shard_axes else None
   choose = functools.partial(_choose, top_k=top_k, top_p=top_p, greedy=greedy, rows=rows)
 
   # PREFILL: once per prompt. Its keys and values become the cache's shared prefix (`KVPrefix`), read once per
@@ -256,7 +284,7 @@ def sample(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: j
            top_p: float = 1.0, greedy: bool = False, eos_token_ids: Sequence[int] | None = None,
            stop_token_ids: Sequence[int] = (), pad_id: int | None = None, mesh: Mesh | None = None,
            rules: Mapping | None = None, logprobs_at_temperature: bool = False,
-           cache_segments: int = 1) -> SampleOutput:
+           cache_segments: int = 1, prompt_chunk: int = 0) -> SampleOutput:
   """Samples `num_samples` completions for each left-padded prompt.
 
   Compiles once per (shapes, config, num_samples, max_new_tokens, top_k, top_p,
@@ -294,6 +322,9 @@ def sample(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: j
       over fewer masked slots).
       A segment's RoPE tables (cos and sin, [its steps, N, head_dim] each) are computed before its
       loop, so one segment holds [T, N, head_dim] of them.
+    prompt_chunk: sample this many prompts (a divisor of B, or of each shard's prompts) at a time, inside the
+      program, when the KV cache of all B prompts would not fit; 0: all at once. The same tokens; the
+      log-probs equal up to float rounding.
 
   The G samples of a prompt share its prefilled keys and values (`transformer.KVPrefix`): the
   cache holds B * P + N * (T - 1) slots instead of N * (P + T), and each step reads the prompts'
@@ -309,7 +340,8 @@ def sample(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: j
     raise ValueError(f"temperature must be > 0 (use greedy=True for argmax), got {temperature}")
   static = _static_args(config, num_samples=num_samples, max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p,
                         greedy=greedy, eos_token_ids=eos_token_ids, stop_token_ids=stop_token_ids, pad_id=pad_id,
-                        logprobs_at_temperature=logprobs_at_temperature, cache_segments=cache_segments)
+                        logprobs_at_temperature=logprobs_at_temperature, cache_segments=cache_segments,
+                        prompt_chunk=prompt_chunk)
   if (mesh is None) != (rules is None):
     raise ValueError("sample: pass both mesh and rules, or neither")
   if mesh is None:
@@ -326,12 +358,14 @@ def sample(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: j
 
 
 def _static_args(config: ModelConfig, *, num_samples, max_new_tokens, top_k, top_p, greedy, eos_token_ids,
-                 stop_token_ids, pad_id, logprobs_at_temperature=False, cache_segments=1) -> dict:
+                 stop_token_ids, pad_id, logprobs_at_temperature=False, cache_segments=1, prompt_chunk=0) -> dict:
   """The compile-time arguments of `_sample_impl`, checked."""
   if not 0.0 < top_p <= 1.0:
     raise ValueError(f"top_p must be in (0, 1], got {top_p}")
   if cache_segments < 1:
     raise ValueError(f"cache_segments must be >= 1, got {cache_segments}")
+  if prompt_chunk < 0:
+    raise ValueError(f"prompt_chunk must be >= 0, got {prompt_chunk}")
   if max_new_tokens < 1 or num_samples < 1:
     raise ValueError(f"max_new_tokens and num_samples must be >= 1, got {max_new_tokens}, {num_samples}")
   eos = config.eos_token_ids if eos_token_ids is None else tuple(eos_token_ids)
@@ -341,13 +375,14 @@ def _static_args(config: ModelConfig, *, num_samples, max_new_tokens, top_k, top
   return dict(config=config, num_samples=int(num_samples), max_new_tokens=int(max_new_tokens), top_k=int(top_k),
               top_p=float(top_p), greedy=bool(greedy), stop_ids=stop_ids, pad_id=int(pad_id),
               logprobs_at_temperature=bool(logprobs_at_temperature) and not greedy,
-              cache_segments=int(cache_segments))
+              cache_segments=int(cache_segments), prompt_chunk=int(prompt_chunk))
 
 
 def jit_sample(config: ModelConfig, prompt_shape: tuple[int, int], *, mesh: Mesh, rules: Mapping,
                num_samples: int = 1, max_new_tokens: int = 64, top_k: int = 0, top_p: float = 1.0,
                greedy: bool = False, eos_token_ids: Sequence[int] | None = None, stop_token_ids: Sequence[int] = (),
-               pad_id: int | None = None, logprobs_at_temperature: bool = False, cache_segments: int = 1):
+               pad_id: int | None = None, logprobs_at_temperature: bool = False, cache_segments: int = 1,
+               prompt_chunk: int = 0):
   """The jitted program that `sample(..., mesh=mesh, rules=rules)` runs for prompts of `prompt_shape`.
 
   `fn(params, prompt_tokens, prompt_mask, key, temperature) -> SampleOutput`, with explicit in/out
@@ -355,5 +390,6 @@ def jit_sample(config: ModelConfig, prompt_shape: tuple[int, int], *, mesh: Mesh
   """
   static = _static_args(config, num_samples=num_samples, max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p,
                         greedy=greedy, eos_token_ids=eos_token_ids, stop_token_ids=stop_token_ids, pad_id=pad_id,
-                        logprobs_at_temperature=logprobs_at_temperature, cache_segments=cache_segments)
+                        logprobs_at_temperature=logprobs_at_temperature, cache_segments=cache_segments,
+                        prompt_chunk=prompt_chunk)
   return _sharded_sampler(mesh, sharding.freeze_rules(rules), tuple(prompt_shape), **static)[0]

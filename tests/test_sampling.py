@@ -227,3 +227,47 @@ def _check_sharded_sampling(params, tokens, kwargs, expected, rules_name, per_sh
   assert ("all-reduce" in hlo) != per_shard
   with pytest.raises(ValueError, match="both mesh and rules"):
     sampling.sample(placed, CONFIG, tokens, tokens != 0, jax.random.key(4), mesh=mesh)
+
+
+_CHUNK_PROMPTS = jnp.array([[10, 11, 12, 13, 14, 15], [0, 0, 0, 40, 41, 42], [0, 0, 0, 0, 0, 70],
+                            [0, 0, 20, 21, 22, 23]], jnp.int32)
+
+
+def _chunk_kwargs(params):
+  """Sampling options under which rows end at different steps (an end token the first row draws early)."""
+  kwargs = dict(num_samples=2, max_new_tokens=T, temperature=0.7)
+  free = sampling.sample(params, CONFIG, _CHUNK_PROMPTS, _CHUNK_PROMPTS != 0, jax.random.key(4),
+                         eos_token_ids=(), **kwargs)
+  return kwargs | dict(eos_token_ids=(int(free.tokens[0, 2]),))
+
+
+@pytest.mark.parametrize("prompt_chunk", [1, 2])
+def test_prompt_chunks_draw_the_same_tokens(params, prompt_chunk):
+  """4 prompts x 2 samples, `prompt_chunk` prompts at a time: each row draws its row of the batch's noise, so the
+  tokens equal one chunk's, though each chunk's loop stops at its own rows' ends."""
+  kwargs = _chunk_kwargs(params)
+  expected = sampling.sample(params, CONFIG, _CHUNK_PROMPTS, _CHUNK_PROMPTS != 0, jax.random.key(4), **kwargs)
+  lengths = np.asarray(expected.lengths)
+  assert lengths[:2].max() < T and lengths.max() == T and bool((expected.tokens[0] != expected.tokens[1]).any())
+  out = sampling.sample(params, CONFIG, _CHUNK_PROMPTS, _CHUNK_PROMPTS != 0, jax.random.key(4),
+                        prompt_chunk=prompt_chunk, **kwargs)
+  for name in ("tokens", "lengths", "truncated", "mask", "prompt_tokens", "prompt_mask"):
+    np.testing.assert_array_equal(getattr(out, name), getattr(expected, name))
+  np.testing.assert_allclose(out.logprobs, expected.logprobs, atol=1e-5)
+  with pytest.raises(ValueError, match="prompt_chunk=3 must divide the 4 prompts"):
+    sampling.sample(params, CONFIG, _CHUNK_PROMPTS, _CHUNK_PROMPTS != 0, jax.random.key(4), prompt_chunk=3,
+                    **kwargs)
+
+
+@pytest.mark.devices(2)
+def test_prompt_chunks_within_each_shard(params):
+  """Rows split over 2 data devices, each decoding its 2 prompts 1 at a time: the tokens of one device."""
+  from grpo_jax import partitioning
+  kwargs = _chunk_kwargs(params)
+  expected = sampling.sample(params, CONFIG, _CHUNK_PROMPTS, _CHUNK_PROMPTS != 0, jax.random.key(4), **kwargs)
+  mesh, rules = partitioning.make_mesh("data:2"), partitioning.get_rules("dp")
+  out = sampling.sample(params, CONFIG, _CHUNK_PROMPTS, _CHUNK_PROMPTS != 0, jax.random.key(4), mesh=mesh,
+                        rules=rules, prompt_chunk=1, **kwargs)
+  np.testing.assert_array_equal(out.tokens, expected.tokens)
+  np.testing.assert_array_equal(out.lengths, expected.lengths)
+  np.testing.assert_allclose(out.logprobs, expected.logprobs, atol=1e-5)
