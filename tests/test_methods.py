@@ -85,16 +85,29 @@ def test_ppo_step_changes_only_policy_and_value(sft_policy, known_answers):
   assert "kl" not in metrics  # PPO's KL is in the rewards (stats["kl_reward"]), not the loss
 
 
-def test_ppo_rewards_land_on_the_last_token(sft_policy):
+def _record_scores(method):
+  """Wraps `method.rollouts.sample`: the list it returns fills with each call's `Scored`."""
+  calls, sample = [], method.rollouts.sample
+  method.rollouts.sample = lambda *args: calls.append(sample(*args)) or calls[-1]
+  return calls
+
+
+def test_ppo_rewards_land_on_the_last_token(sft_policy, known_answers):
   method, params, _ = _method("ppo", sft_policy, "--batch_size=8", "--beta=0", "--gamma=1", "--gae_lambda=1",
                               "--nowhiten_advantages")
   trained = method.init_params(params, jax.random.key(0))  # zero value head: V = 0, so A_t = R_t = score
+  scored = _record_scores(method)
   batch, stats, _ = method.collect(trained, 0, jax.random.key(3))
+  scores = scored[0].rewards
+  np.testing.assert_array_equal(scores[0::4], 1.0)  # known answers: rows 0 mod 4 right, 1 mod 4 wrong
+  np.testing.assert_array_equal(scores[1::4], 0.0)
   m = np.asarray(batch.loss_mask)
-  returns = np.asarray(batch.returns)
-  per_row = [np.unique(returns[i][m[i]]) for i in range(len(m)) if m[i].any()]
-  assert all(len(u) == 1 for u in per_row)  # γ = λ = 1, β = 0: every token's return is the final score
-  assert stats["explained_variance"] == pytest.approx(0.0, abs=1e-6) or stats["reward_std"] == 0
+  returns, advantages = np.asarray(batch.returns), np.asarray(batch.advantages)
+  assert m.sum(1)[0::4].min() > 1  # the right rows have several tokens: a score on any other token shows
+  # γ = λ = 1, β = 0, V = 0: the score on the last token is every token's return and advantage, 0 off the mask.
+  np.testing.assert_allclose(returns, np.where(m, scores[:, None], 0.0), atol=1e-6)
+  np.testing.assert_allclose(advantages, returns, atol=1e-6)
+  assert stats["reward_std"] > 0 and stats["explained_variance"] == pytest.approx(0.0, abs=1e-6)
 
 
 def test_dpo_pairs_are_correct_then_wrong_of_one_prompt():
@@ -105,15 +118,26 @@ def test_dpo_pairs_are_correct_then_wrong_of_one_prompt():
                                 [[0, 1], [3, 2], [4, 6], [5, 7], [9, 8], [11, 10]])
 
 
-def test_online_rft_and_sft_batches_carry_their_coefficients(sft_policy):
+def test_online_rft_and_sft_batches_carry_their_coefficients(sft_policy, known_answers):
   method, params, _ = _method("online_rft", sft_policy)
+  scored = _record_scores(method)
   batch, stats, _ = method.collect(params, 0, jax.random.key(0))
-  rows = np.asarray(batch.loss_mask).any(-1)
-  gc = np.asarray(batch.advantages).max(-1)
-  assert gc[rows].mean() == pytest.approx(stats["accuracy"])  # GC = I(correct) on every completion token
+  correct = scored[0].correct
+  np.testing.assert_array_equal(correct[0::4], 1.0)  # known answers: rows 0 mod 4 right, 1 mod 4 wrong
+  np.testing.assert_array_equal(correct[1::4], 0.0)
+  m = np.asarray(batch.loss_mask)
+  # GC = I(correct) on every completion token of the row, 0 elsewhere (prompt columns, padding).
+  np.testing.assert_array_equal(np.asarray(batch.advantages), np.where(m, correct[:, None], 0.0))
+  assert stats["accuracy"] == correct.mean()
   method, _, _ = _method("sft", sft_policy)
   batch, _, _ = method.collect(params, 0, None)
   np.testing.assert_array_equal(np.asarray(batch.advantages), np.asarray(batch.loss_mask, np.float32))
+  # The masked tokens are each example's worked solution and the end token, cut to --max_new_tokens (24).
+  tok = method.task.tokenizer
+  for i, row in enumerate(np.asarray(batch.tokens)):
+    e = method.task.train_example(i)  # every synthetic problem has a solution: none is skipped
+    target = tok.encode(e.solution, add_special_tokens=False) + [tok.eos_token_id]
+    assert row[np.asarray(batch.loss_mask)[i]].tolist() == target[:24]
 
 
 def test_ppo_explained_variance():
