@@ -9,6 +9,7 @@ the FLOP count's loop trip counts.
 
 import importlib.util
 import json
+import logging
 import os
 import pathlib
 import subprocess
@@ -114,6 +115,53 @@ def _lowered(config, name, **overrides):
   placement = placement_lib.Placement.from_config(config.mesh, jax.devices()[:1])
   program = programs.programs(config, aot.policy_config(config.model), placement)[name]
   return program.jitted.trace(*program.args).lower().as_text()
+
+
+class _Lowerings(logging.Handler):
+  """Records `(module name, argument shapes and types)` of every program JAX lowers (its pxla debug log)."""
+
+  def __init__(self):
+    super().__init__(logging.DEBUG)
+    self.seen = []
+
+  def emit(self, record):
+    if record.msg.startswith("Compiling %s with global shapes"):
+      self.seen.append((record.args[0], str(record.args[1])))
+
+  def __enter__(self):
+    self.logger = logging.getLogger("jax._src.interpreters.pxla")
+    self.level = self.logger.level
+    self.logger.setLevel(logging.DEBUG)
+    self.logger.addHandler(self)
+    return self
+
+  def __exit__(self, *exc):
+    self.logger.removeHandler(self)
+    self.logger.setLevel(self.level)
+
+
+def test_the_programs_are_those_the_runner_compiles(tmp_path):
+  # A one-step run (π_old recomputed at temperature 0.7, β > 0, evaluation before and after) on a one-device mesh
+  # lowers every program of programs(config), with the same names and argument shapes and types; and its large
+  # programs (the model's, by name) are all among them.
+  from experiments.runner import loop  # pylint: disable=import-outside-toplevel
+  from experiments.runner import placement as placement_lib  # pylint: disable=import-outside-toplevel
+  from experiments.runner import programs  # pylint: disable=import-outside-toplevel
+  config = config_lib.Config().replace(
+      mesh="data:1", tiny_layers=1, batch_size=2, group_size=2, max_new_tokens=6, completion_pad_multiple=0,
+      temperature=0.7, recompute_old_logprobs=True, steps=1, sft_steps=0, eval_every=0, num_test=2,
+      eval_batch_size=2, save_every=0, tensorboard=False, work_dir=str(tmp_path / "run"))
+  with _Lowerings() as runner:
+    loop.run(config)
+  placement = placement_lib.Placement.from_config(config.mesh)
+  listed = programs.programs(config, aot.policy_config(config.model), placement)
+  assert list(listed) == ["sampler", "logprobs", "update", "eval_greedy"]
+  with _Lowerings() as ours:
+    for program in listed.values():
+      program.jitted.trace(*program.args).lower()
+  assert len(ours.seen) == len(listed) and set(ours.seen) <= set(runner.seen)
+  model_programs = {name for name, _ in ours.seen}
+  assert {seen for seen in runner.seen if seen[0] in model_programs} == set(ours.seen)
 
 
 def test_the_update_follows_the_run_config():
