@@ -55,6 +55,15 @@ flags.DEFINE_bool("shared_prompt_forward", _D["shared_prompt_forward"],
     "shared by the G completions): B·P + B·G·T tokens instead of B·G·(P + T), the same loss up to float rounding. "
     "Minibatches then shuffle whole groups; off when a micro-batch would split a group.")
 flags.DEFINE_integer("logprob_chunk", _D["logprob_chunk"], "Sequence chunk of the memory-lean log-prob computation.")
+flags.DEFINE_integer("lora_rank", _D["lora_rank"],
+    "LoRA (docs/lora.md): > 0 trains rank-r adapters on --lora_targets with the base weights frozen (stage 2; the "
+    "reference policy is the base with the adapters off, no second copy). 0: full fine-tuning.")
+flags.DEFINE_float("lora_alpha", _D["lora_alpha"], "LoRA scale: the adapters add (x·A)·B·lora_alpha/lora_rank.")
+flags.DEFINE_string("lora_targets", _D["lora_targets"],
+    "LoRA: comma-separated projections to adapt, from q,k,v,o (attention) and gate,up,down (MLP).")
+flags.DEFINE_bool("lora_export_peft", _D["lora_export_peft"],
+    "LoRA: also write the adapters in PEFT's format (adapter_config.json, adapter_model.safetensors) to "
+    "<work_dir>/final_adapter, beside the merged final_policy.")
 
 # TASK AND DATA
 flags.DEFINE_enum("task", _D["task"], _choices("task"), "The task.")

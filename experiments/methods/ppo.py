@@ -16,6 +16,7 @@ from experiments.methods import base
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import losses
 from grpo_jax import models
+from grpo_jax.models import lora
 from grpo_jax import training
 from grpo_jax.training import objectives
 from grpo_jax.training import update as update_lib
@@ -47,8 +48,17 @@ class PPO(base.Method):
       backbone, value_config = models.load_hf(value_init, dtype=dtype, param_dtype=dtype)
       if value_config.hidden_size != self.config.hidden_size or value_config.vocab_size != self.config.vocab_size:
         raise ValueError(f"--value_init={value_init}: its hidden/vocab sizes differ from the policy's")
-    value = models.init_scalar_params(self.config, key, backbone=backbone, head_scale=0.0)
-    return {"policy": policy, "value": value}
+    if not self.config.lora_rank:
+      value = models.init_scalar_params(self.config, key, backbone=backbone, head_scale=0.0)
+      return {"policy": policy, "value": value}
+    # LoRA: the value model is the frozen base (the policy's own arrays when --value_init=policy, not a copy) with
+    # its own adapters and a fully trained head.
+    adapters, base = lora.split(models.backbone(backbone), lora.is_adapter)
+    if value_init != "policy":
+      adapters = lora.init_adapters(self.config, jax.random.fold_in(key, 1))
+    value = models.init_scalar_params(self.config, key, backbone=adapters, head_scale=0.0)
+    value["backbone"] = lora.join(value["backbone"], base)
+    return {"policy": policy, "value": self.rollouts.placement.put_params(value)}
 
   def policy(self, params):
     return params["policy"]

@@ -27,6 +27,11 @@ class ModelConfig:
   remat_policy: str = "full"
   scan_layers: bool = False
   logprob_chunk: int = 128
+  attention: str = "auto"  # multi-token attention (grpo_jax.models.attention); auto: by the backend
+  lora_rank: int = 0  # > 0: train LoRA adapters of this rank on lora_targets, the base frozen (docs/lora.md)
+  lora_alpha: float = 16.0  # the adapters' scale is lora_alpha / lora_rank
+  lora_targets: str = "q,k,v,o,gate,up,down"  # comma-separated projections (grpo_jax.models.LORA_TARGETS)
+  lora_export_peft: bool = False  # also write the adapters in PEFT's format to <work_dir>/final_adapter
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +185,10 @@ class MeshConfig:
   # One process on a CPU, no mesh: the CPU is presented as this many devices (0: one per core) and the sampler
   # splits its rows over them, while everything else runs on the first (`placement.Placement.from_config`).
   cpu_devices: int = 0
+  # Forwards over a step's B·G rows (π_ref, π_old, reward model, values) and the sampler run in row chunks:
+  # forward_rows at a time, or (0) as many as forward_memory_budget GiB per device hold (0: the backend's default).
+  forward_rows: int = 0
+  forward_memory_budget: float = 0.0
 
 
 SECTIONS = {"model": ModelConfig, "task": TaskConfig, "sft": SFTConfig, "rollout": RolloutConfig,
@@ -193,6 +202,8 @@ MAY_CHANGE = frozenset({
     "compilation_cache_dir", "profile_steps",
     "eval_every", "eval_batch_size", "eval_samples", "eval_temperature",
     "mesh", "sharding_rules", "coordinator_address", "num_processes", "process_id", "cpu_devices",
+    "forward_rows", "forward_memory_budget", "attention",
+    "lora_export_peft",
 })
 
 
@@ -286,7 +297,8 @@ _POSITIVE = ("tiny_layers", "sft_batch_size", "num_train", "num_test", "max_prom
              "max_turns", "planner_prompt_len", "action_tokens", "min_bucket")
 _NON_NEGATIVE = ("cpu_devices", "steps", "sft_steps", "sft_examples", "eval_every", "save_every", "minibatch_size",
                  "overlong_buffer", "eval_samples", "stop_after", "top_k", "max_grad_norm", "advantage_eps",
-                 "steps_per_iteration", "memory_budget", "beta", "completion_pad_multiple")
+                 "steps_per_iteration", "memory_budget", "beta", "completion_pad_multiple", "forward_rows",
+                 "forward_memory_budget")
 CHOICES = {  # the allowed values of the enum fields (and flags)
     "dtype": ("float32", "bfloat16"), "remat_policy": ("full", "dots_no_batch", "dots"),
     "task": ("synthetic", "gsm8k", "math"), "prompt_template": ("auto", "plain", "chat"),
@@ -295,6 +307,7 @@ CHOICES = {  # the allowed values of the enum fields (and flags)
     "advantage_scale": ("group", "batch", "none"), "advantage_estimator": ("group", "rloo", "reinforce_pp"),
     "importance": ("token", "sequence"), "lr_schedule": ("constant", "cosine"),
     "supervision": ("outcome", "process"), "sharding_rules": ("dp", "fsdp", "fsdp_tp"),
+    "attention": ("auto", "einsum", "xla", "cudnn", "pallas"),
 }
 STEP_REWARDS = ("prm", "exact_steps")  # the `reward` values that score every step
 TINY_HEADS = 4  # attention heads of the embedded tiny model (`grpo_jax.models.tiny_config`)
@@ -302,6 +315,14 @@ TINY_HEADS = 4  # attention heads of the embedded tiny model (`grpo_jax.models.t
 FLOW_UNSUPPORTED = ("loss_aggregation", "importance", "dynamic_sampling", "overlong_buffer", "mask_truncated",
                     "completion_pad_multiple", "eval_samples", "reward_model", "supervision", "iterations",
                     "steps_per_iteration", "advantage_estimator")
+
+
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")  # grpo_jax.models.config.LORA_TARGETS
+
+
+def lora_targets(spec: str) -> tuple[str, ...]:
+  """`--lora_targets`: "q,v" -> ("q", "v")."""
+  return tuple(t.strip() for t in spec.split(",") if t.strip())
 
 
 def profile_window(spec: str) -> tuple[int, int] | None:
@@ -362,11 +383,18 @@ def check(config: Config) -> str | None:
   if minibatch % v["grad_accum_steps"] or rows % minibatch:
     return ("--minibatch_size (0: batch_size*group_size) must divide batch_size*group_size and be divisible by "
             "--grad_accum_steps")
+  if v["forward_rows"] % v["group_size"]:
+    return "--forward_rows must be a multiple of --group_size (a chunk holds whole groups)"
   if v["sft_steps"] and v["sft_batch_size"] % v["grad_accum_steps"]:
     return "--sft_batch_size must be divisible by --grad_accum_steps"
   if v["tiny_hidden_size"] < 1 or v["tiny_hidden_size"] % (2 * TINY_HEADS):
     return (f"--tiny_hidden_size must be a positive multiple of {2 * TINY_HEADS} (the embedded model's "
             f"{TINY_HEADS} attention heads each need an even head size for RoPE)")
+  if v["lora_rank"] < 0 or (v["lora_rank"] and v["lora_alpha"] <= 0):
+    return "--lora_rank must be >= 0 (0: no LoRA) and, with LoRA, --lora_alpha > 0"
+  if v["lora_rank"] and (not lora_targets(v["lora_targets"])
+                         or not set(lora_targets(v["lora_targets"])) <= set(LORA_TARGETS)):
+    return f"--lora_targets must be a comma-separated list of {','.join(LORA_TARGETS)}, not {v['lora_targets']!r}"
   reward = v["reward"]
   if v["supervision"] == "process" and reward not in STEP_REWARDS:
     return "--supervision=process needs --reward=prm (a process reward model) or exact_steps (synthetic task)"

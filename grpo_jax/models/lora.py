@@ -134,9 +134,10 @@ def add_adapters(params: Params, config: ModelConfig, key: jax.Array) -> Params:
 
 
 def disabled(params: Params) -> Params:
-  """The adapted params with every B zero: exactly the base model (x·A·0 adds 0), computed from the same base arrays
-  (no copy of W; only the small adapters are new)."""
-  return jax.tree_util.tree_map_with_path(lambda p, x: jnp.zeros_like(x) if _key(p[-1]) == "lora_b" else x, params)
+  """The adapted params with the adapters switched off (A = B = 0): exactly the base model (it adds x·0·0 = 0),
+  computed from the same base arrays (no copy of W; only the small zero adapters are new, none shared with the
+  trained ones, which the update donates)."""
+  return jax.tree_util.tree_map_with_path(lambda p, x: jnp.zeros_like(x) if is_adapter(p) else x, params)
 
 
 def delta(a: jax.Array, b: jax.Array, scale: float) -> jax.Array:
