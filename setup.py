@@ -32,6 +32,7 @@ setuptools.setup(
             "pytest-xdist>=3.5",  # pytest.ini runs the suite on one worker per core
             "rlax>=0.1.6",  # oracle for GAE parity
             "torch==2.13.0",  # CPU wheel; oracle for model-logit parity
+            "peft>=0.17",  # oracle: PEFT loads the exported LoRA adapters (tests/test_lora.py)
             _TPU,  # the TPU compiler: tests compile for TPU topologies ahead of time (no TPU needed)
             *_HF,  # the integrations' tests run too (datasets writes the files they read)
         ],

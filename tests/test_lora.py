@@ -147,3 +147,28 @@ def test_gradients_and_optimiser_state_only_for_adapters():
   assert all(v > 0 for p, v in jax.tree_util.tree_flatten_with_path(moved)[0] if p[-1].key == "lora_b")
   # the frozen base is not an output of the step, and is not donated: it still holds its values
   np.testing.assert_array_equal(frozen["embed"]["embedding"], base["embed"]["embedding"])
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_peft_loads_the_exported_adapters_with_the_same_logits(tmp_path, scan_layers):
+  peft = pytest.importorskip("peft")
+  torch = pytest.importorskip("torch")
+  transformers = pytest.importorskip("transformers")
+  base, config = _base(scan_layers)
+  config_r = lora.lora_config(config, rank=4, alpha=12.0, targets=("q", "k", "o", "up", "down"))
+  params = _perturbed(lora.add_adapters(base, config_r, jax.random.PRNGKey(1)))
+  models.save_hf(base, config, tmp_path / "base")
+  lora.save_peft(params, config_r, tmp_path / "adapter", base_model_name_or_path=str(tmp_path / "base"))
+  saved = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+  assert saved["r"] == 4 and saved["lora_alpha"] == 12.0
+  assert saved["target_modules"] == ["down_proj", "k_proj", "o_proj", "q_proj", "up_proj"]
+  model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base", torch_dtype=torch.float32)
+  model = peft.PeftModel.from_pretrained(model, tmp_path / "adapter").eval()
+  tokens, mask = (np.asarray(x) for x in _batch())
+  positions = np.maximum(mask.cumsum(-1) - 1, 0)
+  with torch.no_grad():
+    want = model(input_ids=torch.tensor(tokens), attention_mask=torch.tensor(mask.astype(np.int64)),
+                 position_ids=torch.tensor(positions)).logits.numpy()
+  ours = _logits(params, config_r)
+  assert np.abs(ours - _logits(base, config)).max() > 1e-2  # the adapters change the logits...
+  np.testing.assert_allclose(ours[mask], want[mask], rtol=1e-4, atol=1e-4)  # ...as PEFT applies them
