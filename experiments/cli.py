@@ -82,9 +82,10 @@ flags.DEFINE_enum("prompt_template", _D["prompt_template"], _choices("prompt_tem
     "auto: chat template for real datasets when the tokenizer has one, else plain text.")
 flags.DEFINE_integer("max_prompt_len", _D["max_prompt_len"], "Prompt tokens (longer prompts are cut from the left).")
 flags.DEFINE_string("reward", _D["reward"],
-    "Reward spec 'name:weight,...' (correctness, format, arithmetic_format, boxed_format, step_correctness), or a "
-    "learned reward model: 'orm' (an orm or orm_steps model) or 'prm' with --reward_model (see --supervision, "
-    "--iterations), or 'exact_steps': the synthetic task's exact step labels as a perfect PRM.")
+    "Reward spec 'name:weight,...' (correctness, format, arithmetic_format, boxed_format, step_correctness, "
+    "math_verify: math-verify's symbolic check, docs/integrations.md), or a learned reward model: 'orm' (an orm or "
+    "orm_steps model) or 'prm' with --reward_model (see --supervision, --iterations), or 'exact_steps': the synthetic "
+    "task's exact step labels as a perfect PRM.")
 flags.DEFINE_integer("sft_examples", _D["sft_examples"],
     "SFT demonstrations: the first N training problems, with solutions; GRPO draws its prompts from the other "
     "problems (it needs answers only). 0: all.")

@@ -96,7 +96,7 @@ def test_get_reward_fn_unknown():
   with pytest.raises(ValueError, match="unknown reward 'nope'"):
     get_reward_fn("nope")
   assert set(REWARDS) == {"correctness", "format", "arithmetic_format", "boxed_format",
-                          "step_correctness"}
+                          "step_correctness", "math_verify"}
 
 
 def test_score():

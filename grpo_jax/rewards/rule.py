@@ -13,6 +13,10 @@ Registered rewards:
   step_correctness  correct steps (`check_steps`) / max(#steps, #reference
                     steps): 1.0 only for the full reference path and no extra
                     steps (synthetic; needs an `a<op>b=c` reference solution).
+  math_verify       1.0 iff Hugging Face's math-verify finds the completion's
+                    answer equal to `example.answer` (symbolic, MATH style),
+                    each check under a hard time bound (`math_verify_reward`;
+                    optional package: `pip install 'grpo_jax[math]'`).
 """
 
 import math
@@ -24,6 +28,7 @@ from grpo_jax.data.example import Example
 from grpo_jax.data.steps import (FINAL_MARKER, check_steps, parse_step, reference_steps,
                                  split_steps)
 from grpo_jax.data.answer import answers_equal, extract_answer, extract_boxed
+from grpo_jax.rewards import math_verify_reward
 
 RewardFn = Callable[[str, Example], float]
 
@@ -77,13 +82,18 @@ REWARDS: dict[str, RewardFn] = {
     "arithmetic_format": arithmetic_format,
     "boxed_format": boxed_format,
     "step_correctness": step_correctness,
+    "math_verify": math_verify_reward.math_verify_reward,
 }
+_PACKAGE_CHECKS = {"math_verify": math_verify_reward.check_installed}  # optional packages, checked when named
 
 
 def get_reward_fn(name: str) -> RewardFn:
-  """Returns the registered reward called `name`."""
+  """Returns the registered reward called `name`; a ValueError in one line when it is unknown or its optional
+  package is not installed."""
   if name not in REWARDS:
     raise ValueError(f"unknown reward {name!r}; available: {', '.join(sorted(REWARDS))}")
+  if name in _PACKAGE_CHECKS:
+    _PACKAGE_CHECKS[name]()
   return REWARDS[name]
 
 

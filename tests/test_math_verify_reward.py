@@ -1,0 +1,131 @@
+"""Tests for grpo_jax.rewards.math_verify_reward: math-verify's verdicts, the hard per-call bound (a hostile answer
+is killed and scores 0), a dead worker replaced, the one-line error without the package, and how often it agrees
+with the project's own parser (`correctness`) on the MATH-style answers the other tests hold."""
+
+import importlib.util
+import time
+
+import pytest
+
+from grpo_jax.data.example import Example
+from grpo_jax.rewards import math_verify_reward as mvr
+from grpo_jax.rewards.rule import get_reward_fn, make_reward_fn, score
+
+HOSTILE = "The answer is $\\boxed{9^{9^{9^{9}}}}$."  # sympy would build a number of ~10^(3.7·10^8) digits
+
+
+@pytest.fixture(scope="module")
+def verifier():
+  v = mvr.MathVerifier(time_limit=30.0)  # generous: these checks are about verdicts, not time
+  yield v
+  v.close()
+
+
+@pytest.mark.parametrize("completion, answer, expected", [
+    ("The answer is $\\boxed{0.5}$.", "\\frac{1}{2}", True),
+    ("so $\\boxed{\\frac{1}{2}}$", "0.5", True),
+    ("\\boxed{\\dfrac{2}{4}}", "\\frac{1}{2}", True),
+    ("$\\boxed{(x+1)^2}$", "x^2+2x+1", True),  # symbolic, beyond string or number equality
+    ("$\\boxed{2\\sqrt{2}}$", "\\sqrt{8}", True),
+    ("$\\boxed{\\{2, 1\\}}$", "\\{1,2\\}", True),
+    ("48/2 = 24\n#### 72", "72", True),  # GSM8K's final line
+    ("\\boxed{1} first, then \\boxed{3}", "3", False),  # math-verify reads the first box (own parser: the last)
+    ("$\\boxed{3}$", "4", False),
+    ("$\\boxed{\\frac{1}{3}}$", "0.33", False),
+    ("no answer at all", "5", False),
+    ("", "5", False),
+])
+def test_known_equivalences(verifier, completion, answer, expected):
+  assert verifier.check(completion, answer) is expected
+
+
+def test_hostile_answer_is_killed_at_the_bound_and_scores_zero():
+  v = mvr.MathVerifier(time_limit=1.0)
+  try:
+    assert v.check("$\\boxed{2}$", "2")  # the worker started and answers
+    start = time.perf_counter()
+    assert v.check(HOSTILE, "2") is False
+    elapsed = time.perf_counter() - start
+    assert (v.calls, v.timeouts, v.restarts) == (2, 1, 1)  # the bound killed the worker once
+    assert elapsed < 60  # generous: without the bound this check runs on (stopped after 2 minutes, unfinished)
+    assert v.check("$\\boxed{\\frac{6}{4}}$", "1.5")  # the new worker answers
+    assert (v.calls, v.timeouts, v.restarts) == (3, 1, 1)
+  finally:
+    v.close()
+
+
+def test_a_dead_worker_is_replaced(verifier):
+  assert verifier.check("$\\boxed{7}$", "7")
+  restarts = verifier.restarts
+  verifier._worker.process.kill()  # pylint: disable=protected-access
+  verifier._worker.process.wait()  # pylint: disable=protected-access
+  assert verifier.check("$\\boxed{7}$", "7") is False  # its check scores 0
+  assert verifier.restarts == restarts + 1 and verifier.check("$\\boxed{7}$", "7")
+
+
+def test_registered_reward_and_spec(verifier, monkeypatch):
+  monkeypatch.setattr(mvr, "_VERIFIER", verifier)
+  example = Example(question="1/2 + 1/4?", answer="\\frac{3}{4}")
+  assert get_reward_fn("math_verify")("so it is $\\boxed{0.75}$", example) == 1.0
+  reward = make_reward_fn("math_verify:1.0,boxed_format:0.1")
+  got = score(["$\\boxed{0.75}$", "$\\boxed{3/5}$", "0.75"], [example] * 3, reward)
+  assert got.tolist() == pytest.approx([1.1, 0.1, 1.0])  # math-verify also reads an unboxed final number
+
+
+def test_missing_package_is_one_line(monkeypatch):
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "math_verify" else real(name, *a))
+  for make in (lambda: get_reward_fn("math_verify"), lambda: make_reward_fn("correctness:1,math_verify:1"),
+               mvr.MathVerifier):
+    with pytest.raises(ValueError) as info:
+      make()
+    assert str(info.value) == ("the math_verify reward needs math-verify, which is not installed: "
+                               "pip install 'grpo_jax[math]' (math-verify with its LaTeX parser)")
+
+
+# The MATH-style answers of tests/test_answer.py (equal and unequal pairs; the 100,000-digit pair is left out: it
+# is a cost test, math-verify spends seconds on it) and its extraction cases with a box, test_rule.py's completions
+# of the answer 52, and the MATH records of test_datasets.py and test_arrow_files.py. Columns: completion,
+# reference, own parser's verdict, math-verify's.
+def _boxed(pred):
+  return "no answer" if pred is None else f"The final answer is $\\boxed{{{pred}}}$."
+
+
+AGREEMENT = [
+    *[(_boxed(pred), ref, True, True) for pred, ref in [
+        ("0.5", "1/2"), ("\\frac{1}{2}", "0.5"), ("1,000", "1000"), ("1000.0", "1,000"), ("$18", "18"),
+        ("50%", "50"), ("-0.75", "\\dfrac{-3}{4}"), ("\u22127", "-7"), ("x^2+1", "x^{2} + 1"), ("\\boxed{3}", "3"),
+        ("9" * 200, "9" * 200), ("1e999999999", "1e999999999")]],
+    *[(_boxed(pred), ref, False, False) for pred, ref in [
+        ("0.5", "0.25"), ("52", "53"), ("-3", "3"), ("2x", "2"), (None, "5"), ("", "5"), ("", ""),
+        ("1e999999999", "1e999999998"), ("1,2", "12"), ("garbage", "5"), ("\u00bd", "1/2")]],
+    (_boxed("x^2+1"), "X^2+1", False, True),  # math-verify reads symbols case-insensitively
+    *[(c, "52", True, True) for c in [
+        "12+7=19\n19*3=57\n57-5=52\n#### 52", "12+7=19\n19*3=57\n57-5=52\n#### 52\n", "wrong steps\n#### 52",
+        "#### 52.0", "\\boxed{52}"]],
+    *[(c, "52", False, False) for c in ["#### 53", "", "#### ", "#### 52\n#### 53"]],
+    ("52", "52", False, True),  # a bare number: no final-answer marker (own) vs the number itself
+    *[(c, ref, True, True) for c, ref in [  # test_answer.py's extraction cases: the box extracted as the reference
+        ("The answer is \\boxed{42}.", "42"), ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+        ("\\boxed{\\frac{\\sqrt{3}}{\\left(2\\right)}} end", "\\frac{\\sqrt{3}}{\\left(2\\right)}"),
+        ("\\boxed{\\{1,2\\}}", "\\{1,2\\}"), ("\\boxed{a\\}b}", "a\\}b"),
+        ("\\boxed{3} and an unclosed \\boxed{4", "3")]],
+    ("\\boxed{1} then \\boxed{2}", "2", True, False),  # the last box (own) vs the first (math-verify)
+    ("We get $\\boxed{1}$ wrong first; then $\\boxed{\\frac{3}{4}}$.", "\\frac{3}{4}", True, True),
+    ("It is $\\boxed{\\frac{3}{4}}$.", "\\frac{3}{4}", True, True),
+    ("So $x=\\boxed{2}$.", "2", True, True),
+]
+
+
+def test_agreement_with_own_parser(verifier):
+  correctness = get_reward_fn("correctness")
+  table = {}
+  for completion, ref, own_expected, mv_expected in AGREEMENT:
+    example = Example(question="q", answer=ref)
+    own, mv = correctness(completion, example) == 1.0, verifier.check(completion, ref)
+    assert (own, mv) == (own_expected, mv_expected), (completion, ref)
+    table[own, mv] = table.get((own, mv), 0) + 1
+  print(f"own parser vs math-verify on {len(AGREEMENT)} MATH-style pairs: both right {table.get((True, True), 0)}, "
+        f"both wrong {table.get((False, False), 0)}, only math-verify {table.get((False, True), 0)}, "
+        f"only own {table.get((True, False), 0)}")
+  assert table == {(True, True): 26, (False, False): 15, (False, True): 2, (True, False): 1}
