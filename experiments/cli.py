@@ -7,6 +7,7 @@ parse time), so the same checks guard a config built in Python.
 """
 
 import os
+import shlex
 import sys
 
 from absl import app
@@ -16,6 +17,7 @@ import jax
 
 from experiments.runner import config as config_lib
 from experiments.runner import loop
+from experiments.runner import preemption
 from grpo_jax import data
 from grpo_jax import distributed
 from grpo_jax import host_memory
@@ -300,6 +302,28 @@ def split_cpu(devices: int) -> None:
     return  # the backends are up (JAX ran before this main): the CPU keeps the devices it has
 
 
+def resume_command(name: str, argv=None, resume: bool = True) -> str:
+  """The command line that continues this run: the program as it was started (`python -m experiments.<name>`,
+  or its script) with its arguments, and `--resume` in place of any resume flag it had (none: `resume` False)."""
+  argv = list(sys.argv if argv is None else argv)
+  main = sys.modules.get("__main__")
+  spec = getattr(main, "__spec__", None)
+  if spec is not None and spec.name:
+    program = ["-m", spec.name]
+  else:
+    program = [argv[0]] if argv else ["-m", f"experiments.{name}"]
+  args = [a for a in argv[1:] if a.split("=")[0] not in ("--resume", "--noresume")]
+  return shlex.join([sys.executable, *program, *args] + (["--resume"] if resume else []))
+
+
+def report_interrupted(name: str, err: preemption.Interrupted) -> None:
+  """One line: where the run stopped, and the command that continues it."""
+  logger_lib.end_progress_line()
+  how = (f"continue with: {resume_command(name)}" if err.saved is not None
+         else f"run it again: {resume_command(name, resume=False)}")
+  print(f"{name}: {err}; {how}", file=sys.stderr)
+
+
 def main_for(name: str, job=None, **overrides):
   """`main(argv)` of the runner called `name`: flags -> config -> `job(config)` (default: the training loop),
   errors as one line."""
@@ -324,6 +348,9 @@ def main_for(name: str, job=None, **overrides):
       logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO; -v 0 brings it back
     try:
       (job or loop.run)(config)
+    except preemption.Interrupted as err:  # SIGTERM / SIGINT: the step saved; 128 + the signal (143, 130)
+      report_interrupted(name, err)
+      sys.exit(err.exit_status)
     except ERRORS as err:
       logger_lib.end_progress_line()
       sys.exit(f"{name}: error: {err}")

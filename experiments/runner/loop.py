@@ -36,10 +36,12 @@ from experiments.methods import learned_reward
 from experiments.runner import config as config_lib
 from experiments.runner import placement as placement_lib
 from experiments.runner import policy as policy_lib
+from experiments.runner import preemption
 from experiments.runner import profiling
 from experiments.runner import resume as resume_lib
 from experiments.runner import task as task_lib
 from experiments.runner import warm_start
+from experiments.runner import work_dir_lock
 from grpo_jax import distributed
 from grpo_jax import training
 from grpo_jax.models import lora
@@ -128,8 +130,11 @@ def update_plan(method: methods_lib.Method):
 
 
 def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointer, start_accuracy,
-          lora_base: dict | None = None):
+          lora_base: dict | None = None, signals: preemption.StopSignals | None = None):
   """Stage 2: `steps` steps of collect, then μ epochs of minibatch updates.
+
+  After a step during which `signals` noted SIGTERM or SIGINT (on any process), that step is saved and
+  `preemption.Interrupted` raised.
 
   With LoRA (`lora_base`: the base checkpoint's path and digest, recorded in every checkpoint and checked on resume)
   the train state holds only the trained leaves (`lora.split`: the adapters, a value head); the frozen base is
@@ -237,12 +242,17 @@ def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointe
         logger.newline()
         values = logger.log(step, evaluate(state.params), prefix="eval/")
         print(f"step {step}: held-out accuracy {values['eval/accuracy']:.3f}", file=sys.stderr)
-      if (run_cfg.save_every and step % run_cfg.save_every == 0) or step == steps or step == run_cfg.stop_after:
+      interrupted = signals is not None and signals.stop_requested()  # every process: the same answer
+      if (run_cfg.save_every and step % run_cfg.save_every == 0) or step == steps or step == run_cfg.stop_after \
+          or interrupted:
         ckpt.save(step, checkpoint_tree(state), {"step": step, "data_position": position,
                                                  "key": np.asarray(key).tolist(), "sft_accuracy": start_accuracy,
                                                  "algo": method.name, "flags": recorded,
                                                  "metrics_offset": logger.offset(), "lora_base": lora_base,
                                                  "prompts_truncated": int(method.rollouts.prompts_truncated)})
+      if interrupted:
+        logger.newline()
+        raise preemption.Interrupted(signals.signum, step, "stage-2", ckpt.directory)
       if step == run_cfg.stop_after:
         logger.newline()
         print(f"stopping after step {step} (--stop_after); continue with --resume", file=sys.stderr)
@@ -270,16 +280,38 @@ def run(config: config_lib.Config) -> dict:
   cfg, run_cfg = config, config.run
   method_cls = methods_lib.METHODS[cfg.algorithm.algo]
   work_dir = pathlib.Path(run_cfg.work_dir)
-  ckpt_dir = work_dir / "checkpoints"
-  if not run_cfg.resume and ckpt_dir.is_dir() and any(ckpt_dir.iterdir()):
-    raise RunError(f"{ckpt_dir} already holds checkpoints; pass --resume to continue, or choose another --work_dir")
-  if run_cfg.resume and not (ckpt_dir.is_dir() and any(ckpt_dir.iterdir())):
+  ckpt_dir, sft_ckpt_dir = work_dir / "checkpoints", work_dir / warm_start.CHECKPOINTS
+  for directory in (ckpt_dir, sft_ckpt_dir):
+    if not run_cfg.resume and _holds_checkpoints(directory):
+      raise RunError(f"{directory} already holds checkpoints; pass --resume to continue, or choose another "
+                     f"--work_dir")
+  if run_cfg.resume and not (_holds_checkpoints(ckpt_dir) or _holds_checkpoints(sft_ckpt_dir)
+                             or (work_dir / "sft_policy").is_dir()):
     raise RunError(f"--resume: no checkpoint in {ckpt_dir}")
   placement = placement_lib.Placement.from_config(cfg.mesh)
   _check_placement(cfg, placement)
+  # One run per work dir; SIGTERM / SIGINT stop after the step in flight, with its checkpoint (`preemption`).
+  with work_dir_lock.WorkDirLock(work_dir), preemption.StopSignals() as signals:
+    return _stages(cfg, method_cls, placement, signals)
+
+
+def _holds_checkpoints(directory: pathlib.Path) -> bool:
+  return directory.is_dir() and any(directory.iterdir())
+
+
+def _stages(cfg: config_lib.Config, method_cls, placement: placement_lib.Placement,
+            signals: preemption.StopSignals) -> dict:
+  """`run` in its locked work dir: stage 1, stage 2, the final evaluation and exports."""
+  run_cfg = cfg.run
+  work_dir = pathlib.Path(run_cfg.work_dir)
+  ckpt_dir, sft_ckpt_dir = work_dir / "checkpoints", work_dir / warm_start.CHECKPOINTS
   if run_cfg.resume:  # refuse other settings before anything (flags.txt included) is written
-    resume_lib.check_before_writing(ckpt_dir, resume_lib.record(cfg), note)
+    resume_lib.check_before_writing(ckpt_dir if _holds_checkpoints(ckpt_dir) else sft_ckpt_dir,
+                                    resume_lib.record(cfg), note)
+  resumed_stage2 = run_cfg.resume and _holds_checkpoints(ckpt_dir)
   main_process = distributed.is_main_process()
+  if run_cfg.wandb_project and main_process:
+    training.wandb_run.check_installed()  # before the model loads
   t_start = time.time()
   work_dir.mkdir(parents=True, exist_ok=True)
   if main_process:
@@ -287,7 +319,10 @@ def run(config: config_lib.Config) -> dict:
   params, model_config, tokenizer, needs_sft, source = policy_lib.load(cfg, placement, method_cls.sft_marker)
   task = task_lib.Task(cfg.task, tokenizer, sft_lineage=needs_sft or policy_lib.sft_lineage(
       source, cfg.task, method_cls.sft_marker), seed=run_cfg.seed)
-  logger = training.MetricsLogger(work_dir, cfg.optim.steps, tensorboard=run_cfg.tensorboard)
+  wandb = training.wandb_run.start(work_dir, run_cfg.wandb_project, resume_lib.record(cfg), resume=run_cfg.resume,
+                                   mode=run_cfg.wandb_mode, entity=run_cfg.wandb_entity, name=run_cfg.wandb_run_name
+                                   ) if run_cfg.wandb_project and main_process else None
+  logger = training.MetricsLogger(work_dir, cfg.optim.steps, tensorboard=run_cfg.tensorboard, wandb_run=wandb)
   reward_model = learned_reward.make(cfg, tokenizer, model_config, placement)
   lora_targets = config_lib.lora_targets(cfg.model.lora_targets)
   policy_config = lora.lora_config(model_config, rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha,
@@ -303,15 +338,21 @@ def run(config: config_lib.Config) -> dict:
     demos = method.demonstrations()
     print(f"stage 1: SFT warm start, {cfg.sft.sft_steps} steps on {len(demos.pairs)} demonstrations",
           file=sys.stderr)
-    params = warm_start.warm_start(params, model_config, demos, cfg, logger, tokenizer.pad_token_id or 0, placement)
+    params = warm_start.warm_start(params, model_config, demos, cfg, logger, tokenizer.pad_token_id or 0, placement,
+                                   signals)
     policy_lib.export(params, model_config, source, work_dir / "sft_policy",
                       {method.sft_marker: policy_lib.sft_marker(cfg.task.task, cfg.task.sft_examples, run_cfg.seed)})
+    warm_start.remove_checkpoints(sft_ckpt_dir)  # stage 1 is done: a resumed run starts from sft_policy
+    if signals.stop_requested():
+      raise preemption.Interrupted(signals.signum, cfg.sft.sft_steps, "SFT", work_dir / "sft_policy")
+  elif signals.stop_requested():
+    raise preemption.Interrupted(signals.signum, 0, "stage-2")
   lora_base = None
   if cfg.model.lora_rank:  # stage 2 trains adapters on this base (stage 1, if any, fine-tuned it whole)
     params = placement.put_params(lora.add_adapters(params, policy_config, jax.random.PRNGKey(run_cfg.seed + 3)))
     lora_base = policy_lib.base_record(work_dir / "sft_policy" if needs_sft else source)
   start_eval = {}
-  if not run_cfg.resume:
+  if not resumed_stage2:
     start_eval = logger.log(0, method.evaluate(params, jax.random.PRNGKey(run_cfg.seed + 1)), prefix="eval/")
     start_eval = {k[len("eval/"):]: v for k, v in start_eval.items()}
     print(f"start policy: held-out accuracy {start_eval['accuracy']:.3f}", file=sys.stderr)
@@ -326,10 +367,11 @@ def run(config: config_lib.Config) -> dict:
     method.reward_updates = learned_reward.RewardModelUpdates(reward_model, task, rollouts)
   ckpt = training.Checkpointer(ckpt_dir, max_to_keep=run_cfg.keep_checkpoints)
   try:
-    policy, start_accuracy, stopped = train(method, params, logger, ckpt, start_accuracy, lora_base)
+    policy, start_accuracy, stopped = train(method, params, logger, ckpt, start_accuracy, lora_base, signals)
   finally:
     ckpt.close()
   if stopped:
+    logger.close()
     return {}
   t_final = time.time()
   final_eval = method.evaluate(policy, jax.random.PRNGKey(run_cfg.seed + 1))

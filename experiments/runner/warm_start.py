@@ -1,14 +1,35 @@
 """Stage 1: supervised fine-tuning of the start policy on demonstrations (the SFT of DeepSeekMath's paradigm,
-GC = 1): worked solutions for the single-turn methods, teacher trajectories' actions for Flow-GRPO."""
+GC = 1): worked solutions for the single-turn methods, teacher trajectories' actions for Flow-GRPO.
 
+Stage 1 saves a checkpoint only when a signal stops it (`preemption`): `<work_dir>/sft_checkpoints/<step>`, the
+train state with the step, the flags and the metrics offset. `--resume` continues from it, drawing the same
+batches as an uninterrupted run; once stage 1 is done and `sft_policy` exported, the directory is removed.
+"""
+
+import pathlib
+import shutil
+import sys
 from typing import NamedTuple, Sequence
 
 import numpy as np
 
 from experiments.runner import config as config_lib
 from experiments.runner import placement as placement_lib
+from experiments.runner import preemption
+from experiments.runner import resume as resume_lib
+from grpo_jax import distributed
 from grpo_jax import training
 from grpo_jax.training import update as update_lib
+
+
+CHECKPOINTS = "sft_checkpoints"  # under the work dir
+
+
+def remove_checkpoints(directory: pathlib.Path) -> None:
+  """Removes stage 1's checkpoints (process 0; every process waits for it)."""
+  if distributed.is_main_process():
+    shutil.rmtree(directory, ignore_errors=True)
+  distributed.barrier("remove sft_checkpoints")
 
 
 class Demonstrations(NamedTuple):
@@ -36,9 +57,13 @@ def batch_widths(demos: Demonstrations) -> tuple[int, int]:
 
 
 def warm_start(params, model_config, demos: Demonstrations, config: config_lib.Config, logger, pad_id: int,
-               placement: placement_lib.Placement):
+               placement: placement_lib.Placement, signals: preemption.StopSignals | None = None):
   """`sft_steps` AdamW steps (cosine from `sft_learning_rate`) of the teacher-forced NLL of the targets, batches
-  of `sft_batch_size` pairs drawn with replacement; returns the fine-tuned params."""
+  of `sft_batch_size` pairs drawn with replacement; returns the fine-tuned params.
+
+  With `--resume`, continues from `<work_dir>/sft_checkpoints`. After a step (not the last) during which `signals`
+  noted SIGTERM or SIGINT, saves it there and raises `preemption.Interrupted`.
+  """
   sft = config.sft
   if not demos.pairs:
     raise config_lib.RunError("SFT needs demonstrations, and the training set gives none; pass --sft_steps=0")
@@ -48,14 +73,37 @@ def warm_start(params, model_config, demos: Demonstrations, config: config_lib.C
   state, train_step = placement.train(params, optimizer, objective, config.algorithm.grad_accum_steps)
   prompt_len, target_len = batch_widths(demos)
   rng = np.random.default_rng([config.run.seed, demos.stream])
+  directory = pathlib.Path(config.run.work_dir) / CHECKPOINTS
+  start, recorded = 0, resume_lib.record(config)
+  if config.run.resume and directory.is_dir() and any(directory.iterdir()):
+    ckpt = training.Checkpointer(directory, max_to_keep=1)
+    try:
+      state, meta = ckpt.restore_intact(state, check=lambda meta, step: resume_lib.check_flags(
+          meta.get("flags"), recorded, step, lambda line: print(line, file=sys.stderr)))
+    finally:
+      ckpt.close()
+    start = int(meta["step"])
+    logger.rewind(meta.get("metrics_offset"))
+    print(f"stage 1 resumed from step {start} in {directory}", file=sys.stderr)
   logger.start(sft.sft_steps)
   for step in range(1, sft.sft_steps + 1):
-    chunk = [demos.pairs[i] for i in rng.integers(0, len(demos.pairs), sft.sft_batch_size)]
+    indices = rng.integers(0, len(demos.pairs), sft.sft_batch_size)  # drawn for every step: the same stream
+    if step <= start:
+      continue
+    chunk = [demos.pairs[i] for i in indices]
     batch = training.supervised_batch([p for p, _ in chunk], [t for _, t in chunk], prompt_len, target_len, pad_id)
     state, metrics = train_step(state, batch)
     if step % 25 == 0 or step == sft.sft_steps:
       values = logger.log(step, metrics, prefix="sft/")
       check_finite(values, f"SFT step {step}")
       logger.progress(step, f"sft loss {values['sft/loss']:.4f}")
+    if signals is not None and step < sft.sft_steps and signals.stop_requested():  # the last step: sft_policy
+      ckpt = training.Checkpointer(directory, max_to_keep=1)
+      try:
+        ckpt.save(step, state, {"step": step, "flags": recorded, "metrics_offset": logger.offset()})
+      finally:
+        ckpt.close()
+      logger.newline()
+      raise preemption.Interrupted(signals.signum, step, "SFT", directory)
   logger.newline()
   return state.params

@@ -2,6 +2,10 @@
 
 Orbax writes each step to a temporary directory and renames it when complete, so a crash
 mid-save never leaves a checkpoint that restores half-written; `max_to_keep` prunes old steps.
+The temporary directories a killed save leaves behind are removed when the next Checkpointer
+opens the directory. A save that fails (a full disk, a read-only or vanished directory) removes
+its temporary directory and raises `CheckpointSaveError`, one line naming the directory, the
+cause and the free space there; orbax's writer threads' own reports of it are not printed.
 
 A damaged checkpoint (a truncated or corrupt file) is never used: `restore_intact` tries the
 steps newest first, says which one is damaged and why, and moves it aside to
@@ -14,8 +18,14 @@ devices, process 0 the metadata, and orbax synchronises the processes. Arrays ar
 the reverse, given the target shardings.
 """
 
+import contextlib
+import errno
 import gc
+import logging
+import os
 import pathlib
+import re
+import shutil
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +41,10 @@ from grpo_jax import partitioning
 
 class CheckpointError(ValueError):
   """A checkpoint directory that cannot be restored (missing, incompatible)."""
+
+
+class CheckpointSaveError(CheckpointError):
+  """A checkpoint that could not be written (a full disk, a read-only or vanished directory)."""
 
 
 @jax.jit
@@ -75,6 +89,50 @@ def _quiet_failed_reads() -> None:
   gc.collect()
 
 
+def _cause(err: BaseException) -> str:
+  """The operating system's reason for a failed write (tensorstore names it as os_error_code='28'), else the
+  error's first line."""
+  code = getattr(err, "errno", None)
+  found = re.search(r"os_error_code='?(\d+)", str(err))
+  code = int(found.group(1)) if found else code
+  if code:
+    return f"{os.strerror(code)} [{errno.errorcode.get(code, code)}]"
+  return _first_line(err)
+
+
+def free_space(path: pathlib.Path) -> str:
+  """"X MiB free of Y MiB" on the file system of `path` (or of its nearest existing parent)."""
+  path = pathlib.Path(path)
+  while not path.exists() and path != path.parent:
+    path = path.parent
+  try:
+    usage = shutil.disk_usage(path)
+  except OSError as err:
+    return f"free space unknown ({os.strerror(err.errno) if err.errno else err})"
+  return f"{usage.free / 2**20:,.1f} MiB free of {usage.total / 2**20:,.1f} MiB"
+
+
+class _DropErrors(logging.Filter):
+  """Drops error records: while a save runs, orbax's threads (and its main-thread wait) log each failure with its
+  traceback, dozens of lines, and the same failure reaches `save` as an exception, reported in one line."""
+
+  def filter(self, record):
+    return record.levelno < logging.ERROR
+
+
+@contextlib.contextmanager
+def _quiet_writer_threads():
+  loggers = [logging.getLogger(name) for name in ("absl", "orbax")]
+  quiet = _DropErrors()
+  for logger in loggers:
+    logger.addFilter(quiet)
+  try:
+    yield
+  finally:
+    for logger in loggers:
+      logger.removeFilter(quiet)
+
+
 class Checkpointer:
   """Saves and restores `(state, metadata)` under `directory/<step>/`.
 
@@ -85,7 +143,7 @@ class Checkpointer:
 
   def __init__(self, directory: str | pathlib.Path, max_to_keep: int = 3):
     self.directory = pathlib.Path(directory).absolute()
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
+    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True, cleanup_tmp_directories=True)
     self._manager = ocp.CheckpointManager(self.directory, options=options)
 
   def latest_step(self) -> int | None:
@@ -95,12 +153,35 @@ class Checkpointer:
     return list(self._manager.all_steps())
 
   def save(self, step: int, state: Any, metadata: dict) -> None:
-    """Saves synchronously; refuses a state with NaN or inf so no bad checkpoint is ever written."""
+    """Saves synchronously; refuses a state with NaN or inf so no bad checkpoint is ever written.
+
+    Raises:
+      CheckpointSaveError: the write failed; its temporary directory is removed, older steps are untouched.
+    """
     if not _all_finite(state):
       raise FloatingPointError(f"refusing to save step {step}: the state holds NaN or inf")
-    self._manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state), metadata=ocp.args.JsonSave(metadata)), force=True)
-    self._manager.wait_until_finished()
+    try:
+      with _quiet_writer_threads():
+        self._manager.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state), metadata=ocp.args.JsonSave(metadata)), force=True)
+        self._manager.wait_until_finished()
+    except Exception as err:  # pylint: disable=broad-except  (tensorstore raises ValueError, the file system OSError)
+      space = free_space(self.directory)  # as the write found it, before the partial step is removed
+      self._remove_partial(step)
+      previous = [s for s in self.all_steps() if s != step]
+      kept = f"; checkpoint step {max(previous)} is intact" if previous else ""
+      raise CheckpointSaveError(f"cannot save checkpoint step {step} in {self.directory}: {_cause(err)} "
+                                f"({space} there){kept}") from None
+
+  def _remove_partial(self, step: int) -> None:
+    """Removes what a failed save of `step` left (its temporary directory; process 0)."""
+    if jax.process_index() == 0:
+      for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+        shutil.rmtree(partial, ignore_errors=True)
+    try:
+      self._manager.reload()
+    except Exception:  # pylint: disable=broad-except  (a vanished directory: nothing left to list)
+      pass
 
   def restore(self, abstract_state: Any, step: int | None = None, shardings: Any = None) -> tuple[Any, dict]:
     """Restores `step` (default: the latest) into the structure, shapes and shardings of `abstract_state`.

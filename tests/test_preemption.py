@@ -1,0 +1,185 @@
+"""SIGTERM and SIGINT stop a run after the step in flight, with that step saved (experiments/runner/preemption.py).
+
+The runs are real child processes of `python -m experiments.grpo_math`, sent real signals once their stderr shows
+a given step done; each is resumed with the command its last line prints, and its final weights are compared,
+bit for bit, with an uninterrupted run's. The children run without JAX_PLATFORMS, as a user's would: they must
+print nothing about TPUs (libtpu is installed by the test extra; `grpo_jax.absent_tpu`).
+"""
+
+import os
+import pathlib
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from absl import flags
+import jax
+import numpy as np
+import pytest
+
+from experiments import grpo_math
+from experiments.runner import preemption
+from grpo_jax import models
+from tests.conftest import HANG_GUARD_S
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TINY = ["--max_prompt_len=16", "--max_new_tokens=16", "--num_train=200", "--num_test=8", "--batch_size=4",
+        "--group_size=4", "--eval_batch_size=8", "--tensorboard=false", "--tiny_layers=1", "--tiny_hidden_size=32",
+        "--eval_every=0", "--learning_rate=1e-3", "--overlong_buffer=12", "--save_every=100"]
+STAGE2 = ["--sft_steps=0", "--steps=12"]
+SFT = ["--sft_steps=150", "--sft_batch_size=8", "--steps=2"]
+
+
+def _env():
+  # As a user runs it: JAX picks its platform (conftest sets cpu for the suite); libtpu, if installed, does not give
+  # up early, quietly, when another process holds its lock file (see test_absent_tpu).
+  env = dict(os.environ, PYTHONPATH=str(REPO), ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+  env.pop("JAX_PLATFORMS", None)
+  return env
+
+
+class Child:
+  """A child process whose stderr is collected as it comes (progress lines end in \\r, not \\n)."""
+
+  def __init__(self, cmd, env=None):
+    self.proc = subprocess.Popen(cmd, cwd=REPO, env=env or _env(), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE)
+    self._chunks = []
+    self._reader = threading.Thread(target=self._read, daemon=True)
+    self._reader.start()
+
+  def _read(self):
+    while chunk := os.read(self.proc.stderr.fileno(), 65536):
+      self._chunks.append(chunk)
+
+  @property
+  def stderr(self) -> str:
+    return b"".join(self._chunks).decode(errors="replace")
+
+  def wait_for(self, pattern: str) -> None:
+    deadline = time.monotonic() + HANG_GUARD_S
+    while not re.search(pattern, self.stderr):
+      assert self.proc.poll() is None, f"exited {self.proc.returncode} before {pattern!r}:\n{self.stderr[-3000:]}"
+      assert time.monotonic() < deadline, self.stderr[-3000:]
+      time.sleep(0.05)
+
+  def finish(self) -> int:
+    code = self.proc.wait(timeout=HANG_GUARD_S)
+    self._reader.join(timeout=60)
+    return code
+
+
+def _straight(work_dir, *args):
+  """The same run, uninterrupted, in this process."""
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(["grpo_math", f"--work_dir={work_dir}", *TINY, *args])
+  try:
+    return grpo_math.run()
+  finally:
+    flags.FLAGS.unparse_flags()
+
+
+def _no_tpu_lines(text: str) -> None:
+  bad = [l for l in text.splitlines() if "TPU" in l or "accelerator" in l.lower() or "Source Location" in l]
+  assert not bad, bad
+
+
+def _interrupt_and_resume(tmp_path, args, wait_pattern, signum, stage):
+  """Runs `args` in a child, sends `signum` once `wait_pattern` shows on its stderr, checks the stop, resumes with
+  the printed command; returns (the step it stopped after, the resumed run's work dir)."""
+  work = tmp_path / "interrupted"
+  child = Child([sys.executable, "-m", "experiments.grpo_math", *TINY, *args, f"--work_dir={work}"])
+  child.wait_for(wait_pattern)
+  child.proc.send_signal(signum)
+  code = child.finish()
+  err = child.stderr
+  assert code == 128 + signum, (code, err[-3000:])
+  assert "Traceback" not in err, err[-3000:]
+  _no_tpu_lines(err)
+  name = signal.Signals(signum).name
+  assert f"{name} received: the step in flight finishes and is saved" in err
+  last = err.strip().splitlines()[-1]
+  found = re.fullmatch(rf"grpo_math: interrupted by {name}: stopped after {stage} step (\d+), saved in (\S+); "
+                       r"continue with: (.+)", last)
+  assert found, last
+  step, saved, command = int(found.group(1)), pathlib.Path(found.group(2)), shlex.split(found.group(3))
+  assert (saved / str(step)).is_dir() and command[-1] == "--resume", last
+  assert not list(work.rglob("*orbax-checkpoint-tmp*")) and not (work / "run.lock").exists()
+  resumed = subprocess.run(command, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  _no_tpu_lines(resumed.stderr)
+  return step, saved, work, resumed.stderr
+
+
+def _same_final_weights(expected_dir, actual_dir):
+  expected, actual = (models.load_hf(d / "final_policy")[0] for d in (expected_dir, actual_dir))
+  jax.tree.map(np.testing.assert_array_equal, expected, actual)
+
+
+def test_sigterm_in_stage_2_saves_the_step_and_resumes_bit_identically(tmp_path):
+  step, saved, work, resumed = _interrupt_and_resume(tmp_path, STAGE2, r"\] 2/12 ", signal.SIGTERM, "stage-2")
+  assert 2 <= step < 12 and saved == work / "checkpoints"
+  assert f"resumed from step {step}" in resumed
+  _straight(tmp_path / "straight", *STAGE2)
+  _same_final_weights(tmp_path / "straight", work)
+
+
+def test_sigint_in_sft_saves_the_step_and_resumes_bit_identically(tmp_path):
+  step, saved, work, resumed = _interrupt_and_resume(tmp_path, SFT, r"\] 25/150 ", signal.SIGINT, "SFT")
+  assert 25 <= step < 150 and saved == work / "sft_checkpoints"
+  assert f"stage 1 resumed from step {step}" in resumed
+  assert not saved.exists()  # stage 1 done and exported: its checkpoints are gone
+  _straight(tmp_path / "straight", *SFT)
+  _same_final_weights(tmp_path / "straight", work)
+  for policy in ("sft_policy", "final_policy"):
+    expected, actual = (models.load_hf(d / policy)[0] for d in (tmp_path / "straight", work))
+    jax.tree.map(np.testing.assert_array_equal, expected, actual)
+
+
+_NOTE_AND_WAIT = """
+import sys, time
+from experiments.runner import preemption
+with preemption.StopSignals() as signals:
+  print("ready", flush=True)
+  while not signals.signum:
+    time.sleep(0.01)
+  print("noted", signals.signum, flush=True)
+  time.sleep(600)  # "saving": only a second SIGINT ends it
+"""
+
+
+def test_a_second_sigint_stops_at_once():
+  child = subprocess.Popen([sys.executable, "-c", _NOTE_AND_WAIT], cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+  assert child.stdout.readline() == "ready\n"
+  child.send_signal(signal.SIGINT)
+  assert child.stdout.readline() == f"noted {int(signal.SIGINT)}\n"  # the first one is only noted
+  child.send_signal(signal.SIGINT)
+  _, err = child.communicate(timeout=HANG_GUARD_S)
+  assert child.returncode == -signal.SIGINT  # the signal's default action: no handler, no traceback
+  assert err.strip() == "SIGINT received: the step in flight finishes and is saved, then the run stops (Ctrl-C " \
+                        "again: stop now, without saving)"
+
+
+def test_signals_are_noted_then_the_handlers_restored():
+  before = signal.getsignal(signal.SIGTERM)
+  lines = []
+  with preemption.StopSignals(report=lines.append) as signals:
+    assert not signals.stop_requested()
+    os.kill(os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), signal.SIGTERM)  # a second SIGTERM: noted once, the run still saves
+    assert signals.stop_requested() and signals.signum == signal.SIGTERM and len(lines) == 1
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+  assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_interrupted_names_the_step_and_the_exit_status():
+  err = preemption.Interrupted(signal.SIGTERM, 7, "stage-2", pathlib.Path("/runs/a/checkpoints"))
+  assert str(err) == "interrupted by SIGTERM: stopped after stage-2 step 7, saved in /runs/a/checkpoints"
+  assert err.exit_status == 143 and preemption.Interrupted(signal.SIGINT, 0, "SFT").exit_status == 130
+  assert str(preemption.Interrupted(signal.SIGINT, 0, "stage-2")) == \
+      "interrupted by SIGINT: stopped before the first step of stage-2, nothing to save"
