@@ -280,7 +280,7 @@ def compile_program(name: str, program, tgt: Target, total_resident: int) -> Com
   """Traces, lowers and compiles one `programs.Program` for `tgt`; its figures per chip."""
   k = tgt.devices_per_chip
   t0 = time.perf_counter()
-  traced = program.jitted.trace(*program.args)
+  traced = program.jitted.trace(*program.args, **program.kwargs)
   flops = matmul_flops(traced.jaxpr.jaxpr, program.loop_trips) / len(tgt.devices) * k
   common = dict(name=name, uses=program.uses, calls=program.per_step or program.per_eval,
                 per="step" if program.per_step else "eval", flops=flops,

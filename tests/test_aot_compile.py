@@ -114,7 +114,7 @@ def _lowered(config, name, **overrides):
   config = config.replace(**overrides)
   placement = placement_lib.Placement.from_config(config.mesh, jax.devices()[:1])
   program = programs.programs(config, aot.policy_config(config.model), placement)[name]
-  return program.jitted.trace(*program.args).lower().as_text()
+  return program.jitted.trace(*program.args, **program.kwargs).lower().as_text()
 
 
 class _Lowerings(logging.Handler):
@@ -158,7 +158,7 @@ def test_the_programs_are_those_the_runner_compiles(tmp_path):
   assert list(listed) == ["sampler", "logprobs", "update", "eval_greedy"]
   with _Lowerings() as ours:
     for program in listed.values():
-      program.jitted.trace(*program.args).lower()
+      program.jitted.trace(*program.args, **program.kwargs).lower()
   assert len(ours.seen) == len(listed) and set(ours.seen) <= set(runner.seen)
   model_programs = {name for name, _ in ours.seen}
   assert {seen for seen in runner.seen if seen[0] in model_programs} == set(ours.seen)

@@ -2,7 +2,7 @@ r"""The compiled programs of a run, built by the runner's own builders at abstra
 
   placement = placement_lib.Placement.from_config(config.mesh, devices)      # e.g. a TPU topology's devices
   for name, p in programs(config, model_config, placement).items():
-    p.jitted.trace(*p.args).lower().compile()       # nothing allocated: the args are ShapeDtypeStructs
+    p.jitted.trace(*p.args, **p.kwargs).lower().compile()   # nothing allocated: ShapeDtypeStruct args
 
 `programs` returns exactly the programs stage 2 of `loop.run(config)` runs, each built by the code the runner
 calls (so a change there changes them here):
@@ -47,12 +47,13 @@ ALGOS = ("grpo", "online_rft")  # the methods whose programs are listed here
 class Program:
   """One jitted program of a run and its abstract arguments (`jax.ShapeDtypeStruct`s carrying shardings; static
   arguments as they are)."""
-  jitted: Any  # jax.jit-wrapped: `.trace(*args)`, `.lower(*args)`
+  jitted: Any  # jax.jit-wrapped: `.trace(*args, **kwargs)`
   args: tuple
   uses: str  # what the runner runs it for
   per_step: int  # calls per stage-2 step (0: not a step's program, e.g. evaluation)
   per_eval: int = 0  # calls per evaluation
   loop_trips: int = 1  # trip count of its while loops (the sampler: its decode steps)
+  kwargs: dict = dataclasses.field(default_factory=dict)  # static keyword arguments: `.trace(*args, **kwargs)`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +72,8 @@ def _check(config: config_lib.Config, placement: placement_lib.Placement, reward
   if config.algorithm.algo not in ALGOS:
     raise config_lib.ConfigError(f"--algo={config.algorithm.algo}: its programs are not listed yet (listed: "
                                  f"{', '.join(ALGOS)})")
+  if config.model.lora_rank:
+    raise config_lib.ConfigError("--lora_rank > 0: the LoRA update's programs are not listed yet")
   if placement.mesh is None:
     raise config_lib.ConfigError("--mesh is empty: the runner then runs on one device; give the mesh to compile "
                                  "for, e.g. --mesh=fsdp:8")
