@@ -255,9 +255,10 @@ def short_samples(monkeypatch):
 
 
 @pytest.mark.parametrize("algo", ["grpo", "ppo", "online_rft"])
-def test_batches_keep_the_columns_up_to_the_longest_completion(sft_policy, short_samples, algo):
-  """`--completion_pad_multiple=4`: rows of at most 9 tokens give batches of 12 completion columns instead of 24,
-  the same tokens, masks and log-probs as the full batch's first columns, and the same loss and gradient."""
+def test_batches_keep_the_columns_up_to_the_longest_completion(sft_policy, short_samples, known_answers, algo):
+  """`--completion_pad_multiple=4`: rows of at most 9 tokens give batches of at most 12 completion columns instead
+  of 24, the same tokens, masks and log-probs as the full batch's first columns, and the same loss and gradient. Known
+  answers (`#### <answer>` and EOS, at most 9 tokens) make rows right and wrong: non-zero advantages and GC."""
   args = ("--beta=0.1", "--temperature=0.7")
   trimmed, params, reference = _method(algo, sft_policy, *args, "--completion_pad_multiple=4")
   full, _, _ = _method(algo, sft_policy, *args, "--completion_pad_multiple=0")
@@ -268,16 +269,22 @@ def test_batches_keep_the_columns_up_to_the_longest_completion(sft_policy, short
   batch_t, stats_t, _ = trimmed.collect(params, 0, jax.random.key(3))
   batch_f, _, _ = full.collect(params, 0, jax.random.key(3))
   p = 16  # --max_prompt_len
-  assert batch_t.tokens.shape[1] == p + 12 and batch_f.tokens.shape[1] == p + 24
+  longest = int(np.asarray(batch_f.attention_mask)[:, p:].sum(1).max())
+  width = -(-longest // 4) * 4  # the longest completion rounded up to a multiple of 4
+  assert longest <= 9 and batch_t.tokens.shape[1] == p + width and batch_f.tokens.shape[1] == p + 24
   if algo == "grpo":
-    assert stats_t["completion_width"] == 12
-  assert not np.asarray(batch_f.attention_mask)[:, p + 9:].any()  # the dropped columns are padding everywhere
+    assert stats_t["completion_width"] == width
+  assert not np.asarray(batch_f.attention_mask)[:, p + longest:].any()  # the dropped columns are padding
   for name, a in batch_t._asdict().items():
-    np.testing.assert_allclose(a, np.asarray(getattr(batch_f, name))[:, :p + 12], atol=2e-5, err_msg=name)
+    np.testing.assert_allclose(a, np.asarray(getattr(batch_f, name))[:, :p + width], atol=2e-5, err_msg=name)
   totals = {"num_sequences": jnp.float32(len(batch_t.tokens)), "num_tokens": jnp.sum(batch_t.loss_mask)}
   value_and_grad = lambda method: jax.jit(jax.value_and_grad(method.objective(), has_aux=True))  # noqa: E731
-  (loss_t, _), grad_t = value_and_grad(trimmed)(params, batch_t, totals)
-  (loss_f, _), grad_f = value_and_grad(full)(params, batch_f, totals)
-  assert float(loss_f) != 0.0 or algo == "online_rft"  # its cut rows are wrong (GC = 0) unless one ends in its answer
+  (loss_t, metrics_t), grad_t = value_and_grad(trimmed)(params, batch_t, totals)
+  (loss_f, metrics_f), grad_f = value_and_grad(full)(params, batch_f, totals)
+  # Rows right and wrong: non-zero advantages (GRPO, PPO) and GC (online RFT) enter the gradients compared below.
+  assert np.any(np.asarray(batch_f.advantages) > 0) and np.any(np.asarray(batch_f.advantages) != 1.0)
+  assert float(loss_f) != 0.0
   np.testing.assert_allclose(loss_t, loss_f, rtol=1e-5, atol=1e-6)
+  for name in set(metrics_t) & {"pg_loss", "kl", "value_loss"}:
+    np.testing.assert_allclose(metrics_t[name], metrics_f[name], rtol=1e-5, atol=1e-6, err_msg=name)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-6), grad_t, grad_f)
