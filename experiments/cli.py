@@ -57,6 +57,10 @@ flags.DEFINE_bool("shared_prompt_forward", _D["shared_prompt_forward"],
     "shared by the G completions): B·P + B·G·T tokens instead of B·G·(P + T), the same loss up to float rounding. "
     "Minibatches then shuffle whole groups; off when a micro-batch would split a group.")
 flags.DEFINE_integer("logprob_chunk", _D["logprob_chunk"], "Sequence chunk of the memory-lean log-prob computation.")
+flags.DEFINE_enum("attention", _D["attention"], _choices("attention"),
+    "Attention of the training and scoring forwards (docs/scaling.md): einsum (the reference), xla "
+    "(jax.nn.dot_product_attention), cudnn (its cuDNN flash kernel: NVIDIA GPU, bfloat16), pallas (the Pallas TPU "
+    "flash kernel); auto: pallas on a TPU, cudnn on a GPU in bfloat16 (else xla), einsum on a CPU.")
 flags.DEFINE_integer("lora_rank", _D["lora_rank"],
     "LoRA (docs/lora.md): > 0 trains rank-r adapters on --lora_targets with the base weights frozen (stage 2; the "
     "reference policy is the base with the adapters off, no second copy). 0: full fine-tuning.")
@@ -241,6 +245,12 @@ flags.DEFINE_integer("cpu_devices", _D["cpu_devices"],
     "the sampler's rows over them (the same tokens as one device, each core decoding its own rows); training and "
     "scoring stay on the first. Ignored on GPU/TPU, with --mesh, several processes, or XLA_FLAGS' "
     "--xla_force_host_platform_device_count.")
+flags.DEFINE_integer("forward_rows", _D["forward_rows"],
+    "Rows per chunk of the forwards over a step's batch_size*group_size rows (π_ref, π_old, reward model, values), "
+    "looped inside one program (a multiple of group_size). 0: as many as --forward_memory_budget holds.")
+flags.DEFINE_float("forward_memory_budget", _D["forward_memory_budget"],
+    "GiB per device for one chunk's activations in those forwards, and for the sampler's KV cache (prompts in "
+    "chunks when all would not fit). 0: a quarter of an accelerator's memory, 4 GiB on a CPU.")
 
 
 # FLOW-GRPO'S AGENT (--algo=flow_grpo)

@@ -22,6 +22,8 @@ from grpo_jax.models.config import ModelConfig
 GiB = 2 ** 30
 CPU_BUDGET_BYTES = 4 * GiB  # the default budget of a CPU device (host memory, shared with everything else)
 DEVICE_BUDGET_FRACTION = 0.25  # the default budget of an accelerator: this share of its memory
+# Memory per device of TPU chips by device_kind, for a device that does not report it (a topology's, ahead of time).
+TPU_MEMORY_GIB = {"TPU v4": 32, "TPU v5 lite": 16, "TPU v5": 95, "TPU v6 lite": 32}
 
 
 def map_rows(fn: Callable, arrays: Sequence[jax.Array], rows_per_chunk: int, *, group: int = 1):
@@ -101,9 +103,30 @@ def forward_row_bytes(config: ModelConfig, length: int, *, logits_chunk: int = 0
   return int(layer + scores + logits + cache)
 
 
+def sampler_prompt_bytes(config: ModelConfig, prompt_len: int, num_samples: int, max_new_tokens: int) -> int:
+  """An estimate of the bytes one prompt and its G samples hold in the sampler (`sampling.sample`): the prompt's
+  keys and values (2·layers·K·D·P), its samples' own cache slots (G times 2·layers·K·D·(T - 1)), the prefill's
+  activations (`forward_row_bytes` at P) and a step's float32 logits, filtered, noised and normalised (3·G·V)."""
+  c = config
+  kv = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * jnp.dtype(c.dtype).itemsize
+  slots = prompt_len + num_samples * max(max_new_tokens - 1, 1)
+  return int(kv * slots + forward_row_bytes(c, prompt_len) + 3 * num_samples * c.vocab_size * 4)
+
+
+def prompts_per_chunk(num_prompts: int, prompt_bytes: float, budget_bytes: float, *, shards: int = 1) -> int:
+  """The sampler's `prompt_chunk`: 0 (all at once) when each shard's num_prompts / shards prompts fit
+  `budget_bytes`, else the most prompts that fit and divide them (at least 1)."""
+  local = num_prompts // shards
+  fit = int(budget_bytes // max(prompt_bytes, 1))
+  if fit >= local:
+    return 0
+  return max(d for d in range(1, max(fit, 1) + 1) if local % d == 0)
+
+
 def default_budget_bytes(device: jax.Device | None = None) -> int:
   """The activation budget per device when none is given: DEVICE_BUDGET_FRACTION of an accelerator's memory
-  (`memory_stats()["bytes_limit"]`), CPU_BUDGET_BYTES on a CPU or where the device does not say."""
+  (`memory_stats()["bytes_limit"]`, else TPU_MEMORY_GIB by its kind); CPU_BUDGET_BYTES on a CPU or where
+  neither says."""
   device = device or jax.devices()[0]
   if device.platform == "cpu":
     return CPU_BUDGET_BYTES
@@ -111,4 +134,5 @@ def default_budget_bytes(device: jax.Device | None = None) -> int:
     limit = (device.memory_stats() or {}).get("bytes_limit", 0)
   except Exception:  # pylint: disable=broad-except  # a device description (ahead-of-time) has no stats
     limit = 0
+  limit = limit or TPU_MEMORY_GIB.get(getattr(device, "device_kind", ""), 0) * GiB
   return int(DEVICE_BUDGET_FRACTION * limit) if limit else CPU_BUDGET_BYTES

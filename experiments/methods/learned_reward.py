@@ -20,6 +20,7 @@ import numpy as np
 
 from grpo_jax import evaluation
 from grpo_jax import logprobs as logprobs_lib
+from grpo_jax import row_chunks
 from grpo_jax import reward_models as rm
 from grpo_jax.reward_models import positions
 from grpo_jax import training
@@ -29,9 +30,18 @@ from experiments.runner import placement as placement_lib
 
 
 
+def _in_row_chunks(score):
+  """`score(params, config, *rows)` jitted (config static), its rows `rows_per_chunk` at a time (static; 0: all
+  at once; `row_chunks.map_rows`)."""
+  def fn(params, config, *arrays, rows_per_chunk=0):
+    return row_chunks.map_rows(lambda *chunk: score(params, config, *chunk), arrays, rows_per_chunk)
+  fn.__name__ = score.__name__
+  return jax.jit(fn, static_argnums=1, static_argnames="rows_per_chunk")
+
+
 # The reward model's programs (config static): each row's outcome score; the scores at its step ends (logits).
-OUTCOME_SCORES = jax.jit(rm.outcome_scores, static_argnums=1)
-STEP_SCORES = jax.jit(rm.step_scores, static_argnums=1)
+OUTCOME_SCORES = _in_row_chunks(rm.outcome_scores)
+STEP_SCORES = _in_row_chunks(rm.step_scores)
 
 
 def learned(cfg: config_lib.Config) -> bool:
@@ -59,6 +69,7 @@ class LearnedReward:
   def __init__(self, cfg: config_lib.Config, tokenizer, policy_config, placement=None):
     path, reward, dtype = cfg.reward_model.reward_model, cfg.task.reward, cfg.model.dtype
     params, config, kind = rm.load_reward_model(path, dtype=dtype, param_dtype=dtype)
+    config = config.replace(attention=policy_config.attention)  # the policy's attention implementation
     if kind != reward and not (reward == "orm" and kind in rm.OUTCOME_KINDS):
       raise ValueError(f"--reward={reward} but {path} holds a reward model of kind {kind}")
     if config.vocab_size != policy_config.vocab_size:
@@ -69,8 +80,11 @@ class LearnedReward:
     self.params = self.placement.put_params(params)
     self.config, self.kind, self.tokenizer = config, kind, tokenizer
     rows, host = self.placement.rows, self.placement.host
-    self._outcome = lambda params, config, *arrays: host(OUTCOME_SCORES(params, config, *rows(arrays)))
-    self._steps = lambda params, config, *arrays: host(STEP_SCORES(params, config, *rows(arrays)))
+    chunk = lambda config, tokens: dict(rows_per_chunk=self.placement.forward_chunk(config, *tokens.shape))
+    self._outcome = lambda params, config, *arrays: host(OUTCOME_SCORES(params, config, *rows(arrays),
+                                                                        **chunk(config, arrays[0])))
+    self._steps = lambda params, config, *arrays: host(STEP_SCORES(params, config, *rows(arrays),
+                                                                    **chunk(config, arrays[0])))
 
   def steps(self, samples, texts, examples=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """PRM or orm_steps: `(σ(step scores) [N, K], completion-relative step ends [N, K], step mask [N, K])`;

@@ -15,6 +15,7 @@ import optax
 from experiments.methods import base
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import losses
+from grpo_jax import row_chunks
 from grpo_jax import models
 from grpo_jax.models import lora
 from grpo_jax import training
@@ -36,8 +37,13 @@ class PPO(base.Method):
 
   def __init__(self, cfg, config, task, rollouts, reference):
     super().__init__(cfg, config, task, rollouts, reference)
-    values = jax.jit(lambda params, tokens, mask: objectives.token_values(params, config, tokens, mask))
     place = rollouts.placement
+
+    def values(params, tokens, mask):  # V(s_t) of every row, in the placement's row chunks (chosen per shape)
+      return row_chunks.map_rows(lambda t, m: objectives.token_values(params, config, t, m), (tokens, mask),
+                                 place.forward_chunk(config, *tokens.shape))
+
+    values = jax.jit(values)
     self.values = lambda params, tokens, mask: values(params, *place.device((tokens, mask)))
 
   def init_params(self, policy, key):

@@ -80,7 +80,7 @@ class Rollouts:
     self.prompts_truncated += cut
     tokens, mask = self.placement.rows((tokens, mask))  # each process provides its own prompts
     samples = sampling.sample(params, self.config, tokens, mask, key, num_samples=num_samples,
-                              temperature=rollout.temperature, **self.sampler_options(),
+                              temperature=rollout.temperature, **self.sampler_options(len(tokens), num_samples),
                               **self.placement.sample_kwargs(len(tokens)))
     samples, host = self.placement.sampled(samples)  # every process scores every sample (host code is cheap)
     t0 = time.time()
@@ -96,11 +96,14 @@ class Rollouts:
                                                             rollout.overlong_buffer))
     return Scored(samples, rewards, correct, time.time() - t0, host)
 
-  def sampler_options(self) -> dict:
+  def sampler_options(self, num_prompts: int | None = None, num_samples: int | None = None) -> dict:
     """The sampler's compile-time options of the rollouts (`sampling.sample` / `sampling.jit_sample` keywords; the
-    temperature is a traced argument)."""
+    temperature is a traced argument) for `num_prompts` x `num_samples` (default batch_size x group_size): with
+    `prompt_chunk`, the prompts that fit the placement's memory budget at a time (`Placement.sampler_chunk`)."""
     rollout = self.cfg.rollout
-    return dict(max_new_tokens=rollout.max_new_tokens, top_k=rollout.top_k, top_p=rollout.top_p)
+    chunk = self.placement.sampler_chunk(self.config, num_prompts or rollout.batch_size, self.cfg.task.max_prompt_len,
+                                         num_samples or rollout.group_size, rollout.max_new_tokens)
+    return dict(max_new_tokens=rollout.max_new_tokens, top_k=rollout.top_k, top_p=rollout.top_p, prompt_chunk=chunk)
 
   def old_logprobs(self, params, samples: sampling.SampleOutput, logprobs=None):
     """π_old of the sampled tokens `[N, T]`: the sampler's own log-probs at T = 1, else recomputed with

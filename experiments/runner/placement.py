@@ -20,6 +20,7 @@ from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import models
 from grpo_jax.models import lora
 from grpo_jax import partitioning
+from grpo_jax import row_chunks
 from grpo_jax import training
 
 
@@ -27,20 +28,26 @@ from grpo_jax import training
 class Placement:
   """The mesh and logical-axis rules of a run (`mesh is None`: single device, no sharding)."""
 
-  def __init__(self, mesh=None, rules=None, sampler_mesh=None):
+  def __init__(self, mesh=None, rules=None, sampler_mesh=None, forward_rows: int = 0, forward_budget: int = 0):
     self.mesh, self.rules = mesh, rules
     self.batch_sharding = partitioning.batch_sharding(mesh, rules) if mesh is not None else None
     # Without a mesh: a data mesh of CPU devices that only the sampler uses (None: the sampler runs on one device).
     self.sampler_mesh = sampler_mesh if mesh is None else None
+    # Row chunks of the forwards over many rows and of the sampler (`row_chunks`): rows per chunk (0: from the
+    # budget), and the bytes per device one chunk's activations, or the sampler's cache, may take.
+    self.forward_rows = forward_rows
+    self.forward_budget = forward_budget or row_chunks.default_budget_bytes(
+        None if mesh is None else mesh.devices.flat[0])
 
   @classmethod
   def from_config(cls, config, devices=None) -> "Placement":
     """From a `MeshConfig`: its mesh spec and rules; one device when the spec is empty and one process runs, with
     the sampler over every local device when they are CPU devices (`--cpu_devices`). `devices`: the mesh's devices
     (default all; e.g. a TPU topology's, to compile for it ahead of time)."""
+    chunks = dict(forward_rows=config.forward_rows, forward_budget=int(config.forward_memory_budget * row_chunks.GiB))
     if not config.mesh and jax.process_count() == 1:
-      return cls(sampler_mesh=cpu_sampler_mesh())
-    return cls(partitioning.make_mesh(config.mesh, devices), partitioning.get_rules(config.sharding_rules))
+      return cls(sampler_mesh=cpu_sampler_mesh(), **chunks)
+    return cls(partitioning.make_mesh(config.mesh, devices), partitioning.get_rules(config.sharding_rules), **chunks)
 
   @property
   def data_parallel(self) -> int:
@@ -84,8 +91,9 @@ class Placement:
     return partitioning.put(params, partitioning.param_shardings(self.mesh, self.rules, params))
 
   def logprobs(self, config, **kwargs):
-    """`fn(params, tokens, mask) -> [N, L]` log-probs on the device(s), split like the batch; kwargs of
-    `logprobs.jit_token_logprobs`."""
+    """`fn(params, tokens, mask) -> [N, L]` log-probs on the device(s), split like the batch, in row chunks
+    (`forward_rows` or `forward_budget`); kwargs of `logprobs.jit_token_logprobs`."""
+    kwargs = dict(forward_rows=self.forward_rows, memory_budget=self.forward_budget) | kwargs
     fn = logprobs_lib.jit_token_logprobs(config, mesh=self.mesh, rules=self.rules, **kwargs)
     call = lambda params, tokens, mask: fn(params, *self.device((tokens, mask)))
     call.jitted = getattr(fn, "jitted", lambda shape: fn)  # the program for tokens of `shape` (ahead of time)
@@ -117,6 +125,22 @@ class Placement:
     return training.make_train_step(objective, optimizer, num_micro_batches, state_shardings=state_shardings,
                                     batch_shardings=self.batch_sharding, mesh=self.mesh, rules=self.rules,
                                     **lora_kwargs)
+
+  def forward_chunk(self, config, rows: int, length: int, *, group: int = 1, **estimate) -> int:
+    """Rows per chunk (`row_chunks.map_rows`) of a forward over [rows, length] tokens: `forward_rows`, else as
+    many as `forward_budget` holds per device (`row_chunks.forward_row_bytes(config, length, **estimate)`)."""
+    if self.forward_rows:
+      return self.forward_rows
+    return row_chunks.rows_per_chunk(rows, row_chunks.forward_row_bytes(config, length, **estimate),
+                                     self.forward_budget, devices=self.data_parallel, multiple=group)
+
+  def sampler_chunk(self, config, num_prompts: int, prompt_len: int, num_samples: int, max_new_tokens: int) -> int:
+    """`sampling.sample`'s `prompt_chunk` for these shapes: 0 when every shard's prompts fit `forward_budget`
+    (`row_chunks.sampler_prompt_bytes`), else the most prompts that fit and divide a shard's."""
+    mesh = self.sample_kwargs(num_prompts)
+    shards = partitioning.data_parallel_size(mesh["mesh"], mesh["rules"]) if mesh else 1
+    per_prompt = row_chunks.sampler_prompt_bytes(config, prompt_len, num_samples, max_new_tokens)
+    return row_chunks.prompts_per_chunk(num_prompts, per_prompt, self.forward_budget, shards=shards)
 
   def sample_kwargs(self, num_prompts: int) -> dict:
     """`sampling.sample`'s mesh arguments for `num_prompts` prompts: the run's mesh; without one, the CPU

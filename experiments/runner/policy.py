@@ -6,10 +6,13 @@ import json
 import pathlib
 import shutil
 
+import jax
+
 from experiments.runner import config as config_lib
 from experiments.runner import placement as placement_lib
 from grpo_jax import distributed
 from grpo_jax import models
+from grpo_jax.models import attention
 from grpo_jax.models import lora
 from grpo_jax import training
 
@@ -22,10 +25,12 @@ def tiny_overrides(config: config_lib.ModelConfig) -> dict:
               intermediate_size=3 * config.tiny_hidden_size)
 
 
-def runtime(config: config_lib.ModelConfig) -> dict:
-  """The policy's `models.ModelConfig` runtime keywords (dtype, remat, layer scan) from the run's config."""
+def runtime(config: config_lib.ModelConfig, platform: str | None = None) -> dict:
+  """The policy's `models.ModelConfig` runtime keywords (dtype, remat, layer scan, attention) from the run's config;
+  `--attention=auto` resolved for `platform` (default: JAX's default backend)."""
   return dict(dtype=config.dtype, param_dtype=config.dtype, remat=config.remat, remat_policy=config.remat_policy,
-              scan_layers=config.scan_layers)
+              scan_layers=config.scan_layers,
+              attention=attention.resolve(config.attention, platform or jax.default_backend(), config.dtype))
 
 
 def load(config: config_lib.Config, placement: placement_lib.Placement, marker_name: str = SFT_MARKER):
