@@ -13,7 +13,8 @@ def _requirements():
 
 
 _TPU = "jax[tpu]"  # jax's own extra pins libtpu (and jaxlib) to the jax release it installs
-# Optional integrations (docs/integrations.md): the math_verify reward, `datasets` files on disk.
+# Optional integrations (docs/integrations.md): W&B logging, the math_verify reward, `datasets` files on disk.
+_WANDB = ["wandb>=0.19"]
 _MATH = ["math-verify[antlr4_13_2]>=0.9,<0.10"]  # the agreement table in the docs is of 0.9
 _HF = ["datasets>=3", "pyarrow>=15"]
 
@@ -35,8 +36,9 @@ setuptools.setup(
             "torch==2.13.0",  # CPU wheel; oracle for model-logit parity
             "peft>=0.17",  # oracle: PEFT loads the exported LoRA adapters (tests/test_lora.py)
             _TPU,  # the TPU compiler: tests compile for TPU topologies ahead of time (no TPU needed)
-            *_MATH, *_HF,  # the integrations' tests run too (datasets writes the files they read)
+            *_WANDB, *_MATH, *_HF,  # the integrations' tests run too (datasets writes the files they read)
         ],
+        "wandb": _WANDB,
         "math": _MATH,
         "hf": _HF,
         # libtpu at the installed jax's version: run on TPUs, or compile for them on any machine

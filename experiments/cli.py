@@ -220,6 +220,14 @@ flags.DEFINE_bool("resume", _D["resume"], "Continue from the latest checkpoint i
 flags.DEFINE_integer("stop_after", _D["stop_after"],
     "Stop (as if interrupted) after this GRPO step, after saving; 0: off.")
 flags.DEFINE_bool("tensorboard", _D["tensorboard"], "Write TensorBoard event files.")
+flags.DEFINE_string("wandb_project", _D["wandb_project"],
+    "Also log to Weights & Biases, in this project (pip install 'grpo_jax[wandb]'): the same metrics, the run's "
+    "config; --resume continues the same W&B run (its id is kept in <work_dir>/wandb_run_id). Empty: off.")
+flags.DEFINE_string("wandb_mode", _D["wandb_mode"],
+    "W&B mode: online, offline (files under <work_dir>/wandb, uploaded later by `wandb sync`) or disabled. Empty: "
+    "W&B's default (WANDB_MODE, else online).")
+flags.DEFINE_string("wandb_entity", _D["wandb_entity"], "W&B entity (team or user); empty: your default.")
+flags.DEFINE_string("wandb_run_name", _D["wandb_run_name"], "W&B run name; empty: W&B chooses one.")
 flags.DEFINE_integer("seed", _D["seed"], "Random seed of data order, sampling and initialisation.")
 flags.DEFINE_string("compilation_cache_dir", _D["compilation_cache_dir"],
     "JAX's on-disk compilation cache: a later run of the same programs (the same model, shapes and flags that "

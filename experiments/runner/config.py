@@ -169,6 +169,10 @@ class RunConfig:
   resume: bool = False
   stop_after: int = 0
   tensorboard: bool = True
+  wandb_project: str = ""  # empty: no W&B
+  wandb_mode: str = ""  # online | offline | disabled; empty: W&B's default (WANDB_MODE, else online)
+  wandb_entity: str = ""
+  wandb_run_name: str = ""
   seed: int = 0
   compilation_cache_dir: str = "~/.cache/grpo_jax/xla"
   profile_steps: str = ""  # "FIRST:LAST": trace stage-2 steps FIRST to LAST into <work_dir>/profile
@@ -199,6 +203,7 @@ SECTIONS = {"model": ModelConfig, "task": TaskConfig, "sft": SFTConfig, "rollout
 # runs: `--resume` accepts other values (`resume.check`).
 MAY_CHANGE = frozenset({
     "steps", "resume", "stop_after", "save_every", "keep_checkpoints", "work_dir", "tensorboard",
+    "wandb_project", "wandb_mode", "wandb_entity", "wandb_run_name",
     "compilation_cache_dir", "profile_steps",
     "eval_every", "eval_batch_size", "eval_samples", "eval_temperature",
     "mesh", "sharding_rules", "coordinator_address", "num_processes", "process_id", "cpu_devices",
@@ -370,6 +375,10 @@ def check(config: Config) -> str | None:
     return "--value_clip must be >= 0"
   if not 0 <= v["replay_fraction"] < 1:
     return "--replay_fraction must be in [0, 1)"
+  if v["wandb_mode"] not in ("", "online", "offline", "disabled"):
+    return f"--wandb_mode must be online, offline or disabled (empty: W&B's default), not {v['wandb_mode']!r}"
+  if (v["wandb_entity"] or v["wandb_run_name"] or v["wandb_mode"]) and not v["wandb_project"]:
+    return "--wandb_mode, --wandb_entity and --wandb_run_name need --wandb_project (W&B logging is off without it)"
   if v["overlong_buffer"] > v["max_new_tokens"]:
     return "--overlong_buffer must be <= --max_new_tokens"
   try:

@@ -7,6 +7,7 @@ from grpo_jax.training.logger import MetricsLogger, end_progress_line
 from grpo_jax.training.optimizer import make_optimizer
 from grpo_jax.training.batch import Batch, PPOBatch, batch_from_samples, encode_prompts, pad_left, supervised_batch
 from grpo_jax.training.update import grpo_objective, make_train_step, sft_objective
+from grpo_jax.training import wandb_run
 
 __all__ = (
     "Batch",
@@ -26,4 +27,5 @@ __all__ = (
     "pad_left",
     "sft_objective",
     "supervised_batch",
+    "wandb_run",
 )

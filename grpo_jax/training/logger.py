@@ -1,4 +1,4 @@
-"""Metrics to the console (a progress line with ETA), a JSONL file and TensorBoard event files."""
+"""Metrics to the console (a progress line with ETA), a JSONL file, TensorBoard event files and W&B."""
 
 import json
 import math
@@ -45,15 +45,18 @@ class MetricsLogger:
     work_dir: `metrics.jsonl` and TensorBoard files go to `work_dir` and `work_dir/tensorboard`.
     total_steps: for the progress bar and ETA.
     tensorboard: whether to write event files.
+    wandb_run: a W&B run (`wandb_run.start`) that gets every record too, under the same names with its `step`;
+      finished by `close`. None: no W&B.
   """
 
-  def __init__(self, work_dir: str | pathlib.Path, total_steps: int, tensorboard: bool = True):
+  def __init__(self, work_dir: str | pathlib.Path, total_steps: int, tensorboard: bool = True, wandb_run=None):
     self.enabled = jax.process_index() == 0
     self.total_steps = total_steps
     self._start = time.time()
     self._first_step = None
     self._writer = None
     self._jsonl = None
+    self._wandb = wandb_run if self.enabled else None
     if not self.enabled:
       return
     summary_writer = _summary_writer_class() if tensorboard else None
@@ -76,6 +79,8 @@ class MetricsLogger:
     if self._writer is not None:
       for k, v in values.items():
         self._writer.add_scalar(k, v, step)
+    if self._wandb is not None:
+      self._wandb.log({"step": step, **values})
     return values
 
   def start(self, total_steps: int) -> None:
@@ -129,3 +134,6 @@ class MetricsLogger:
       self._jsonl.close()
     if self._writer is not None:
       self._writer.close()
+    if self._wandb is not None:
+      self._wandb.finish()
+      self._wandb = None

@@ -1,0 +1,77 @@
+"""A Weights & Biases run beside the JSONL and TensorBoard logs (`MetricsLogger(wandb_run=...)`).
+
+The run's whole config is attached; every record is logged under the JSONL's names with its step in a `step`
+field, against which W&B plots every metric (SFT's and RL's steps both start at 1, as in TensorBoard). The run's id
+is kept in `<work_dir>/wandb_run_id`, so that `--resume` continues the same W&B run (`resume="allow"`); in offline
+mode each resume writes another offline directory with that id, and `wandb sync` joins them into one run.
+wandb is an optional package (`pip install 'grpo_jax[wandb]'`), imported only here and only when asked for.
+"""
+
+import os
+import pathlib
+import secrets
+import string
+from typing import Any, Mapping
+
+RUN_ID_FILE = "wandb_run_id"
+MODES = ("online", "offline", "disabled")
+
+
+def _wandb():
+  try:
+    import wandb  # pylint: disable=import-outside-toplevel
+  except ImportError as err:
+    raise ValueError(f"W&B logging needs wandb, which is not installed ({err}): pip install 'grpo_jax[wandb]', or "
+                     "leave --wandb_project empty") from None
+  return wandb
+
+
+def check_installed() -> None:
+  """Raises ValueError in one line when wandb cannot be imported."""
+  _wandb()
+
+
+def new_run_id() -> str:
+  """A fresh W&B run id: 8 random characters from a-z0-9 (W&B's own form)."""
+  return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
+
+
+def run_id(work_dir: str | os.PathLike, resume: bool, new_id=new_run_id) -> str:
+  """The W&B run id of `work_dir`: the stored one when resuming and there is one, else `new_id()` (stored)."""
+  path = pathlib.Path(work_dir) / RUN_ID_FILE
+  if resume and path.is_file():
+    stored = path.read_text(encoding="utf-8").strip()
+    if stored:
+      return stored
+  fresh = new_id()
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(fresh + "\n", encoding="utf-8")
+  return fresh
+
+
+def start(work_dir: str | os.PathLike, project: str, config: Mapping[str, Any], *, resume: bool = False,
+          mode: str = "", entity: str = "", name: str = ""):
+  """Starts (or, with `resume`, continues) the W&B run of `work_dir`; returns it.
+
+  Args:
+    work_dir: the run's directory: W&B writes under `<work_dir>/wandb`, and the id is kept beside it.
+    project: the W&B project.
+    config: the run's settings, attached as the W&B config (values may change on resume).
+    resume: continue the run whose id `work_dir` holds (a new run when it holds none).
+    mode: "online", "offline" or "disabled"; "" leaves it to W&B (WANDB_MODE, else online).
+    entity: the W&B entity (team or user); "" for the default.
+    name: the run's display name; "" lets W&B choose.
+
+  Raises:
+    ValueError: in one line, for an unknown mode or a missing wandb package.
+  """
+  if mode and mode not in MODES:
+    raise ValueError(f"W&B mode must be one of {', '.join(MODES)}, not {mode!r}")
+  wandb = _wandb()
+  work_dir = pathlib.Path(work_dir)
+  run = wandb.init(project=project, entity=entity or None, name=name or None, mode=mode or None,
+                   dir=str(work_dir), id=run_id(work_dir, resume), resume="allow")
+  run.config.update(dict(config), allow_val_change=True)  # a resumed run may change what `--resume` allows
+  run.define_metric("step")
+  run.define_metric("*", step_metric="step")
+  return run
