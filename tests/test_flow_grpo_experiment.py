@@ -35,14 +35,18 @@ def _params(path):
   return models.load_hf(path)[0]
 
 
-def test_smoke_sft_then_flow_grpo(tmp_path, monkeypatch):
-  # Right and wrong outcomes by construction: the training reward of trajectory i is i % 2, so every group has
-  # non-zero advantages whatever a 4-step SFT policy answers (which depends on the processor's rounding: on some
-  # it fails every tool call and every group's rewards tie). Evaluations keep the real scores.
+def _alternating_rewards(monkeypatch):
+  """Right and wrong outcomes by construction: the training reward of trajectory i is i % 2, so every group has
+  non-zero advantages whatever a tiny policy answers (which depends on the processor's rounding: on some it fails
+  every tool call and every group's rewards tie). Evaluations keep the real scores."""
   real_score = flow_method.rewards_lib.score
   monkeypatch.setattr(flow_method.rewards_lib, "score", lambda outputs, examples, reward_fn: (
       real_score(outputs, examples, reward_fn) if isinstance(reward_fn, str)
       else (np.arange(len(outputs)) % 2).astype(np.float32)))
+
+
+def test_smoke_sft_then_flow_grpo(tmp_path, monkeypatch):
+  _alternating_rewards(monkeypatch)
   summary = _run(tmp_path, "--sft_steps=4", "--steps=2", "--save_every=1", "--sft_learning_rate=1e-2")
   for key in ("start_accuracy", "final_accuracy", "final_mean_turns", "final_tool_error_rate", "start_mean_turns",
               "final_answer_rate", "wall_time_s"):
@@ -65,7 +69,8 @@ def test_smoke_sft_then_flow_grpo(tmp_path, monkeypatch):
   assert json.loads(marker.read_text())["sft_examples"] == 60
 
 
-def test_resume_is_exact(tmp_path):
+def test_resume_is_exact(tmp_path, monkeypatch):
+  _alternating_rewards(monkeypatch)  # non-zero advantages: each step moves the policy, so resume must restore it
   common = ["--sft_steps=0", "--steps=2", "--save_every=1", "--learning_rate=1e-3", "--beta=0.1",
             "--num_epochs=2", "--minibatch_size=2"]
   _run(tmp_path / "straight", *common)
@@ -73,7 +78,15 @@ def test_resume_is_exact(tmp_path):
   assert not (tmp_path / "stopped" / "final_policy").exists()
   _run(tmp_path / "stopped", *common, "--resume")
   straight, resumed = _params(tmp_path / "straight" / "final_policy"), _params(tmp_path / "stopped" / "final_policy")
+  assert not np.array_equal(straight["embed"]["embedding"], _params(tmp_path / "straight" / "base_model")["embed"][
+      "embedding"])
   jax.tree.map(np.testing.assert_array_equal, straight, resumed)
+  records = {d: [json.loads(line) for line in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+             for d in ("straight", "stopped")}
+  step2 = {d: next(r for r in records[d] if r["step"] == 2 and "train/loss" in r) for d in records}
+  for key in ("train/loss", "train/grad_norm", "train/reward_std"):
+    assert step2["straight"][key] == step2["stopped"][key], key
+  assert step2["straight"]["train/grad_norm"] > 0 and step2["straight"]["train/reward_std"] > 0
 
 
 def _cli(*args, cwd):
