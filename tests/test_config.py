@@ -42,6 +42,9 @@ def test_replace_flat_and_from_flat_round_trip():
     ({"algo": "dpo", "batch_size": 3, "group_size": 3}, "--algo=dpo needs an even"),
     ({"algo": "flow_grpo", "dynamic_sampling": True}, "--dynamic_sampling is a GRPO option that Flow-GRPO"),
     ({"advantage_estimator": "rloo", "algo": "ppo"}, "--advantage_estimator=rloo replaces GRPO's"),
+    ({"forward_rows": 12}, "--forward_rows must be a multiple of --group_size"),
+    ({"forward_memory_budget": -1.0}, "--forward_memory_budget must be >= 0"),
+    ({"attention": "flash"}, "--attention must be one of auto, einsum, xla, cudnn, pallas"),
 ])
 def test_bad_values_are_one_line_naming_the_flag(fields, message):
   with pytest.raises(config_lib.ConfigError) as info:
@@ -54,6 +57,7 @@ def test_choices_are_the_librarys():
   assert set(choices["loss_aggregation"]) == set(losses.aggregation.MODES)
   assert set(choices["remat_policy"]) == set(models.config.REMAT_POLICIES)
   assert set(choices["sharding_rules"]) == set(partitioning.RULES)
+  assert choices["attention"] == models.attention.CHOICES
   assert config_lib.TINY_HEADS == models.tiny_config().num_attention_heads
 
 

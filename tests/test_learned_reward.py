@@ -11,6 +11,7 @@ from experiments import cli
 from experiments import grpo_math
 from experiments import methods
 from experiments.runner import config as config_lib
+from experiments.runner import placement as placement_lib
 from grpo_jax import data
 from grpo_jax import models
 from grpo_jax import reward_models as rm
@@ -207,3 +208,22 @@ def test_orm_steps_reward_is_the_noisy_and_of_its_step_scores(tmp_path, checkpoi
   assert np.ptp(outcome) > 1e-3  # the three completions score differently
   with pytest.raises(ValueError, match="holds a reward model of kind orm_steps"):
     _run(tmp_path / "run", policy_dir, "--steps=1", "--reward=prm", f"--reward_model={tmp_path / 'orm_steps'}")
+
+
+def test_reward_model_scores_in_row_chunks_equal_one_chunk(checkpoints):
+  """The reward model's forward over the rows in chunks (`--forward_rows`): 3 rows 2 at a time (the last chunk
+  padded) give the outcome and step rewards of all 3 at once, up to float rounding."""
+  policy_dir, orm_dir, prm_dir = checkpoints
+  _, config = models.load_hf(policy_dir)
+  tokenizer = models.load_tokenizer(policy_dir)
+  samples, texts, _ = _three_samples(tokenizer)
+  for reward, path in (("orm", orm_dir), ("prm", prm_dir)):
+    cfg = config_lib.Config().replace(reward=reward, reward_model=str(path))
+    whole = methods.learned_reward.LearnedReward(cfg, tokenizer, config)
+    chunked = methods.learned_reward.LearnedReward(cfg, tokenizer, config, placement_lib.Placement(forward_rows=2))
+    assert whole.placement.forward_chunk(config, 3, 31) == 3  # the default budget: one chunk
+    np.testing.assert_allclose(chunked.outcome(samples, texts), whole.outcome(samples, texts), rtol=1e-5)
+    assert np.ptp(whole.outcome(samples, texts)) > 1e-3
+  hlo = methods.learned_reward.OUTCOME_SCORES.lower(whole.params, whole.config, np.zeros((3, 31), np.int32),
+                                                    np.ones((3, 31), bool), rows_per_chunk=2).as_text()
+  assert "tensor<2x2xf32>" in hlo  # the loop's stacked scores: 2 chunks of 2 rows

@@ -160,3 +160,20 @@ def test_bad_mesh_is_one_clear_line(single, tmp_path, args, message):
   result = _cli(tmp_path / "bad", policy, *args, devices=8)
   assert result.returncode != 0 and message in result.stderr, result.stderr[-2000:]
   assert "Traceback" not in result.stderr
+
+
+def test_row_chunks_of_the_forwards_and_the_sampler():
+  """`--forward_rows` as given; else rows and prompts from the budget (`row_chunks`), and on a CPU's default
+  budget the default run's forwards (256 rows of 56 tokens) and sampler (32 prompts x 8) run in one chunk."""
+  from grpo_jax import row_chunks  # pylint: disable=import-outside-toplevel
+  config = models.tiny_config(num_hidden_layers=4, hidden_size=128, intermediate_size=384)
+  default = placement_lib.Placement.from_config(config_lib.MeshConfig(cpu_devices=1))
+  assert default.forward_budget == row_chunks.CPU_BUDGET_BYTES
+  assert default.forward_chunk(config, 256, 56, logits_chunk=128, cached=True) == 256
+  assert default.sampler_chunk(config, 32, 16, 8, 40) == 0
+  given = placement_lib.Placement.from_config(config_lib.MeshConfig(forward_rows=64))
+  assert given.forward_chunk(config, 256, 56) == 64
+  row = row_chunks.forward_row_bytes(config, 56)
+  prompt = row_chunks.sampler_prompt_bytes(config, 16, 8, 40)
+  assert placement_lib.Placement(forward_budget=3 * row).forward_chunk(config, 256, 56) == 3  # 86 chunks
+  assert placement_lib.Placement(forward_budget=3 * prompt).sampler_chunk(config, 32, 16, 8, 40) == 2  # divides 32

@@ -61,8 +61,29 @@ def test_forward_row_bytes_by_hand():
   assert row_chunks.forward_row_bytes(config.replace(attention="pallas"), length) == layer  # fused: no [L, L]
 
 
+def test_sampler_bytes_and_prompt_chunks_by_hand():
+  config = CONFIG.replace(dtype="bfloat16")
+  kv = 2 * 2 * 2 * 8 * 2  # keys and values of one slot: 2 layers, 2 kv heads of 8, bf16
+  slots = 6 + 3 * 9  # the prompt's 6, then 3 samples' own T - 1 = 9 each
+  want = kv * slots + row_chunks.forward_row_bytes(config, 6) + 3 * 3 * 61 * 4
+  assert row_chunks.sampler_prompt_bytes(config, 6, 3, 10) == want
+  assert row_chunks.prompts_per_chunk(12, 100, 1200) == 0  # all 12 fit
+  assert row_chunks.prompts_per_chunk(12, 100, 500) == 4  # 5 fit: the most that divide 12
+  assert row_chunks.prompts_per_chunk(12, 100, 500, shards=2) == 3  # 6 per shard, 5 fit: 3 divides 6
+  assert row_chunks.prompts_per_chunk(14, 100, 500, shards=2) == 1  # 7 per shard, prime: one at a time
+  assert row_chunks.prompts_per_chunk(12, 100, 50) == 1  # none fit: one at a time
+
+
 def test_default_budget():
   assert row_chunks.default_budget_bytes(jax.devices("cpu")[0]) == row_chunks.CPU_BUDGET_BYTES
+
+  class Described:  # a TPU topology's device, as ahead-of-time compilation sees it: no memory stats
+    platform, device_kind = "tpu", "TPU v5 lite"
+
+    def memory_stats(self):
+      raise RuntimeError("no stats")
+
+  assert row_chunks.default_budget_bytes(Described()) == 4 * row_chunks.GiB  # a quarter of 16 GiB
 
 
 def _sampled():
