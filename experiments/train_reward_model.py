@@ -189,7 +189,11 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig) -> dict:
         f"{100 * float(train_data.outcome.mean()):.1f}% right answers ({collect_time:.0f} s)", file=sys.stderr)
 
   # TRAIN
-  logger = training.MetricsLogger(out_dir, rmc.rm_steps, tensorboard=cfg.run.tensorboard)
+  run = cfg.run
+  wandb = training.wandb_run.start(out_dir, run.wandb_project, {**cfg.flat(), **dataclasses.asdict(rmc)},
+                                   mode=run.wandb_mode, entity=run.wandb_entity, name=run.wandb_run_name
+                                   ) if run.wandb_project and jax.process_index() == 0 else None
+  logger = training.MetricsLogger(out_dir, rmc.rm_steps, tensorboard=run.tensorboard, wandb_run=wandb)
   warmup = min(cfg.optim.warmup_steps, rmc.rm_steps // 10)
   optimizer = training.make_optimizer(
       rmc.rm_learning_rate, warmup_steps=warmup, total_steps=max(rmc.rm_steps, 1),

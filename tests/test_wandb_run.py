@@ -3,6 +3,7 @@ file is read back (metrics under the JSONL's names and steps, the config), a res
 errors; and the runner end to end (`--wandb_project --wandb_mode=offline`, stopped, then `--resume`)."""
 
 import json
+import math
 import pathlib
 import struct
 import sys
@@ -12,6 +13,8 @@ from absl import flags
 import pytest
 
 from experiments import grpo_math
+from experiments import train_reward_model
+from grpo_jax import models
 from experiments.runner import config as config_lib
 from grpo_jax.training import MetricsLogger, wandb_run
 
@@ -63,6 +66,16 @@ def read_offline_run(run_dir: pathlib.Path) -> tuple[str, dict, list[dict]]:
   return run_id, config, history
 
 
+def _as_jsonl(history: list[dict]) -> list[dict]:
+  """W&B's rows as `metrics.jsonl` writes them (non-finite numbers as strings), without its `time`."""
+  return [{k: v if math.isfinite(v) else str(v) for k, v in row.items()} for row in history]
+
+
+def _jsonl(work_dir: pathlib.Path) -> list[dict]:
+  records = [json.loads(line) for line in (work_dir / "metrics.jsonl").read_text().splitlines()]
+  return [{k: v for k, v in r.items() if k != "time"} for r in records]
+
+
 def _offline_dirs(work_dir: pathlib.Path) -> list[pathlib.Path]:
   return sorted((work_dir / "wandb").glob("offline-run-*"))
 
@@ -80,8 +93,7 @@ def test_offline_run_holds_metrics_and_config(tmp_path):
   got_id, got_config, history = read_offline_run(run_dir)
   assert got_id == run_id and run_dir.name.endswith(run_id)
   assert {k: got_config[k] for k in config} == config
-  jsonl = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-  assert history == [{k: v for k, v in r.items() if k != "time"} for r in jsonl]  # the same names and steps
+  assert _as_jsonl(history) == _jsonl(tmp_path)  # the same names, values and steps
   assert history[1] == {"step": 1, "train/loss": 1.5, "train/reward_mean": 0.5}
 
 
@@ -152,3 +164,22 @@ def test_runner_logs_to_wandb_and_resume_continues_the_run(tmp_path):
   steps = [(row["step"], sorted(k for k in row if k != "step")) for row in history1 + history2]
   assert [s for s, _ in steps] == [0, 1, 2, 2]  # start eval, step 1 | step 2, final eval
   assert "train/loss" in steps[1][1] and "eval/accuracy" in steps[0][1] and "eval/accuracy" in steps[3][1]
+
+
+def test_reward_model_runner_logs_to_wandb(tmp_path):
+  policy = models.build_default_checkpoint(tmp_path / "policy", num_hidden_layers=1, hidden_size=32,
+                                           intermediate_size=64)
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(["train_reward_model", f"--policy={policy}", f"--rm_dir={tmp_path / 'rm'}", "--rm_kind=orm",
+               "--rm_steps=2", "--max_prompt_len=16", "--max_new_tokens=8", "--num_train=40", "--num_test=8",
+               "--sft_examples=0", "--tensorboard=false", "--rm_prompts=4", "--rm_eval_prompts=4",
+               "--rm_samples_per_prompt=2", "--rm_sample_batch=4", "--rm_batch_size=8", "--rm_eval_every=2",
+               "--wandb_project=grpo-test", "--wandb_mode=offline"])
+  try:
+    train_reward_model.run(*train_reward_model.config_from_flags())
+  finally:
+    flags.FLAGS.unparse_flags()
+  (run_dir,) = _offline_dirs(tmp_path / "rm")
+  _, config, history = read_offline_run(run_dir)
+  assert config["rm_kind"] == "orm" and config["rm_steps"] == 2 and config["wandb_project"] == "grpo-test"
+  assert history and _as_jsonl(history) == _jsonl(tmp_path / "rm")  # NaN AUCs (one class) included
