@@ -13,6 +13,8 @@ from grpo_jax import models
 from grpo_jax import training
 from grpo_jax.training import update as update_lib
 from grpo_jax.models import lora
+from grpo_jax.models.config import LORA_TARGETS
+from tests.known_answers import known_answers  # noqa: F401  (a fixture)
 
 _SIZES = dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, head_dim=8, qkv_bias=True, tie_word_embeddings=False)
@@ -172,3 +174,106 @@ def test_peft_loads_the_exported_adapters_with_the_same_logits(tmp_path, scan_la
   ours = _logits(params, config_r)
   assert np.abs(ours - _logits(base, config)).max() > 1e-2  # the adapters change the logits...
   np.testing.assert_allclose(ours[mask], want[mask], rtol=1e-4, atol=1e-4)  # ...as PEFT applies them
+
+
+# A tiny GRPO run with LoRA through the runner, on completions made right and wrong by construction.
+_TINY_RUN = dict(max_prompt_len=16, max_new_tokens=24, num_train=200, num_test=8, batch_size=2, group_size=4,
+                 eval_batch_size=8, tiny_layers=1, tiny_hidden_size=32, sft_steps=0, steps=8, eval_every=0,
+                 tensorboard=False, learning_rate=5e-2, beta=0.04, lora_rank=4, lora_alpha=8.0,
+                 lora_export_peft=True)
+
+
+def _answer_logprobs(params, config, work_dir, prompts: int = 16) -> tuple[float, float]:
+  """Mean over the run's training prompts (8 steps x 2) of log π per token of the right completion
+  `#### <answer><eos>` and of the wrong one `#### <answer + 1><eos>`: the rows the known_answers fixture injects,
+  with GRPO advantages +1.5 and −0.5 in their groups of 4 (the policy's own samples there are wrong too)."""
+  from experiments.runner import config as config_lib
+  from experiments.runner import task as task_lib
+  cfg = config_lib.Config().replace(**_TINY_RUN)
+  tok = models.load_tokenizer(work_dir / "base_model")
+  task = task_lib.Task(cfg.task, tok, sft_lineage=False, seed=cfg.run.seed)
+  out = []
+  for i in range(prompts):
+    example = task.train_example(i)
+    prompt = tok.encode(task.prompt(example), add_special_tokens=False)
+    for answer in (example.answer, str(int(example.answer) + 1)):
+      completion = tok.encode(f"#### {answer}", add_special_tokens=False) + [tok.eos_token_id]
+      tokens = jnp.asarray([prompt + completion])
+      logits = models.apply(params, config, tokens)[0][0, len(prompt) - 1:-1]
+      out.append(float(jnp.mean(jax.nn.log_softmax(logits)[jnp.arange(len(completion)), tokens[0, len(prompt):]])))
+  return float(np.mean(out[0::2])), float(np.mean(out[1::2]))
+
+
+def _checkpoint_paths(step_dir):
+  """The leaf paths a train-state checkpoint holds (orbax's tree metadata)."""
+  return list(json.loads((step_dir / "state" / "_METADATA").read_text())["tree_metadata"])
+
+
+def test_grpo_with_lora_learns_and_resumes_exactly(tmp_path, known_answers):
+  from experiments.runner import config as config_lib
+  from experiments.runner import loop
+  from grpo_jax.training import checkpointing
+  straight = tmp_path / "straight"
+  summary = loop.run(config_lib.Config().replace(**_TINY_RUN, work_dir=str(straight)))
+  assert summary["config"]["lora_rank"] == 4
+  base, config = models.load_hf(straight / "base_model")
+  final, final_config = models.load_hf(straight / "final_policy")  # the merged model: a plain checkpoint
+  assert final_config == config
+  # Only the adapters moved: the merged kernels of adapted projections changed, embeddings and norms did not.
+  np.testing.assert_array_equal(final["embed"]["embedding"], base["embed"]["embedding"])
+  np.testing.assert_array_equal(final["layers_0"]["input_norm"]["scale"], base["layers_0"]["input_norm"]["scale"])
+  assert np.abs(final["layers_0"]["mlp"]["down_proj"]["kernel"] - base["layers_0"]["mlp"]["down_proj"]["kernel"]
+                ).max() > 1e-4
+  # GRPO's objective on the fixed injected completions improved: the right ones (advantage +1.5) are far more
+  # likely (the random base's per-token log π is about −ln(vocab) = −4.4; 8 steps add ~0.12).
+  (right_before, _), (right_after, _) = (_answer_logprobs(p, config, straight) for p in (base, final))
+  assert right_after > right_before + 0.05, (right_before, right_after)
+  # The checkpoint holds the adapters and their Adam moments only, and names the base it goes with.
+  paths = _checkpoint_paths(straight / "checkpoints" / "8")
+  arrays = [p for p in paths if "'params'" in p or "'mu'" in p or "'nu'" in p]
+  assert arrays and all("lora_a" in p or "lora_b" in p for p in arrays), paths
+  ckpt = checkpointing.Checkpointer(straight / "checkpoints")
+  try:
+    recorded = ckpt.metadata(8)["lora_base"]
+  finally:
+    ckpt.close()
+  assert recorded["path"] == str((straight / "base_model").resolve()) and len(recorded["sha256"]) == 64
+  # The PEFT adapters: applied to the base they give the merged model.
+  peft_tensors = __import__("safetensors.numpy").numpy.load_file(str(straight / "final_adapter" /
+                                                                     "adapter_model.safetensors"))
+  a = peft_tensors["base_model.model.model.layers.0.mlp.down_proj.lora_A.weight"]
+  b = peft_tensors["base_model.model.model.layers.0.mlp.down_proj.lora_B.weight"]
+  np.testing.assert_allclose(base["layers_0"]["mlp"]["down_proj"]["kernel"] + (b @ a).T * 8.0 / 4,
+                             final["layers_0"]["mlp"]["down_proj"]["kernel"], rtol=1e-5, atol=1e-6)
+
+  # Stopped after step 1 and resumed: the same merged policy and adapters, bit for bit.
+  stopped = tmp_path / "stopped"
+  config_run = config_lib.Config().replace(**_TINY_RUN, work_dir=str(stopped), stop_after=1)
+  assert loop.run(config_run) == {}
+  loop.run(config_run.replace(stop_after=0, resume=True))
+  resumed, _ = models.load_hf(stopped / "final_policy")
+  jax.tree.map(np.testing.assert_array_equal, final, resumed)
+  for name in ("adapter_model.safetensors", "adapter_config.json"):
+    assert (stopped / "final_adapter" / name).read_bytes().replace(bytes(stopped), bytes(straight)) == (
+        straight / "final_adapter" / name).read_bytes()
+
+
+def test_resume_on_another_base_is_refused(tmp_path):
+  from experiments.runner import config as config_lib
+  from experiments.runner import loop
+  config_run = config_lib.Config().replace(**{**_TINY_RUN, "steps": 2}, work_dir=str(tmp_path), stop_after=1)
+  loop.run(config_run)
+  base, config = models.load_hf(tmp_path / "base_model")
+  base["final_norm"]["scale"] = base["final_norm"]["scale"] * 2  # the base changed under the adapters
+  models.save_hf(base, config, tmp_path / "base_model")
+  with pytest.raises(config_lib.RunError, match="go with the base"):
+    loop.run(config_run.replace(stop_after=0, resume=True))
+
+
+def test_runner_flags_are_checked():
+  from experiments.runner import config as config_lib
+  assert config_lib.LORA_TARGETS == LORA_TARGETS
+  with pytest.raises(config_lib.ConfigError, match="--lora_targets must be"):
+    config_lib.Config().replace(lora_rank=4, lora_targets="q,qkv")
+  with pytest.raises(config_lib.ConfigError, match="--lora_alpha > 0"):
+    config_lib.Config().replace(lora_rank=4, lora_alpha=0.0)

@@ -11,7 +11,7 @@ projection instead of in·out) are trained. The model computes the rank-r produc
 ordinary params dict, and the `ModelConfig` fields `lora_rank`, `lora_alpha`, `lora_targets` say which
 projections carry them. This module adds, splits, switches off, merges and exports them:
 
-  config = models.lora_config(base_config, rank=8, alpha=16, targets=("q", "v"))
+  config = lora.lora_config(base_config, rank=8, alpha=16, targets=("q", "v"))
   params = lora.add_adapters(base_params, config, key)       # base arrays shared, adapters new
   trained, frozen = lora.split(params)                        # optimise `trained` only
   reference = lora.disabled(params)                           # B = 0: the base model, no second copy of W
