@@ -3,6 +3,10 @@ is killed and scores 0), a dead worker replaced, the one-line error without the 
 with the project's own parser (`correctness`) on the MATH-style answers the other tests hold."""
 
 import importlib.util
+import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -61,6 +65,50 @@ def test_a_dead_worker_is_replaced(verifier):
   verifier._worker.process.wait()  # pylint: disable=protected-access
   assert verifier.check("$\\boxed{7}$", "7") is False  # its check scores 0
   assert verifier.restarts == restarts + 1 and verifier.check("$\\boxed{7}$", "7")
+
+
+def test_ctrl_c_and_sigterm_leave_the_worker_alone(verifier):
+  assert verifier.check("$\\boxed{7}$", "7")
+  pid, restarts = verifier._worker.process.pid, verifier.restarts  # pylint: disable=protected-access
+  assert os.getsid(pid) != os.getsid(0)  # a session of its own: a terminal's Ctrl-C reaches only the runner
+  for sig in (signal.SIGINT, signal.SIGTERM):  # the runner's to handle (preemption saves the step in flight)
+    os.kill(pid, sig)
+  assert verifier.check("$\\boxed{8}$", "8") and verifier.restarts == restarts
+  assert verifier._worker.process.pid == pid  # pylint: disable=protected-access
+
+
+_ORPHAN = """
+import sys
+from grpo_jax.rewards import math_verify_reward as mvr
+v = mvr.MathVerifier(time_limit=3600)
+assert v.check("$\\\\boxed{1}$", "1")
+print(v._worker.process.pid, flush=True)
+v.check(sys.argv[1], "2")  # never returns: the test kills this process meanwhile
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_runner_takes_its_busy_worker_along():
+  parent = subprocess.Popen([sys.executable, "-c", _ORPHAN, HOSTILE], stdout=subprocess.PIPE, text=True)
+  try:
+    worker = int(parent.stdout.readline())
+    time.sleep(0.5)  # the worker is busy with the hostile check
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 60
+    while _alive(worker) and time.monotonic() < deadline:
+      time.sleep(0.1)
+    assert not _alive(worker)
+  finally:
+    parent.kill()
+
+
+def _alive(pid: int) -> bool:
+  try:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+      return f.read().split(") ")[-1][0] != "Z"  # a zombie has ended (its new parent reaps it)
+  except FileNotFoundError:
+    return False
 
 
 def test_registered_reward_and_spec(verifier, monkeypatch):

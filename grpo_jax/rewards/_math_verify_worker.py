@@ -1,14 +1,19 @@
 """The worker process of `math_verify_reward`: answers (completion, answer) requests with math-verify's verdict.
 
-Run as `python _math_verify_worker.py READ_FD WRITE_FD MEMORY_LIMIT_BYTES` (by path, so that only this file and
-math-verify are imported). It sends ("ready", None) once math-verify is imported (or ("error", message)), then
-one bool per request. math-verify's own signal-based timeouts are off: the parent kills this process when a
-request outlives its bound.
+Run as `python _math_verify_worker.py READ_FD WRITE_FD MEMORY_LIMIT_BYTES PARENT_PID` (by path, so that only this
+file and math-verify are imported), in a session of its own. It sends ("ready", None) once math-verify is imported
+(or ("error", message)), then one bool per request. math-verify's own signal-based timeouts are off: the parent
+kills this process when a request outlives its bound. SIGINT and SIGTERM are the parent's to handle (a Ctrl-C or a
+preemption notice must not cost a check in flight); the worker ends when the parent closes its pipe, and on Linux
+it is killed when the parent dies (even in the middle of a check).
 """
 
+import ctypes
 import functools
 import logging
+import os
 import resource
+import signal
 import sys
 from multiprocessing.connection import Connection
 
@@ -16,6 +21,17 @@ from multiprocessing.connection import Connection
 def _limit_memory(limit: int) -> None:
   if limit > 0:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _tie_to_parent(parent_pid: int) -> None:
+  """Ignores SIGINT/SIGTERM; with a parent pid (0: started from a thread that may end first), asks Linux for SIGKILL
+  when the parent dies (PR_SET_PDEATHSIG), and exits if it already has."""
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)
+  if parent_pid and sys.platform.startswith("linux"):
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+  if parent_pid and os.getppid() != parent_pid:
+    sys.exit(0)
 
 
 _WARM_UP = (("$\\boxed{\\frac{1}{2}}$", "0.5"), ("#### 3", "3"), ("$\\boxed{(x+1)^2}$", "x^2+2x+1"),
@@ -57,5 +73,6 @@ def serve(requests: Connection, replies: Connection) -> None:
 
 
 if __name__ == "__main__":
+  _tie_to_parent(int(sys.argv[4]))
   _limit_memory(int(sys.argv[3]))
   serve(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False))

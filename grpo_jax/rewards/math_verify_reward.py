@@ -16,6 +16,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import threading
 from multiprocessing.connection import Connection
 
 from grpo_jax.data.example import Example
@@ -50,8 +51,11 @@ class _Worker:
     to_child_r, to_child_w = os.pipe()
     from_child_r, from_child_w = os.pipe()
     self.process = subprocess.Popen(
-        [sys.executable, _WORKER, str(to_child_r), str(from_child_w), str(memory_limit)],
-        pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, close_fds=True)
+        [sys.executable, _WORKER, str(to_child_r), str(from_child_w), str(memory_limit),
+         # PR_SET_PDEATHSIG follows the thread that starts the worker: only the main thread lives as long as we do
+         str(os.getpid() if threading.current_thread() is threading.main_thread() else 0)],
+        pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL, close_fds=True,
+        start_new_session=True)  # a terminal's Ctrl-C goes to the runner, which decides
     os.close(to_child_r)
     os.close(from_child_w)
     self.requests = Connection(to_child_w, readable=False)
