@@ -277,3 +277,38 @@ def test_runner_flags_are_checked():
     config_lib.Config().replace(lora_rank=4, lora_targets="q,qkv")
   with pytest.raises(config_lib.ConfigError, match="--lora_alpha > 0"):
     config_lib.Config().replace(lora_rank=4, lora_alpha=0.0)
+
+
+@pytest.mark.devices(8)
+def test_lora_update_on_a_mesh_equals_one_device():
+  """Under a data x fsdp x tensor mesh the adapters take their kernels' shardings (A: the input axes, B: the output
+  axes), the frozen base keeps its own, and one update step gives the one-device result."""
+  from experiments.runner import placement as placement_lib
+  from grpo_jax import partitioning
+  base, config = _base()
+  config_r = lora.lora_config(config, rank=4, alpha=8.0, targets=ALL)
+  params = _perturbed(lora.add_adapters(base, config_r, jax.random.PRNGKey(1)))
+  tokens, mask = (jnp.tile(x, (4, 1)) for x in _batch())  # 12 rows over the 4 data shards
+  batch = training.Batch(tokens=tokens, attention_mask=mask, loss_mask=mask, old_logp=jnp.zeros(tokens.shape),
+                         ref_logp=jnp.zeros(tokens.shape), advantages=jnp.zeros(tokens.shape))
+  objective = update_lib.bind(update_lib.sft_objective, config=config_r, chunk_size=4)
+  results = []
+  for placement in (placement_lib.Placement(), placement_lib.Placement(
+      partitioning.make_mesh("data:2,fsdp:2,tensor:2"), partitioning.get_rules("fsdp_tp"))):
+    placed = placement.put_params(jax.tree.map(jnp.copy, params))
+    trained, frozen = lora.split(placed)
+    state, step = placement.train(trained, optax.adam(1e-2), objective, 2, frozen=frozen)
+    if placement.mesh is not None:
+      q = state.params["layers_0"]["attn"]["q_proj"]
+      assert q["lora_a"].sharding.spec == jax.sharding.PartitionSpec("fsdp", None)
+      assert q["lora_b"].sharding.spec == jax.sharding.PartitionSpec(None, "tensor", None)
+      down = state.opt_state[0].mu["layers_0"]["mlp"]["down_proj"]  # Adam's moments sharded alike
+      assert down["lora_a"].sharding.spec == jax.sharding.PartitionSpec("tensor", None)
+      assert frozen["layers_0"]["mlp"]["down_proj"]["kernel"].sharding.spec == jax.sharding.PartitionSpec(
+          "tensor", "fsdp")
+    state, metrics = step(state, batch)
+    results.append((jax.device_get(state.params), float(metrics["loss"])))
+  (one, loss_one), (mesh, loss_mesh) = results
+  np.testing.assert_allclose(loss_mesh, loss_one, rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), mesh, one)
+  assert max(float(np.abs(x).max()) for x in jax.tree.leaves(lora.adapters(one))) > 0
