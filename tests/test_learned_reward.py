@@ -16,6 +16,7 @@ from grpo_jax import data
 from grpo_jax import models
 from grpo_jax import reward_models as rm
 from grpo_jax import sampling
+from tests import known_answers
 
 FLAGS = flags.FLAGS
 TINY = ["--max_prompt_len=16", "--max_new_tokens=24", "--num_train=200", "--num_test=8", "--batch_size=4",
@@ -181,13 +182,44 @@ def test_exact_step_reward_labels_every_step(checkpoints):
   np.testing.assert_array_equal(ends[0, :3], [4, 11, 19])  # the last character of each segment
 
 
-def test_grpo_with_exact_step_rewards_runs(tmp_path, checkpoints):
+def _known_steps(row, example):
+  """Two-step problems (`a∘b=c`, `c∘d=e`, `#### e`), every row known: rows r = 0, 3 mod 4 the worked solution
+  (step labels 1 1 1), r = 1 mod 4 its first result + 1 (0 0 0: a wrong step makes every later one wrong),
+  r = 2 mod 4 its final answer + 1 (1 1 0)."""
+  lines = example.solution.split("\n")
+  if row % 4 == 1:
+    head, result = lines[0].split("=")
+    lines[0] = f"{head}={int(result) + 1}"
+  elif row % 4 == 2:
+    lines[-1] = f"#### {int(example.answer) + 1}"
+  return "\n".join(lines)
+
+
+def test_grpo_with_exact_step_rewards_trains_on_step_advantages(tmp_path, checkpoints, monkeypatch):
+  """GRPO+PS on known completions: the step rewards normalised over the group's 12 steps (8 right, 4 wrong:
+  r̃ = (r − ⅔) / (√2/3 + eps)), each token's advantage the sum of r̃ over the steps that end at or after it."""
+  known_answers.inject_completions(monkeypatch, _known_steps)
+  calls = _record_collects(monkeypatch)
   policy_dir, _, _ = checkpoints
-  _run(tmp_path, policy_dir, "--steps=2", "--reward=exact_steps", "--supervision=process")
+  _run(tmp_path, policy_dir, "--steps=2", "--reward=exact_steps", "--supervision=process", "--synthetic_max_steps=2",
+       "--max_new_tokens=32")
   records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines() if "train/reward_mean" in l]
   assert [r["step"] for r in records] == [1, 2]
-  # All steps right implies a right answer: the outcome reward never exceeds the accuracy.
-  assert all(0 <= r["train/reward_mean"] <= r["train/accuracy"] for r in records)
+  for r in records:  # the outcome reward (every step right): rows 0, 3 mod 4; a right answer: also rows 1 mod 4
+    assert r["train/reward_mean"] == 0.5 and r["train/accuracy"] == 0.75
+  tokenizer = models.load_tokenizer(policy_dir)
+  right, wrong = (1 - 2 / 3) / (np.sqrt(2) / 3 + 1e-4), (0 - 2 / 3) / (np.sqrt(2) / 3 + 1e-4)
+  labels = {0: [1, 1, 1], 1: [0, 0, 0], 2: [1, 1, 0], 3: [1, 1, 1]}
+  for params, _, batch in calls:
+    tokens, adv, mask = (np.asarray(x)[:, 16:] for x in (batch.tokens, batch.advantages, batch.loss_mask))
+    for row in range(len(tokens)):
+      text = tokenizer.decode(tokens[row][mask[row]].tolist(), skip_special_tokens=True)
+      ends = [i - 1 for i, ch in enumerate(text) if ch == "\n"] + [len(text) - 1]  # each line's last character
+      r_tilde = [right if y else wrong for y in labels[row % 4]]
+      expected = [sum(r for end, r in zip(ends, r_tilde) if end >= t) for t in range(mask[row].sum())]
+      np.testing.assert_allclose(adv[row][mask[row]], expected, rtol=1e-4, atol=1e-5, err_msg=f"row {row}")
+  final = models.load_hf(tmp_path / "final_policy")[0]  # (step 1 is the warm-up's learning rate 0)
+  assert not np.array_equal(calls[0][0]["embed"]["embedding"], final["embed"]["embedding"])  # it trained
 
 
 def test_orm_steps_reward_is_the_noisy_and_of_its_step_scores(tmp_path, checkpoints):
