@@ -110,9 +110,23 @@ def test_aggregation_of_hand_made_summaries(tmp_path):
   assert "| grpo | 43.0 ± 1.7 (3) |" in table
 
 
-def test_study_end_to_end_skip_on_rerun_and_failures(tmp_path):
+def _recorded_figures(monkeypatch) -> dict:
+  """Every figure `reproduce.draw` saves, by file name (its axes keep the drawn data after it is closed)."""
+  from matplotlib import figure
+  figures, real = {}, figure.Figure.savefig
+
+  def savefig(self, path, *args, **kwargs):
+    figures[pathlib.Path(path).name] = self
+    return real(self, path, *args, **kwargs)
+
+  monkeypatch.setattr(figure.Figure, "savefig", savefig)
+  return figures
+
+
+def test_study_end_to_end_skip_on_rerun_and_failures(tmp_path, monkeypatch):
   out, runs_dir = tmp_path / "out", tmp_path / "runs"
   lines = []
+  figures = _recorded_figures(monkeypatch)
   results = reproduce.reproduce(_study(), profile="full", seeds=[0, 1], out_dir=out, runs_dir=runs_dir,
                                 echo=lines.append)
   assert results["invocation"]["ran"] == 6 and not results["failures"]
@@ -126,6 +140,21 @@ def test_study_end_to_end_skip_on_rerun_and_failures(tmp_path):
   for name in ("results.json", "results.md", "curve.png", "k.png", "bars.png"):
     assert (out / name).is_file() and (out / name).stat().st_size > 0
   assert (out / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  # The plots draw the cells' means, in percent: each run's curve over steps 0, 5, 10, base's maj@k over k = 1, 2,
+  # and bars of final then gain for base, better, after.
+  pct = lambda key: 100 * cells[key]["mean"]  # noqa: E731
+  curve = {line.get_label(): line for line in figures["curve.png"].axes[0].get_lines()}
+  assert sorted(curve) == ["after (n=2)", "base method (n=2)", "better (n=2)"]
+  for run, label in (("base", "base method"), ("better", "better"), ("after", "after")):
+    np.testing.assert_allclose(curve[f"{label} (n=2)"].get_xdata(), [0, 5, 10])
+    np.testing.assert_allclose(curve[f"{label} (n=2)"].get_ydata(), [pct((run, "accuracy", s)) for s in (0, 5, 10)])
+  assert pct(("base", "accuracy", 10)) == pytest.approx(16.0)  # (0.11 + 0.21) / 2
+  k_lines = figures["k.png"].axes[0].get_lines()
+  assert len(k_lines) == 1 and list(k_lines[0].get_xdata()) == [1, 2]
+  np.testing.assert_allclose(k_lines[0].get_ydata(), [pct(("base", "maj@1", None)), pct(("base", "maj@2", None))])
+  heights = [bar.get_height() for bar in figures["bars.png"].axes[0].patches]
+  runs = ("base", "better", "after")
+  np.testing.assert_allclose(heights, [pct((r, m, None)) for m in ("final", "gain") for r in runs])
   on_disk = json.loads((out / "results.json").read_text())
   assert on_disk["cells"] == json.loads(json.dumps(results["cells"]))
   assert {"study", "run", "metric", "step", "seeds", "values", "mean", "se"} <= set(on_disk["cells"][0])
