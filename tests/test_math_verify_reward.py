@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from grpo_jax.data.example import Example
@@ -58,23 +59,38 @@ def test_hostile_answer_is_killed_at_the_bound_and_scores_zero():
     v.close()
 
 
+def test_a_batch_is_spread_over_the_workers_and_hostile_checks_are_killed():
+  v = mvr.MathVerifier(time_limit=1.0, workers=2)
+  try:
+    pairs = [("$\\boxed{0.5}$", "\\frac{1}{2}"), (HOSTILE, "2"), ("#### 72", "72"), ("$\\boxed{3}$", "4"),
+             (HOSTILE, "3"), ("$\\boxed{(x+1)^2}$", "x^2+2x+1")]
+    start = time.perf_counter()
+    assert v.check_many(pairs) == [True, False, True, False, False, True]
+    assert time.perf_counter() - start < 120  # generous: the two hostile checks alone would never end
+    assert (v.calls, v.timeouts, v.restarts, len(v._pool)) == (6, 2, 2, 2)  # pylint: disable=protected-access
+    assert v.check_many([(c, a) for c, a in pairs if c != HOSTILE]) == [True, True, False, True]
+    assert v.check_many([]) == [] and v.timeouts == 2
+  finally:
+    v.close()
+
+
 def test_a_dead_worker_is_replaced(verifier):
   assert verifier.check("$\\boxed{7}$", "7")
   restarts = verifier.restarts
-  verifier._worker.process.kill()  # pylint: disable=protected-access
-  verifier._worker.process.wait()  # pylint: disable=protected-access
+  verifier._pool[0].process.kill()  # pylint: disable=protected-access
+  verifier._pool[0].process.wait()  # pylint: disable=protected-access
   assert verifier.check("$\\boxed{7}$", "7") is False  # its check scores 0
   assert verifier.restarts == restarts + 1 and verifier.check("$\\boxed{7}$", "7")
 
 
 def test_ctrl_c_and_sigterm_leave_the_worker_alone(verifier):
   assert verifier.check("$\\boxed{7}$", "7")
-  pid, restarts = verifier._worker.process.pid, verifier.restarts  # pylint: disable=protected-access
+  pid, restarts = verifier._pool[0].process.pid, verifier.restarts  # pylint: disable=protected-access
   assert os.getsid(pid) != os.getsid(0)  # a session of its own: a terminal's Ctrl-C reaches only the runner
   for sig in (signal.SIGINT, signal.SIGTERM):  # the runner's to handle (preemption saves the step in flight)
     os.kill(pid, sig)
   assert verifier.check("$\\boxed{8}$", "8") and verifier.restarts == restarts
-  assert verifier._worker.process.pid == pid  # pylint: disable=protected-access
+  assert verifier._pool[0].process.pid == pid  # pylint: disable=protected-access
 
 
 _ORPHAN = """
@@ -82,7 +98,7 @@ import sys
 from grpo_jax.rewards import math_verify_reward as mvr
 v = mvr.MathVerifier(time_limit=3600)
 assert v.check("$\\\\boxed{1}$", "1")
-print(v._worker.process.pid, flush=True)
+print(v._pool[0].process.pid, flush=True)
 v.check(sys.argv[1], "2")  # never returns: the test kills this process meanwhile
 """
 
@@ -115,9 +131,11 @@ def test_registered_reward_and_spec(verifier, monkeypatch):
   monkeypatch.setattr(mvr, "_VERIFIER", verifier)
   example = Example(question="1/2 + 1/4?", answer="\\frac{3}{4}")
   assert get_reward_fn("math_verify")("so it is $\\boxed{0.75}$", example) == 1.0
-  reward = make_reward_fn("math_verify:1.0,boxed_format:0.1")
-  got = score(["$\\boxed{0.75}$", "$\\boxed{3/5}$", "0.75"], [example] * 3, reward)
-  assert got.tolist() == pytest.approx([1.1, 0.1, 1.0])  # math-verify also reads an unboxed final number
+  reward = make_reward_fn("math_verify:1.0,boxed_format:0.1,correctness:0.5")
+  completions = ["$\\boxed{0.75}$", "$\\boxed{3/5}$", "0.75", "$\\boxed{\\frac{6}{8}}$"]
+  got = score(completions, [example] * 4, reward)  # the batched path: all checks handed to the pool at once
+  assert got.tolist() == pytest.approx([1.6, 0.1, 1.0, 1.6])  # math-verify also reads an unboxed final number
+  assert got.tolist() == [np.float32(reward(c, example)) for c in completions]  # the same as one by one
 
 
 def test_missing_package_is_one_line(monkeypatch):

@@ -4,9 +4,10 @@ math-verify (the checker of TRL's and Open-R1's accuracy rewards) extracts the c
 `\\boxed{}`, a LaTeX or plain expression, `#### x`) and compares it with the reference symbolically through sympy:
 `\\frac{1}{2}` = 0.5, `\\sqrt{4}` = 2, `x^2+2x+1` = `(x+1)^2`, {1, 2} = {2, 1}. Symbolic work on a hostile answer
 (`\\boxed{9^{9^{9^{9}}}}`) runs without end, and math-verify's own timeout is a SIGALRM (main thread only, 5 s).
-So each check runs in a worker process (`_math_verify_worker.py`, address space capped): the caller waits at most
-`time_limit` seconds for the verdict, then kills the worker, scores 0 and starts a new one. Model output is handed
-to math-verify as a string; this module never evaluates it.
+So checks run in a pool of worker processes (`_math_verify_worker.py`, address space capped; a batch is spread
+over them): each check gets at most `time_limit` seconds from the moment a worker takes it, then that worker is
+killed, the check scores 0 and a new worker starts. Model output is handed to math-verify as a string; this module
+never evaluates it.
 
 reward = 1.0 iff math_verify.verify(parse("\\boxed{<reference answer>}"), parse(completion)), else 0.0
 """
@@ -17,7 +18,10 @@ import os
 import subprocess
 import sys
 import threading
+import time
+from multiprocessing import connection
 from multiprocessing.connection import Connection
+from typing import Sequence
 
 from grpo_jax.data.example import Example
 
@@ -44,10 +48,15 @@ def check_installed() -> None:
                      f"{'is' if len(missing) == 1 else 'are'} not installed: {INSTALL_HINT}")
 
 
-class _Worker:
-  """One worker process and the two pipes to it."""
+def default_workers() -> int:
+  """Worker processes of a `MathVerifier` by default: half the host's cores, 1 to 8."""
+  return min(8, max(1, (os.cpu_count() or 2) // 2))
 
-  def __init__(self, memory_limit: int):
+
+class _Worker:
+  """One worker process, the two pipes to it, and whether it has imported math-verify yet."""
+
+  def __init__(self, memory_limit: int, start_timeout: float):
     to_child_r, to_child_w = os.pipe()
     from_child_r, from_child_w = os.pipe()
     self.process = subprocess.Popen(
@@ -61,18 +70,13 @@ class _Worker:
     self.requests = Connection(to_child_w, readable=False)
     self.replies = Connection(from_child_r, writable=False)
     self.ready = False
+    self.start_deadline = time.monotonic() + start_timeout
 
-  def wait_ready(self, timeout: float) -> None:
-    if self.ready:
-      return
-    try:
-      if not self.replies.poll(timeout):
-        raise RuntimeError(f"the math_verify worker did not start within {timeout:.0f} s")
-      kind, message = self.replies.recv()
-    except (EOFError, OSError):
-      kind, message = "error", f"it exited with status {self.process.wait()}"
+  def started(self, message) -> None:
+    """Takes the worker's first message: ("ready", None), or ("error", why) raised as a RuntimeError."""
+    kind, why = message
     if kind != "ready":
-      raise RuntimeError(f"the math_verify worker failed to start ({message}): {INSTALL_HINT}")
+      raise RuntimeError(f"the math_verify worker failed to start ({why}): {INSTALL_HINT}")
     self.ready = True
 
   def kill(self) -> None:
@@ -83,59 +87,99 @@ class _Worker:
 
 
 class MathVerifier:
-  """math-verify's verdicts under a hard per-call time bound.
+  """math-verify's verdicts from a pool of worker processes, each check under a hard time bound.
 
   Args:
-    time_limit: seconds a check may take, from handing it to the worker (already started) to its verdict;
-      past it the worker is killed and the check is False.
+    time_limit: seconds a check may take, from handing it to a worker (already started) to its verdict; past it
+      the worker is killed (and replaced) and the check is False.
+    workers: worker processes checking in parallel (0: `default_workers()`); started as a batch needs them.
     start_timeout: seconds a new worker may take to import math-verify.
-    memory_limit: the worker's address space in bytes (0: unlimited); a check that exceeds it is False.
+    memory_limit: a worker's address space in bytes (0: unlimited); a check that exceeds it is False.
 
   Attributes:
     calls: checks asked for.
     timeouts: checks that ran out of time (each killed a worker).
-    restarts: workers started after the first (timeouts and workers that died).
+    restarts: workers started to replace others (timeouts, and workers that died).
   """
 
-  def __init__(self, time_limit: float = TIME_LIMIT, start_timeout: float = START_TIMEOUT,
+  def __init__(self, time_limit: float = TIME_LIMIT, workers: int = 0, start_timeout: float = START_TIMEOUT,
                memory_limit: int = MEMORY_LIMIT):
     if not time_limit > 0:
       raise ValueError(f"time_limit must be > 0, got {time_limit}")
+    if workers < 0:
+      raise ValueError(f"workers must be >= 0, got {workers}")
     check_installed()
     self.time_limit, self.start_timeout, self.memory_limit = time_limit, start_timeout, memory_limit
+    self.workers = workers or default_workers()
     self.calls = self.timeouts = self.restarts = 0
-    self._worker = None
+    self._pool: list[_Worker] = []
 
-  def _start(self) -> None:
-    self._worker = _Worker(self.memory_limit)
-
-  def _replace_worker(self) -> None:
-    self._worker.kill()
+  def _replace(self, worker: _Worker) -> None:
+    worker.kill()
+    self._pool[self._pool.index(worker)] = _Worker(self.memory_limit, self.start_timeout)
     self.restarts += 1
-    self._start()  # imports in the background while the caller goes on
 
   def check(self, completion: str, answer: str) -> bool:
     """Whether math-verify finds `completion`'s final answer equal to the reference `answer` (LaTeX or plain
     text, as `Example.answer`), within `time_limit` seconds; False past it."""
-    self.calls += 1
-    if self._worker is None:
-      self._start()
-    self._worker.wait_ready(self.start_timeout)
-    try:
-      self._worker.requests.send((str(completion), str(answer)))
-      if self._worker.replies.poll(self.time_limit):
-        return bool(self._worker.replies.recv())
-      self.timeouts += 1
-    except (EOFError, OSError):
-      pass  # the worker died (its memory cap): a new one
-    self._replace_worker()
-    return False
+    return self.check_many([(completion, answer)])[0]
+
+  def check_many(self, pairs: Sequence[tuple[str, str]]) -> list[bool]:
+    """`check` of each (completion, answer) pair, spread over the workers; the verdicts in order.
+
+    Raises:
+      RuntimeError: when a worker cannot start (math-verify fails to import, or `start_timeout` passes).
+    """
+    pairs = [(str(completion), str(answer)) for completion, answer in pairs]
+    self.calls += len(pairs)
+    verdicts = [False] * len(pairs)
+    while len(self._pool) < min(self.workers, len(pairs)):
+      self._pool.append(_Worker(self.memory_limit, self.start_timeout))
+    todo = list(reversed(range(len(pairs))))
+    busy: dict[_Worker, tuple[int, float]] = {}  # worker -> (pair index, deadline)
+    while todo or busy:
+      for worker in list(self._pool):  # hand the next pairs to the idle workers
+        if todo and worker.ready and worker not in busy:
+          index = todo.pop()
+          try:
+            worker.requests.send(pairs[index])
+            busy[worker] = (index, time.monotonic() + self.time_limit)
+          except OSError:  # it died since its last verdict: the pair scores 0
+            self._replace(worker)
+      waiting = {w.replies: w for w in self._pool if w in busy or not w.ready}
+      deadlines = [d for _, d in busy.values()] + [w.start_deadline for w in self._pool if not w.ready]
+      arrived = connection.wait(list(waiting), max(0.0, min(deadlines) - time.monotonic()))
+      for conn in arrived:
+        worker = waiting[conn]
+        try:
+          message = conn.recv()
+        except (EOFError, OSError):  # it died: its memory cap, or killed from outside
+          if worker not in busy:
+            raise RuntimeError(f"the math_verify worker exited with status {worker.process.wait()} while "
+                               f"starting: {INSTALL_HINT}") from None
+          del busy[worker]
+          self._replace(worker)
+          continue
+        if worker in busy:
+          verdicts[busy.pop(worker)[0]] = bool(message)
+        else:
+          worker.started(message)
+      now = time.monotonic()
+      for worker, (_, deadline) in list(busy.items()):
+        if now >= deadline:  # out of time: killed, the pair scores 0
+          del busy[worker]
+          self.timeouts += 1
+          self._replace(worker)
+      for worker in self._pool:
+        if not worker.ready and now >= worker.start_deadline:
+          raise RuntimeError(f"the math_verify worker did not start within {self.start_timeout:.0f} s")
+    return verdicts
 
   def close(self) -> None:
-    """Stops the worker."""
-    if self._worker is not None:
-      self._worker.kill()
-      self._worker = None
+    """Stops the workers."""
+    for worker in self._pool:
+      worker.kill()
+    self._pool = []
 
 
 _VERIFIER: MathVerifier | None = None
@@ -153,3 +197,8 @@ def default_verifier() -> MathVerifier:
 def math_verify_reward(completion: str, example: Example) -> float:
   """1.0 iff math-verify finds the completion's answer equal to `example.answer` within `TIME_LIMIT`, else 0.0."""
   return float(default_verifier().check(completion, example.answer))
+
+
+def math_verify_rewards(completions: Sequence[str], examples: Sequence[Example]) -> list[float]:
+  """`math_verify_reward` of a batch, checked in parallel by the shared verifier's workers."""
+  return [float(v) for v in default_verifier().check_many([(c, e.answer) for c, e in zip(completions, examples)])]

@@ -85,6 +85,8 @@ REWARDS: dict[str, RewardFn] = {
     "math_verify": math_verify_reward.math_verify_reward,
 }
 _PACKAGE_CHECKS = {"math_verify": math_verify_reward.check_installed}  # optional packages, checked when named
+# Rewards with a batched form (`fn(completions, examples) -> values`), which `score` uses.
+_BATCHED = {"math_verify": math_verify_reward.math_verify_rewards}
 
 
 def get_reward_fn(name: str) -> RewardFn:
@@ -127,12 +129,24 @@ def make_reward_fn(spec: str) -> RewardFn:
     ValueError: naming an unknown reward, a bad or non-finite weight, a
       repeated reward or an empty term.
   """
-  terms = [(get_reward_fn(name), weight) for name, weight in parse_reward_spec(spec)]
+  named = [(name, get_reward_fn(name), weight) for name, weight in parse_reward_spec(spec)]
+  terms = [(fn, weight) for _, fn, weight in named]
 
   def reward_fn(completion: str, example: Example) -> float:
     return float(sum(weight * fn(completion, example) for fn, weight in terms))
 
+  def batch(completions: Sequence[str], examples: Sequence[Example]) -> np.ndarray:
+    total = np.zeros(len(completions), np.float64)  # the same sums, in the same order, as `reward_fn`
+    for name, fn, weight in named:
+      if name in _BATCHED:
+        values = _BATCHED[name](completions, examples)
+      else:
+        values = [fn(c, e) for c, e in zip(completions, examples)]
+      total = total + weight * np.asarray(values, np.float64)
+    return total
+
   reward_fn.__name__ = f"reward[{spec}]"
+  reward_fn.batch = batch  # `score`'s way to run batched rewards (math_verify's worker pool) on a whole batch
   return reward_fn
 
 
@@ -149,4 +163,6 @@ def score(completions: Sequence[str], examples: Sequence[Example],
     raise ValueError(f"{len(completions)} completions but {len(examples)} examples")
   if isinstance(reward_fn, str):
     reward_fn = make_reward_fn(reward_fn)
+  if hasattr(reward_fn, "batch"):
+    return np.asarray(reward_fn.batch(completions, examples), dtype=np.float32)
   return np.asarray([reward_fn(c, e) for c, e in zip(completions, examples)], dtype=np.float32)
