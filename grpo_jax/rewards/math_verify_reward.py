@@ -3,11 +3,13 @@
 math-verify (the checker of TRL's and Open-R1's accuracy rewards) extracts the completion's final answer (a
 `\\boxed{}`, a LaTeX or plain expression, `#### x`) and compares it with the reference symbolically through sympy:
 `\\frac{1}{2}` = 0.5, `\\sqrt{4}` = 2, `x^2+2x+1` = `(x+1)^2`, {1, 2} = {2, 1}. Symbolic work on a hostile answer
-(`\\boxed{9^{9^{9^{9}}}}`) runs without end, and math-verify's own timeout is a SIGALRM (main thread only, 5 s).
+(`\\boxed{9^{9^{9^{9}}}}`) runs for minutes and more, and math-verify's own timeout is a SIGALRM (main thread only,
+5 s).
 So checks run in a pool of worker processes (`_math_verify_worker.py`, address space capped; a batch is spread
 over them): each check gets at most `time_limit` seconds from the moment a worker takes it, then that worker is
 killed, the check scores 0 and a new worker starts. Model output is handed to math-verify as a string; this module
-never evaluates it.
+never evaluates it (math-verify passes plain arithmetic it finds, digits and + - * / ^ ( ) only, to sympy's
+eval-based `parse_expr`: no names reach it, and the worker's caps bound its cost).
 
 reward = 1.0 iff math_verify.verify(parse("\\boxed{<reference answer>}"), parse(completion)), else 0.0
 """
