@@ -312,3 +312,28 @@ def test_lora_update_on_a_mesh_equals_one_device():
   np.testing.assert_allclose(loss_mesh, loss_one, rtol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), mesh, one)
   assert max(float(np.abs(x).max()) for x in jax.tree.leaves(lora.adapters(one))) > 0
+
+
+def test_ppo_value_model_shares_the_policys_frozen_base():
+  """PPO with LoRA: the value model is the policy's base arrays (not a copy) with its own adapters and a trained
+  head; the split trains both models' adapters and the head, and freezes one base."""
+  import types
+  from experiments.methods import ppo
+  from experiments.runner import config as config_lib
+  from experiments.runner import placement as placement_lib
+  base, config = _base()
+  config_r = lora.lora_config(config, rank=2, alpha=4.0, targets=("v", "gate"))
+  policy = lora.add_adapters(base, config_r, jax.random.PRNGKey(1))
+  method = ppo.PPO(config_lib.Config().replace(algo="ppo", lora_rank=2, lora_targets="v,gate"), config_r, None,
+                   types.SimpleNamespace(placement=placement_lib.Placement()), None)
+  params = method.init_params(policy, jax.random.PRNGKey(2))
+  value = params["value"]["backbone"]
+  assert value["layers_1"]["mlp"]["gate_proj"]["kernel"] is policy["layers_1"]["mlp"]["gate_proj"]["kernel"]
+  assert value["embed"]["embedding"] is base["embed"]["embedding"] and "lm_head" not in value
+  a_value, a_policy = value["layers_0"]["attn"]["v_proj"]["lora_a"], policy["layers_0"]["attn"]["v_proj"]["lora_a"]
+  assert a_value is not a_policy  # its own adapters (they train apart), starting from the policy's
+  np.testing.assert_array_equal(a_value, a_policy)
+  trained, frozen = lora.split(params)
+  names = {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(trained)[0]}
+  assert "['value']['head']['kernel']" in names and len(names) == 2 + 2 * 2 * 2 * 2  # head + A, B x 2 x 2 layers x 2
+  assert all("lora" not in jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(frozen)[0])
