@@ -111,6 +111,11 @@ def test_iterative_rl_resumes_exactly(tmp_path, checkpoints):
   straight = models.load_hf(tmp_path / "straight" / "final_policy")[0]
   resumed = models.load_hf(tmp_path / "stopped" / "final_policy")[0]
   jax.tree.map(np.testing.assert_array_equal, straight, resumed)
+  assert not np.array_equal(straight["embed"]["embedding"], models.load_hf(policy_dir)[0]["embed"]["embedding"])
+  # Step 4 scores its samples with the reward model retrained at step 2: restored, it gives the same rewards.
+  step4 = [[json.loads(l) for l in (tmp_path / d / "metrics.jsonl").read_text().splitlines()
+            if '"train/reward_std"' in l and json.loads(l)["step"] == 4][-1] for d in ("straight", "stopped")]
+  assert step4[0]["train/reward_std"] > 0 and step4[0]["train/reward_mean"] == step4[1]["train/reward_mean"]
 
 
 @pytest.mark.parametrize("args,message", [
