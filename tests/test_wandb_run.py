@@ -18,6 +18,7 @@ from grpo_jax import models
 from experiments.runner import config as config_lib
 from grpo_jax.training import MetricsLogger, wandb_run
 
+import wandb
 from wandb.proto import wandb_internal_pb2 as wandb_pb
 
 _BLOCK, _HEADER = 32768, 7  # the record log W&B writes (LevelDB's log format): 32 KiB blocks, 7-byte headers
@@ -129,12 +130,24 @@ def test_errors_are_one_line(tmp_path, monkeypatch):
                           ({"wandb_project": "p", "wandb_mode": "cloud"}, "--wandb_mode must be online, offline")]:
     with pytest.raises(config_lib.ConfigError, match=message):
       config_lib.Config().replace(**fields)
+  def no_login(**kwargs):
+    raise wandb.errors.UsageError("api_key not configured (no-tty). call wandb.login(key=[your_api_key])\nmore")
+
+  monkeypatch.setattr(wandb, "init", no_login)
+  with pytest.raises(ValueError) as info:
+    wandb_run.start(tmp_path, "p", {}, mode="online")
+  assert str(info.value) == ("W&B could not start the run (UsageError: api_key not configured (no-tty). call "
+                             "wandb.login(key=[your_api_key])); log in (wandb login), or log offline with "
+                             "--wandb_mode=offline and upload later with `wandb sync`")
   monkeypatch.setitem(sys.modules, "wandb", None)  # makes `import wandb` fail
   with pytest.raises(ValueError) as info:
     wandb_run.start(tmp_path, "p", {}, mode="offline")
   assert "W&B logging needs wandb, which is not installed" in str(info.value)
   assert "pip install 'grpo_jax[wandb]'" in str(info.value) and "\n" not in str(info.value)
-  assert not (tmp_path / wandb_run.RUN_ID_FILE).exists()
+  (tmp_path / wandb_run.RUN_ID_FILE).unlink()  # written by the failed online start
+  with pytest.raises(ValueError):
+    wandb_run.start(tmp_path, "p", {}, mode="offline")
+  assert not (tmp_path / wandb_run.RUN_ID_FILE).exists()  # the package is checked first
 
 
 TINY = ["--max_prompt_len=16", "--max_new_tokens=8", "--num_train=64", "--num_test=4", "--batch_size=2",

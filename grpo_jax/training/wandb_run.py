@@ -63,14 +63,20 @@ def start(work_dir: str | os.PathLike, project: str, config: Mapping[str, Any], 
     name: the run's display name; "" lets W&B choose.
 
   Raises:
-    ValueError: in one line, for an unknown mode or a missing wandb package.
+    ValueError: in one line, for an unknown mode, a missing wandb package, or a run W&B cannot start (no login,
+      no network: offline mode needs neither).
   """
   if mode and mode not in MODES:
     raise ValueError(f"W&B mode must be one of {', '.join(MODES)}, not {mode!r}")
   wandb = _wandb()
   work_dir = pathlib.Path(work_dir)
-  run = wandb.init(project=project, entity=entity or None, name=name or None, mode=mode or None,
-                   dir=str(work_dir), id=run_id(work_dir, resume), resume="allow")
+  try:
+    run = wandb.init(project=project, entity=entity or None, name=name or None, mode=mode or None,
+                     dir=str(work_dir), id=run_id(work_dir, resume), resume="allow")
+  except wandb.errors.Error as err:
+    first_line = (str(err).strip().splitlines() or [""])[0]
+    raise ValueError(f"W&B could not start the run ({type(err).__name__}: {first_line}); log in (wandb login), or "
+                     "log offline with --wandb_mode=offline and upload later with `wandb sync`") from None
   run.config.update(dict(config), allow_val_change=True)  # a resumed run may change what `--resume` allows
   run.define_metric("step")
   run.define_metric("*", step_metric="step")
