@@ -204,10 +204,11 @@ def largest_traced_arrays(jaxpr, n: int = 3) -> list[str]:
 # THE RUN'S SHAPES
 
 
-def policy_config(model: config_lib.ModelConfig) -> models.ModelConfig:
-  """The policy's ModelConfig as the runner loads it (`policy.load`), from a named shape, an HF checkpoint
-  directory's config.json, or (empty `--model`) the embedded tiny model."""
-  runtime = policy.runtime(model)
+def policy_config(model: config_lib.ModelConfig, platform: str = "cpu") -> models.ModelConfig:
+  """The policy's ModelConfig as the runner loads it on `platform` (`policy.load`; `--attention=auto` picks by the
+  platform), from a named shape, an HF checkpoint directory's config.json, or (empty `--model`) the embedded tiny
+  model."""
+  runtime = policy.runtime(model, platform)
   name = model.init_checkpoint or model.model
   if not name:
     return models.tiny_config(**policy.tiny_overrides(model), **runtime)
@@ -216,15 +217,15 @@ def policy_config(model: config_lib.ModelConfig) -> models.ModelConfig:
   return models.read_config(name, **runtime)
 
 
-def reward_shapes(config: config_lib.Config):
+def reward_shapes(config: config_lib.Config, policy_shapes: models.ModelConfig):
   """The learned reward model's shapes as `learned_reward.LearnedReward` loads it (the run's dtype, a tied
-  backbone), from a named shape (kind: orm with --reward=orm, else prm) or a reward-model directory; None
-  with a rule reward."""
+  backbone, the policy's attention), from a named shape (kind: orm with --reward=orm, else prm) or a reward-model
+  directory; None with a rule reward."""
   if not learned_reward.learned(config):
     return None
-  path, dtype = config.reward_model.reward_model, config.model.dtype
+  path, dtype, attention = config.reward_model.reward_model, config.model.dtype, policy_shapes.attention
   if path in NAMED:
-    shapes = models.ModelConfig(**NAMED[path], dtype=dtype, param_dtype=dtype)
+    shapes = models.ModelConfig(**NAMED[path], dtype=dtype, param_dtype=dtype, attention=attention)
     return programs.RewardModel(dataclasses.replace(shapes, tie_word_embeddings=True),
                                 "orm" if config.task.reward == "orm" else "prm")
   import safetensors  # pylint: disable=import-outside-toplevel
@@ -233,7 +234,7 @@ def reward_shapes(config: config_lib.Config):
     raise models.CheckpointError(f"missing {rm_io.HEAD_FILE} in {path}: not a reward model directory")
   with safetensors.safe_open(head, framework="np") as f:
     kind = (f.metadata() or {}).get("kind")
-  return programs.RewardModel(models.read_config(path, dtype=dtype, param_dtype=dtype), kind)
+  return programs.RewardModel(models.read_config(path, dtype=dtype, param_dtype=dtype, attention=attention), kind)
 
 
 def _bytes_per_device(tree) -> int:
@@ -308,7 +309,8 @@ def compile_program(name: str, program, tgt: Target, total_resident: int) -> Com
 def compile_programs(config, tgt: Target, names: Sequence[str] = (), log=print) -> tuple[list[Compiled], dict]:
   """Compiles the run's programs (`programs.programs(config)`; `names`: only these) for `tgt`; returns their
   figures and the resident bytes per chip by tree."""
-  model_config, reward = policy_config(config.model), reward_shapes(config)
+  model_config = policy_config(config.model, tgt.devices[0].platform)
+  reward = reward_shapes(config, model_config)
   placement = placement_lib.Placement.from_config(config.mesh, list(tgt.devices))
   listed = programs.programs(config, model_config, placement, reward)
   unknown = [n for n in names if n not in listed]
@@ -342,21 +344,23 @@ def _progress(r: Compiled, tgt: Target) -> str:
 
 def report(config, tgt: Target, results: list[Compiled], resident: dict, hbm_gib: float | None) -> list[str]:
   """Printable lines; the last names the first program that does not fit (or says all fit)."""
-  model_config = policy_config(config.model)
+  model_config = policy_config(config.model, tgt.devices[0].platform)
   n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(jax.eval_shape(models.init_params, model_config,
                                                                              jax.random.key(0))))
   hbm = hbm_gib * GiB if hbm_gib else (tgt.chip.hbm_gib * GiB if tgt.chip else None)
   rollout, algo, m = config.rollout, config.algorithm, config.model
   lines = [f"model: {m.init_checkpoint or m.model or 'embedded tiny'}, {n_params / 1e9:.3f}B params, "
            f"{model_config.num_hidden_layers} layers, {model_config.dtype}, remat="
-           f"{model_config.remat_policy if model_config.remat else 'off'}, scan_layers={model_config.scan_layers}",
+           f"{model_config.remat_policy if model_config.remat else 'off'}, scan_layers={model_config.scan_layers}, "
+           f"attention={model_config.attention}",
            f"target: {tgt.name}, {tgt.num_chips} chips ({len(tgt.devices)} devices)"
            + (f", {tgt.chip.name}: {tgt.chip.hbm_gib} GiB HBM, {tgt.chip.peak_flops / 1e12:.0f} TFLOP/s bf16 "
               f"per chip" if tgt.chip else "") + f"; mesh {config.mesh.mesh}, rules {config.mesh.sharding_rules}",
            f"run: --algo={algo.algo}, B={rollout.batch_size} prompts x G={rollout.group_size} samples of P+T = "
            f"{config.task.max_prompt_len}+{rollout.max_new_tokens} tokens, --grad_accum_steps="
            f"{algo.grad_accum_steps}, --logprob_chunk={m.logprob_chunk}, --beta={algo.beta}, --reward="
-           f"{config.task.reward}",
+           f"{config.task.reward}, --forward_rows={config.mesh.forward_rows}, --forward_memory_budget="
+           f"{config.mesh.forward_memory_budget}",
            "resident per chip (GiB): " + ", ".join(f"{k} {_gib(v)}" for k, v in resident.items()),
            "",
            "| program | calls | args GiB | out GiB | alias GiB | temp GiB | code GiB | program GiB | + resident GiB "
@@ -428,7 +432,8 @@ def _compile_in_children(config: config_lib.Config, tgt: Target, names: Sequence
   argv = [a for a in sys.argv[1:] if not a.startswith(skip)]
   if not names:  # the run's programs, listed without compiling
     placement = placement_lib.Placement.from_config(config.mesh, list(tgt.devices))
-    names = list(programs.programs(config, policy_config(config.model), placement, reward_shapes(config)))
+    model_config = policy_config(config.model, tgt.devices[0].platform)
+    names = list(programs.programs(config, model_config, placement, reward_shapes(config, model_config)))
   results, resident = [], {}
   for name in names:
     with tempfile.TemporaryDirectory() as tmp:

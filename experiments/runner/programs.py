@@ -139,24 +139,28 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
     return sampling.jit_sample(model_config, (prompts, p), mesh=mesh, rules=rules, num_samples=samples, **options)
 
   rounds = rollout.dynamic_sampling_max_rounds if rollout.dynamic_sampling else 1
-  out["sampler"] = Program(sampler(b, g, **method.rollouts.sampler_options()),
+  options = method.rollouts.sampler_options()
+  out["sampler"] = Program(sampler(b, g, **options),
                            (params, rows(jnp.int32, b, p), rows(jnp.bool_, b, p), key, temperature),
                            f"rollouts: {b} prompts x {g} samples of up to {t} tokens"
+                           + (f", {options['prompt_chunk']} prompts at a time" if options.get("prompt_chunk") else "")
                            + (f" (1 to {rounds} rounds a step, --dynamic_sampling)" if rounds > 1 else ""),
                            per_step=1, loop_trips=t - 1)
   if reward is not None:
     reward_params = _reward_params(reward, placement)
+    chunk = dict(rows_per_chunk=placement.forward_chunk(reward.config, n, length))  # as `LearnedReward` calls it
     if reward.kind == "orm" and config.reward_model.supervision == "outcome":
       out["reward"] = Program(learned_reward.OUTCOME_SCORES,
                               (reward_params, reward.config, rows(jnp.int32, n), rows(jnp.bool_, n)),
-                              f"the outcome reward model's score of the {n} rows", per_step=1)
+                              f"the outcome reward model's score of the {n} rows, "
+                              f"{chunk['rows_per_chunk'] or n} at a time", per_step=1, kwargs=chunk)
     else:
       k = config.reward_model.prm_max_steps
       out["reward"] = Program(learned_reward.STEP_SCORES,
                               (reward_params, reward.config, rows(jnp.int32, n), rows(jnp.bool_, n),
                                rows(jnp.int32, n, k), rows(jnp.bool_, n, k)),
-                              f"the {reward.kind} reward model's scores at up to {k} step ends of the {n} rows",
-                              per_step=1)
+                              f"the {reward.kind} reward model's scores at up to {k} step ends of the {n} rows, "
+                              f"{chunk['rows_per_chunk'] or n} at a time", per_step=1, kwargs=chunk)
   forwards = []
   if algo.algo == "grpo":
     reinforce_pp = algo.advantage_estimator == "reinforce_pp"
@@ -167,9 +171,12 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
       forwards.append("π_ref")
   if forwards:
     fn = method.group_logprobs.jitted((n, length))
+    group = g if method.grouped() else 1
+    chunk = placement.forward_chunk(model_config, n, length, group=group, logits_chunk=config.model.logprob_chunk,
+                                    cached=group > 1)  # the rows a chunk of `jit_token_logprobs` takes
     out["logprobs"] = Program(fn, (params, rows(jnp.int32, n), rows(jnp.bool_, n)),
-                              f"the {' and '.join(forwards)} forward of the {n} rows"
-                              + (f", each prompt once per group of {g}" if method.grouped() else ""),
+                              f"the {' and '.join(forwards)} forward of the {n} rows, {chunk or n} at a time"
+                              + (f", each prompt once per group of {g}" if group > 1 else ""),
                               per_step=len(forwards))
   updates, minibatch, optimizer, state, state_shardings = _train_state(method, params, placement)
   step = placement.train_step(state_shardings, optimizer, method.objective(), algo.grad_accum_steps)
