@@ -17,6 +17,7 @@ import pytest
 from experiments import cli
 from experiments.runner import config as config_lib
 from experiments.runner import loop
+from grpo_jax import models
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FLAGS = flags.FLAGS
@@ -94,7 +95,7 @@ def test_flagfile_preset_is_the_default_config():
 
 TINY = dict(max_prompt_len=16, max_new_tokens=16, num_train=200, num_test=8, batch_size=2, group_size=4,
             eval_batch_size=8, tiny_layers=1, tiny_hidden_size=32, sft_steps=4, sft_batch_size=4, steps=2,
-            eval_every=0, tensorboard=False)
+            eval_every=0, tensorboard=False, overlong_buffer=12)  # length shaping: rewards vary, the policy moves
 
 
 def test_a_flagfile_and_the_python_config_give_the_same_run(tmp_path):
@@ -115,6 +116,10 @@ def test_a_flagfile_and_the_python_config_give_the_same_run(tmp_path):
   for a, b in zip(*train):
     for key in ("train/loss", "train/reward_mean", "train/kl", "train/grad_norm", "train/response_length"):
       np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+  assert all(r["train/reward_std"] > 0 and r["train/grad_norm"] > 0 for r in train[0])
+  sft, final = (models.load_hf(tmp_path / "python" / d)[0] for d in ("sft_policy", "final_policy"))
+  assert not np.array_equal(sft["embed"]["embedding"], final["embed"]["embedding"])
+  jax.tree.map(np.testing.assert_array_equal, final, models.load_hf(tmp_path / "cli" / "final_policy")[0])
   assert json.loads((tmp_path / "cli" / "config.json").read_text()) == json.loads(
       (tmp_path / "python" / "config.json").read_text()) | {"work_dir": str(tmp_path / "cli")}
 
