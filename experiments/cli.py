@@ -92,6 +92,11 @@ flags.DEFINE_string("reward", _D["reward"],
     "math_verify: math-verify's symbolic check, docs/integrations.md), or a learned reward model: 'orm' (an orm or "
     "orm_steps model) or 'prm' with --reward_model (see --supervision, --iterations), or 'exact_steps': the synthetic "
     "task's exact step labels as a perfect PRM.")
+flags.DEFINE_float("math_verify_time_limit", _D["math_verify_time_limit"],
+    "--reward=math_verify: seconds one check may take; past it the check scores 0 and its worker process is killed "
+    "and replaced.")
+flags.DEFINE_integer("math_verify_workers", _D["math_verify_workers"],
+    "--reward=math_verify: worker processes checking a step's completions in parallel (0: half the cores, 1 to 8).")
 flags.DEFINE_integer("sft_examples", _D["sft_examples"],
     "SFT demonstrations: the first N training problems, with solutions; GRPO draws its prompts from the other "
     "problems (it needs answers only). 0: all.")

@@ -12,6 +12,8 @@ import time
 import numpy as np
 import pytest
 
+from experiments.runner import config as config_lib
+from experiments.runner import task as task_lib
 from grpo_jax.data.example import Example
 from grpo_jax.rewards import math_verify_reward as mvr
 from grpo_jax.rewards.rule import get_reward_fn, make_reward_fn, score
@@ -136,6 +138,32 @@ def test_registered_reward_and_spec(verifier, monkeypatch):
   got = score(completions, [example] * 4, reward)  # the batched path: all checks handed to the pool at once
   assert got.tolist() == pytest.approx([1.6, 0.1, 1.0, 1.6])  # math-verify also reads an unboxed final number
   assert got.tolist() == [np.float32(reward(c, example)) for c in completions]  # the same as one by one
+
+
+def test_the_runner_configures_the_shared_verifier(monkeypatch):
+  monkeypatch.setattr(mvr, "_SETTINGS", dict(mvr._SETTINGS))  # pylint: disable=protected-access
+  monkeypatch.setattr(mvr, "_VERIFIER", None)
+  assert config_lib.default("math_verify_time_limit") == mvr.TIME_LIMIT
+  task_config = config_lib.TaskConfig(reward="math_verify:1.0", num_train=10, num_test=5,
+                                      math_verify_time_limit=0.5, math_verify_workers=3)
+  task = task_lib.Task(task_config, tokenizer=None, sft_lineage=False, seed=0)
+  shared = mvr.default_verifier()
+  assert (shared.time_limit, shared.workers) == (0.5, 3)
+  mvr.configure(0.5, 3)  # the same settings: the same verifier
+  assert mvr.default_verifier() is shared
+  shared.check("$\\boxed{1}$", "1")
+  (worker,) = shared._pool  # pylint: disable=protected-access
+  mvr.configure(1.0, 2)  # others: the running one stops, the next is built with them
+  assert worker.process.poll() is not None and not shared._pool  # pylint: disable=protected-access
+  assert (mvr.default_verifier().time_limit, mvr.default_verifier().workers) == (1.0, 2)
+  assert task.reward_fn("so $\\boxed{%s}$" % task.test[0].answer, task.test[0]) == 1.0
+  mvr.default_verifier().close()
+  for bad, message in [({"math_verify_time_limit": 0.0}, "--math_verify_time_limit must be > 0"),
+                       ({"math_verify_workers": -1}, "--math_verify_workers must be >= 0")]:
+    with pytest.raises(config_lib.ConfigError, match=message):
+      config_lib.Config().replace(**bad)
+  with pytest.raises(ValueError, match="time limit must be > 0"):
+    mvr.configure(0.0)
 
 
 def test_missing_package_is_one_line(monkeypatch):

@@ -49,6 +49,8 @@ class TaskConfig:
   prompt_template: str = "auto"
   max_prompt_len: int = 16
   reward: str = "correctness:1.0"
+  math_verify_time_limit: float = 2.0  # --reward=math_verify: seconds a check may take before its worker is killed
+  math_verify_workers: int = 0  # --reward=math_verify: worker processes (0: half the cores, 1 to 8)
   sft_examples: int = 2000
 
 
@@ -203,7 +205,7 @@ SECTIONS = {"model": ModelConfig, "task": TaskConfig, "sft": SFTConfig, "rollout
 # runs: `--resume` accepts other values (`resume.check`).
 MAY_CHANGE = frozenset({
     "steps", "resume", "stop_after", "save_every", "keep_checkpoints", "work_dir", "tensorboard",
-    "wandb_project", "wandb_mode", "wandb_entity", "wandb_run_name",
+    "wandb_project", "wandb_mode", "wandb_entity", "wandb_run_name", "math_verify_workers",
     "compilation_cache_dir", "profile_steps",
     "eval_every", "eval_batch_size", "eval_samples", "eval_temperature",
     "mesh", "sharding_rules", "coordinator_address", "num_processes", "process_id", "cpu_devices",
@@ -375,6 +377,10 @@ def check(config: Config) -> str | None:
     return "--value_clip must be >= 0"
   if not 0 <= v["replay_fraction"] < 1:
     return "--replay_fraction must be in [0, 1)"
+  if not v["math_verify_time_limit"] > 0:
+    return "--math_verify_time_limit must be > 0"
+  if v["math_verify_workers"] < 0:
+    return "--math_verify_workers must be >= 0"
   if v["wandb_mode"] not in ("", "online", "offline", "disabled"):
     return f"--wandb_mode must be online, offline or disabled (empty: W&B's default), not {v['wandb_mode']!r}"
   if (v["wandb_entity"] or v["wandb_run_name"] or v["wandb_mode"]) and not v["wandb_project"]:

@@ -7,6 +7,7 @@ import numpy as np
 from experiments.runner import config as config_lib
 from grpo_jax import data
 from grpo_jax import rewards as rewards_lib
+from grpo_jax.rewards import math_verify_reward
 
 
 class Task:
@@ -44,6 +45,7 @@ class Task:
     # A learned or step reward (orm|prm|exact_steps) scores in the rollouts; the rule reward is then
     # correctness, for logs.
     scored_elsewhere = config.reward in ("orm", "prm", "exact_steps")
+    math_verify_reward.configure(config.math_verify_time_limit, config.math_verify_workers)
     self.reward_fn = rewards_lib.make_reward_fn("correctness" if scored_elsewhere else config.reward)
     self.is_formatted = (rewards_lib.has_final_answer_format if config.task != "math"
                          else lambda c: rewards_lib.extract_boxed(c) is not None)

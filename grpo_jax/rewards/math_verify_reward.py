@@ -185,19 +185,42 @@ class MathVerifier:
 
 
 _VERIFIER: MathVerifier | None = None
+_SETTINGS = {"time_limit": TIME_LIMIT, "workers": 0}  # of the shared verifier (`configure`)
+
+
+def configure(time_limit: float = TIME_LIMIT, workers: int = 0) -> None:
+  """Sets the shared verifier's per-check bound and pool size (0: `default_workers()`); a running one with other
+  settings is stopped (the next check starts the new one)."""
+  global _VERIFIER
+  if not time_limit > 0:
+    raise ValueError(f"the math_verify time limit must be > 0, got {time_limit}")
+  if workers < 0:
+    raise ValueError(f"the math_verify workers must be >= 0, got {workers}")
+  settings = {"time_limit": float(time_limit), "workers": int(workers)}
+  if settings != _SETTINGS and _VERIFIER is not None:
+    _VERIFIER.close()
+    _VERIFIER = None
+  _SETTINGS.update(settings)
+
+
+def _close_shared() -> None:
+  if _VERIFIER is not None:
+    _VERIFIER.close()
 
 
 def default_verifier() -> MathVerifier:
-  """The process's shared `MathVerifier` (started on first use, stopped at exit)."""
+  """The process's shared `MathVerifier`, with `configure`'s settings (started on first use, stopped at exit)."""
   global _VERIFIER
   if _VERIFIER is None:
-    _VERIFIER = MathVerifier()
-    atexit.register(_VERIFIER.close)
+    _VERIFIER = MathVerifier(**_SETTINGS)
   return _VERIFIER
 
 
+atexit.register(_close_shared)
+
+
 def math_verify_reward(completion: str, example: Example) -> float:
-  """1.0 iff math-verify finds the completion's answer equal to `example.answer` within `TIME_LIMIT`, else 0.0."""
+  """1.0 iff math-verify finds the completion's answer equal to `example.answer` within the bound, else 0.0."""
   return float(default_verifier().check(completion, example.answer))
 
 
