@@ -15,6 +15,9 @@ from experiments import grpo_math
 from experiments import train_reward_model
 from grpo_jax import models
 from grpo_jax import reward_models as rm
+from grpo_jax import sampling
+from grpo_jax.reward_models import collect
+from tests import known_answers
 from tests.conftest import HANG_GUARD_S
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -49,11 +52,42 @@ def test_smoke_prm_with_monte_carlo_labels(tmp_path):
   assert json.loads((tmp_path / "rm" / "summary.json").read_text())["kind"] == "prm"
 
 
-def test_smoke_orm_pairwise(tmp_path):
+@pytest.fixture
+def right_and_wrong(monkeypatch):
+  """`rm.sample_reward_data` with every problem's sample 0 answering `#### <answer>` (right) and sample 1
+  `#### <answer + 1>` (wrong), whatever the random policy samples (it answers nothing right): outcome labels
+  1 and 0, one right/wrong pair per problem."""
+  real = rm.sample_reward_data
+
+  def sample_reward_data(policy, config, tokenizer, examples, prompts, key, **kwargs):
+    b, g, starts = kwargs["batch_size"], kwargs["samples_per_prompt"], []
+
+    def sample(*args, **kw):  # the sampler call of the batch of examples[start:start + b]
+      out = sampling.sample(*args, **kw)
+      start = len(starts) * b
+      starts.append(start)
+      chunk = list(examples[start:start + b]) + [examples[start]] * b  # (the padded last batch: copies)
+      texts = [f"#### {int(chunk[r // g].answer) + r % g}" for r in range(len(out.tokens))]
+      return known_answers._inject_texts(out, texts, tokenizer)  # pylint: disable=protected-access
+
+    with monkeypatch.context() as m:
+      m.setattr(collect, "sampling", type("Sampling", (), {"sample": staticmethod(sample)}))
+      return real(policy, config, tokenizer, examples, prompts, key, **kwargs)
+
+  monkeypatch.setattr(rm, "sample_reward_data", sample_reward_data)
+
+
+def test_smoke_orm_pairwise(tmp_path, right_and_wrong):
   summary = _run(tmp_path, "--rm_kind=orm", "--rm_loss=pairwise", "--rm_steps=2")
   assert summary["kind"] == "orm" and summary["loss"] == "pairwise" and summary["after/outcome/count"] == 8
-  _, _, kind = rm.load_reward_model(tmp_path / "rm" / "reward_model")
+  assert summary["train/outcome/positive_rate"] == 0.5 and summary["after/outcome/group_pairs"] == 4
+  records = [json.loads(line) for line in (tmp_path / "rm" / "metrics.jsonl").read_text().splitlines()]
+  train = [r for r in records if "train/loss" in r]
+  assert train and all(r["train/pairs"] > 0 and r["train/grad_norm"] > 0 for r in train)  # it trained on pairs
+  params, _, kind = rm.load_reward_model(tmp_path / "rm" / "reward_model")
   assert kind == "orm"
+  assert not np.array_equal(params["backbone"]["embed"]["embedding"],
+                            models.load_hf(tmp_path / "policy")[0]["embed"]["embedding"])
 
 
 def test_smoke_orm_steps(tmp_path):
@@ -96,7 +130,7 @@ def test_errors_are_one_line(tmp_path, main_in_process, monkeypatch):
   # The other bad inputs, in this process.
   monkeypatch.chdir(tmp_path)
   cases = [([f"--policy={tmp_path / 'none'}"], "checkpoint directory does not exist"),
-           (["--rm_kind=prm", "--rm_loss=pairwise"], "--rm_loss=pairwise needs --rm_kind=orm"),
+           (["--rm_kind=prm", "--rm_loss=pairwise"], "--rm_loss=pairwise needs an outcome reward model"),
            (["--policy=p", "--mesh=data:1"], "train_reward_model runs on one device in one process")]
   for args, message in cases:
     error = main_in_process(train_reward_model.main, ["train_reward_model", f"--rm_dir={tmp_path / 'x'}", *args])
