@@ -612,63 +612,51 @@ def init_params(config: ModelConfig, key: jax.Array) -> Params:
 
   Kernels and embeddings are normal(0, 0.02), biases zero, norm scales one. Every
   weight is a slice of one normal draw over all of them, in the unrolled layout's
-  order: `0.02 · normal(key, (N,))[start:start + size]`. Each slice is drawn alone
-  (`random_init`), and the L layers' slices of one weight as one batched draw, so
-  the program holds one draw per kind of weight whatever the depth, and compiles
-  in about the same time for 2 layers or 28, on any backend. With
+  order: `0.02 · normal(key, (N,))[start:start + size]`. The draw is a loop over
+  fixed-size pieces (`random_init.normal_pieces`), so the program holds one small
+  draw whatever the model's size, and the weights are copies of its slices. With
   `config.scan_layers` the values are those of the unrolled layout, stacked: the
   same key gives the same model in both layouts.
   """
   if not random_init.sliceable(key):
     return _init_params_one_draw(config, key)
   dtype = config.param_dtype
-  unrolled = _pure_dict(_abstract(CausalLM, config.replace(scan_layers=False))[1])
-  starts, n = {}, 0
-  for path, leaf in jax.tree_util.tree_flatten_with_path(unrolled)[0]:
-    names = tuple(p.key for p in path)
-    if _drawn(names):
-      starts[names] = n
+  shapes = _pure_dict(_abstract(CausalLM, config.replace(scan_layers=False))[1])
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+  starts, n = {}, 0  # each drawn leaf's place in the draw
+  for path, leaf in leaves:
+    if _drawn((path[-1].key,)):
+      starts[tuple(p.key for p in path)] = n
       n += int(np.prod(leaf.shape))
+  keys = _layer_keys(config)
+  # A layer's draws (its weights one after another) fill a block of `layer` elements; the blocks follow one another
+  # in the order of the layers' names (layers_0, layers_1, layers_10, ...): layer i's is the order[i]-th.
+  layer = sum(int(np.prod(leaf.shape)) for path, leaf in leaves if path[0].key == keys[0] and _drawn((path[-1].key,)))
+  order = np.argsort(np.argsort(keys))
+  # The barrier keeps the draw whole: the weights below are copies of its slices, and XLA does not fuse (and repeat)
+  # the draw into each of them. The scanned layout reads up to a block past the end.
+  extra = layer if config.scan_layers else 0
+  flat = jax.lax.optimization_barrier(random_init.normal_pieces(key, n + extra, dtype, 0.02)).reshape(-1)
 
-  def fill(names, shape):
-    return (jnp.zeros if names[-1] == "bias" else jnp.ones)(shape, dtype)
+  def value(names, shape, stacked=False):
+    """The leaf's slice of the draw, or (`stacked`) the L layers' slices of it, [L, *shape]."""
+    if not _drawn(names):
+      return (jnp.zeros if names[-1] == "bias" else jnp.ones)((len(keys), *shape) if stacked else shape, dtype)
+    size, begin = int(np.prod(shape)), starts[names]
+    if not stacked:
+      return flat[begin:begin + size].reshape(shape)
+    # From the first block's slice on, L rows a block apart: the slice in each block.
+    rows = flat[begin:begin + len(keys) * layer].reshape(len(keys), layer)[:, :size]
+    return rows[order].reshape(len(keys), *shape)
 
-  values = {}
-  layer0 = unrolled[_layer_keys(config)[0]]
-  for path, leaf in jax.tree_util.tree_flatten_with_path(layer0)[0]:
-    sub = tuple(p.key for p in path)
-    shape = (config.num_hidden_layers, *leaf.shape)
-    if _drawn(sub):
-      stacked = random_init.normal_slices(key, [starts[(k, *sub)] for k in _layer_keys(config)], leaf.shape,
-                                          dtype, 0.02)
-    else:
-      stacked = fill(sub, shape)
-    values[sub] = stacked
-  out = {k: jax.tree_util.tree_map_with_path(
-      lambda path, leaf, k=k: (random_init.normal_slice(key, starts[(k, *(p.key for p in path))], leaf.shape,
-                                                        dtype, 0.02) if _drawn(tuple(p.key for p in path))
-                               else fill(tuple(p.key for p in path), leaf.shape)), v)
-         for k, v in unrolled.items() if not k.startswith("layers_")}
-  layers = _nest(values)
-  if config.scan_layers:
-    out[STACKED] = layers
-  else:
-    # A barrier keeps each batched draw whole, so the per-layer slices below are copies of it and XLA does not
-    # fuse (and repeat) the draw into each of them.
-    layers = jax.lax.optimization_barrier(layers)
-    for i, k in enumerate(_layer_keys(config)):
-      out[k] = jax.tree.map(lambda x, i=i: x[i], layers)
-  return out
-
-
-def _nest(flat: dict[tuple[str, ...], Any]) -> Params:
-  """{(a, b, c): x} -> {a: {b: {c: x}}}."""
-  out: dict = {}
-  for names, x in flat.items():
-    node = out
-    for name in names[:-1]:
-      node = node.setdefault(name, {})
-    node[names[-1]] = x
+  if not config.scan_layers:
+    return jax.tree_util.tree_unflatten(treedef, [value(tuple(p.key for p in path), leaf.shape)
+                                                  for path, leaf in leaves])
+  first = sorted(keys)[0]
+  out = {k: jax.tree_util.tree_map_with_path(lambda path, leaf, k=k: value((k, *(p.key for p in path)), leaf.shape),
+                                             v) for k, v in shapes.items() if k not in keys}
+  out[STACKED] = jax.tree_util.tree_map_with_path(
+      lambda path, leaf: value((first, *(p.key for p in path)), leaf.shape, stacked=True), shapes[first])
   return out
 
 
