@@ -116,6 +116,8 @@ def test_damaged_newest_checkpoint_resumes_from_the_older_one(tmp_path, capfd):
   assert sorted(p.name for p in (work / "checkpoints").iterdir() if p.name.isdigit()) == ["2", "4"]
   straight, resumed = (models.load_hf(d / "final_policy")[0] for d in (tmp_path / "straight", work))
   jax.tree.map(np.testing.assert_array_equal, straight, resumed)
+  base = models.load_hf(work / "base_model")[0]  # the steps moved the policy: the equality above is not of starts
+  assert not np.array_equal(base["embed"]["embedding"], resumed["embed"]["embedding"])
   records = [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in records if "train/loss" in r] == [1, 2, 3, 4]  # each step once
 
