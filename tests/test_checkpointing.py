@@ -1,5 +1,6 @@
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 
@@ -19,17 +20,29 @@ def _state(value):
   return training.init_train_state(params, optax.adam(0.1))
 
 
+def _trained_state(value):
+  """`_state(value)` after one Adam step on the gradient `value` everywhere: step 1, moments m = 0.1·value and
+  v = 0.001·value², none of them the template's zeros."""
+  state = _state(value)
+  grads = jax.tree.map(lambda x: jnp.full_like(x, value), state.params)
+  updates, opt_state = optax.adam(0.1).update(grads, state.opt_state, state.params)
+  return state._replace(step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state)
+
+
 def test_round_trip_and_keep_last(tmp_path):
   ckpt = training.Checkpointer(tmp_path / "ckpt", max_to_keep=2)
   for step in (1, 2, 3):
-    ckpt.save(step, _state(float(step)), {"step": step, "data_position": 10 * step, "key": [0, step]})
+    ckpt.save(step, _trained_state(float(step)), {"step": step, "data_position": 10 * step, "key": [0, step]})
   assert ckpt.latest_step() == 3
   assert sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.isdigit()) == ["2", "3"]
   state, meta = ckpt.restore(_state(0.0))
-  np.testing.assert_array_equal(state.params["w"], [3.0, 3.0, 3.0])
+  jax.tree.map(np.testing.assert_array_equal, state, _trained_state(3.0))  # step, params and Adam's moments
+  np.testing.assert_allclose(state.params["w"], [2.9, 2.9, 2.9], rtol=1e-6)  # 3 − lr·m̂/√v̂ = 3 − 0.1
+  np.testing.assert_allclose(state.opt_state[0].mu["w"], [0.3, 0.3, 0.3], rtol=1e-6)  # (1 − β1)·3
+  assert int(state.step) == 1
   assert meta == {"step": 3, "data_position": 30, "key": [0, 3]}
   state2, _ = ckpt.restore(_state(0.0), step=2)
-  np.testing.assert_array_equal(state2.params["w"], [2.0, 2.0, 2.0])
+  jax.tree.map(np.testing.assert_array_equal, state2, _trained_state(2.0))
   ckpt.close()
 
 
@@ -98,6 +111,110 @@ def test_restore_across_device_counts(tmp_path):
   expected = jax.tree.map(lambda x: x + 1, _model_state(1.0))
   jax.tree.map(np.testing.assert_array_equal, state, expected)
   assert state.params["embed"]["embedding"].sharding == _model_state(0.0).params["embed"]["embedding"].sharding
+
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _child_env():
+  env = dict(os.environ, PYTHONPATH=str(REPO))
+  env.pop("JAX_COMPILATION_CACHE_DIR", None)  # the child's only writes are the checkpoint's
+  return env
+
+
+_OVER_THE_LIMIT = """
+import resource, signal, sys
+import numpy as np
+from grpo_jax.training import checkpointing
+ckpt = checkpointing.Checkpointer(sys.argv[1])
+ckpt.save(1, {"w": np.ones(1000, np.float32)}, {"step": 1})
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+try:
+  ckpt.save(2, {"w": np.random.default_rng(0).standard_normal(2**20).astype(np.float32)}, {"step": 2})
+except checkpointing.CheckpointSaveError as err:
+  print(err)
+"""
+
+
+def test_a_failed_write_is_one_line_and_leaves_the_previous_step_alone(tmp_path):
+  """A real write failure (a 4 MiB array past a 1 MiB file-size limit: EFBIG from the kernel) in orbax's writer
+  threads: one line naming the directory, the cause and the free space; no traceback from any thread; the
+  temporary directory removed; step 1 intact."""
+  directory = tmp_path / "ckpt"
+  child = subprocess.run([sys.executable, "-c", _OVER_THE_LIMIT, str(directory)], cwd=REPO, env=_child_env(),
+                         capture_output=True, text=True, timeout=HANG_GUARD_S)
+  assert child.returncode == 0 and child.stderr == "", child.stderr[-3000:]
+  usage = shutil.disk_usage(tmp_path)
+  assert child.stdout.startswith(f"cannot save checkpoint step 2 in {directory}: File too large [EFBIG] (")
+  assert child.stdout.endswith(f" MiB free of {usage.total / 2**20:,.1f} MiB there); checkpoint step 1 is intact\n")
+  assert sorted(p.name for p in directory.iterdir()) == ["1"]
+  state, meta = training.Checkpointer(directory).restore({"w": np.zeros(1000, np.float32)})
+  np.testing.assert_array_equal(state["w"], np.ones(1000, np.float32))
+  assert meta == {"step": 1}
+
+
+def test_a_killed_saves_temporary_directory_is_removed_on_start(tmp_path):
+  ckpt = training.Checkpointer(tmp_path / "ckpt")
+  ckpt.save(1, _state(1.0), {"step": 1})
+  ckpt.close()
+  partial = tmp_path / "ckpt" / "2.orbax-checkpoint-tmp"  # orbax's name for step 2 being written
+  (partial / "state").mkdir(parents=True)
+  (partial / "state" / "half_written").write_bytes(b"x" * 1000)
+  ckpt = training.Checkpointer(tmp_path / "ckpt")
+  assert not partial.exists() and ckpt.all_steps() == [1]
+  ckpt.close()
+
+
+def _unshare_works() -> bool:
+  try:
+    return subprocess.run(["unshare", "-rm", "true"], capture_output=True, timeout=60).returncode == 0
+  except (OSError, subprocess.SubprocessError):
+    return False
+
+
+_FULL_DISK_RUN = r"""
+set -u
+mount -t tmpfs -o size=8m tmpfs "$MNT"
+run() { "$PYTHON" -m experiments.grpo_math $ARGS --work_dir="$MNT/run" "$@"; }
+run --stop_after=2 2> "$OUT/first.err" || { echo "first run failed"; exit 1; }
+"$PYTHON" -c "$FILL" "$MNT"
+run --resume 2> "$OUT/second.err"
+echo $? > "$OUT/second.code"
+cp -r "$MNT/run" "$OUT/run"
+"""
+
+
+@pytest.mark.skipif(not _unshare_works(), reason="needs `unshare -rm` (user and mount namespaces) for a tmpfs")
+def test_a_run_whose_disk_fills_up_stops_with_one_line(tmp_path):
+  """The runner on a real 8 MiB tmpfs (in a mount namespace of its own), filled up to 96 KiB after a run saved
+  step 2: the resumed run's save of step 4 fails; one line, exit status 1, step 2 intact, no temporary directory."""
+  from grpo_jax import models  # pylint: disable=import-outside-toplevel
+  policy = models.build_default_checkpoint(tmp_path / "policy", num_hidden_layers=1, hidden_size=32,
+                                           intermediate_size=96)
+  args = ["--max_prompt_len=16", "--max_new_tokens=16", "--num_train=200", "--num_test=8", "--batch_size=4",
+          "--group_size=4", "--eval_batch_size=8", "--tensorboard=false", "--steps=4", "--save_every=2",
+          "--eval_every=0", f"--init_checkpoint={policy}"]
+  (tmp_path / "mnt").mkdir()
+  fill = ("import os, sys; s = os.statvfs(sys.argv[1]); "
+          "open(sys.argv[1] + '/filler', 'wb').write(b'0' * (s.f_bavail * s.f_frsize - 96 * 1024))")
+  env = dict(_child_env(), MNT=str(tmp_path / "mnt"), OUT=str(tmp_path), PYTHON=sys.executable, ARGS=" ".join(args),
+             FILL=fill)
+  result = subprocess.run(["unshare", "-rm", "sh", "-c", _FULL_DISK_RUN], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=HANG_GUARD_S)
+  assert result.returncode == 0, result.stdout + result.stderr + (tmp_path / "first.err").read_text()[-3000:]
+  err = (tmp_path / "second.err").read_text()
+  assert (tmp_path / "second.code").read_text().strip() == "1", err[-3000:]
+  assert "Traceback" not in err and "ERROR:absl" not in err, err[-3000:]
+  last = err.strip().splitlines()[-1]
+  where = tmp_path / "mnt" / "run" / "checkpoints"
+  assert last.startswith(f"grpo_math: error: cannot save checkpoint step 4 in {where}: No space left on device "
+                         f"[ENOSPC] ("), last
+  assert last.endswith(" MiB free of 8.0 MiB there); checkpoint step 2 is intact"), last
+  checkpoints = tmp_path / "run" / "checkpoints"
+  assert sorted(p.name for p in checkpoints.iterdir()) == ["2"]  # no step 4, no temporary directory
+  meta = training.Checkpointer(checkpoints).metadata(2)
+  assert meta["step"] == 2
 
 
 if __name__ == "__main__":
