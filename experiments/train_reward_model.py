@@ -73,8 +73,8 @@ class RewardModelConfig:
         raise config_lib.ConfigError(f"--{name} must be >= 0")
     if self.rm_learning_rate <= 0:
       raise config_lib.ConfigError("--rm_learning_rate must be > 0")
-    if self.rm_loss == "pairwise" and self.rm_kind != "orm":
-      raise config_lib.ConfigError("--rm_loss=pairwise needs --rm_kind=orm")
+    if self.rm_loss == "pairwise" and self.rm_kind not in rm.OUTCOME_KINDS:
+      raise config_lib.ConfigError("--rm_loss=pairwise needs an outcome reward model (--rm_kind=orm or orm_steps)")
 
 
 _D = RewardModelConfig()
@@ -97,8 +97,9 @@ flags.DEFINE_integer("rm_samples_per_prompt", _D.rm_samples_per_prompt, "Complet
 flags.DEFINE_integer("rm_sample_batch", _D.rm_sample_batch, "Problems per sampler call.")
 flags.DEFINE_integer("rm_max_steps", _D.rm_max_steps, "PRM and orm_steps: most scored segments per completion (the first "
                      "K-1 and the last).")
-flags.DEFINE_enum("rm_loss", _D.rm_loss, list(rm.LOSSES), "bce, or the Bradley-Terry pairwise loss (orm) over "
-                  "(right, wrong) pairs of one problem.")
+flags.DEFINE_enum("rm_loss", _D.rm_loss, list(rm.LOSSES), "bce, or the Bradley-Terry pairwise loss (orm, orm_steps) "
+                  "over (right, wrong) pairs of one problem: it trains only the ranking within a problem, what "
+                  "GRPO's group advantage uses.")
 flags.DEFINE_integer("rm_steps", _D.rm_steps, "Reward-model optimiser steps.")
 flags.DEFINE_integer("rm_batch_size", _D.rm_batch_size, "Completions per reward-model step (pairwise: batches hold whole "
                      "problems, so make it a multiple of --rm_samples_per_prompt).")

@@ -67,6 +67,57 @@ def test_pairwise_hand_computed(variant):
   np.testing.assert_allclose(matrix, LN2, rtol=1e-6)
 
 
+
+def test_within_problem_pairwise_hand_computed(variant):
+  # Problem 1: right {ln 3} vs wrong {0, 9 (masked out)}; problem 2: right {0} vs wrong {0}; problem 3 has only
+  # right rows. Pairs: (ln 3, 0) with −log σ(ln 3) = ln(4/3) and (0, 0) with ln 2; the right row of problem 3
+  # is not paired with problem 1's wrong row.
+  logits = jnp.array([LN3, 0.0, 9.0, 0.0, 0.0, 5.0])
+  labels = jnp.array([1.0, 0.0, 0.0, 1.0, 0.0, 1.0])
+  groups = jnp.array([1, 1, 1, 2, 2, 3])
+  mask = jnp.array([True, True, False, True, True, True])
+  loss, metrics = variant(reward.within_problem_pairwise_loss)(logits, labels, groups, mask)
+  np.testing.assert_allclose(loss, (np.log(4 / 3) + LN2) / 2, rtol=1e-6)
+  np.testing.assert_allclose(metrics["pairs"], 2.0)
+  np.testing.assert_allclose(metrics["accuracy"], 0.5)
+  # A constant per problem (its difficulty) changes nothing; moving one row within its problem does.
+  offset = jnp.array([4.0, 4.0, 4.0, -7.0, -7.0, 2.0])
+  shifted, _ = reward.within_problem_pairwise_loss(logits + offset, labels, groups, mask)
+  np.testing.assert_allclose(shifted, loss, rtol=1e-5)
+  moved, _ = reward.within_problem_pairwise_loss(logits.at[1].add(1.0), labels, groups, mask)
+  assert moved > loss + 0.1
+  empty, metrics = reward.within_problem_pairwise_loss(logits, jnp.ones(6), groups)
+  assert float(empty) == 0.0 and float(metrics["pairs"]) == 0.0
+
+
+def test_within_problem_pairwise_learns_the_ranking_bce_reverses():
+  """Simpson's paradox: within every problem a right answer has the higher feature (x = a_g + y/2), but
+  the hard problems (few right answers) have the high offsets a_g, so across problems x falls with
+  correctness. A linear scorer s = w·x + b trained by pointwise BCE learns w < 0 and ranks every problem's
+  samples backwards; trained by the within-problem pairwise loss it learns w > 0 and ranks them all right."""
+  from grpo_jax.reward_models import metrics
+  right = [3, 2, 1, 1]  # right answers of 4 samples, problems 0..3 with offsets a = 0, 2, 4, 6
+  y = np.array([float(i < k) for k in right for i in range(4)], np.float32)
+  groups = np.repeat(np.arange(4), 4)
+  x = 2.0 * groups + 0.5 * y
+
+  def train(loss_fn):
+    params = {"w": jnp.zeros(()), "b": jnp.zeros(())}
+    grad = jax.jit(jax.grad(lambda p: loss_fn(p["w"] * x + p["b"])[0]))
+    for _ in range(300):
+      params = jax.tree.map(lambda p, g: p - 0.5 * g, params, grad(params))
+    return float(params["w"]), np.asarray(params["w"] * x + params["b"])
+
+  w_bce, s_bce = train(lambda s: reward.outcome_bce_loss(s, y))
+  w_bt, s_bt = train(lambda s: reward.within_problem_pairwise_loss(s, y, groups))
+  # At w = 0 the pairwise gradient is −½ σ(0) = −¼ per pair (every pair has x⁺ − x⁻ = ½), whatever b.
+  g = jax.grad(lambda w: reward.within_problem_pairwise_loss(w * x, y, groups)[0])(0.0)
+  np.testing.assert_allclose(g, -0.25, rtol=1e-6)
+  assert w_bce < -0.1 and w_bt > 1.0, (w_bce, w_bt)
+  assert metrics.group_auc(s_bce, y, groups) == (0.0, 3 + 4 + 3 + 3)
+  assert metrics.group_auc(s_bt, y, groups) == (1.0, 13)
+  assert metrics.binary_auc(s_bce, y) > 0.6  # BCE does rank across problems: it learnt difficulty
+
 def test_noisy_and_hand_computed(variant):
   # Row 0: σ(ln 3) · σ(0) = 3/4 · 1/2 = 3/8, logit ln(3/5); row 1: one step, σ(−ln 3) = 1/4, logit −ln 3;
   # row 2 has no step: p = 1 and it is left out of the loss. Losses: −ln(3/8) (y = 1), −ln(3/4) (y = 0).

@@ -76,7 +76,8 @@ def _labelled_set(n=32, length=8, k=3, seed=0):
                        np.arange(n, dtype=np.int32) // 4, outcome)
 
 
-@pytest.mark.parametrize("kind,loss", [("prm", "bce"), ("orm", "bce"), ("orm", "pairwise"), ("orm_steps", "bce")])
+@pytest.mark.parametrize("kind,loss", [("prm", "bce"), ("orm", "bce"), ("orm", "pairwise"), ("orm_steps", "bce"),
+                                       ("orm_steps", "pairwise")])
 def test_loss_falls_on_a_tiny_labelled_set(kind, loss):
   data = _labelled_set()
   if kind == "orm":  # one scored position per sequence: the first step's end
@@ -95,7 +96,7 @@ def test_loss_falls_on_a_tiny_labelled_set(kind, loss):
   assert len(losses) == 40 and len(data.group) == 32  # 32 sequences, a few dozen labelled steps
   if loss == "bce" and kind != "orm_steps":
     np.testing.assert_allclose(losses[0], np.log(2.0), rtol=1e-5)  # zero head: every σ is 1/2
-  if kind == "orm_steps":  # zero head: p = 2^-k for k steps
+  if kind == "orm_steps" and loss == "bce":  # zero head: p = 2^-k for k steps
     first = rm.take(data, rm.batch_indices(32, 16, 0, seed=0))
     p = 0.5 ** first.loss_mask.sum(1)
     expected = -np.mean(first.outcome * np.log(p) + (1 - first.outcome) * np.log(1 - p))
@@ -105,7 +106,11 @@ def test_loss_falls_on_a_tiny_labelled_set(kind, loss):
   level = "step" if kind == "prm" else "outcome"
   count = len(data.outcome) if kind == "orm_steps" else data.loss_mask.sum()
   assert metrics[f"{level}/auc"] > 0.9 and metrics[f"{level}/count"] == count
-  if kind == "orm_steps":  # trained on outcomes only, its step scores rank the hidden step labels (0.83), better
+  if loss == "pairwise":  # it trains the ranking within a problem (blocks of 4 rows) and nothing else
+    if kind == "orm":  # zero head: every pair has s⁺ = s⁻ (orm_steps: its noisy-AND depends on the step count)
+      np.testing.assert_allclose(losses[0], np.log(2.0), rtol=1e-5)
+    assert metrics["outcome/group_auc"] > 0.9
+  if kind == "orm_steps" and loss == "bce":  # trained on outcomes only, its step scores rank the hidden step labels (0.83), better
     # than giving every step its row's outcome does (0.71: right rows have only right steps)
     step_truth, real = _labelled_set().labels[data.loss_mask], data.loss_mask
     by_row = np.broadcast_to(data.outcome[:, None], real.shape)[real]

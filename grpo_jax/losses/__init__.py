@@ -40,6 +40,7 @@ from grpo_jax.losses.reward import noisy_and_outcome_loss
 from grpo_jax.losses.reward import outcome_bce_loss
 from grpo_jax.losses.reward import pairwise_reward_loss
 from grpo_jax.losses.reward import step_bce_loss
+from grpo_jax.losses.reward import within_problem_pairwise_loss
 from grpo_jax.losses.shaping import overlong_penalty
 from grpo_jax.losses.surrogate import clip_fractions
 from grpo_jax.losses.surrogate import clipped_surrogate
@@ -84,4 +85,5 @@ __all__ = (
     "step_bce_loss",
     "value_loss",
     "whiten",
+    "within_problem_pairwise_loss",
 )

@@ -1,4 +1,4 @@
-"""Reward-model losses: outcome BCE (ORM), per-step BCE (PRM) and the pairwise Bradley-Terry loss.
+"""Reward-model losses: outcome BCE (ORM), per-step BCE (PRM) and the pairwise Bradley-Terry losses.
 
 Scores are logits s; σ(s) is the model's probability that the solution (or step) is correct.
 Labels may be hard (0/1) or soft (a Monte Carlo success fraction in [0, 1], Math-Shepherd's
@@ -186,3 +186,37 @@ def pairwise_reward_loss(
   return loss, {"loss": jax.lax.stop_gradient(loss),
                 "accuracy": jnp.sum(jnp.where(valid, (margin > 0).astype(jnp.float32), 0.0)) / count,
                 "margin": jnp.sum(jnp.where(valid, margin, 0.0)) / count}
+
+
+def within_problem_pairwise_loss(
+    logits: chex.Array,
+    labels: chex.Array,
+    groups: chex.Array,
+    mask: chex.Array | None = None,
+) -> tuple[chex.Array, dict[str, chex.Array]]:
+  """Bradley-Terry loss over every (right, wrong) pair of completions of the same problem:
+
+    ℓ = (1/P) Σ_{i,j: g_i = g_j, y_i > y_j} −log σ(s_i − s_j),   P the number of such pairs.
+
+  A pointwise loss (BCE) on completions of many problems is minimised in good part by scoring
+  easy problems high, which a group-normalised advantage (GRPO) cancels; this loss has no
+  per-problem term at all (adding a constant to every score of a problem leaves it unchanged),
+  so all of it trains the ranking of a problem's own samples, the only ranking GRPO uses.
+
+  Args:
+    logits: `[N]` outcome scores s_i (e.g. the noisy-AND logit of an "orm_steps" model).
+    labels: `[N]` outcome labels y_i (> 0.5 right).
+    groups: `[N]` problem ids g_i.
+    mask: `[N]` true for real rows; default all true.
+
+  Returns:
+    `(loss, metrics)` as `pairwise_reward_loss`, plus "pairs" (P); a batch without a pair has loss 0.
+  """
+  chex.assert_rank([logits, labels, groups], 1)
+  chex.assert_equal_shape([logits, labels, groups])
+  y = jnp.asarray(labels) > 0.5
+  valid = jnp.ones(y.shape, bool) if mask is None else jnp.asarray(mask, bool)
+  pairs = y[:, None] & ~y[None, :] & valid[:, None] & valid[None, :] & (groups[:, None] == groups[None, :])
+  s = _checks.f32(logits)
+  loss, metrics = pairwise_reward_loss(*jnp.broadcast_arrays(s[:, None], s[None, :]), pairs)
+  return loss, {**metrics, "pairs": jnp.sum(pairs).astype(jnp.float32)}

@@ -28,15 +28,26 @@ from grpo_jax.training import update
 LOSSES = ("bce", "pairwise")
 
 
+def pooled_outcome_logits(scores, loss_mask, kind: str):
+  """`[N]` outcome logits from the `[N, K]` scores of `step_scores`: ORM its one score, "orm_steps" the
+  noisy-AND over the step ends (`losses.noisy_and_logits`), PRM the lowest step score (Math-Shepherd)."""
+  if kind == "orm":
+    return scores[:, 0]
+  if kind == "orm_steps":
+    return reward_losses.noisy_and_logits(scores, loss_mask)
+  return jnp.min(jnp.where(loss_mask, scores, jnp.inf), axis=1)
+
+
 def reward_objective(params, batch: RewardData, totals: dict, *, config: ModelConfig, kind: str, loss: str = "bce",
                      pairs_within_problem: bool = True):
   """The reward-model loss of a (micro-)batch of `RewardData`.
 
   "bce": `outcome_bce_loss` on the last token (ORM), `step_bce_loss` on every segment end (PRM),
   normalised by the minibatch's count of scored positions, or `noisy_and_outcome_loss` on the
-  segment ends ("orm_steps"), normalised by its count of completions. "pairwise" (ORM only):
-  `pairwise_reward_loss` over every (right, wrong) pair of completions of the micro-batch (of one
-  problem when `pairs_within_problem`), normalised by the micro-batch's pair count.
+  segment ends ("orm_steps"), normalised by its count of completions. "pairwise" (ORM, "orm_steps"):
+  the Bradley-Terry loss over every (right, wrong) pair of completions of the micro-batch
+  (`within_problem_pairwise_loss`: of one problem when `pairs_within_problem`) on the outcome logit
+  (`pooled_outcome_logits`), normalised by the micro-batch's pair count.
   """
   scores = model.step_scores(params, config, batch.tokens, batch.attention_mask, batch.positions, batch.loss_mask)
   if loss == "bce":
@@ -47,14 +58,12 @@ def reward_objective(params, batch: RewardData, totals: dict, *, config: ModelCo
       return reward_losses.noisy_and_outcome_loss(scores, batch.labels[:, 0], batch.loss_mask,
                                                   num_examples=totals["num_sequences"])
     return reward_losses.step_bce_loss(scores, batch.labels, batch.loss_mask, num_steps=totals["num_tokens"])
-  if loss != "pairwise" or kind != "orm":
-    raise ValueError(f"unknown reward loss {loss!r} for kind {kind!r}; the pairwise loss is for ORMs")
-  s, y, valid = scores[:, 0], batch.labels[:, 0], batch.loss_mask[:, 0]
-  pairs = (y[:, None] > y[None, :]) & valid[:, None] & valid[None, :]
-  if pairs_within_problem:
-    pairs &= batch.group[:, None] == batch.group[None, :]
-  chosen, rejected = jnp.broadcast_arrays(s[:, None], s[None, :])
-  return reward_losses.pairwise_reward_loss(chosen, rejected, pairs)
+  if loss != "pairwise" or kind not in model.OUTCOME_KINDS:
+    raise ValueError(f"unknown reward loss {loss!r} for kind {kind!r}; the pairwise loss is for outcome kinds")
+  valid = jnp.any(batch.loss_mask, axis=1)
+  groups = batch.group if pairs_within_problem else jnp.zeros_like(batch.group)
+  return reward_losses.within_problem_pairwise_loss(pooled_outcome_logits(scores, batch.loss_mask, kind),
+                                                    batch.outcome, groups, valid)
 
 
 def make_reward_train_step(config: ModelConfig, optimizer: optax.GradientTransformation, *, kind: str,
@@ -63,8 +72,9 @@ def make_reward_train_step(config: ModelConfig, optimizer: optax.GradientTransfo
   """Jitted `step(TrainState, RewardData batch) -> (TrainState, metrics)` of a reward model."""
   if kind not in model.KINDS:
     raise ValueError(f"unknown reward model kind {kind!r}; expected one of {model.KINDS}")
-  if loss not in LOSSES or (loss == "pairwise" and kind != "orm"):
-    raise ValueError(f"reward loss {loss!r} is not available for kind {kind!r} (bce: both; pairwise: orm)")
+  if loss not in LOSSES or (loss == "pairwise" and kind not in model.OUTCOME_KINDS):
+    raise ValueError(f"reward loss {loss!r} is not available for kind {kind!r} (bce: all; pairwise: "
+                     f"{', '.join(model.OUTCOME_KINDS)})")
   objective = update.bind(reward_objective, config=config, kind=kind, loss=loss,
                           pairs_within_problem=pairs_within_problem)
   return update.make_train_step(objective, optimizer, num_micro_batches, donate=donate)
