@@ -11,6 +11,7 @@ import pathlib
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -24,7 +25,7 @@ import pytest
 from experiments import grpo_math
 from experiments.runner import preemption
 from grpo_jax import models
-from tests.conftest import HANG_GUARD_S
+from tests.conftest import HANG_GUARD_S, with_cpu_devices
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TINY = ["--max_prompt_len=16", "--max_new_tokens=16", "--num_train=200", "--num_test=8", "--batch_size=4",
@@ -71,6 +72,12 @@ class Child:
     code = self.proc.wait(timeout=HANG_GUARD_S)
     self._reader.join(timeout=60)
     return code
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
 
 
 def _straight(work_dir, *args):
@@ -145,9 +152,9 @@ import sys, time
 from experiments.runner import preemption
 with preemption.StopSignals() as signals:
   print("ready", flush=True)
-  while not signals.signum:
+  while not signals.noted:
     time.sleep(0.01)
-  print("noted", signals.signum, flush=True)
+  print("noted", signals.noted, flush=True)
   time.sleep(600)  # "saving": only a second SIGINT ends it
 """
 
@@ -177,9 +184,62 @@ def test_signals_are_noted_then_the_handlers_restored():
   assert signal.getsignal(signal.SIGTERM) is before
 
 
+def test_a_signal_that_arrives_during_the_gather_stops_the_next_step(monkeypatch):
+  """With several processes the handler may run inside the all-gather (Python runs it when the collective's C call
+  returns): that signal is not lost but agreed on at the next step. Here the other process never got one."""
+  calls = []
+
+  def allgather(local):  # what the real one does with this process's value and the other's 0, plus the signal
+    calls.append(int(local))
+    if len(calls) == 1:
+      os.kill(os.getpid(), signal.SIGTERM)  # delivered while "in" the collective
+    return np.array([int(local), 0], np.int32)
+
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  monkeypatch.setattr(preemption.multihost_utils, "process_allgather", allgather)
+  with preemption.StopSignals(report=lambda line: None) as signals:
+    assert not signals.stop_requested()  # this step's gather went out before the signal
+    assert signals.stop_requested() and signals.signum == signal.SIGTERM
+  assert calls == [0, int(signal.SIGTERM)]
+
+
 def test_interrupted_names_the_step_and_the_exit_status():
   err = preemption.Interrupted(signal.SIGTERM, 7, "stage-2", pathlib.Path("/runs/a/checkpoints"))
   assert str(err) == "interrupted by SIGTERM: stopped after stage-2 step 7, saved in /runs/a/checkpoints"
   assert err.exit_status == 143 and preemption.Interrupted(signal.SIGINT, 0, "SFT").exit_status == 130
   assert str(preemption.Interrupted(signal.SIGINT, 0, "stage-2")) == \
       "interrupted by SIGINT: stopped before the first step of stage-2, nothing to save"
+
+
+def test_two_processes_stop_after_the_same_step_when_one_is_signalled(tmp_path):
+  """Two processes (4 CPU devices each, gloo): SIGTERM reaches process 1 only; both stop after the same step, save
+  it together and exit 143; resumed, they end with the weights of an uninterrupted two-process run."""
+  policy = models.build_default_checkpoint(tmp_path / "policy", seed=2, num_hidden_layers=1, hidden_size=32,
+                                           intermediate_size=96)
+  args = [*TINY, "--steps=10", f"--init_checkpoint={policy}", "--mesh=data:2,fsdp:2,tensor:2",
+          "--sharding_rules=fsdp_tp", "--num_processes=2"]
+
+  def start(work, *extra):
+    port = _free_port()
+    return [Child([sys.executable, "-m", "experiments.grpo_math", *args, *extra, f"--work_dir={work}",
+                   f"--coordinator_address=127.0.0.1:{port}", f"--process_id={i}"], env=with_cpu_devices(4, _env()))
+            for i in range(2)]
+
+  def finish(children):
+    codes = [c.finish() for c in children]
+    return codes, [c.stderr for c in children]
+
+  work = tmp_path / "interrupted"
+  children = start(work)
+  children[0].wait_for(r"\] 2/10 ")  # process 0 draws the progress bar
+  children[1].proc.send_signal(signal.SIGTERM)
+  codes, errs = finish(children)
+  assert codes == [143, 143], [e.replace("\r", "\n")[-3000:] for e in errs]
+  steps = [int(re.search(r"stopped after stage-2 step (\d+), saved in ", e).group(1)) for e in errs]
+  assert steps[0] == steps[1] and 2 <= steps[0] < 10, steps
+  assert sorted(int(p.name) for p in (work / "checkpoints").iterdir()) == [steps[0]]
+  codes, errs = finish(start(work, "--resume"))
+  assert codes == [0, 0], [e[-3000:] for e in errs]
+  codes, errs = finish(start(tmp_path / "straight"))
+  assert codes == [0, 0], [e[-3000:] for e in errs]
+  _same_final_weights(tmp_path / "straight", work)

@@ -65,7 +65,8 @@ class StopSignals:
 
   def __init__(self, signals=SIGNALS, report=None):
     self.signals = tuple(signals)
-    self.signum = 0  # the signal to stop on; 0: none
+    self.noted = 0  # the first signal this process got (set by the handler, at any bytecode); 0: none
+    self.signum = 0  # the signal to stop on, as `stop_requested` agreed it; 0: none
     self._report = report or (lambda line: os.write(2, line.encode()))
     self._previous = {}
 
@@ -81,8 +82,8 @@ class StopSignals:
     self._previous.clear()
 
   def _note(self, signum, frame) -> None:  # pylint: disable=unused-argument
-    first = not self.signum
-    self.signum = self.signum or signum
+    first = not self.noted
+    self.noted = self.noted or signum
     if signum == signal.SIGINT:
       signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C: stop now, without saving
     if first:
@@ -94,7 +95,8 @@ class StopSignals:
     """Whether to stop after the current step: this process's signal, or, with several processes, any process's
     (every process must call it at the same point of each step; all of them get the same answer and the same
     `signum`)."""
-    if jax.process_count() > 1:
-      gathered = multihost_utils.process_allgather(np.asarray(self.signum, np.int32))
-      self.signum = int(np.max(gathered))
+    agreed = self.noted
+    if jax.process_count() > 1:  # (a signal noted during the gather is not lost: it is in `noted` for the next)
+      agreed = int(np.max(multihost_utils.process_allgather(np.asarray(agreed, np.int32))))
+    self.signum = self.signum or agreed
     return bool(self.signum)

@@ -143,7 +143,10 @@ class Checkpointer:
 
   def __init__(self, directory: str | pathlib.Path, max_to_keep: int = 3):
     self.directory = pathlib.Path(directory).absolute()
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True, cleanup_tmp_directories=True)
+    if jax.process_index() == 0:  # what a killed save left: never a step, and it would fill the disk
+      for partial in self.directory.glob("*.orbax-checkpoint-tmp*"):
+        shutil.rmtree(partial, ignore_errors=True)
+    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
     self._manager = ocp.CheckpointManager(self.directory, options=options)
 
   def latest_step(self) -> int | None:
