@@ -277,6 +277,8 @@ def test_runner_flags_are_checked():
     config_lib.Config().replace(lora_rank=4, lora_targets="q,qkv")
   with pytest.raises(config_lib.ConfigError, match="--lora_alpha > 0"):
     config_lib.Config().replace(lora_rank=4, lora_alpha=0.0)
+  with pytest.raises(config_lib.ConfigError, match="--lora_export_peft writes LoRA adapters"):
+    config_lib.Config().replace(lora_export_peft=True)
 
 
 @pytest.mark.devices(8)

@@ -407,6 +407,8 @@ def check(config: Config) -> str | None:
             f"{TINY_HEADS} attention heads each need an even head size for RoPE)")
   if v["lora_rank"] < 0 or (v["lora_rank"] and v["lora_alpha"] <= 0):
     return "--lora_rank must be >= 0 (0: no LoRA) and, with LoRA, --lora_alpha > 0"
+  if v["lora_export_peft"] and not v["lora_rank"]:
+    return "--lora_export_peft writes LoRA adapters: it needs --lora_rank > 0"
   if v["lora_rank"] and (not lora_targets(v["lora_targets"])
                          or not set(lora_targets(v["lora_targets"])) <= set(LORA_TARGETS)):
     return f"--lora_targets must be a comma-separated list of {','.join(LORA_TARGETS)}, not {v['lora_targets']!r}"
