@@ -66,6 +66,68 @@ def test_summary_of_a_hand_made_trace(tmp_path):
                                                    "time in all")
 
 
+def _meta(kind, pid, name, tid=None):
+  return {"ph": "M", "name": kind, "pid": pid, **({"tid": tid} if tid is not None else {}), "args": {"name": name}}
+
+
+def _x(name, pid, tid, ts, dur, **args):
+  return {"ph": "X", "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+def test_summary_of_a_synthetic_gpu_and_tpu_trace(tmp_path):
+  """Synthetic, built to the structure xprof documents for accelerators (to be replaced by a real small trace from
+  scripts/gpu_check.sh): each device a process `/device:GPU:0` or `/device:TPU:0` whose derived lines are "XLA
+  Modules" (one event per run of a program, named `module(program id)`) and "XLA Ops" (one event per op), a GPU's
+  kernels also on its stream lines, with the module and op in their args; the host's launches name them too."""
+  trace = _write(tmp_path, [
+      _meta("process_name", 1, "/host:CPU"), _meta("thread_name", 1, "python3", tid=1),
+      _meta("process_name", 2, "/device:GPU:0 (NVIDIA H100 80GB HBM3)"),
+      _meta("thread_name", 2, "Stream #13(Compute)", tid=1), _meta("thread_name", 2, "XLA Modules", tid=2),
+      _meta("thread_name", 2, "XLA Ops", tid=3), _meta("thread_name", 2, "Steps", tid=4),
+      _meta("process_name", 3, "/device:TPU:0"), _meta("thread_name", 3, "XLA Modules", tid=1),
+      _meta("thread_name", 3, "XLA Ops", tid=2),
+      # GPU: jit_step twice (0-7000, 20000-23000 us), the sampler once (10000-15000 us).
+      _x("jit_step(42)", 2, 2, 0, 7000, run_id=11), _x("jit_step(42)", 2, 2, 20000, 3000, run_id=12),
+      _x("jit__sample_impl(7)", 2, 2, 10000, 5000, run_id=13),
+      _x("gemm_fusion_dot.525", 2, 3, 100, 4000), _x("loop_add_fusion.3", 2, 3, 4200, 2000),
+      _x("gemm_fusion_dot.525", 2, 3, 20100, 2500), _x("input_reduce_fusion.9", 2, 3, 10100, 4000),
+      _x("1", 2, 4, 0, 23000),  # a step marker: not an op
+      # The same kernels on the stream line (counted once, through the XLA Ops line), and the host's launches.
+      _x("gemm_fusion_dot_525_kernel", 2, 1, 100, 4000, hlo_module="jit_step", hlo_op="gemm_fusion_dot.525"),
+      _x("ThunkExecutor", 1, 1, 50, 30, hlo_module="jit_step", hlo_op="gemm_fusion_dot.525"),
+      # A program the host ran: its thunks.
+      _x("convert.1", 1, 1, 30000, 200, hlo_module="jit_convert", hlo_op="convert.1", run_id="r1"),
+      # TPU: one run of jit_train_step, an op outside any run (not counted).
+      _x("jit_train_step(3)", 3, 1, 0, 10000, run_id=5),
+      _x("fusion.12", 3, 2, 0, 6000), _x("convolution.4", 3, 2, 6000, 3000), _x("fusion.13", 3, 2, 12000, 50),
+  ])
+  programs = {p.name: p for p in profiling.summarize(trace)}
+  assert list(programs) == ["jit_train_step", "jit_step", "jit__sample_impl", "jit_convert"]  # 9, 8.5, 4, 0.2 ms
+  step = programs["jit_step"]
+  assert (step.runs, step.span_ms, step.op_ms) == (2, 5.0, 4.25)  # spans (7 + 3) / 2; ops (4 + 2 + 2.5) / 2
+  assert [(k, round(v, 4)) for k, v in step.kinds] == [("gemm_fusion_dot", round(6.5 / 8.5, 4)),
+                                                        ("loop_add_fusion", round(2 / 8.5, 4))]
+  sample = programs["jit__sample_impl"]
+  assert (sample.runs, sample.span_ms, sample.op_ms, sample.kinds) == (1, 5.0, 4.0, (("input_reduce_fusion", 1.0),))
+  tpu = programs["jit_train_step"]
+  assert (tpu.runs, tpu.span_ms, tpu.op_ms) == (1, 10.0, 9.0)
+  assert [k for k, _ in tpu.kinds] == ["fusion", "convolution"]
+  assert (programs["jit_convert"].runs, programs["jit_convert"].op_ms) == (1, 0.2)
+
+
+def test_gpu_kernels_from_the_stream_lines_without_an_ops_line(tmp_path):
+  trace = _write(tmp_path, [
+      _meta("process_name", 2, "/device:GPU:0"), _meta("thread_name", 2, "Stream #13(Compute)", tid=1),
+      _meta("thread_name", 2, "Stream #14(MemcpyD2H)", tid=5), _meta("thread_name", 2, "XLA Modules", tid=2),
+      _x("jit_step(42)", 2, 2, 0, 5000),
+      _x("gemm_fusion_dot.525", 2, 1, 0, 3000, hlo_module="jit_step", hlo_op="gemm_fusion_dot.525"),
+      _x("MemcpyD2H", 2, 5, 4000, 500),
+  ])
+  (step,) = profiling.summarize(trace)
+  assert (step.name, step.runs, step.span_ms, step.op_ms) == ("jit_step", 1, 5.0, 3.5)
+  assert [k for k, _ in step.kinds] == ["gemm_fusion_dot", "MemcpyD2H"]
+
+
 def test_unreadable_traces_are_one_line(tmp_path):
   with pytest.raises(FileNotFoundError, match="no \\*.trace.json.gz"):
     profiling.summarize(tmp_path)

@@ -9,6 +9,7 @@ Python tracer is off: it slows a step by 2x on a CPU, and the per-program figure
     python scripts/profile_summary.py /tmp/profiled/profile     # the table again, or of any jax.profiler trace
 """
 
+import bisect
 import collections
 import dataclasses
 import gzip
@@ -76,8 +77,10 @@ class Program:
 
   Attributes:
     name: its HLO module (`jit_step`: a train step; `jit__sample_impl`: the sampler; ...).
-    runs: its executions (distinct run ids; 0 when the events carry none).
-    span_ms: mean time from its first op's start to its last op's end, per run (0 without run ids).
+    runs: its executions (on an accelerator, its XLA Modules events; on the host, distinct run ids, 0 when the
+      events carry none).
+    span_ms: mean time from its first op's start to its last op's end, per run (0 without run ids); on an
+      accelerator, its XLA Modules events' mean duration.
     op_ms: the summed durations of its op events, per run (per trace without run ids). Ops that overlap (two
       threads of a CPU, streams of a GPU) each count, and work an op hands to a thread pool after its event
       ends does not: a program can show more or less op time than span.
@@ -103,20 +106,82 @@ def trace_file(trace_dir: pathlib.Path) -> pathlib.Path:
   return found[-1]
 
 
+# Lines (threads) of an accelerator's process in a trace (xprof's derived timelines): one event per run of a
+# program, named `<hlo module>(<program id>)`, and one per HLO op it ran; a GPU's kernels are also on its stream lines.
+MODULES_LINE, OPS_LINE = "XLA Modules", "XLA Ops"
+
+
+def _names(events, kind: str) -> dict:
+  """pid (process_name) or (pid, tid) (thread_name) -> the name its metadata event gives."""
+  out = {}
+  for e in events:
+    if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == kind and isinstance(e.get("args"), dict):
+      out[e.get("pid") if kind == "process_name" else (e.get("pid"), e.get("tid"))] = str(e["args"].get("name", ""))
+  return out
+
+
+def _device_programs(events) -> tuple[list[Program], set]:
+  """The programs of the accelerators' processes (`/device:GPU:0`, `/device:TPU:0`, ...), read from their lines:
+  each event of the XLA Modules line is a run (its span), and the ops of the XLA Ops line (or, without one, of the
+  stream lines) that start inside it are its ops. Returns (programs, the accelerators' pids)."""
+  processes, threads = _names(events, "process_name"), _names(events, "thread_name")
+  pids = {pid for pid, name in processes.items() if name.startswith("/device:") and "CPU" not in name}
+  runs = collections.defaultdict(list)  # program -> [(start, end)]
+  ops = collections.defaultdict(list)  # pid -> [event]
+  kernels = collections.defaultdict(list)
+  for e in events:
+    if not (isinstance(e, dict) and e.get("ph") == "X" and e.get("pid") in pids):
+      continue
+    line = threads.get((e["pid"], e.get("tid")), "")
+    if line == MODULES_LINE:
+      runs[(e["pid"], re.sub(r"\(\d+\)$", "", str(e.get("name", ""))))].append(
+          (float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0.0))))
+    elif line == OPS_LINE:
+      ops[e["pid"]].append(e)
+    elif line.startswith("Stream"):
+      kernels[e["pid"]].append(e)
+  by_program = collections.defaultdict(lambda: ([], []))  # name -> (spans, op events)
+  for (pid, name), spans in runs.items():
+    spans.sort()
+    by_program[name][0].extend(spans)
+    for e in ops[pid] or kernels[pid]:
+      ts = float(e["ts"])
+      i = bisect.bisect_right(spans, (ts, float("inf"))) - 1
+      if i >= 0 and spans[i][0] <= ts < spans[i][1]:
+        by_program[name][1].append(e)
+  programs = []
+  for name, (spans, evs) in by_program.items():
+    total = sum(float(e.get("dur", 0.0)) for e in evs)
+    kinds = collections.Counter()
+    for e in evs:
+      kinds[re.sub(r"\.\d+$", "", str(e.get("name", "")))] += float(e.get("dur", 0.0))
+    programs.append(Program(name=name, runs=len(spans), span_ms=sum(b - a for a, b in spans) / len(spans) / 1e3,
+                            op_ms=total / len(spans) / 1e3,
+                            kinds=tuple((k, v / total if total else 0.0) for k, v in kinds.most_common())))
+  return programs, pids
+
+
 def summarize(trace_dir) -> list[Program]:
-  """The programs of a trace, by total op time, largest first. XLA op events are those whose args name an
-  `hlo_module` and an `hlo_op` (the CPU's thunks, a GPU's kernels)."""
+  """The programs of a trace, by total op time, largest first.
+
+  On an accelerator (a GPU's or TPU's process), from its XLA Modules and XLA Ops lines (`_device_programs`); on the
+  host, XLA op events are those whose args name an `hlo_module` and an `hlo_op` (the CPU's thunks), grouped by
+  module and by run id. Host op events of a program that an accelerator ran (its launches) are left out. With
+  several accelerators, a program's runs are those of all of them.
+  """
   path = trace_file(trace_dir)
   try:
     events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
   except (OSError, EOFError, ValueError, KeyError, TypeError) as err:
     raise ValueError(f"{path}: not a readable trace ({type(err).__name__}: {err})") from None
+  programs, device_pids = _device_programs(events)
+  on_device = {p.name for p in programs}
   ops = collections.defaultdict(list)
   for e in events:
     args = e.get("args") if isinstance(e, dict) else None
-    if isinstance(args, dict) and e.get("ph") == "X" and "hlo_module" in args and "hlo_op" in args:
+    if (isinstance(args, dict) and e.get("ph") == "X" and "hlo_module" in args and "hlo_op" in args
+        and e.get("pid") not in device_pids and args["hlo_module"] not in on_device):
       ops[args["hlo_module"]].append(e)
-  programs = []
   for name, evs in ops.items():
     by_run = collections.defaultdict(list)
     for e in evs:
