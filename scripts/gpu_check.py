@@ -1,0 +1,239 @@
+r"""The checks of issue #41 on one GPU, each figure beside its roofline: `scripts/gpu_check.sh` runs them in order.
+
+  python scripts/gpu_check.py roofline --out=$OUT         # this device's measured bf16 matmul and copy rates
+  python scripts/gpu_check.py init --out=$OUT             # init_params at Qwen2.5 shapes: compile and run times
+  python scripts/gpu_check.py sampler --out=$OUT          # the sampler against HF generate (torch), 0.5B shapes
+  python scripts/gpu_check.py grpo --out=$OUT             # a GRPO step through the runner, 0.5B shapes, profiled
+  python scripts/gpu_check.py table --out=$OUT            # the Markdown table of what the parts wrote
+  python scripts/gpu_check.py <part> --out=DIR --smoke    # tiny shapes, for a CPU (what tests/test_gpu_check runs)
+
+Each part writes `<part>.json` under `--out` (checkpoints and runs under `--scratch`); `table` reads them. The roofline is measured, not taken from a data
+sheet: the best of a few [8192, 8192] bf16 products (FLOP/s) and of a few copies of 1 GiB (bytes/s, read + write).
+Against it:
+  init: seconds (the goal: seconds on any backend, as on the CPU).
+  sampler: decode limit = T x (weight bytes + KV-cache bytes at the mean length) / copy rate, as a fraction of the
+    measured time (N rows, T new tokens, P prompt tokens: the cache holds N x (P + T/2) x L x 2 x K x D values
+    at the mean length).
+  grpo update: MFU = 6 x params x tokens / time / matmul rate (tokens: rows x (prompt + completion) in the update).
+"""
+
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax import models, sampling
+from grpo_jax.models import tiny
+
+QWEN = {  # Hugging Face configs' shapes (random weights: no hub here)
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2, vocab_size=151_936),
+    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                 num_key_value_heads=2, vocab_size=151_936),
+    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+               num_key_value_heads=4, vocab_size=152_064, tie_word_embeddings=False),
+}
+SMOKE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+
+
+def config_for(size: str, smoke: bool, **runtime) -> models.ModelConfig:
+  return tiny.tiny_config(**(SMOKE if smoke else QWEN[size]), param_dtype="bfloat16", dtype="bfloat16", **runtime)
+
+
+def weight_bytes(config: models.ModelConfig) -> int:
+  shapes = jax.eval_shape(models.init_params, config, jax.random.key(0))
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes))
+
+
+def _best(fn, repeats: int) -> float:
+  jax.block_until_ready(fn())
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    best = min(best, time.perf_counter() - start)
+  return best
+
+
+def roofline(args) -> dict:
+  n = 512 if args.smoke else 8192
+  a = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
+  matmul = jax.jit(lambda x: x @ x)
+  flops = 2 * n**3 / _best(lambda: matmul(a), 5)
+  size = (1 << 20) if args.smoke else (1 << 29)  # bf16 elements: 1 GiB
+  x = jnp.ones((size,), jnp.bfloat16)
+  copy = jax.jit(lambda y: y + 1)
+  copy_rate = 2 * size * 2 / _best(lambda: copy(x), 5)
+  return {"device": jax.devices()[0].device_kind, "backend": jax.default_backend(), "jax": jax.__version__,
+          "matmul_flops": flops, "copy_bytes_per_s": copy_rate}
+
+
+def init(args) -> dict:
+  rows = []
+  for size in ["0.5b", "1.5b", "7b"][:1 if args.smoke else 3]:
+    for scan in (False, True):
+      config = config_for(size, args.smoke, scan_layers=scan)
+      key = jax.random.key(0)
+      start = time.perf_counter()
+      compiled = models.init_params.lower(config, key).compile()
+      compile_s = time.perf_counter() - start
+      run_s = None
+      if size == "0.5b":  # run it too (the bigger ones: compile only, the GPU's memory is for the next parts)
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(key))
+        run_s = time.perf_counter() - start
+      rows.append({"shape": "smoke" if args.smoke else size, "scan_layers": scan, "compile_s": compile_s,
+                   "run_s": run_s, "weight_bytes": weight_bytes(config)})
+      print(rows[-1], flush=True)
+  return {"rows": rows}
+
+
+def decode_limit_s(config: models.ModelConfig, rows: int, prompt: int, new: int, copy_rate: float) -> float:
+  """T decode steps, each reading the weights and the KV cache at the mean length once."""
+  kv = rows * (prompt + new / 2) * config.num_hidden_layers * 2 * config.num_key_value_heads * config.head_dim * 2
+  return new * (weight_bytes(config) + kv) / copy_rate
+
+
+def sampler(args) -> dict:
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  config = config_for("0.5b", args.smoke)
+  params = models.init_params(config, jax.random.key(0))
+  ckpt = pathlib.Path(args.scratch) / "sampler_ckpt"
+  models.save_hf(params, config, ckpt)
+  device = "cuda" if torch.cuda.is_available() else "cpu"
+  hf = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16).to(device).eval()
+  roof = json.loads((pathlib.Path(args.out) / "roofline.json").read_text())
+  prompt_len, group = (8, 2) if args.smoke else (64, 8)
+  sizes = [(4, 4)] if args.smoke else [(64, 128), (256, 256)]
+  rows_out = []
+  for rows, new in sizes:
+    prompts = jax.random.randint(jax.random.key(1), (rows // group, prompt_len), 5, config.vocab_size - 1)
+    mask = jnp.ones_like(prompts, bool)
+    run = lambda: sampling.sample(params, config, prompts, mask, jax.random.key(2), num_samples=group,
+                                  max_new_tokens=new, eos_token_ids=()).tokens
+    jax_s = _best(run, 1 if args.smoke else 3)
+    ids = torch.tensor(np.repeat(np.asarray(prompts), group, axis=0), device=device)
+
+    def generate():
+      with torch.no_grad():
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=new,
+                          min_new_tokens=new, top_k=0, top_p=1.0, temperature=1.0, pad_token_id=0)
+      if device == "cuda":
+        torch.cuda.synchronize()
+      return out
+
+    generate()
+    start = time.perf_counter()
+    generate()
+    hf_s = time.perf_counter() - start
+    limit = decode_limit_s(config, rows, prompt_len, new, roof["copy_bytes_per_s"])
+    rows_out.append({"rows": rows, "new_tokens": new, "prompt": prompt_len, "jax_s": jax_s, "hf_s": hf_s,
+                     "tokens_per_s": rows * new / jax_s, "speedup": hf_s / jax_s, "decode_limit_s": limit,
+                     "roofline_fraction": limit / jax_s})
+    print(rows_out[-1], flush=True)
+  return {"rows": rows_out}
+
+
+def grpo(args) -> dict:
+  out = pathlib.Path(args.out)
+  config = config_for("0.5b", args.smoke)
+  scratch = pathlib.Path(args.scratch)
+  ckpt = scratch / "grpo_ckpt"
+  tiny.build_default_checkpoint(ckpt, **(SMOKE if args.smoke else QWEN["0.5b"]), param_dtype="bfloat16")
+  batch, group, new, steps = (2, 2, 8, 4) if args.smoke else (16, 8, 256, 6)
+  work = scratch / "grpo_run"
+  metrics = scratch / "grpo_metrics.json"
+  cmd = [sys.executable, str(pathlib.Path(__file__).parent / "bench_grpo_step.py"), f"--init_checkpoint={ckpt}",
+         "--dtype=bfloat16", f"--batch_size={batch}", f"--group_size={group}", f"--max_new_tokens={new}",
+         f"--steps={steps}", f"--profile_steps={steps - 1}:{steps}", f"--work_dir={work}", f"--json_out={metrics}"]
+  print(" ".join(cmd), flush=True)
+  subprocess.run(cmd, check=True)
+  m = json.loads(metrics.read_text())
+  roof = json.loads((out / "roofline.json").read_text())
+  rows = batch * group
+  completion = m.get("train/response_length", new)
+  update_tokens = rows * (completion + args.prompt_tokens)
+  n_params = sum(x.size for x in jax.tree.leaves(jax.eval_shape(models.init_params, config, jax.random.key(0))))
+  result = {"step_s": m["step_s"], "sampling_s": m["train/time_sampling"], "scoring_s": m["train/time_scoring"],
+            "update_s": m["train/time_update"], "tokens_per_s": m["train/tokens_per_s"],
+            "peak_rss_bytes": m["peak_rss_bytes"], "weight_bytes": weight_bytes(config), "rows": rows,
+            "new_tokens": new, "completion_mean": completion, "update_tokens": update_tokens, "params": n_params,
+            "update_mfu": 6 * n_params * update_tokens / m["train/time_update"] / roof["matmul_flops"],
+            "sampling_roofline_fraction": decode_limit_s(config, rows, args.prompt_tokens, new,
+                                                         roof["copy_bytes_per_s"]) / m["train/time_sampling"]}
+  traces = sorted((work / "profile").glob("**/*.trace.json.gz"))
+  if traces:  # the real accelerator trace, for tests/test_profiling's fixture
+    (out / "trace.json.gz").write_bytes(traces[-1].read_bytes())
+    from experiments.runner import profiling  # pylint: disable=import-outside-toplevel
+    result["profile_table"] = profiling.format_table(profiling.summarize(traces[-1]), steps=2)
+  return result
+
+
+def _fmt(x, spec=".2f"):
+  return "-" if x is None else format(x, spec)
+
+
+def table(args) -> str:
+  out = pathlib.Path(args.out)
+  read = lambda name: json.loads((out / f"{name}.json").read_text()) if (out / f"{name}.json").is_file() else None
+  roof, ini, samp, step = read("roofline"), read("init"), read("sampler"), read("grpo")
+  lines = []
+  if roof:
+    lines.append(f"{roof['device']} ({roof['backend']}, jax {roof['jax']}): measured bf16 matmul "
+                 f"{roof['matmul_flops'] / 1e12:.0f} TFLOP/s, copy {roof['copy_bytes_per_s'] / 1e12:.2f} TB/s\n")
+  lines += ["| what | measured | against the roofline |", "|---|---|---|"]
+  for r in (ini or {}).get("rows", []):
+    run = f", runs in {r['run_s']:.2f} s" if r["run_s"] is not None else ""
+    lines.append(f"| init_params {r['shape']}{' scanned' if r['scan_layers'] else ''} | compiles in "
+                 f"{r['compile_s']:.1f} s{run} | goal: seconds |")
+  if step:
+    lines.append(f"| GRPO step, {step['rows']} rows x {step['new_tokens']} new tokens | {step['step_s']:.3f} s "
+                 f"(sampling {step['sampling_s']:.3f}, scoring {step['scoring_s']:.3f}, update "
+                 f"{step['update_s']:.3f}); {step['tokens_per_s']:,.0f} generated tokens/s | goal 0.5 s |")
+    lines.append(f"| its sampling | {step['sampling_s']:.3f} s | {100 * step['sampling_roofline_fraction']:.0f}% "
+                 f"of the decode limit |")
+    lines.append(f"| its update | {step['update_s']:.3f} s, {step['update_tokens']:,.0f} tokens | "
+                 f"{100 * step['update_mfu']:.0f}% MFU (goal 50%) |")
+    lines.append(f"| peak host RSS | {step['peak_rss_bytes'] / 2**30:.2f} GiB for "
+                 f"{step['weight_bytes'] / 2**30:.2f} GiB of weights | "
+                 f"{step['peak_rss_bytes'] / step['weight_bytes']:.1f}x the weights (goal ~2x + a constant) |")
+  for r in (samp or {}).get("rows", []):
+    lines.append(f"| sampler {r['rows']} x {r['new_tokens']} (prompt {r['prompt']}) | {r['jax_s']:.3f} s, "
+                 f"{r['tokens_per_s']:,.0f} tokens/s; HF generate {r['hf_s']:.3f} s ({r['speedup']:.1f}x) | "
+                 f"{100 * r['roofline_fraction']:.0f}% of the decode limit (goal 40% at 256 x 256) |")
+  text = "\n".join(lines)
+  if step and step.get("profile_table"):
+    text += "\n\nProfile of the last two GRPO steps:\n\n" + step["profile_table"]
+  return text
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("part", choices=["roofline", "init", "sampler", "grpo", "table"])
+  parser.add_argument("--out", required=True, help="directory for <part>.json (and the trace)")
+  parser.add_argument("--scratch", default="/tmp/gpu_check_scratch",
+                      help="checkpoints and run directories (not under --out, which comes back small)")
+  parser.add_argument("--smoke", action="store_true", help="tiny shapes (a CPU check of the script itself)")
+  parser.add_argument("--prompt_tokens", type=float, default=40.0,
+                      help="mean prompt tokens of the GRPO rows, for the update's FLOPs and the decode limit")
+  args = parser.parse_args()
+  out = pathlib.Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  if args.part == "table":
+    text = table(args)
+    (out / "gpu_check.md").write_text(text + "\n")
+    print(text)
+    return
+  result = {"roofline": roofline, "init": init, "sampler": sampler, "grpo": grpo}[args.part](args)
+  (out / f"{args.part}.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+  main()

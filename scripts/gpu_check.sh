@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Issue #41's checks on one GPU (H100 or H200), in at most ~8 minutes, with what the device image has (jax CUDA,
+# flax, optax, orbax, transformers, torch; no tensorboardX: the runs pass --tensorboard=false).
+#
+#   OUT=/tmp/gpu_check bash scripts/gpu_check.sh            # from the repository root
+#   OUT=/tmp/gpu_check bash scripts/gpu_check.sh --smoke    # tiny shapes: the script itself, on a CPU
+#
+# Writes under $OUT (8 files): gpu_check.md (the table, also printed), gpu_check.log (every part's output),
+# default_run.log (the tail of `python -m experiments.grpo_math`), roofline/init/sampler/grpo.json, and
+# trace.json.gz (a real profile of two GRPO steps, the fixture tests/test_profiling.py wants). Each part has its own
+# time limit; one that fails or runs out is a line in the table and the others still run.
+set -u
+OUT=${OUT:-/tmp/gpu_check}
+SMOKE=${1:-}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+PY=${PYTHON:-python3}
+LOG="$OUT/gpu_check.log"
+: > "$LOG"
+FAILED=""
+
+part() {  # part NAME SECONDS [extra env]
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name ($(date -u +%T))" >> "$LOG"
+  if ! env "$@" timeout "$limit" "$PY" scripts/gpu_check.py "$name" --out="$OUT" $SMOKE >> "$LOG" 2>&1; then
+    FAILED="$FAILED $name"
+  fi
+}
+
+"$PY" -c "import jax; print('devices:', jax.devices())" >> "$LOG" 2>&1
+part roofline 45
+part init 90
+echo "== default run ($(date -u +%T))" >> "$LOG"
+if [ -n "$SMOKE" ]; then DEFAULT_FLAGS="--steps=2 --sft_steps=2 --num_test=4 --eval_every=0"; else DEFAULT_FLAGS=""; fi
+START=$(date +%s)
+timeout 130 "$PY" -m experiments.grpo_math --tensorboard=false --work_dir=/tmp/gpu_check_scratch/default \
+    $DEFAULT_FLAGS > /tmp/gpu_check_default.log 2>&1
+STATUS=$?
+tail -n 15 /tmp/gpu_check_default.log > "$OUT/default_run.log"
+echo "exit $STATUS after $(( $(date +%s) - START )) s" >> "$OUT/default_run.log"
+[ $STATUS -eq 0 ] || FAILED="$FAILED default_run"
+part grpo 150
+# JAX and torch share the GPU in this part: JAX takes half of its memory, not its default 75%.
+part sampler 100 XLA_PYTHON_CLIENT_MEM_FRACTION=0.45
+"$PY" scripts/gpu_check.py table --out="$OUT" $SMOKE >> "$LOG" 2>&1
+echo "| default run (python -m experiments.grpo_math) | $(tail -n 1 "$OUT/default_run.log") | - |" >> "$OUT/gpu_check.md"
+[ -z "$FAILED" ] || echo "failed or out of time:$FAILED (see gpu_check.log)" >> "$OUT/gpu_check.md"
+cat "$OUT/gpu_check.md"
