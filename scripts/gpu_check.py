@@ -22,6 +22,7 @@ import json
 import pathlib
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -141,6 +142,41 @@ def sampler(args) -> dict:
   return {"rows": rows_out}
 
 
+def _rss_bytes(pid: int) -> int:
+  try:
+    for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+      if line.startswith("VmRSS:"):
+        return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return 0
+
+
+def run_watching_rss(cmd) -> list:
+  """Runs `cmd`, echoing its output, with its resident memory sampled every 0.2 s: [(the peak RSS seen up to each
+  output line, the line)], so that a peak shows which stage of the run (loading, compiling, a step) it came in."""
+  proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  peak = [0]
+  done = threading.Event()
+
+  def watch():
+    while not done.wait(0.2):
+      peak[0] = max(peak[0], _rss_bytes(proc.pid))
+
+  watcher = threading.Thread(target=watch, daemon=True)
+  watcher.start()
+  timeline = []
+  for line in proc.stdout:
+    print(line, end="", flush=True)
+    peak[0] = max(peak[0], _rss_bytes(proc.pid))
+    if line.strip():
+      timeline.append((peak[0], line.strip()[:160]))
+  done.set()
+  if proc.wait():
+    raise subprocess.CalledProcessError(proc.returncode, cmd)
+  return timeline[-40:]
+
+
 def grpo(args) -> dict:
   out = pathlib.Path(args.out)
   config = config_for("0.5b", args.smoke)
@@ -154,7 +190,7 @@ def grpo(args) -> dict:
          "--dtype=bfloat16", f"--batch_size={batch}", f"--group_size={group}", f"--max_new_tokens={new}",
          f"--steps={steps}", f"--profile_steps={steps - 1}:{steps}", f"--work_dir={work}", f"--json_out={metrics}"]
   print(" ".join(cmd), flush=True)
-  subprocess.run(cmd, check=True)
+  timeline = run_watching_rss(cmd)
   m = json.loads(metrics.read_text())
   roof = json.loads((out / "roofline.json").read_text())
   rows = batch * group
@@ -167,7 +203,8 @@ def grpo(args) -> dict:
             "new_tokens": new, "completion_mean": completion, "update_tokens": update_tokens, "params": n_params,
             "update_mfu": 6 * n_params * update_tokens / m["train/time_update"] / roof["matmul_flops"],
             "sampling_roofline_fraction": decode_limit_s(config, rows, args.prompt_tokens, new,
-                                                         roof["copy_bytes_per_s"]) / m["train/time_sampling"]}
+                                                         roof["copy_bytes_per_s"]) / m["train/time_sampling"],
+            "rss_by_output_line": timeline}
   traces = sorted((work / "profile").glob("**/*.trace.json.gz"))
   if traces:  # the real accelerator trace, for tests/test_profiling's fixture
     (out / "trace.json.gz").write_bytes(traces[-1].read_bytes())

@@ -128,7 +128,7 @@ def _leaf(tree, path: tuple[str, ...]):
 def _place(value: np.ndarray, dtype, sharding) -> jax.Array:
   """One device array, or a global array built shard by shard (each device receives only its slice)."""
   if sharding is None:
-    return jax.numpy.asarray(value.astype(dtype))
+    return jax.numpy.asarray(value.astype(dtype, copy=False))
   return jax.make_array_from_callback(value.shape, sharding, lambda index: np.asarray(value[index], dtype))
 
 
