@@ -163,3 +163,27 @@ def test_clear_errors(tmp_path):
   _assert_error(bad_json, "not valid JSON")
   with pytest.raises(models.CheckpointError, match="does not exist"):
     models.load_tokenizer(tmp_path / "nope")
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_loading_holds_one_tensor_at_a_time_on_the_host(tmp_path, scan):
+  """Host (NumPy) memory while loading, traced by tracemalloc (XLA's buffers and the file's mapped pages are not
+  Python allocations): at most a few copies of the largest tensor at once, never the whole model again (a loader
+  that kept the tensors it read, or upcast them to float32 on the host, holds at least the weights' bytes)."""
+  import tracemalloc  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  config = models.tiny_config(hidden_size=128, intermediate_size=512, num_hidden_layers=8, vocab_size=2048,
+                              tie_word_embeddings=False, param_dtype="bfloat16")
+  models.save_hf(models.init_params(config, jax.random.key(0)), config, tmp_path)
+  weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(jax.eval_shape(models.init_params, config,
+                                                                                  jax.random.key(0))))
+  largest = 2 * 2048 * 128  # bytes of the embedding (and of lm_head), bf16
+  tracemalloc.start()
+  try:
+    params, _ = models.load_hf(tmp_path, dtype="bfloat16", scan_layers=scan)
+    jax.block_until_ready(params)
+    _, peak = tracemalloc.get_traced_memory()
+  finally:
+    tracemalloc.stop()
+  assert weights > 8 * largest  # the bound below tells the two loaders apart
+  assert peak < 3 * largest + 2**20
