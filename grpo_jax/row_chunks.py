@@ -90,15 +90,16 @@ def forward_row_bytes(config: ModelConfig, length: int, *, logits_chunk: int = 0
   The largest live arrays of a layer: the residual stream, q, k, v and the attention output ~ 6·L·E, the MLP's
   gate, up and product ~ 3·L·M (in the activation dtype); the attention scores and their softmax, 2·N·L²
   float32, unless the attention is fused (`config.attention` cudnn or pallas: blocks, not [L, L]); the
-  log-prob chunk's float32 logits and their exponentials, 2·min(chunk, L)·V (`logits_chunk` > 0); with `cached`
-  (the grouped forward's KV cache, every layer's keys and values) 2·layers·K·D·L.
+  log-prob chunk's float32 logits, their exponentials and a mask, 9·min(chunk, L)·V bytes (`logits_chunk` > 0);
+  with `cached` (the grouped forward's KV cache, every layer's keys and values) 2·layers·K·D·L. The TPU
+  compiler's figures for a Qwen2.5-0.5B π_ref forward are in BENCHMARKS.md.
   """
   c = config
   act = jnp.dtype(c.dtype).itemsize
   fused = c.attention in ("cudnn", "pallas") if fused_attention is None else fused_attention
   layer = (6 * c.hidden_size + 3 * c.intermediate_size) * length * act
   scores = 0 if fused else 2 * c.num_attention_heads * length * length * 4
-  logits = 2 * min(logits_chunk, length) * c.vocab_size * 4 if logits_chunk else 0
+  logits = 9 * min(logits_chunk, length) * c.vocab_size if logits_chunk else 0
   cache = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * length * act if cached else 0
   return int(layer + scores + logits + cache)
 

@@ -177,7 +177,10 @@ def test_the_model_scores_and_trains_with_each_implementation(implementation):
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed: no TPU compiler")
 def test_pallas_kernel_compiles_for_a_tpu_topology():
   """The kernel, its backward and the model's bfloat16 log-prob forward with it compile for one chip
-  of a v5e:2x2 with libtpu as the compiler (a child process: libtpu's environment is set before it loads)."""
+  of a v5e:2x2 with libtpu as the compiler (a child process: libtpu's environment is set before it loads); and the
+  forward on a mesh of its 4 chips in row chunks, where XLA would refuse to partition the kernel without its
+  shard_map. (Pallas's interpret mode hangs under shard_map on several CPU devices, so the mesh is only
+  compiled.)"""
   code = textwrap.dedent("""
       import jax, jax.numpy as jnp, numpy as np
       from jax.experimental import topologies
@@ -204,7 +207,20 @@ def test_pallas_kernel_compiles_for_a_tpu_topology():
       lowered = fn.lower(params, spec((4, 300), jnp.int32), spec((4, 300), jnp.bool_))
       assert "tpu_custom_call" in lowered.as_text()
       logp = lowered.compile().out_info
-      print("SHAPES", out.shape, out.dtype, [g.shape for g in grads], logp.shape, logp.dtype)
+      # On a mesh of the 4 chips, rows split over fsdp: the kernel runs per shard (shard_map), in row chunks.
+      from grpo_jax import partitioning
+      devices = topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu").devices
+      mesh, rules = partitioning.make_mesh("fsdp:4", devices), partitioning.get_rules("fsdp")
+      fn = logprobs.jit_token_logprobs(config, mesh=mesh, rules=rules, forward_rows=4)
+      params_sh = partitioning.param_shardings(mesh, rules, params)
+      rows = partitioning.logical_sharding(mesh, rules, ("batch", None), (8, 300))
+      sharded = fn.jitted((8, 300)).lower(
+          jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), params, params_sh),
+          jax.ShapeDtypeStruct((8, 300), jnp.int32, sharding=rows), jax.ShapeDtypeStruct((8, 300), jnp.bool_,
+                                                                                            sharding=rows))
+      assert "tpu_custom_call" in sharded.as_text()
+      on_mesh = sharded.compile().out_info
+      print("SHAPES", out.shape, out.dtype, [g.shape for g in grads], logp.shape, logp.dtype, on_mesh.shape)
   """)
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "TPU_SKIP_MDS_QUERY": "1",
          "TPU_WORKER_HOSTNAMES": "localhost", "TPU_ACCELERATOR_TYPE": "v5litepod-1"}
@@ -213,4 +229,4 @@ def test_pallas_kernel_compiles_for_a_tpu_topology():
   assert result.returncode == 0, result.stderr[-3000:]
   shapes = result.stdout.strip().splitlines()[-1]
   assert shapes == ("SHAPES (2, 200, 4, 64) bfloat16 [(2, 200, 4, 64), (2, 200, 2, 64), (2, 200, 2, 64)] "
-                    "(4, 300) float32"), shapes
+                    "(4, 300) float32 (8, 300)"), shapes

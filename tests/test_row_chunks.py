@@ -54,7 +54,7 @@ def test_forward_row_bytes_by_hand():
   length = 10
   layer = (6 * 32 + 3 * 48) * 10 * 2  # residual, q, k, v, output; gate, up, product; bf16
   scores = 2 * 4 * 10 * 10 * 4
-  logits = 2 * 4 * 61 * 4  # a chunk of 4 positions
+  logits = 9 * 4 * 61  # a chunk of 4 positions: float32 logits and exponentials, a bool mask
   cache = 2 * 2 * 2 * 8 * 10 * 2  # keys and values, 2 layers, 2 kv heads of 8, bf16
   assert row_chunks.forward_row_bytes(config, length) == layer + scores
   assert row_chunks.forward_row_bytes(config, length, logits_chunk=4, cached=True) == layer + scores + logits + cache

@@ -18,7 +18,9 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
+from grpo_jax.models import logical_axes
 from grpo_jax.models.config import ATTENTION_IMPLEMENTATIONS as IMPLEMENTATIONS
 
 CHOICES = ("auto", *IMPLEMENTATIONS)  # the `--attention` flag's values
@@ -104,7 +106,8 @@ def _pallas_flash(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array,
   Causal, with the padding as segment ids (1 at real tokens, 0 at padding): a real query attends the real keys
   up to itself, as `allowed` says; a padding query attends the padding keys up to itself (at least itself, so no
   row is empty). The kernel wants as many kv heads as query heads (each kv head repeated G times) and lengths in
-  whole blocks (padded with padding tokens, cut off after).
+  whole blocks (padded with padding tokens, cut off after). On a mesh (inside `logical_axes.axis_rules`) it runs
+  per shard in `shard_map`, rows split as "batch" and heads as "heads" say (XLA cannot partition a Mosaic kernel).
   """
   from jax.experimental.pallas.ops.tpu import flash_attention as flash  # pylint: disable=g-import-not-at-top
 
@@ -115,8 +118,20 @@ def _pallas_flash(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array,
   qh = heads_major(q)
   kh, vh = (heads_major(jnp.repeat(x, groups, axis=2)) for x in (k, v))
   segments = jnp.pad(key_mask.astype(jnp.int32), ((0, 0), (0, padded - l)))
-  out = flash.flash_attention(qh, kh, vh, segment_ids=flash.SegmentIds(q=segments, kv=segments), causal=True,
-                              sm_scale=scale, block_sizes=_pallas_blocks())
+
+  def kernel(qh, kh, vh, segments):
+    return flash.flash_attention(qh, kh, vh, segment_ids=flash.SegmentIds(q=segments, kv=segments), causal=True,
+                                 sm_scale=scale, block_sizes=_pallas_blocks())
+
+  placed = logical_axes.current_rules()
+  if placed is None:
+    out = kernel(qh, kh, vh, segments)
+  else:
+    mesh, rules = placed
+    heads = logical_axes.logical_to_spec(("batch", "heads", None, None), rules, shape=qh.shape, mesh=mesh)
+    rows = PartitionSpec(heads[0], None)
+    out = jax.shard_map(kernel, mesh=mesh, in_specs=(heads, heads, heads, rows), out_specs=heads,
+                        check_vma=False)(qh, kh, vh, segments)
   return out.transpose(0, 2, 1, 3)[:, :l].astype(q.dtype)
 
 
