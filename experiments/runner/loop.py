@@ -156,6 +156,10 @@ def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointe
                                                       frozen=frozen)
   updates = method.reward_updates  # iterative RL's reward-model retraining, or None
   per_iteration = cfg.reward_model.steps_per_iteration if updates else 0
+  if updates and frozen is not None:
+    # π_ref takes π_θ's adapters at each iteration; zero adapters until then keep the checkpoint's structure
+    zero = jax.tree.map(jnp.zeros_like, lora.adapters(method.policy(full(state.params))))
+    method.reference = lora.join(zero, method.reference)
   recorded = resume_lib.record(cfg)
 
   def checkpoint_tree(state):

@@ -14,7 +14,7 @@ projections carry them. This module adds, splits, switches off, merges and expor
   config = lora.lora_config(base_config, rank=8, alpha=16, targets=("q", "v"))
   params = lora.add_adapters(base_params, config, key)       # base arrays shared, adapters new
   trained, frozen = lora.split(params)                        # optimise `trained` only
-  reference = lora.disabled(params)                           # B = 0: the base model, no second copy of W
+  reference = lora.disabled(params)                           # the base arrays alone: no copy of W
   merged, base_config = lora.merge(params, config)            # W + A·B·α/r, a plain model (HF export)
   lora.save_peft(params, config, directory, base_model_name_or_path=...)   # PEFT's adapter files
 
@@ -134,10 +134,9 @@ def add_adapters(params: Params, config: ModelConfig, key: jax.Array) -> Params:
 
 
 def disabled(params: Params) -> Params:
-  """The adapted params with the adapters switched off (A = B = 0): exactly the base model (it adds x·0·0 = 0),
-  computed from the same base arrays (no copy of W; only the small zero adapters are new, none shared with the
-  trained ones, which the update donates)."""
-  return jax.tree_util.tree_map_with_path(lambda p, x: jnp.zeros_like(x) if is_adapter(p) else x, params)
+  """The adapted params with the adapters switched off: the base arrays alone (no copy, no zero adapters), which an
+  adapted config's model applies as the base model (`transformer._merge` drops the adapters it finds none of)."""
+  return split(params, is_adapter)[1]
 
 
 def delta(a: jax.Array, b: jax.Array, scale: float) -> jax.Array:

@@ -542,7 +542,13 @@ def _abstract(cls: type, config: ModelConfig):
   return nnx.split(nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0))))
 
 
+def _has_adapters(params) -> bool:
+  return isinstance(params, dict) and ("lora_a" in params or any(_has_adapters(v) for v in params.values()))
+
+
 def _merge(cls: type, config: ModelConfig, params: Params) -> nnx.Module:
+  if config.lora_rank and not _has_adapters(params):  # LoRA's base alone (its adapters off): the plain model
+    config = config.replace(lora_rank=0, lora_alpha=0.0, lora_targets=())
   graphdef, abstract_state = _abstract(cls, config)
   state = jax.tree.map(lambda x: x, abstract_state)
   nnx.replace_by_pure_dict(state, params)
