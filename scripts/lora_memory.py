@@ -8,9 +8,9 @@ and --lora_targets.
 
 Full fine-tuning keeps the policy, a frozen copy of it as π_ref (β > 0), AdamW's two moments of every weight and, in
 the update, a gradient of every weight. With LoRA (`grpo_jax.models.lora`) π_ref is the same base arrays with the
-adapters switched off, and the moments and gradients are those of the adapters only. Activations and the sampler's
-KV cache are the same either way and are not counted. These are byte counts of the trees, not the compiler's
-memory analysis (`scripts/aot_compile.py` does not list the LoRA update's programs yet).
+adapters switched off (no byte of its own), and the moments and gradients are those of the adapters only.
+Activations and the sampler's KV cache are the same either way and are not counted. These are byte counts of the
+trees, not the compiler's memory analysis (`scripts/aot_compile.py` does not list the LoRA update's programs yet).
 """
 
 import sys
@@ -45,7 +45,8 @@ def resident(config: models.ModelConfig, rank: int, alpha: float, targets) -> di
   moments = lambda params: nbytes(jax.eval_shape(optimizer.init, params))
   full = {"policy weights": nbytes(base), "π_ref": nbytes(base), "AdamW moments": moments(base),
           "gradients (in the update)": nbytes(base)}
-  with_lora = {"policy weights": nbytes(frozen) + nbytes(trained), "π_ref": nbytes(trained),
+  reference = jax.eval_shape(lora.disabled, adapted)  # the base arrays alone: shared with the policy, no new bytes
+  with_lora = {"policy weights": nbytes(frozen) + nbytes(trained), "π_ref": nbytes(reference) - nbytes(frozen),
                "AdamW moments": moments(trained), "gradients (in the update)": nbytes(trained)}
   return {"full fine-tuning": full, "LoRA": with_lora}
 

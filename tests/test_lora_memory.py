@@ -24,7 +24,7 @@ def test_resident_bytes_by_hand():
   full, lora = table["full fine-tuning"], table["LoRA"]
   assert full == {"policy weights": weights, "π_ref": weights, "AdamW moments": 2 * weights + 4,  # + its step count
                   "gradients (in the update)": weights}
-  assert lora == {"policy weights": weights + adapters, "π_ref": adapters, "AdamW moments": 2 * adapters + 4,
+  assert lora == {"policy weights": weights + adapters, "π_ref": 0, "AdamW moments": 2 * adapters + 4,
                   "gradients (in the update)": adapters}
 
 
