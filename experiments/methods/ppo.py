@@ -15,6 +15,7 @@ import optax
 from experiments.methods import base
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import losses
+from grpo_jax import partitioning
 from grpo_jax import row_chunks
 from grpo_jax import models
 from grpo_jax.models import lora
@@ -43,7 +44,8 @@ class PPO(base.Method):
       return row_chunks.map_rows(lambda t, m: objectives.token_values(params, config, t, m), (tokens, mask),
                                  place.forward_chunk(config, *tokens.shape))
 
-    values = jax.jit(values)
+    # On a mesh, traced inside its axis rules, as the policy's forwards are (a Pallas attention kernel runs per shard).
+    values = jax.jit(values) if place.mesh is None else partitioning.jit_with_rules(values, place.mesh, place.rules)
     self.values = lambda params, tokens, mask: values(params, *place.device((tokens, mask)))
 
   def init_params(self, policy, key):
