@@ -102,7 +102,7 @@ def test_xla_reads_a_cache_layout_and_a_dense_mask():
       [np.ones((B, p), bool), key_mask], axis=1)[:, None, :]
   k_cache, v_cache = k_all.transpose(0, 2, 3, 1), v_all.transpose(0, 2, 1, 3)
   want = _run("einsum", q, k_cache, v_cache, jnp.asarray(allowed), cache_layout=True)
-  for impl in ("xla", "pallas"):  # pallas has no kernel for it: xla with the dense mask
+  for impl in ("xla", "pallas", "cudnn"):  # the fused kernels fall back to xla with the dense mask
     got = _run(impl, q, k_cache, v_cache, jnp.asarray(allowed), cache_layout=True)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(want, _numpy_attention(q, k_all, v_all, allowed), rtol=1e-5, atol=1e-5)

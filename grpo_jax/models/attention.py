@@ -70,7 +70,8 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, *, impl
     implementation: one of IMPLEMENTATIONS.
     causal: a promise that L == S and allowed = key_mask[:, None, :] & tril (the no-cache forward); key_mask is
       then read off allowed's last query row, and the fused kernels take it with their causal flag instead of
-      the dense mask. Without it, xla and cudnn take the dense mask and pallas falls back to xla.
+      the dense mask. Without it (a forward against a cache: the grouped forward's completions, the sampler's
+      prefill) the fused kernels fall back to xla with the dense mask.
 
   Returns:
     [B, L, N, D] in q's dtype. Where a query may attend no key (padding), einsum and xla average all values;
@@ -96,8 +97,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, *, impl
   if implementation == "cudnn" and causal:  # the key mask as a [B, 1, 1, S] bias, the causal part in the kernel
     return jax.nn.dot_product_attention(q, k, v, mask=allowed[:, -1, None, None, :], scale=scale, is_causal=True,
                                         implementation="cudnn")
-  impl = "cudnn" if implementation == "cudnn" else "xla"
-  return jax.nn.dot_product_attention(q, k, v, mask=allowed[:, None], scale=scale, implementation=impl)
+  return jax.nn.dot_product_attention(q, k, v, mask=allowed[:, None], scale=scale, implementation="xla")
 
 
 def _pallas_flash(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, scale: float) -> jax.Array:
