@@ -51,20 +51,33 @@ def _run_script(tmp_path, *flags, run=tuple(_RUN)):
   return result, records
 
 
+def _tiny_reward_model(path) -> str:
+  """A reward-model directory of the tiny policy's shapes (`--tiny_layers=1`), as experiments.train_reward_model
+  writes one."""
+  from grpo_jax import reward_models  # pylint: disable=import-outside-toplevel
+  config = models.tiny_config(**policy.tiny_overrides(config_lib.ModelConfig(tiny_layers=1)))
+  reward_models.save_reward_model(models.init_scalar_params(config, jax.random.key(0)), config, path, kind="orm")
+  return str(path)
+
+
 @needs_libtpu
 def test_tiny_programs_compile_for_v5e_2x2(tmp_path):
+  # --attention=auto is the Pallas flash kernel on a TPU: on the mesh it runs per shard, in every program that
+  # attends over whole sequences (the π_ref/π_old forward, the update, the reward model's scores).
   result, records = _run_script(tmp_path, "--topology=v5e:2x2", "--mesh=fsdp:4", "--dtype=bfloat16",
-                                "--recompute_old_logprobs", "--scan_layers", "--remat", "--noisolate")
+                                "--recompute_old_logprobs", "--scan_layers", "--remat", "--noisolate", "--reward=orm",
+                                f"--reward_model={_tiny_reward_model(tmp_path / 'orm')}")
   assert result.returncode == 0, result.stderr[-3000:]
   assert "v5e: 15.75 GiB HBM" in result.stdout and result.stdout.strip().endswith("GiB per chip")
+  assert "attention=pallas" in result.stdout
   (record,) = records
   programs = {p["name"]: p for p in record["programs"]}
   # With --recompute_old_logprobs the π_old forward runs besides π_ref (else on-policy: stop_gradient(π_θ)).
-  assert list(programs) == ["sampler", "logprobs", "update", "eval_greedy"]
+  assert list(programs) == ["sampler", "reward", "logprobs", "update", "eval_greedy"]
   assert programs["logprobs"]["calls"] == 2 and programs["update"]["calls"] == 1
   assert programs["eval_greedy"]["calls"] == 2 and programs["eval_greedy"]["per"] == "eval"  # 8 prompts, 4 a call
   resident = record["resident"]
-  assert resident["reference"] == resident["start policy"] > 0
+  assert resident["reference"] == resident["start policy"] > 0 and resident["reward model"] > 0
   assert resident["train state"] >= 3 * resident["reference"]  # params and AdamW's two moments
   for p in programs.values():
     assert p["argument"] > 0 and p["code"] > 0 and p["flops"] > 0 and p["temp"] >= 0
@@ -74,6 +87,7 @@ def test_tiny_programs_compile_for_v5e_2x2(tmp_path):
   # samplers one params tree.
   total = sum(resident.values())
   assert programs["update"]["resident_other"] == total - resident["train state"]
+  assert programs["reward"]["resident_other"] == total - resident["reward model"]
   assert programs["logprobs"]["resident_other"] == total - resident["reference"]
   assert programs["update"]["alias"] > 0  # the train state is donated
   # Trip counts: the update's FLOPs cover both micro-batches, the sampler's every decode step.

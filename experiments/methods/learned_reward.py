@@ -20,8 +20,10 @@ import numpy as np
 
 from grpo_jax import evaluation
 from grpo_jax import logprobs as logprobs_lib
+from grpo_jax import partitioning
 from grpo_jax import row_chunks
 from grpo_jax import reward_models as rm
+from grpo_jax.models import logical_axes
 from grpo_jax.reward_models import positions
 from grpo_jax import training
 from grpo_jax.training import replay as replay_lib
@@ -32,11 +34,22 @@ from experiments.runner import placement as placement_lib
 
 def _in_row_chunks(score):
   """`score(params, config, *rows)` jitted (config static), its rows `rows_per_chunk` at a time (static; 0: all
-  at once; `row_chunks.map_rows`)."""
-  def fn(params, config, *arrays, rows_per_chunk=0):
-    return row_chunks.map_rows(lambda *chunk: score(params, config, *chunk), arrays, rows_per_chunk)
+  at once; `row_chunks.map_rows`); with `placed` = (mesh, frozen rules) traced inside `logical_axes.axis_rules`, as
+  the policy's forwards are (the model's sharding constraints apply, and a Pallas attention kernel runs per shard)."""
+  def fn(params, config, *arrays, rows_per_chunk=0, placed=None):
+    run = lambda: row_chunks.map_rows(lambda *chunk: score(params, config, *chunk), arrays, rows_per_chunk)
+    if placed is None:
+      return run()
+    with logical_axes.axis_rules(placed[0], dict(placed[1])):
+      return run()
   fn.__name__ = score.__name__
-  return jax.jit(fn, static_argnums=1, static_argnames="rows_per_chunk")
+  return jax.jit(fn, static_argnums=1, static_argnames=("rows_per_chunk", "placed"))
+
+
+def scorer_options(placement: placement_lib.Placement, config, rows: int, length: int) -> dict:
+  """The static keywords of OUTCOME_SCORES / STEP_SCORES for [rows, length] tokens on `placement`."""
+  placed = None if placement.mesh is None else (placement.mesh, partitioning.freeze_rules(placement.rules))
+  return dict(rows_per_chunk=placement.forward_chunk(config, rows, length), placed=placed)
 
 
 # The reward model's programs (config static): each row's outcome score; the scores at its step ends (logits).
@@ -80,7 +93,7 @@ class LearnedReward:
     self.params = self.placement.put_params(params)
     self.config, self.kind, self.tokenizer = config, kind, tokenizer
     rows, host = self.placement.rows, self.placement.host
-    chunk = lambda config, tokens: dict(rows_per_chunk=self.placement.forward_chunk(config, *tokens.shape))
+    chunk = lambda config, tokens: scorer_options(self.placement, config, *tokens.shape)
     self._outcome = lambda params, config, *arrays: host(OUTCOME_SCORES(params, config, *rows(arrays),
                                                                         **chunk(config, arrays[0])))
     self._steps = lambda params, config, *arrays: host(STEP_SCORES(params, config, *rows(arrays),

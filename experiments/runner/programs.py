@@ -148,7 +148,7 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
                            per_step=1, loop_trips=t - 1)
   if reward is not None:
     reward_params = _reward_params(reward, placement)
-    chunk = dict(rows_per_chunk=placement.forward_chunk(reward.config, n, length))  # as `LearnedReward` calls it
+    chunk = learned_reward.scorer_options(placement, reward.config, n, length)  # as `LearnedReward` calls it
     if reward.kind == "orm" and config.reward_model.supervision == "outcome":
       out["reward"] = Program(learned_reward.OUTCOME_SCORES,
                               (reward_params, reward.config, rows(jnp.int32, n), rows(jnp.bool_, n)),
