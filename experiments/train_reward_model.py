@@ -133,6 +133,13 @@ def _load_backbone(path: str, policy_config, model: config_lib.ModelConfig):
   return params, config
 
 
+def _mixed_problems(data) -> tuple[int, int]:
+  """(problems with both a right and a wrong sample, problems): only the first give within-problem pairs."""
+  groups = np.unique(data.group)
+  both = [data.outcome[data.group == g].max() > 0.5 > data.outcome[data.group == g].min() for g in groups]
+  return int(np.sum(both)), len(groups)
+
+
 def _print_eval(name, values):
   parts = [f"{k} {v:.3f}" for k, v in values.items() if not k.endswith(("count", "positive_rate", "pairs"))]
   print(f"{name}: " + ", ".join(parts), file=sys.stderr)
@@ -185,9 +192,11 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig) -> dict:
       raise RunError("exact step labels and the held-out completions' segments disagree in number")
   collect_time = time.time() - t0
   label_rate = float(train_data.labels[train_data.loss_mask].mean())
+  mixed, problems = _mixed_problems(train_data)
   print(f"{train_data.tokens.shape[0]} training / {eval_data.tokens.shape[0]} held-out completions, "
         f"{int(train_data.loss_mask.sum())} scored positions, {100 * label_rate:.1f}% labelled right, "
-        f"{100 * float(train_data.outcome.mean()):.1f}% right answers ({collect_time:.0f} s)", file=sys.stderr)
+        f"{100 * float(train_data.outcome.mean()):.1f}% right answers, {mixed} of {problems} problems with both "
+        f"right and wrong samples ({collect_time:.0f} s)", file=sys.stderr)
 
   # TRAIN
   run = cfg.run
@@ -246,6 +255,7 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig) -> dict:
              "step_labels": "outcome" if rmc.rm_kind in rm.OUTCOME_KINDS else step_labels,
              "train_completions": int(train_data.tokens.shape[0]), "eval_completions": int(eval_data.tokens.shape[0]),
              "train_answer_accuracy": float(train_data.outcome.mean()),
+             "train_problems": problems, "train_mixed_problems": mixed,
              "eval_answer_accuracy": float(eval_data.outcome.mean()),
              **{f"before/{k}": v for k, v in before.items()}, **{f"after/{k}": v for k, v in after.items()},
              **{f"train/{k}": v for k, v in train_fit.items()},
@@ -262,6 +272,9 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig) -> dict:
   rows.append(("outcome AUC within problems, before -> after",
                f"{before['outcome/group_auc']:.3f} -> {after['outcome/group_auc']:.3f} "
                f"({int(after['outcome/group_pairs'])} right/wrong pairs; what GRPO sees)"))
+  rows.append(("the same on its training samples", f"{train_fit['outcome/group_auc']:.3f} ({mixed} of {problems} "
+               "training problems have both right and wrong samples; far above the held-out value: memorised, "
+               "not learnt)"))
   rows.append(("wall time", f"{summary['time_total_s']:.0f} s (sampling and labels {collect_time:.0f} s, "
                f"training {train_time:.0f} s)"))
   loop.print_table(f"reward model ({rmc.rm_kind})", rows)

@@ -93,6 +93,8 @@ def test_smoke_orm_pairwise(tmp_path, right_and_wrong):
 def test_smoke_orm_steps(tmp_path):
   summary = _run(tmp_path, "--rm_kind=orm_steps", "--rm_steps=2")
   assert summary["kind"] == "orm_steps" and summary["step_labels"] == "outcome"
+  # Problems with both right and wrong samples give the within-problem pairs: one each with 2 samples a problem.
+  assert summary["train_problems"] == 8 and summary["train/outcome/group_pairs"] == summary["train_mixed_problems"]
   assert summary["after/outcome/count"] == 8
   # Its step scores are checked against the synthetic task's exact step labels, which it never trained on.
   assert summary["after/step/count"] == summary["before/step/count"] >= 8  # a segment or more per completion
