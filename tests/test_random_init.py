@@ -68,7 +68,7 @@ def test_tiny_default_values_unchanged(scan):
 
 @pytest.mark.parametrize("scan", [False, True])
 def test_equals_one_draw_sliced_past_ten_layers(scan):
-  # Twelve layers: their blocks in the draw follow the names' order (layers_0, layers_1, layers_10, ...).
+  # Twelve layers: their blocks in the draw follow their numbers (layers_2 before layers_10).
   config = DEEP.replace(scan_layers=scan)
   key = jax.random.key(3)
   assert_same_tree(models.init_params(config, key), _one_draw(config, key))
@@ -111,3 +111,22 @@ def test_qwen_05b_scanned_program_small_and_no_temporary_past_the_weights():
   instructions = sum(1 for line in compiled.as_text().splitlines() if " = " in line)
   assert instructions < 1000
   assert compiled.memory_analysis().temp_size_in_bytes < 1.1 * weights
+
+
+def test_the_draw_order_by_hand():
+  """Embedding, then the layers by number (each: its weights in the order of their names: attn k, o, q, v, then mlp
+  down, gate, up), then lm_head."""
+  key = jax.random.key(5)
+  c = DEEP.replace(param_dtype="float32")
+  v, e, m, kd, hd = c.vocab_size, c.hidden_size, c.intermediate_size, 2 * 8, 4 * 8
+  layer = e * kd + hd * e + e * hd + e * kd + m * e + e * m + e * m
+  n = v * e + 12 * layer + e * v
+  flat = np.asarray(jax.jit(lambda k: 0.02 * jax.random.normal(k, (n,), jnp.float32))(key))
+  params = models.init_params(c, key)
+  close = lambda x, y: np.testing.assert_allclose(np.asarray(x), y, rtol=3e-7, atol=0)
+  close(params["embed"]["embedding"].reshape(-1), flat[:v * e])
+  k_proj = params["layers_10"]["attn"]["k_proj"]["kernel"]
+  close(k_proj.reshape(-1), flat[v * e + 10 * layer:v * e + 10 * layer + e * kd])
+  up = params["layers_2"]["mlp"]["up_proj"]["kernel"]
+  close(up.reshape(-1), flat[v * e + 3 * layer - e * m:v * e + 3 * layer])
+  close(params["lm_head"]["kernel"].reshape(-1), flat[n - e * v:])

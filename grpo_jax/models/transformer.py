@@ -592,23 +592,34 @@ def _drawn(names: tuple[str, ...]) -> bool:
   return names[-1] in ("kernel", "embedding")
 
 
+def _draw_order(leaves) -> dict[tuple[str, ...], int]:
+  """Where each drawn leaf ((path, shape) pairs of the unrolled layout) starts in the one draw: the dict's order
+  (its keys sorted), but with the layers by number (layers_2 before layers_10; the same for ten layers or fewer)."""
+  order = lambda path: tuple((k,) if not k.startswith("layers_") else ("layers_", int(k[7:])) for k in path)
+  starts, n = {}, 0
+  for names, shape in sorted(((tuple(p.key for p in path), leaf.shape) for path, leaf in leaves
+                              if _drawn((path[-1].key,))), key=lambda item: order(item[0])):
+    starts[names] = n
+    n += int(np.prod(shape))
+  return starts
+
+
 def _init_params_one_draw(config: ModelConfig, key: jax.Array) -> Params:
   """`init_params` as one normal draw sliced into every weight: for keys whose draws cannot be sliced."""
   if config.scan_layers:
     return stack_layers(_init_params_one_draw(config.replace(scan_layers=False), key), config)
   shapes = _pure_dict(_abstract(CausalLM, config)[1])
   leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
-  sizes = [int(np.prod(leaf.shape)) for path, leaf in leaves if _drawn((path[-1].key,))]
-  flat = 0.02 * jax.random.normal(key, (sum(sizes),), jnp.float32)
-  out, start = [], 0
+  starts = _draw_order(leaves)
+  flat = 0.02 * jax.random.normal(key, (sum(int(np.prod(l.shape)) for p, l in leaves if _drawn((p[-1].key,))),),
+                                  jnp.float32)
+  out = []
   for path, leaf in leaves:
-    name = path[-1].key
-    if _drawn((name,)):
-      size = int(np.prod(leaf.shape))
-      out.append(flat[start:start + size].reshape(leaf.shape).astype(config.param_dtype))
-      start += size
+    names, size = tuple(p.key for p in path), int(np.prod(leaf.shape))
+    if names in starts:
+      out.append(flat[starts[names]:starts[names] + size].reshape(leaf.shape).astype(config.param_dtype))
     else:
-      out.append((jnp.zeros if name == "bias" else jnp.ones)(leaf.shape, config.param_dtype))
+      out.append((jnp.zeros if names[-1] == "bias" else jnp.ones)(leaf.shape, config.param_dtype))
   return jax.tree_util.tree_unflatten(treedef, out)
 
 
@@ -617,10 +628,11 @@ def init_params(config: ModelConfig, key: jax.Array) -> Params:
   """Random parameters as a plain nested dict, distributed as `CausalLM(config, rngs)` initialises them.
 
   Kernels and embeddings are normal(0, 0.02), biases zero, norm scales one. Every
-  weight is a slice of one normal draw over all of them, in the unrolled layout's
-  order: `0.02 · normal(key, (N,))[start:start + size]`. The draw is a loop over
-  fixed-size pieces (`random_init.normal_pieces`), so the program holds one small
-  draw whatever the model's size, and the weights are copies of its slices. With
+  weight is a slice of one normal draw over all of them, `0.02 · normal(key,
+  (N,))[start:start + size]`, in the unrolled layout's order with the layers by
+  number (`_draw_order`). The draw is a loop over fixed-size pieces
+  (`random_init.normal_pieces`), so the program holds one small draw whatever the
+  model's size, and the weights are copies of its slices. With
   `config.scan_layers` the values are those of the unrolled layout, stacked: the
   same key gives the same model in both layouts.
   """
@@ -629,16 +641,11 @@ def init_params(config: ModelConfig, key: jax.Array) -> Params:
   dtype = config.param_dtype
   shapes = _pure_dict(_abstract(CausalLM, config.replace(scan_layers=False))[1])
   leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
-  starts, n = {}, 0  # each drawn leaf's place in the draw
-  for path, leaf in leaves:
-    if _drawn((path[-1].key,)):
-      starts[tuple(p.key for p in path)] = n
-      n += int(np.prod(leaf.shape))
+  starts = _draw_order(leaves)  # each drawn leaf's place in the draw
+  n = sum(int(np.prod(leaf.shape)) for path, leaf in leaves if _drawn((path[-1].key,)))
   keys = _layer_keys(config)
-  # A layer's draws (its weights one after another) fill a block of `layer` elements; the blocks follow one another
-  # in the order of the layers' names (layers_0, layers_1, layers_10, ...): layer i's is the order[i]-th.
+  # A layer's draws (its weights one after another) fill a block of `layer` elements, the blocks one after another.
   layer = sum(int(np.prod(leaf.shape)) for path, leaf in leaves if path[0].key == keys[0] and _drawn((path[-1].key,)))
-  order = np.argsort(np.argsort(keys))
   # The barrier keeps the draw whole: the weights below are copies of its slices, and XLA does not fuse (and repeat)
   # the draw into each of them. The scanned layout reads up to a block past the end.
   extra = layer if config.scan_layers else 0
@@ -652,13 +659,12 @@ def init_params(config: ModelConfig, key: jax.Array) -> Params:
     if not stacked:
       return flat[begin:begin + size].reshape(shape)
     # From the first block's slice on, L rows a block apart: the slice in each block.
-    rows = flat[begin:begin + len(keys) * layer].reshape(len(keys), layer)[:, :size]
-    return rows[order].reshape(len(keys), *shape)
+    return flat[begin:begin + len(keys) * layer].reshape(len(keys), layer)[:, :size].reshape(len(keys), *shape)
 
   if not config.scan_layers:
     return jax.tree_util.tree_unflatten(treedef, [value(tuple(p.key for p in path), leaf.shape)
                                                   for path, leaf in leaves])
-  first = sorted(keys)[0]
+  first = keys[0]
   out = {k: jax.tree_util.tree_map_with_path(lambda path, leaf, k=k: value((k, *(p.key for p in path)), leaf.shape),
                                              v) for k, v in shapes.items() if k not in keys}
   out[STACKED] = jax.tree_util.tree_map_with_path(
