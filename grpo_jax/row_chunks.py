@@ -114,14 +114,17 @@ def sampler_prompt_bytes(config: ModelConfig, prompt_len: int, num_samples: int,
   return int(kv * slots + forward_row_bytes(c, prompt_len) + 3 * num_samples * c.vocab_size * 4)
 
 
-def prompts_per_chunk(num_prompts: int, prompt_bytes: float, budget_bytes: float, *, shards: int = 1) -> int:
+def prompts_per_chunk(num_prompts: int, prompt_bytes: float, budget_bytes: float, *, shards: int = 1,
+                      multiple: int = 1) -> int:
   """The sampler's `prompt_chunk`: 0 (all at once) when each shard's num_prompts / shards prompts fit
-  `budget_bytes`, else the most prompts that fit and divide them (at least 1)."""
+  `budget_bytes`, else the most prompts that fit, divide them and are a multiple of `multiple` (the fewest such
+  when none fits)."""
   local = num_prompts // shards
   fit = int(budget_bytes // max(prompt_bytes, 1))
   if fit >= local:
     return 0
-  return max(d for d in range(1, max(fit, 1) + 1) if local % d == 0)
+  sizes = [d for d in range(1, local + 1) if local % d == 0 and d % multiple == 0] or [local]
+  return max([d for d in sizes if d <= fit] or [min(sizes)])
 
 
 def default_budget_bytes(device: jax.Device | None = None) -> int:

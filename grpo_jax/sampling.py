@@ -259,8 +259,8 @@ def _sharded_sampler(mesh: Mesh, frozen_rules: tuple, prompt_shape: tuple[int, i
   out = SampleOutput(prompt_tokens=rows(n, p), prompt_mask=rows(n, p), tokens=rows(n, t), logprobs=rows(n, t),
                      mask=rows(n, t), lengths=rows(n), truncated=rows(n))
   in_shardings = (params, rows(b, p), rows(b, p), sharding.replicated(mesh), sharding.replicated(mesh))
-  axes = _row_axes(rows(b, p))
-  if axes and axes == _row_axes(rows(n, t)) and all(s.is_fully_replicated for s in jax.tree.leaves(params)):
+  axes = per_shard_axes(mesh, rules, config, b, static["num_samples"])
+  if axes:
     shards = int(np.prod([mesh.shape[a] for a in axes]))
     body = functools.partial(_sample_impl, **static, shard_axes=axes, num_shards=shards)
     split, whole = PartitionSpec(axes), PartitionSpec()
@@ -271,6 +271,20 @@ def _sharded_sampler(mesh: Mesh, frozen_rules: tuple, prompt_shape: tuple[int, i
     fn = sharding.jit_with_rules(functools.partial(_sample_impl, **static), mesh, rules,
                                  in_shardings=in_shardings, out_shardings=out)
   return fn, (params, rows(b, p), sharding.replicated(mesh))
+
+
+def per_shard_axes(mesh: Mesh, rules: Mapping, config: ModelConfig, num_prompts: int,
+                   num_samples: int) -> tuple[str, ...]:
+  """The mesh axes over which `sample(..., mesh=mesh, rules=rules)` runs each shard's rows in its own loop
+  (`shard_map`: params whole on every device, prompts and samples split over the same axes); () when it runs
+  one GSPMD loop over all rows."""
+  rules = dict(rules)
+  params = sharding.param_shardings(mesh, rules, jax.eval_shape(transformer.init_params, config, jax.random.key(0)))
+  axes = lambda n: _row_axes(sharding.logical_sharding(mesh, rules, ("batch", None), (n, 1)))
+  if axes(num_prompts) and axes(num_prompts) == axes(num_prompts * num_samples) and all(
+      s.is_fully_replicated for s in jax.tree.leaves(params)):
+    return axes(num_prompts)
+  return ()
 
 
 def _row_axes(row_sharding) -> tuple[str, ...]:

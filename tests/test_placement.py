@@ -177,3 +177,18 @@ def test_row_chunks_of_the_forwards_and_the_sampler():
   prompt = row_chunks.sampler_prompt_bytes(config, 16, 8, 40)
   assert placement_lib.Placement(forward_budget=3 * row).forward_chunk(config, 256, 56) == 3  # 86 chunks
   assert placement_lib.Placement(forward_budget=3 * prompt).sampler_chunk(config, 32, 16, 8, 40) == 2  # divides 32
+
+
+@pytest.mark.devices(2)
+def test_sampler_chunks_on_a_mesh_count_the_rows_each_device_holds():
+  """A per-shard sampler (params whole) chunks each shard's prompts; one GSPMD loop (params split) splits a chunk's
+  rows over the devices, so the same budget takes twice the prompts."""
+  from grpo_jax import row_chunks  # pylint: disable=import-outside-toplevel
+  config = models.tiny_config(num_hidden_layers=4, hidden_size=128, intermediate_size=384)
+  budget = 3 * row_chunks.sampler_prompt_bytes(config, 16, 8, 40)  # 3 prompts per device
+  per_shard = placement_lib.Placement(partitioning.make_mesh("data:2"), partitioning.get_rules("dp"),
+                                      forward_budget=budget)
+  assert per_shard.sampler_chunk(config, 32, 16, 8, 40) == 2  # of each shard's 16: the most <= 3 that divide 16
+  gspmd = placement_lib.Placement(partitioning.make_mesh("fsdp:2"), partitioning.get_rules("fsdp"),
+                                  forward_budget=budget)
+  assert gspmd.sampler_chunk(config, 32, 16, 8, 40) == 4  # 6 fit (3 a device): the most <= 6 that divide 32

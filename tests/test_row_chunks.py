@@ -72,6 +72,8 @@ def test_sampler_bytes_and_prompt_chunks_by_hand():
   assert row_chunks.prompts_per_chunk(12, 100, 500, shards=2) == 3  # 6 per shard, 5 fit: 3 divides 6
   assert row_chunks.prompts_per_chunk(14, 100, 500, shards=2) == 1  # 7 per shard, prime: one at a time
   assert row_chunks.prompts_per_chunk(12, 100, 50) == 1  # none fit: one at a time
+  assert row_chunks.prompts_per_chunk(12, 100, 500, multiple=3) == 3  # 5 fit; multiples of 3 dividing 12: 3, 6, 12
+  assert row_chunks.prompts_per_chunk(12, 100, 200, multiple=3) == 3  # none of them fits: the fewest
 
 
 def test_default_budget():

@@ -271,3 +271,6 @@ def test_prompt_chunks_within_each_shard(params):
   np.testing.assert_array_equal(out.tokens, expected.tokens)
   np.testing.assert_array_equal(out.lengths, expected.lengths)
   np.testing.assert_allclose(out.logprobs, expected.logprobs, atol=1e-5)
+  assert sampling.per_shard_axes(mesh, rules, CONFIG, 4, 2) == ("data", "fsdp")  # params whole: a loop per shard
+  fsdp = partitioning.make_mesh("fsdp:2")  # params split: one GSPMD loop
+  assert sampling.per_shard_axes(fsdp, partitioning.get_rules("fsdp"), CONFIG, 4, 2) == ()

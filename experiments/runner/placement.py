@@ -21,6 +21,7 @@ from grpo_jax import models
 from grpo_jax.models import lora
 from grpo_jax import partitioning
 from grpo_jax import row_chunks
+from grpo_jax import sampling
 from grpo_jax import training
 
 
@@ -135,12 +136,21 @@ class Placement:
                                      self.forward_budget, devices=self.data_parallel, multiple=group)
 
   def sampler_chunk(self, config, num_prompts: int, prompt_len: int, num_samples: int, max_new_tokens: int) -> int:
-    """`sampling.sample`'s `prompt_chunk` for these shapes: 0 when every shard's prompts fit `forward_budget`
-    (`row_chunks.sampler_prompt_bytes`), else the most prompts that fit and divide a shard's."""
-    mesh = self.sample_kwargs(num_prompts)
-    shards = partitioning.data_parallel_size(mesh["mesh"], mesh["rules"]) if mesh else 1
+    """`sampling.sample`'s `prompt_chunk` for these shapes: 0 when the prompts fit `forward_budget` per device
+    (`row_chunks.sampler_prompt_bytes`), else the most that do. A sampler that loops per shard chunks each shard's
+    own prompts; one loop over rows split over the data axes puts 1 / data-parallel of a chunk on each device."""
     per_prompt = row_chunks.sampler_prompt_bytes(config, prompt_len, num_samples, max_new_tokens)
-    return row_chunks.prompts_per_chunk(num_prompts, per_prompt, self.forward_budget, shards=shards)
+    placed = self.sample_kwargs(num_prompts)
+    if not placed:
+      return row_chunks.prompts_per_chunk(num_prompts, per_prompt, self.forward_budget)
+    mesh, rules = placed["mesh"], placed["rules"]
+    axes = sampling.per_shard_axes(mesh, rules, config, num_prompts, num_samples)
+    if axes:
+      shards = int(np.prod([mesh.shape[a] for a in axes]))
+      return row_chunks.prompts_per_chunk(num_prompts, per_prompt, self.forward_budget, shards=shards)
+    dp = partitioning.data_parallel_size(mesh, rules)
+    return row_chunks.prompts_per_chunk(num_prompts, per_prompt / dp, self.forward_budget,
+                                        multiple=dp // np.gcd(dp, num_samples))
 
   def sample_kwargs(self, num_prompts: int) -> dict:
     """`sampling.sample`'s mesh arguments for `num_prompts` prompts: the run's mesh; without one, the CPU
