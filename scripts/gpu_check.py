@@ -119,18 +119,18 @@ def sampler(args) -> dict:
     mask = jnp.ones_like(prompts, bool)
     run = lambda: sampling.sample(params, config, prompts, mask, jax.random.key(2), num_samples=group,
                                   max_new_tokens=new, eos_token_ids=()).tokens
-    jax_s = _best(run, 1 if args.smoke else 3)
+    jax_s = _best(run, 1 if args.smoke else 2)
     ids = torch.tensor(np.repeat(np.asarray(prompts), group, axis=0), device=device)
 
-    def generate():
+    def generate(tokens=new):
       with torch.no_grad():
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=new,
-                          min_new_tokens=new, top_k=0, top_p=1.0, temperature=1.0, pad_token_id=0)
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, max_new_tokens=tokens,
+                          min_new_tokens=tokens, top_k=0, top_p=1.0, temperature=1.0, pad_token_id=0)
       if device == "cuda":
         torch.cuda.synchronize()
       return out
 
-    generate()
+    generate(4)  # warm-up: torch's kernels and caches, a few steps
     start = time.perf_counter()
     generate()
     hf_s = time.perf_counter() - start
