@@ -173,6 +173,34 @@ def _unshare_works() -> bool:
     return False
 
 
+_READ_ONLY = """
+import subprocess, sys
+import numpy as np
+from grpo_jax.training import checkpointing
+ckpt = checkpointing.Checkpointer(sys.argv[1] + "/ckpt")
+ckpt.save(1, {"w": np.ones(1000, np.float32)}, {"step": 1})
+subprocess.run(["mount", "-o", "remount,ro", sys.argv[1]], check=True)
+try:
+  ckpt.save(2, {"w": np.ones(1000, np.float32)}, {"step": 2})
+except checkpointing.CheckpointSaveError as err:
+  print(err)
+print(sorted(p.name for p in ckpt.directory.iterdir()))
+"""
+
+
+@pytest.mark.skipif(not _unshare_works(), reason="needs `unshare -rm` (user and mount namespaces) for a tmpfs")
+def test_a_work_dir_made_read_only_is_one_line(tmp_path):
+  """A tmpfs (in a mount namespace of its own) remounted read-only between two saves."""
+  (tmp_path / "mnt").mkdir()
+  script = f'mount -t tmpfs -o size=4m tmpfs "$MNT" && "$PYTHON" -c "$CODE" "$MNT"'
+  env = dict(_child_env(), MNT=str(tmp_path / "mnt"), PYTHON=sys.executable, CODE=_READ_ONLY)
+  child = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
+                         timeout=HANG_GUARD_S)
+  assert child.returncode == 0 and child.stderr == "", child.stderr[-3000:]
+  assert child.stdout == (f"cannot save checkpoint step 2 in {tmp_path / 'mnt' / 'ckpt'}: Read-only file system "
+                          f"[EROFS] (4.0 MiB free of 4.0 MiB there); checkpoint step 1 is intact\n['1']\n")
+
+
 _FULL_DISK_RUN = r"""
 set -u
 mount -t tmpfs -o size=8m tmpfs "$MNT"

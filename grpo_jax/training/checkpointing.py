@@ -5,7 +5,9 @@ mid-save never leaves a checkpoint that restores half-written; `max_to_keep` pru
 The temporary directories a killed save leaves behind are removed when the next Checkpointer
 opens the directory. A save that fails (a full disk, a read-only or vanished directory) removes
 its temporary directory and raises `CheckpointSaveError`, one line naming the directory, the
-cause and the free space there; orbax's writer threads' own reports of it are not printed.
+cause and the free space there; orbax's writer threads' own reports of it are not printed. Saves
+are synchronous (orbax's asynchronous mode would gain nothing, as every save is waited for, and
+after a failed one its threads wait minutes for a signal that never comes, then print tracebacks).
 
 A damaged checkpoint (a truncated or corrupt file) is never used: `restore_intact` tries the
 steps newest first, says which one is damaged and why, and moves it aside to
@@ -146,7 +148,8 @@ class Checkpointer:
     if jax.process_index() == 0:  # what a killed save left: never a step, and it would fill the disk
       for partial in self.directory.glob("*.orbax-checkpoint-tmp*"):
         shutil.rmtree(partial, ignore_errors=True)
-    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True)
+    options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                           enable_async_checkpointing=False)
     self._manager = ocp.CheckpointManager(self.directory, options=options)
 
   def latest_step(self) -> int | None:
