@@ -47,6 +47,8 @@ import time
 import jax
 import jax.numpy as jnp
 
+import grpo_jax  # noqa: F401  pylint: disable=unused-import  (on a machine without a TPU, JAX does not start libtpu)
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
