@@ -16,7 +16,8 @@ Stage 1 (the embedded model only) fine-tunes the start policy on the method's de
             RNG key, metrics offset, the config)
 
 and stops with FloatingPointError, before saving, on a non-finite metric. Exports `final_policy` (HF format) and
-writes `summary.json`.
+writes `summary.json`. The work dir is locked while the run uses it (`work_dir_lock`); after a step during which
+SIGTERM or SIGINT arrived, that step (of stage 1 or 2) is saved and `preemption.Interrupted` raised.
 """
 
 import json
@@ -280,7 +281,9 @@ def _progress_line(values: dict) -> str:
 def run(config: config_lib.Config) -> dict:
   """Runs stage 1 (when the start policy needs it) and stage 2 of `config`; returns the summary (also written to
   `<work_dir>/summary.json`), or {} when `stop_after` stopped the run. Problems with the inputs raise RunError,
-  ConfigError, `CheckpointError`s or OSError with one line; nothing is overwritten."""
+  ConfigError, `CheckpointError`s or OSError with one line; nothing is overwritten. A work dir in use by another
+  run raises `work_dir_lock.WorkDirBusy` (a RunError); SIGTERM or SIGINT, `preemption.Interrupted` once the step
+  in flight is saved."""
   cfg, run_cfg = config, config.run
   method_cls = methods_lib.METHODS[cfg.algorithm.algo]
   work_dir = pathlib.Path(run_cfg.work_dir)
