@@ -130,3 +130,9 @@ def test_the_draw_order_by_hand():
   up = params["layers_2"]["mlp"]["up_proj"]["kernel"]
   close(up.reshape(-1), flat[v * e + 3 * layer - e * m:v * e + 3 * layer])
   close(params["lm_head"]["kernel"].reshape(-1), flat[n - e * v:])
+
+
+@pytest.mark.parametrize("piece", [6, 1, 2**32])
+def test_a_piece_that_is_not_a_power_of_two_is_one_clear_error(piece):
+  with pytest.raises(ValueError, match="piece must be a power of two"):
+    random_init.normal_pieces(jax.random.key(0), 10, "float32", piece=piece)

@@ -1,9 +1,9 @@
-"""Pieces of one long normal draw, each computed by its own small program.
+"""One long normal draw computed in pieces, bit for bit the whole draw.
 
 `init_params` gives every weight a slice of one draw, `0.02 · normal(key, (N,))[start:start + size]`. Built as one
-program, that is a single RNG over N elements (N = all the model's weights) sliced into every weight: a program
-whose size grows with the layer count, which XLA's GPU compiler took minutes over at Qwen2.5-0.5B's shapes, and
-which holds N float32 values on the device at once.
+`jax.random.normal` sliced into every weight, XLA fuses the draw's last steps into each slice: a program that grows
+with the layer count, which XLA's GPU compiler took minutes over at Qwen2.5-0.5B's shapes, with temporaries
+several times the weights' size.
 
 With JAX's partitionable threefry (`jax_threefry_partitionable`, the default since JAX 0.5) element i of a 1-D draw
 depends only on the key and on i: its 32 random bits are `b₁ ⊕ b₂` with `(b₁, b₂) = threefry2x32(key, (hi(i),
@@ -15,6 +15,8 @@ of the whole draw, by hashing the counters start ... start + size - 1. The bits 
   z = √2 · erfinv(u)
 
 `normal_pieces` draws the whole as a loop over pieces: one draw in the program, whatever the model's depth and size.
+Bit for bit means compiled with the same XLA flags: they can move the last bit of a float32 through fused
+multiply-adds (tests/test_random_init.py compares the two in one process).
 """
 
 import jax
@@ -71,10 +73,9 @@ def normal_pieces(key: jax.Array, n: int, dtype, scale: float = 1.0, piece: int 
   .astype(dtype)` bit for bit (the rest continue the same draw). Drawn as a loop of `steps` draws of `piece`
   elements each (`piece` a power of two; smaller for a small `n`): one draw in the program, whatever `n`. Needs
   `sliceable(key)`."""
-  piece = min(int(piece), 1 << max(1, (int(n) - 1).bit_length()))
-  shift = piece.bit_length() - 1
-  if not 0 < shift < 32:
+  if piece & (piece - 1) or not 2 <= piece <= 2**31:
     raise ValueError(f"piece must be a power of two in [2, 2**31], got {piece}")
+  piece = min(int(piece), 1 << max(1, (int(n) - 1).bit_length()))
   steps = -(-int(n) // piece)
   words = key_words(key)
 
