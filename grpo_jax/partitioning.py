@@ -234,9 +234,10 @@ def init_params(config: ModelConfig, key: jax.Array, mesh: Mesh, rules: Mapping)
   """Random params computed straight into their shardings: each device draws only its own slices.
 
   The distribution is `models.init_params`'s (normal(0, 0.02) kernels and embeddings, zero
-  biases, unit norm scales) but each weight has its own draw (`models.init_params` cuts all
-  weights from one flat draw, which cannot be split across devices), so the values differ
-  from it; they are the same on every mesh, a single device included.
+  biases, unit norm scales) but each weight has its own draw (`models.init_params` draws one
+  flat array for all weights on one device and copies its slices: whole on every device,
+  were it sharded this way), so the values differ from it; they are the same on every mesh, a
+  single device included.
   """
   out = param_shardings(mesh, rules, jax.eval_shape(transformer.init_params, config, key))
   return jax.jit(lambda k: _init_per_leaf(config, k), out_shardings=out)(key)
