@@ -188,7 +188,7 @@ def grpo(args) -> dict:
   metrics = scratch / "grpo_metrics.json"
   cmd = [sys.executable, str(pathlib.Path(__file__).parent / "bench_grpo_step.py"), f"--init_checkpoint={ckpt}",
          "--dtype=bfloat16", f"--batch_size={batch}", f"--group_size={group}", f"--max_new_tokens={new}",
-         f"--steps={steps}", f"--profile_steps={steps - 1}:{steps}", f"--work_dir={work}", f"--json_out={metrics}"]
+         f"--steps={steps}", f"--profile_steps={steps}:{steps}", f"--work_dir={work}", f"--json_out={metrics}"]
   print(" ".join(cmd), flush=True)
   timeline = run_watching_rss(cmd)
   m = json.loads(metrics.read_text())
@@ -209,7 +209,7 @@ def grpo(args) -> dict:
   if traces:  # the real accelerator trace, for tests/test_profiling's fixture
     (out / "trace.json.gz").write_bytes(traces[-1].read_bytes())
     from experiments.runner import profiling  # pylint: disable=import-outside-toplevel
-    result["profile_table"] = profiling.format_table(profiling.summarize(traces[-1]), steps=2)
+    result["profile_table"] = profiling.format_table(profiling.summarize(traces[-1]), steps=1)
   return result
 
 
@@ -247,7 +247,7 @@ def table(args) -> str:
                  f"{100 * r['roofline_fraction']:.0f}% of the decode limit (goal 40% at 256 x 256) |")
   text = "\n".join(lines)
   if step and step.get("profile_table"):
-    text += "\n\nProfile of the last two GRPO steps:\n\n" + step["profile_table"]
+    text += "\n\nProfile of the last GRPO step:\n\n" + step["profile_table"]
   return text
 
 

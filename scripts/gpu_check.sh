@@ -7,7 +7,7 @@
 #
 # Writes under $OUT (8 files): gpu_check.md (the table, also printed), gpu_check.log (every part's output),
 # default_run.log (the tail of `python -m experiments.grpo_math`), roofline/init/sampler/grpo.json, and
-# trace.json.gz (a real profile of two GRPO steps, the fixture tests/test_profiling.py wants). Each part has its own
+# trace.json.gz (a real profile of the last GRPO step, the fixture tests/test_profiling.py wants). Each part has its own
 # time limit; one that fails or runs out is a line in the table and the others still run.
 set -u
 OUT=${OUT:-/tmp/gpu_check}
