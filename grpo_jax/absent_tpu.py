@@ -29,8 +29,11 @@ def tpu_may_be_present(environ=None, dev: str = "/dev") -> bool:
     return True
   if any(glob.glob(str(pathlib.Path(dev) / pattern)) for pattern in _TPU_FILES):
     return True
-  from jax._src import hardware_utils  # pylint: disable=import-outside-toplevel  (JAX's own PCI test)
-  return hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0
+  try:  # JAX's own PCI test (private: a JAX without it leaves the device files to decide)
+    from jax._src import hardware_utils  # pylint: disable=import-outside-toplevel
+    return hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0
+  except (ImportError, AttributeError, OSError):
+    return False
 
 
 def _no_tpu():
