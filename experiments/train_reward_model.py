@@ -33,7 +33,9 @@ from experiments import cli
 from experiments.runner import config as config_lib
 from experiments.runner import loop
 from experiments.runner import placement as placement_lib
+from experiments.runner import preemption
 from experiments.runner import task as task_lib
+from experiments.runner import work_dir_lock
 from grpo_jax import models
 from grpo_jax import reward_models as rm
 from grpo_jax import training
@@ -145,8 +147,12 @@ def _print_eval(name, values):
   print(f"{name}: " + ", ".join(parts), file=sys.stderr)
 
 
-def run(cfg: config_lib.Config, rmc: RewardModelConfig) -> dict:
-  """Samples, labels, trains and saves a reward model; returns the summary (also in `<rm_dir>/summary.json`)."""
+def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.StopSignals | None = None) -> dict:
+  """Samples, labels, trains and saves a reward model; returns the summary (also in `<rm_dir>/summary.json`).
+
+  After a logged training step (every 10) during which `signals` noted SIGTERM or SIGINT, raises
+  `preemption.Interrupted` with nothing saved: this runner keeps no checkpoint, a new run starts over.
+  """
   t_start = time.time()
   if cfg.mesh.mesh or cfg.mesh.coordinator_address or (cfg.mesh.num_processes or 1) > 1:
     raise RunError("train_reward_model runs on one device in one process; leave --mesh and the multi-process "
@@ -225,6 +231,9 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig) -> dict:
   def log(step, values):
     values = logger.log(step, values, prefix="train/")
     logger.progress(step, f"loss {values['train/loss']:.4f} acc {values['train/accuracy']:.3f}")
+    if signals is not None and signals.stop_requested():
+      logger.newline()
+      raise preemption.Interrupted(signals.signum, step, "reward-model training")
 
   t0 = time.time()
   done = 0
@@ -289,7 +298,14 @@ def config_from_flags() -> tuple[config_lib.Config, RewardModelConfig]:
           RewardModelConfig(**{f.name: FLAGS[f.name].value for f in dataclasses.fields(RewardModelConfig)}))
 
 
-main = cli.main_for("train_reward_model", lambda config: run(config, config_from_flags()[1]))
+def _job(config: config_lib.Config) -> dict:
+  """The command line's run: `--rm_dir` locked while it runs (`work_dir_lock`), SIGTERM / SIGINT noted."""
+  rmc = config_from_flags()[1]
+  with work_dir_lock.WorkDirLock(rmc.rm_dir), preemption.StopSignals() as signals:
+    return run(config, rmc, signals)
+
+
+main = cli.main_for("train_reward_model", _job)
 
 
 if __name__ == "__main__":
