@@ -29,13 +29,13 @@ LOSSES = ("bce", "pairwise")
 
 
 def pooled_outcome_logits(scores, loss_mask, kind: str):
-  """`[N]` outcome logits from the `[N, K]` scores of `step_scores`: ORM its one score, "orm_steps" the
-  noisy-AND over the step ends (`losses.noisy_and_logits`), PRM the lowest step score (Math-Shepherd)."""
+  """`[N]` outcome logits of an outcome reward model from the `[N, K]` scores of `step_scores`: ORM its one
+  score, "orm_steps" the noisy-AND over the step ends (`losses.noisy_and_logits`)."""
   if kind == "orm":
     return scores[:, 0]
   if kind == "orm_steps":
     return reward_losses.noisy_and_logits(scores, loss_mask)
-  return jnp.min(jnp.where(loss_mask, scores, jnp.inf), axis=1)
+  raise ValueError(f"no pooled outcome logit for reward model kind {kind!r}; expected one of {model.OUTCOME_KINDS}")
 
 
 def reward_objective(params, batch: RewardData, totals: dict, *, config: ModelConfig, kind: str, loss: str = "bce",
