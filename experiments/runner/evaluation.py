@@ -29,14 +29,19 @@ def evaluate(params, model_config, task: task_lib.Task, config: config_lib.Confi
   K samples per problem at `eval_temperature`."""
   prompts = [task.prompt(e) for e in task.test]
   common = generate_options(config, len(prompts), placement)
-  texts, lengths = evaluation.generate(params, model_config, task.tokenizer, prompts, key, greedy=True, **common)
+  # The prompts of a batch that fit the placement's budget at a time, with their `samples` completions each.
+  chunk = lambda samples: placement.sampler_chunk(model_config, common["batch_size"], config.task.max_prompt_len,
+                                                  samples, config.rollout.max_new_tokens)
+  texts, lengths = evaluation.generate(params, model_config, task.tokenizer, prompts, key, greedy=True,
+                                       prompt_chunk=chunk(1), **common)
   greedy = evaluation.summarize(texts, task.test, ks=(1,), is_formatted=task.is_formatted)
   metrics = {"accuracy": greedy["pass@1"], "format_rate": greedy["format_rate"],
              "mean_length": float(np.mean(lengths))}
   k = config.eval.eval_samples
   if k:
     texts, _ = evaluation.generate(params, model_config, task.tokenizer, prompts, jax.random.fold_in(key, 1),
-                                   num_samples=k, temperature=config.eval.eval_temperature, **common)
+                                   num_samples=k, temperature=config.eval.eval_temperature,
+                                   prompt_chunk=chunk(k), **common)
     sampled = evaluation.summarize(texts, task.test, ks=ks_up_to(k), is_formatted=task.is_formatted)
     metrics.update({name: v for name, v in sampled.items() if "@" in name})
   return metrics

@@ -22,8 +22,9 @@ def decode(tokenizer, samples: sampling.SampleOutput) -> list[str]:
 def generate(params, config: ModelConfig, tokenizer, prompts: Sequence[str], key: jax.Array, *,
              batch_size: int, max_prompt_len: int, max_new_tokens: int, num_samples: int = 1,
              greedy: bool = False, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-             mesh=None, rules=None) -> tuple[list[list[str]], np.ndarray]:
-  """Generates `num_samples` completions per prompt in batches of `batch_size` prompts.
+             mesh=None, rules=None, prompt_chunk: int = 0) -> tuple[list[list[str]], np.ndarray]:
+  """Generates `num_samples` completions per prompt in batches of `batch_size` prompts (each batch
+  `prompt_chunk` prompts at a time inside the sampler when given: `sampling.sample`).
 
   The last batch is padded with copies of its first prompt, so every call has the same shape.
   With `mesh` and `rules` the sampler runs sharded (`sampling.sample`); every process provides its
@@ -44,7 +45,7 @@ def generate(params, config: ModelConfig, tokenizer, prompts: Sequence[str], key
           jax.tree.map(lambda x: x[distributed.process_rows(len(x), batch)], (tokens, mask)), batch)
     out = sampling.sample(params, config, tokens, mask, jax.random.fold_in(key, start), num_samples=num_samples,
                           max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                          greedy=greedy, mesh=mesh, rules=rules)
+                          greedy=greedy, mesh=mesh, rules=rules, prompt_chunk=prompt_chunk)
     out = distributed.all_gather(out)
     decoded = decode(tokenizer, out)
     for i in range(real):
