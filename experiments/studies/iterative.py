@@ -27,7 +27,7 @@ STUDY = Study(
         Run("rm", {"policy": "{run:sft}/sft_policy", "rm_init": "{run:verifier}/sft_policy", "rm_kind": "orm_steps",
                    "rm_prompts": 8000, "rm_samples_per_prompt": 8, "rm_steps": 3000},
             module=TRAIN_REWARD_MODEL, label="reward model (orm_steps)",
-            profiles={"quick": {"rm_prompts": 1000, "rm_steps": 600}}),
+            profiles={"quick": {"rm_prompts": 1000, "rm_steps": 400}}),
         common.GRPO,
         common.rl("one_round", "GRPO+OS, learned ORM, one round", reward="orm",
                   reward_model="{run:rm}/reward_model", advantage_scale="none"),
@@ -59,7 +59,7 @@ STUDY = Study(
     ),
     contrasts=(Contrast("iterative", "one_round", "final"), Contrast("one_round", "grpo", "final")),
     profiles={"quick": common.QUICK},
-    notes={"quick": common.QUICK_NOTE + " The reward model trains on 1,000 prompts x 8 SFT samples for 600 steps "
+    notes={"quick": common.QUICK_NOTE + " The reward model trains on 1,000 prompts x 8 SFT samples for 400 steps "
                                         "from the verifier's backbone (full: 8,000 x 8, 3,000 steps); each "
                                         "iteration retrains it on 128 prompts x 8 for 50 steps (full: 256 x 8, "
                                         "100 steps)."},
