@@ -4,15 +4,16 @@ r"""The compiled programs of a run, built by the runner's own builders at abstra
   for name, p in programs(config, model_config, placement).items():
     p.jitted.trace(*p.args, **p.kwargs).lower().compile()   # nothing allocated: ShapeDtypeStruct args
 
-`programs` returns exactly the programs stage 2 of `loop.run(config)` runs, each built by the code the runner
-calls (so a change there changes them here):
+`programs` returns exactly the programs stage 2 of `loop.run(config)` runs (for --algo=grpo and online_rft,
+without LoRA; other configs are refused with one line), in the order a step runs them, each built by the code
+the runner calls (so a change there changes them here; tests/test_aot_compile.py checks them against a run's):
 
-  update        the method's objective and optimiser schedule (`loop.update_plan`) through `Placement.train_step`,
-                over a minibatch of [M, P + T] rows in `grad_accum_steps` micro-batches; the train state donated
-  logprobs      the π_ref (β > 0) and π_old (when recomputed) forward the method calls (`Placement.logprobs`,
-                at the rollout temperature, grouped when the method shares prompts), over [B·G, P + T] rows
   sampler       the rollouts' sampler (`Rollouts.sampler_options`): B prompts of P tokens, G samples each
   reward        a learned reward's scorer (`learned_reward.OUTCOME_SCORES` or `STEP_SCORES`), with --reward=orm|prm
+  logprobs      the π_ref (β > 0) and π_old (when recomputed) forward the method calls (`Placement.logprobs`,
+                at the rollout temperature, grouped when the method shares prompts), over [B·G, P + T] rows
+  update        the method's objective and optimiser schedule (`loop.update_plan`) through `Placement.train_step`,
+                over a minibatch of [M, P + T] rows in `grad_accum_steps` micro-batches; the train state donated
   eval_greedy   held-out evaluation's sampler (`evaluation.generate_options`), and eval_samples with
                 --eval_samples=k: k samples per prompt at --eval_temperature
 
