@@ -302,7 +302,7 @@ def run_from_flags(**overrides) -> dict:
 
 def enable_compilation_cache(path: str) -> None:
   """JAX's persistent compilation cache in `path`, every program kept (JAX's default keeps only those over a second
-  of compile time: 2 of a GRPO run's 87, and a repeated 40-step run took 39 s instead of 35), unless
+  of compile time, which leaves out most of a run's programs), unless
   JAX_COMPILATION_CACHE_DIR already chose a directory (or JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS a threshold)
   or `path` is empty."""
   if path and not jax.config.jax_compilation_cache_dir:
@@ -355,7 +355,7 @@ def main_for(name: str, job=None, **overrides):
     if len(argv) > 1:
       raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
     python_gc.collect_less()  # the imports' objects out of every collection; fewer full collections
-    if host_memory.cpu_only():  # before JAX's first computation (BENCHMARKS.md, ninth pass)
+    if host_memory.cpu_only():  # before JAX's first computation
       host_memory.retain_freed_memory()
     try:
       config = config_from_flags(**overrides)
