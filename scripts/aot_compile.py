@@ -395,7 +395,7 @@ def report(config, tgt: Target, results: list[Compiled], resident: dict, hbm_gib
 def main(argv):
   if len(argv) > 1:
     sys.exit(f"aot_compile: unexpected arguments: {' '.join(argv[1:])}")
-  python_gc.collect_less()  # compiling is Python-heavy: fewer full collections (BENCHMARKS.md, fourteenth pass)
+  python_gc.collect_less()  # compiling is Python-heavy: fewer full collections
   from absl import flags  # pylint: disable=import-outside-toplevel
   f = flags.FLAGS
   jax.config.update("jax_platforms", "cpu")  # compile only: nothing runs, no accelerator is claimed
