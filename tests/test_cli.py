@@ -54,17 +54,24 @@ def _imports(path: pathlib.Path) -> set[str]:
 
 
 def test_runner_layers():
-  """runner (config, task, placement, ...) < methods < runner.loop < cli < entry modules; no runner imports
-  another runner (entry modules import cli, the layers below and the library only)."""
+  """runner (config, task, placement, ...) < methods < runner.loop and runner.programs (the programs the loop
+  runs, for scripts/aot_compile.py) < cli < entry modules; no runner imports another runner (entry modules import
+  cli, the layers below and the library only)."""
   entries = {p.stem for p in (REPO / "experiments").glob("*.py")} - {"__init__", "cli"}
-  below_loop = [p for p in _modules("experiments/runner") if p.stem != "loop"]
+  top = ("loop", "programs")
+  below_loop = [p for p in _modules("experiments/runner") if p.stem not in top]
   for path in below_loop:
     bad = {n for n in _imports(path) if n.startswith(("experiments.methods", "experiments.runner.loop",
-                                                       "experiments.cli"))}
+                                                       "experiments.runner.programs", "experiments.cli"))}
     assert not bad, (path, bad)
   for path in _modules("experiments/methods"):
-    bad = {n for n in _imports(path) if n.startswith(("experiments.runner.loop", "experiments.cli"))}
+    bad = {n for n in _imports(path) if n.startswith(("experiments.runner.loop", "experiments.runner.programs",
+                                                       "experiments.cli"))}
     assert not bad, (path, bad)
+  for stem in top:
+    bad = {n for n in _imports(REPO / "experiments" / "runner" / f"{stem}.py") if n.startswith("experiments.cli")}
+    assert not bad, (stem, bad)
+  assert not {n for n in _imports(REPO / "experiments/runner/loop.py") if n.startswith("experiments.runner.programs")}
   for path in (REPO / "experiments").glob("*.py"):
     bad = {n for n in _imports(path) for e in entries if n in (f"experiments.{e}",) and e != path.stem}
     assert not bad, (path, bad)

@@ -27,9 +27,12 @@ LAYERS = {
     "grpo_jax.host_memory": 0,
     "grpo_jax.train_state": 0,
     "grpo_jax.gumbel_rows": 0,
-    # 1: rule rewards (of data's examples); meshes, rules and placement (of models' params, the state).
+    "grpo_jax.absent_tpu": 0,
+    # 1: rule rewards (of data's examples); meshes, rules and placement (of models' params, the state); row
+# chunks.
     "grpo_jax.rewards": 1,
     "grpo_jax.partitioning": 1,
+    "grpo_jax.row_chunks": 1,  # forwards over row chunks (of a model's config)
     # 2: running the model: sampling and log-probs.
     "grpo_jax.sampling": 2,
     "grpo_jax.logprobs": 2,
