@@ -184,25 +184,31 @@ def jit_token_logprobs(config: ModelConfig, *, mesh: Mesh | None = None, rules: 
 
   if mesh is None:
     return jax.jit(chunked)
-  params_sh = partitioning.param_shardings(mesh, rules, jax.eval_shape(transformer.init_params, config,
+  config_sh = partitioning.param_shardings(mesh, rules, jax.eval_shape(transformer.init_params, config,
                                                                        jax.random.key(0)))
+  placements = {jax.tree.structure(config_sh): config_sh}  # params tree structure -> its shardings
   compiled = {}
 
-  def jitted(shape):
-    """The jitted function for tokens of `shape` and the rows' sharding (built once per shape)."""
-    shape = tuple(shape)
-    if shape not in compiled:
+  def jitted(shape, params=None):
+    """`(jitted function, rows' sharding, params' shardings)` for tokens of `shape` and params of `params`'s tree
+    structure (default `config`'s; another one: e.g. LoRA's base alone, `models.lora.disabled`), built once each."""
+    treedef = jax.tree.structure(config_sh if params is None else params)
+    if treedef not in placements:
+      placements[treedef] = partitioning.param_shardings(mesh, rules, params)
+    params_sh, shape = placements[treedef], tuple(shape)
+    if (shape, treedef) not in compiled:
       rows = partitioning.logical_sharding(mesh, rules, ("batch", None), shape)
       out = (rows, rows) if return_entropy else rows
-      compiled[shape] = (partitioning.jit_with_rules(chunked, mesh, rules, in_shardings=(params_sh, rows, rows),
-                                                     out_shardings=out), rows)
-    return compiled[shape]
+      compiled[shape, treedef] = (partitioning.jit_with_rules(chunked, mesh, rules, out_shardings=out,
+                                                              in_shardings=(params_sh, rows, rows)), rows, params_sh)
+    return compiled[shape, treedef]
 
   def call(params, tokens, attention_mask):
-    fn, rows = jitted(tokens.shape)
+    fn, rows, params_sh = jitted(tokens.shape, params)
     return fn(*partitioning.put((params, tokens, attention_mask), (params_sh, rows, rows)))
 
-  call.jitted = lambda shape: jitted(shape)[0]  # ahead of time: call.jitted(shape).lower(abstract args)
+  # ahead of time: call.jitted(shape[, params]).lower(abstract args)
+  call.jitted = lambda shape, params=None: jitted(shape, params)[0]
   return call
 
 

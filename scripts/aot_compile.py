@@ -285,7 +285,8 @@ def compile_program(name: str, program, tgt: Target, total_resident: int) -> Com
   flops = matmul_flops(traced.jaxpr.jaxpr, program.loop_trips) / len(tgt.devices) * k
   common = dict(name=name, uses=program.uses, calls=program.per_step or program.per_eval,
                 per="step" if program.per_step else "eval", flops=flops,
-                resident_other=total_resident - k * _bytes_per_device(program.args[0]))
+                resident_other=total_resident - k * sum(_bytes_per_device(program.args[i])
+                                                        for i in program.resident_args))
   try:
     compiled = traced.lower().compile()
   except jax.errors.JaxRuntimeError as err:

@@ -178,6 +178,66 @@ def test_the_programs_are_those_the_runner_compiles(tmp_path):
   assert {seen for seen in runner.seen if seen[0] in model_programs} == set(ours.seen)
 
 
+def test_the_lora_programs_are_those_a_lora_run_compiles(tmp_path):
+  # As above with --lora_rank: the sampler and evaluation take base + adapters, π_ref the base alone (adapters
+  # off), π_old base + adapters (a second forward program), the update the adapters' train state and the frozen
+  # base as a third argument; a one-step LoRA run lowers the same names and argument shapes.
+  from experiments.runner import loop  # pylint: disable=import-outside-toplevel
+  from experiments.runner import placement as placement_lib  # pylint: disable=import-outside-toplevel
+  from experiments.runner import programs  # pylint: disable=import-outside-toplevel
+  config = config_lib.Config().replace(
+      mesh="data:1", tiny_layers=1, batch_size=2, group_size=2, max_new_tokens=6, completion_pad_multiple=0,
+      temperature=0.7, recompute_old_logprobs=True, steps=1, sft_steps=0, eval_every=0, num_test=2,
+      eval_batch_size=2, save_every=0, tensorboard=False, work_dir=str(tmp_path / "run"), lora_rank=4,
+      lora_alpha=8.0)
+  with _Lowerings() as runner:
+    loop.run(config)
+  placement = placement_lib.Placement.from_config(config.mesh)
+  listed = programs.programs(config, aot.policy_config(config.model), placement)
+  assert list(listed) == ["sampler", "old_logprobs", "logprobs", "update", "eval_greedy"]
+  with _Lowerings() as ours:
+    for program in listed.values():
+      program.jitted.trace(*program.args, **program.kwargs).lower()
+  assert len(ours.seen) == len(listed) and set(ours.seen) <= set(runner.seen)
+  model_programs = {name for name, _ in ours.seen}
+  assert {seen for seen in runner.seen if seen[0] in model_programs} == set(ours.seen)
+
+
+def test_the_lora_update_and_resident_trees_hold_the_base_once():
+  # Bytes of the update's arguments and of the resident trees, full fine-tuning against LoRA on the same model:
+  # the full train state is params + AdamW's two moments (+ the step count); LoRA's is the adapters + their two
+  # moments, with the base a separate argument; π_ref is the base itself, so the base is resident once.
+  from experiments.runner import placement as placement_lib  # pylint: disable=import-outside-toplevel
+  from experiments.runner import programs  # pylint: disable=import-outside-toplevel
+  nbytes = lambda tree: aot._bytes_per_device(tree)  # pylint: disable=protected-access
+  config = config_lib.Config().replace(mesh="data:1", tiny_layers=2, batch_size=2, group_size=2, max_prompt_len=4,
+                                       max_new_tokens=4, eval_batch_size=2, num_test=2)
+  lora_config = config.replace(lora_rank=2, lora_alpha=4.0, lora_targets="q,v")
+  placement = placement_lib.Placement.from_config(config.mesh, jax.devices()[:1])
+  model_config = aot.policy_config(config.model)
+  full = programs.programs(config, model_config, placement)["update"]
+  adapted = programs.programs(lora_config, model_config, placement)["update"]
+  state, batch = full.args
+  lora_state, lora_batch, base = adapted.args
+  weights = nbytes(state.params)
+  adapters = nbytes(lora_state.params)
+  # rank 2 on q and v of 2 layers, float32: A [hidden, 2] and B [2, heads x head_dim] each
+  e = model_config.hidden_size
+  q, v = (model_config.num_attention_heads * model_config.head_dim,
+          model_config.num_key_value_heads * model_config.head_dim)
+  assert adapters == 4 * 2 * 2 * ((e + q) + (e + v))
+  assert nbytes(base) == weights and nbytes(lora_batch) == nbytes(batch)
+  # params + AdamW's two moments, + three int32 counts (the state's step, AdamW's, the schedule's)
+  assert nbytes(state) - 3 * weights == nbytes(lora_state) - 3 * adapters == 3 * 4
+  assert nbytes(adapted.args) < 0.4 * nbytes(full.args) and adapters < 0.01 * weights
+  assert full.resident_args == (0,) and adapted.resident_args == (0, 2)
+  resident = programs.resident(lora_config, model_config, placement)
+  assert {k: nbytes(v) for k, v in resident.items()} == {"train state": nbytes(lora_state), "base (π_ref)": weights,
+                                                         "start adapters": adapters}
+  assert {k: nbytes(v) for k, v in programs.resident(config, model_config, placement).items()} == {
+      "train state": nbytes(state), "reference": weights, "start policy": weights}
+
+
 def test_the_update_follows_the_run_config():
   # The update compiled is the one the run's flags make: its temperature, its clip range and schedule are in the
   # lowered program; where a run only logs differently, the program is the same.

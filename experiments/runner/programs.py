@@ -4,24 +4,28 @@ r"""The compiled programs of a run, built by the runner's own builders at abstra
   for name, p in programs(config, model_config, placement).items():
     p.jitted.trace(*p.args, **p.kwargs).lower().compile()   # nothing allocated: ShapeDtypeStruct args
 
-`programs` returns exactly the programs stage 2 of `loop.run(config)` runs (for --algo=grpo and online_rft,
-without LoRA; other configs are refused with one line), in the order a step runs them, each built by the code
+`programs` returns exactly the programs stage 2 of `loop.run(config)` runs (for --algo=grpo and online_rft, with
+or without LoRA; other methods are refused with one line), in the order a step runs them, each built by the code
 the runner calls (so a change there changes them here; tests/test_aot_compile.py checks them against a run's):
 
   sampler       the rollouts' sampler (`Rollouts.sampler_options`): B prompts of P tokens, G samples each
   reward        a learned reward's scorer (`learned_reward.OUTCOME_SCORES` or `STEP_SCORES`), with --reward=orm|prm
   logprobs      the π_ref (β > 0) and π_old (when recomputed) forward the method calls (`Placement.logprobs`,
-                at the rollout temperature, grouped when the method shares prompts), over [B·G, P + T] rows
+                at the rollout temperature, grouped when the method shares prompts), over [B·G, P + T] rows;
+                with LoRA π_ref is the base params alone (the adapters off), so with π_old as well its forward
+                over base + adapters is a second program, old_logprobs
   update        the method's objective and optimiser schedule (`loop.update_plan`) through `Placement.train_step`,
                 over a minibatch of [M, P + T] rows in `grad_accum_steps` micro-batches; the train state donated
+                (with LoRA the state holds the adapters and their moments only, and the frozen base is a third,
+                not donated, argument: `loop.train`'s `lora.split`)
   eval_greedy   held-out evaluation's sampler (`evaluation.generate_options`), and eval_samples with
                 --eval_samples=k: k samples per prompt at --eval_temperature
 
 Widths are the widest the runner gives: a step trims its completions to the longest one
 (`rollouts.completion_width`), which is at most T = --max_new_tokens. Every program's first argument is the
-resident tree it reads (the train state, policy, reference or reward-model params): `resident` gives the trees
-that stay on the device(s) between programs, so a program's peak is its own memory plus the resident trees
-that are not its arguments.
+resident tree it reads (the train state, policy, reference or reward-model params; `Program.resident_args` names
+every argument that is one): `resident` gives the trees that stay on the device(s) between programs, so a
+program's peak is its own memory plus the resident trees that are not its arguments.
 """
 
 import dataclasses
@@ -40,6 +44,7 @@ from grpo_jax import models
 from grpo_jax import partitioning
 from grpo_jax import sampling
 from grpo_jax import training
+from grpo_jax.models import lora
 
 ALGOS = ("grpo", "online_rft")  # the methods whose programs are listed here
 
@@ -55,6 +60,7 @@ class Program:
   per_eval: int = 0  # calls per evaluation
   loop_trips: int = 1  # trip count of its while loops (the sampler: its decode steps)
   kwargs: dict = dataclasses.field(default_factory=dict)  # static keyword arguments: `.trace(*args, **kwargs)`
+  resident_args: tuple = (0,)  # the arguments that are (parts of) resident trees, not the program's own
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,8 +79,6 @@ def _check(config: config_lib.Config, placement: placement_lib.Placement, reward
   if config.algorithm.algo not in ALGOS:
     raise config_lib.ConfigError(f"--algo={config.algorithm.algo}: its programs are not listed yet (listed: "
                                  f"{', '.join(ALGOS)})")
-  if config.model.lora_rank:
-    raise config_lib.ConfigError("--lora_rank > 0: the LoRA update's programs are not listed yet")
   if placement.mesh is None:
     raise config_lib.ConfigError("--mesh is empty: the runner then runs on one device; give the mesh to compile "
                                  "for, e.g. --mesh=fsdp:8")
@@ -85,11 +89,19 @@ def _check(config: config_lib.Config, placement: placement_lib.Placement, reward
 
 def _setup(config: config_lib.Config, model_config: models.ModelConfig, placement: placement_lib.Placement,
            reward: RewardModel | None):
-  """The runner's method (its rollouts on `placement`, no task or weights) and the abstract policy params."""
+  """The runner's method (its rollouts on `placement`, no task or weights) and the abstract policy params; with
+  --lora_rank the policy config and params are `loop.run`'s: the base's plus fresh adapters (`lora.add_adapters`)."""
   _check(config, placement, reward)
-  rollouts = methods_lib.Rollouts(config, model_config, None, None, placement)
-  method = methods_lib.METHODS[config.algorithm.algo](config, model_config, None, rollouts, None)
-  shapes = jax.eval_shape(models.init_params, model_config, jax.random.key(0))
+  lora_rank = config.model.lora_rank
+  policy_config = lora.lora_config(model_config, rank=lora_rank, alpha=config.model.lora_alpha,
+                                   targets=config_lib.lora_targets(config.model.lora_targets)
+                                   ) if lora_rank else model_config
+  rollouts = methods_lib.Rollouts(config, policy_config, None, None, placement)
+  method = methods_lib.METHODS[config.algorithm.algo](config, policy_config, None, rollouts, None)
+  init = lambda key: models.init_params(model_config, key)
+  if lora_rank:
+    init = lambda key: lora.add_adapters(models.init_params(model_config, key), policy_config, key)
+  shapes = jax.eval_shape(init, jax.random.key(0))
   params = _abstract(shapes, partitioning.param_shardings(placement.mesh, placement.rules, shapes))
   return method, params
 
@@ -100,20 +112,31 @@ def _reward_params(reward: RewardModel, placement: placement_lib.Placement):
 
 
 def _train_state(method, params, placement: placement_lib.Placement):
-  """`(optimiser steps per step, minibatch rows, optimiser, abstract train state, its shardings)`."""
+  """`(optimiser steps per step, minibatch rows, optimiser, abstract train state, its shardings, frozen)`: as
+  `loop.train` builds them; with LoRA the state holds the trained leaves only and `frozen` is the rest (the base,
+  the policy's own arrays), else None."""
   minibatch, updates_per_step, optimizer = loop.update_plan(method)
-  shapes = jax.eval_shape(lambda p: training.init_train_state(method.init_params(p, None), optimizer), params)
+  trained, frozen = method.init_params(params, None), None
+  if method.cfg.model.lora_rank:
+    trained, frozen = lora.split(trained)
+  shapes = jax.eval_shape(lambda p: training.init_train_state(p, optimizer), trained)
   shardings = partitioning.state_shardings(placement.mesh, placement.rules, shapes)
-  return updates_per_step, minibatch, optimizer, _abstract(shapes, shardings), shardings
+  return updates_per_step, minibatch, optimizer, _abstract(shapes, shardings), shardings, frozen
 
 
 def resident(config: config_lib.Config, model_config: models.ModelConfig, placement: placement_lib.Placement,
              reward: RewardModel | None = None) -> dict[str, Any]:
   """The abstract trees that stay on the device(s) through stage 2 of `loop.run`, by name: the train state, the
   frozen reference (`method.reference`, a copy of the start policy), the start policy itself (`loop.run` holds it
-  while stage 2 runs) and the learned reward model."""
+  while stage 2 runs) and the learned reward model. With LoRA: the train state (the adapters and their optimiser
+  state), the base, which is π_ref and the frozen part of the policy at once (no copy), and the start policy's
+  adapters."""
   method, params = _setup(config, model_config, placement, reward)
-  out = {"train state": _train_state(method, params, placement)[3], "reference": params, "start policy": params}
+  state = _train_state(method, params, placement)[3]
+  if config.model.lora_rank:
+    out = {"train state": state, "base (π_ref)": lora.disabled(params), "start adapters": lora.adapters(params)}
+  else:
+    out = {"train state": state, "reference": params, "start policy": params}
   if reward is not None:
     out["reward model"] = _reward_params(reward, placement)
   return out
@@ -125,7 +148,7 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
   docstring). `model_config` is the policy's (`policy.load`'s), `placement` holds the mesh, `reward` the learned
   reward model's shapes (with --reward=orm|prm). Raises ConfigError (or RunError) with one line where the runner
   would refuse the config."""
-  method, params = _setup(config, model_config, placement, reward)
+  method, params = _setup(config, model_config, placement, reward)  # method.config: the policy's (LoRA: adapted)
   mesh, rules, rows_sharding = placement.mesh, placement.rules, placement.batch_sharding
   rollout, algo = config.rollout, config.algorithm
   b, g, p, t = rollout.batch_size, rollout.group_size, config.task.max_prompt_len, rollout.max_new_tokens
@@ -137,7 +160,7 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
   out = {}
 
   def sampler(prompts: int, samples: int, **options):
-    return sampling.jit_sample(model_config, (prompts, p), mesh=mesh, rules=rules, num_samples=samples, **options)
+    return sampling.jit_sample(method.config, (prompts, p), mesh=mesh, rules=rules, num_samples=samples, **options)
 
   rounds = rollout.dynamic_sampling_max_rounds if rollout.dynamic_sampling else 1
   options = method.rollouts.sampler_options()
@@ -171,22 +194,30 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
     if algo.beta > 0:
       forwards.append("π_ref")
   if forwards:
-    fn = method.group_logprobs.jitted((n, length))
+    fn = lambda tree: method.group_logprobs.jitted((n, length), tree)  # its placement follows the tree's structure
     group = g if method.grouped() else 1
     chunk = placement.forward_chunk(model_config, n, length, group=group, logits_chunk=config.model.logprob_chunk,
                                     cached=group > 1)  # the rows a chunk of `jit_token_logprobs` takes
-    out["logprobs"] = Program(fn, (params, rows(jnp.int32, n), rows(jnp.bool_, n)),
-                              f"the {' and '.join(forwards)} forward of the {n} rows, {chunk or n} at a time"
-                              + (f", each prompt once per group of {g}" if group > 1 else ""),
-                              per_step=len(forwards))
-  updates, minibatch, optimizer, state, state_shardings = _train_state(method, params, placement)
-  step = placement.train_step(state_shardings, optimizer, method.objective(), algo.grad_accum_steps)
+    how = f" of the {n} rows, {chunk or n} at a time" + (f", each prompt once per group of {g}" if group > 1 else "")
+    if config.model.lora_rank:  # π_ref: the base alone; π_old: base + adapters, another argument structure
+      if "π_old" in forwards:
+        out["old_logprobs"] = Program(fn(params), (params, rows(jnp.int32, n), rows(jnp.bool_, n)),
+                                      "the π_old forward (base + adapters)" + how, per_step=1)
+      if "π_ref" in forwards:
+        out["logprobs"] = Program(fn(lora.disabled(params)), (lora.disabled(params), rows(jnp.int32, n), rows(jnp.bool_, n)),
+                                  "the π_ref forward (the base, adapters off)" + how, per_step=1)
+    else:
+      out["logprobs"] = Program(fn(params), (params, rows(jnp.int32, n), rows(jnp.bool_, n)),
+                                f"the {' and '.join(forwards)} forward" + how, per_step=len(forwards))
+  updates, minibatch, optimizer, state, state_shardings, frozen = _train_state(method, params, placement)
+  step = placement.train_step(state_shardings, optimizer, method.objective(), algo.grad_accum_steps, frozen=frozen)
   f32, bool_ = (lambda: rows(jnp.float32, minibatch)), (lambda: rows(jnp.bool_, minibatch))
   batch = training.Batch(tokens=rows(jnp.int32, minibatch), attention_mask=bool_(), loss_mask=bool_(),
                          old_logp=f32(), ref_logp=f32(), advantages=f32())
-  out["update"] = Program(step.jitted, (state, batch),
+  out["update"] = Program(step.jitted, (state, batch) if frozen is None else (state, batch, frozen),
                           f"{method.name}: one optimiser step over {minibatch} rows in {algo.grad_accum_steps} "
-                          f"micro-batches", per_step=updates)
+                          f"micro-batches" + ("" if frozen is None else " (LoRA: the adapters; the base frozen)"),
+                          per_step=updates, resident_args=(0,) if frozen is None else (0, 2))
   held_out = config.task.num_test  # the held-out set has at most this many problems
   options = evaluation.generate_options(config, held_out, placement)
   e = options["batch_size"]
