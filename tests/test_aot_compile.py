@@ -203,6 +203,37 @@ def test_the_lora_programs_are_those_a_lora_run_compiles(tmp_path):
   assert {seen for seen in runner.seen if seen[0] in model_programs} == set(ours.seen)
 
 
+def test_the_ppo_programs_are_those_a_ppo_run_compiles(tmp_path):
+  # --algo=ppo: π_old (temperature 0.7) and π_ref through the rollouts' ungrouped forward, the value forward over
+  # the train state's value model, the policy + value update over a PPO batch; a one-step run lowers the same.
+  from experiments.runner import loop  # pylint: disable=import-outside-toplevel
+  from experiments.runner import placement as placement_lib  # pylint: disable=import-outside-toplevel
+  from experiments.runner import programs  # pylint: disable=import-outside-toplevel
+  config = config_lib.Config().replace(
+      algo="ppo", mesh="data:1", tiny_layers=1, batch_size=2, group_size=2, max_new_tokens=5,  # not the shapes of a program cached above
+      completion_pad_multiple=0, temperature=0.7, steps=1, sft_steps=0, eval_every=0, num_test=2, eval_batch_size=2,
+      save_every=0, tensorboard=False, work_dir=str(tmp_path / "run"))
+  with _Lowerings() as runner:
+    loop.run(config)
+  placement = placement_lib.Placement.from_config(config.mesh)
+  model_config = aot.policy_config(config.model)
+  listed = programs.programs(config, model_config, placement)
+  assert list(listed) == ["sampler", "logprobs", "values", "update", "eval_greedy"]
+  assert listed["logprobs"].per_step == 2
+  with _Lowerings() as ours:
+    for program in listed.values():
+      program.jitted.trace(*program.args, **program.kwargs).lower()
+  assert len(ours.seen) == len(listed) and set(ours.seen) <= set(runner.seen)
+  model_programs = {name for name, _ in ours.seen}
+  assert {seen for seen in runner.seen if seen[0] in model_programs} == set(ours.seen)
+  state = programs.resident(config, model_config, placement)["train state"]
+  assert set(state.params) == {"policy", "value"} and listed["values"].args[0] == state.params["value"]
+  for flags, message in ((dict(lora_rank=2), "--algo=ppo with --lora_rank > 0"),
+                         (dict(value_init="some/dir"), "--value_init=some/dir")):
+    with pytest.raises(config_lib.ConfigError, match=message):
+      programs.programs(config.replace(**flags), model_config, placement)
+
+
 def test_the_lora_update_and_resident_trees_hold_the_base_once():
   # Bytes of the update's arguments and of the resident trees, full fine-tuning against LoRA on the same model:
   # the full train state is params + AdamW's two moments (+ the step count); LoRA's is the adapters + their two

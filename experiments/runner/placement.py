@@ -97,7 +97,8 @@ class Placement:
     kwargs = dict(forward_rows=self.forward_rows, memory_budget=self.forward_budget) | kwargs
     fn = logprobs_lib.jit_token_logprobs(config, mesh=self.mesh, rules=self.rules, **kwargs)
     call = lambda params, tokens, mask: fn(params, *self.device((tokens, mask)))
-    call.jitted = getattr(fn, "jitted", lambda shape: fn)  # the program for tokens of `shape` (ahead of time)
+    # the program for tokens of `shape` and params of `params`'s tree structure (ahead of time)
+    call.jitted = getattr(fn, "jitted", lambda shape, params=None: fn)
     return call
 
   def train(self, params, optimizer, objective, num_micro_batches: int, frozen=None):

@@ -5,7 +5,7 @@ r"""The compiled programs of a run, built by the runner's own builders at abstra
     p.jitted.trace(*p.args, **p.kwargs).lower().compile()   # nothing allocated: ShapeDtypeStruct args
 
 `programs` returns exactly the programs stage 2 of `loop.run(config)` runs (for --algo=grpo and online_rft, with
-or without LoRA; other methods are refused with one line), in the order a step runs them, each built by the code
+or without LoRA, and --algo=ppo without; other configs are refused with one line), in the order a step runs them, each built by the code
 the runner calls (so a change there changes them here; tests/test_aot_compile.py checks them against a run's):
 
   sampler       the rollouts' sampler (`Rollouts.sampler_options`): B prompts of P tokens, G samples each
@@ -14,6 +14,8 @@ the runner calls (so a change there changes them here; tests/test_aot_compile.py
                 at the rollout temperature, grouped when the method shares prompts), over [B·G, P + T] rows;
                 with LoRA π_ref is the base params alone (the adapters off), so with π_old as well its forward
                 over base + adapters is a second program, old_logprobs
+  values        PPO's value forward V_ψ over the [B·G, P + T] rows (`PPO.values`), its value model's params from
+                the train state
   update        the method's objective and optimiser schedule (`loop.update_plan`) through `Placement.train_step`,
                 over a minibatch of [M, P + T] rows in `grad_accum_steps` micro-batches; the train state donated
                 (with LoRA the state holds the adapters and their moments only, and the frozen base is a third,
@@ -46,7 +48,7 @@ from grpo_jax import sampling
 from grpo_jax import training
 from grpo_jax.models import lora
 
-ALGOS = ("grpo", "online_rft")  # the methods whose programs are listed here
+ALGOS = ("grpo", "online_rft", "ppo")  # the methods whose programs are listed here
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +81,11 @@ def _check(config: config_lib.Config, placement: placement_lib.Placement, reward
   if config.algorithm.algo not in ALGOS:
     raise config_lib.ConfigError(f"--algo={config.algorithm.algo}: its programs are not listed yet (listed: "
                                  f"{', '.join(ALGOS)})")
+  if config.algorithm.algo == "ppo" and config.model.lora_rank:
+    raise config_lib.ConfigError("--algo=ppo with --lora_rank > 0: its programs are not listed yet")
+  if config.algorithm.algo == "ppo" and config.algorithm.value_init != "policy":
+    raise config_lib.ConfigError(f"--value_init={config.algorithm.value_init}: the programs of a value model "
+                                 "from its own checkpoint are not listed yet (listed: --value_init=policy)")
   if placement.mesh is None:
     raise config_lib.ConfigError("--mesh is empty: the runner then runs on one device; give the mesh to compile "
                                  "for, e.g. --mesh=fsdp:8")
@@ -116,10 +123,10 @@ def _train_state(method, params, placement: placement_lib.Placement):
   `loop.train` builds them; with LoRA the state holds the trained leaves only and `frozen` is the rest (the base,
   the policy's own arrays), else None."""
   minibatch, updates_per_step, optimizer = loop.update_plan(method)
-  trained, frozen = method.init_params(params, None), None
-  if method.cfg.model.lora_rank:
-    trained, frozen = lora.split(trained)
-  shapes = jax.eval_shape(lambda p: training.init_train_state(p, optimizer), trained)
+  cut = lora.split if method.cfg.model.lora_rank else (lambda tree: (tree, None))  # (trained, frozen)
+  frozen = cut(params)[1]  # `init_params` keeps the policy's arrays (grpo, online_rft: the policy itself)
+  shapes = jax.eval_shape(lambda p, k: training.init_train_state(cut(method.init_params(p, k))[0], optimizer),
+                          params, jax.random.PRNGKey(0))
   shardings = partitioning.state_shardings(placement.mesh, placement.rules, shapes)
   return updates_per_step, minibatch, optimizer, _abstract(shapes, shardings), shardings, frozen
 
@@ -186,6 +193,11 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
                               f"the {reward.kind} reward model's scores at up to {k} step ends of the {n} rows, "
                               f"{chunk['rows_per_chunk'] or n} at a time", per_step=1, kwargs=chunk)
   forwards = []
+  if algo.algo == "ppo":  # `PPO.collect`: the rollouts' ungrouped forward
+    if rollout.temperature != 1.0 or algo.recompute_old_logprobs:
+      forwards.append("π_old")
+    if algo.beta > 0:
+      forwards.append("π_ref")
   if algo.algo == "grpo":
     reinforce_pp = algo.advantage_estimator == "reinforce_pp"
     on_policy = method.on_policy() and not reinforce_pp
@@ -194,8 +206,9 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
     if algo.beta > 0:
       forwards.append("π_ref")
   if forwards:
-    fn = lambda tree: method.group_logprobs.jitted((n, length), tree)  # its placement follows the tree's structure
-    group = g if method.grouped() else 1
+    logprobs = method.rollouts.logprobs if algo.algo == "ppo" else method.group_logprobs
+    fn = lambda tree: logprobs.jitted((n, length), tree)  # its placement follows the tree's structure
+    group = g if algo.algo != "ppo" and method.grouped() else 1
     chunk = placement.forward_chunk(model_config, n, length, group=group, logits_chunk=config.model.logprob_chunk,
                                     cached=group > 1)  # the rows a chunk of `jit_token_logprobs` takes
     how = f" of the {n} rows, {chunk or n} at a time" + (f", each prompt once per group of {g}" if group > 1 else "")
@@ -210,10 +223,15 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
       out["logprobs"] = Program(fn(params), (params, rows(jnp.int32, n), rows(jnp.bool_, n)),
                                 f"the {' and '.join(forwards)} forward" + how, per_step=len(forwards))
   updates, minibatch, optimizer, state, state_shardings, frozen = _train_state(method, params, placement)
+  if algo.algo == "ppo":
+    out["values"] = Program(method.values.jitted, (state.params["value"], rows(jnp.int32, n), rows(jnp.bool_, n)),
+                            f"the value forward V_ψ of the {n} rows", per_step=1)
   step = placement.train_step(state_shardings, optimizer, method.objective(), algo.grad_accum_steps, frozen=frozen)
   f32, bool_ = (lambda: rows(jnp.float32, minibatch)), (lambda: rows(jnp.bool_, minibatch))
   batch = training.Batch(tokens=rows(jnp.int32, minibatch), attention_mask=bool_(), loss_mask=bool_(),
                          old_logp=f32(), ref_logp=f32(), advantages=f32())
+  if algo.algo == "ppo":
+    batch = training.PPOBatch(*batch, old_values=f32(), returns=f32())
   out["update"] = Program(step.jitted, (state, batch) if frozen is None else (state, batch, frozen),
                           f"{method.name}: one optimiser step over {minibatch} rows in {algo.grad_accum_steps} "
                           f"micro-batches" + ("" if frozen is None else " (LoRA: the adapters; the base frozen)"),
