@@ -209,8 +209,9 @@ def test_the_ppo_programs_are_those_a_ppo_run_compiles(tmp_path):
   from experiments.runner import loop  # pylint: disable=import-outside-toplevel
   from experiments.runner import placement as placement_lib  # pylint: disable=import-outside-toplevel
   from experiments.runner import programs  # pylint: disable=import-outside-toplevel
+  # max_new_tokens=5: not the shapes of a program compiled (and so cached, not logged) by a test above
   config = config_lib.Config().replace(
-      algo="ppo", mesh="data:1", tiny_layers=1, batch_size=2, group_size=2, max_new_tokens=5,  # not the shapes of a program cached above
+      algo="ppo", mesh="data:1", tiny_layers=1, batch_size=2, group_size=2, max_new_tokens=5,
       completion_pad_multiple=0, temperature=0.7, steps=1, sft_steps=0, eval_every=0, num_test=2, eval_batch_size=2,
       save_every=0, tensorboard=False, work_dir=str(tmp_path / "run"))
   with _Lowerings() as runner:

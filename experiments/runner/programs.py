@@ -5,8 +5,9 @@ r"""The compiled programs of a run, built by the runner's own builders at abstra
     p.jitted.trace(*p.args, **p.kwargs).lower().compile()   # nothing allocated: ShapeDtypeStruct args
 
 `programs` returns exactly the programs stage 2 of `loop.run(config)` runs (for --algo=grpo and online_rft, with
-or without LoRA, and --algo=ppo without; other configs are refused with one line), in the order a step runs them, each built by the code
-the runner calls (so a change there changes them here; tests/test_aot_compile.py checks them against a run's):
+or without LoRA, and --algo=ppo without; other configs are refused with one line), in the order a step runs them,
+each built by the code the runner calls (so a change there changes them here; tests/test_aot_compile.py checks
+them against a run's):
 
   sampler       the rollouts' sampler (`Rollouts.sampler_options`): B prompts of P tokens, G samples each
   reward        a learned reward's scorer (`learned_reward.OUTCOME_SCORES` or `STEP_SCORES`), with --reward=orm|prm
@@ -217,7 +218,8 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
         out["old_logprobs"] = Program(fn(params), (params, rows(jnp.int32, n), rows(jnp.bool_, n)),
                                       "the π_old forward (base + adapters)" + how, per_step=1)
       if "π_ref" in forwards:
-        out["logprobs"] = Program(fn(lora.disabled(params)), (lora.disabled(params), rows(jnp.int32, n), rows(jnp.bool_, n)),
+        base = lora.disabled(params)
+        out["logprobs"] = Program(fn(base), (base, rows(jnp.int32, n), rows(jnp.bool_, n)),
                                   "the π_ref forward (the base, adapters off)" + how, per_step=1)
     else:
       out["logprobs"] = Program(fn(params), (params, rows(jnp.int32, n), rows(jnp.bool_, n)),
