@@ -101,6 +101,26 @@ def test_sharded_logprob_function_equals_one_device(params, batch):
   assert logp.sharding.spec == jax.sharding.PartitionSpec(("data", "fsdp"), None)
 
 
+@pytest.mark.devices(8)
+def test_sharded_logprob_function_takes_another_params_structure(params, batch):
+  # An adapted config's function (LoRA) takes both its own params (base + adapters) and the base alone, as the
+  # runner calls it for π_old and π_ref; each tree placed by the rules, the values those of the plain model.
+  from grpo_jax import partitioning
+  from grpo_jax.models import lora
+  tokens, mask = (jnp.tile(x, (4, 1)) for x in batch)
+  adapted_config = lora.lora_config(CONFIG, rank=2, alpha=4.0, targets=("q", "down"))
+  adapters = jax.tree.map(lambda x: x + 0.5, lora.init_adapters(adapted_config, jax.random.key(2)))  # B != 0
+  adapted = lora.join(adapters, params)
+  mesh, rules = partitioning.make_mesh("data:2,fsdp:2,tensor:2"), partitioning.get_rules("fsdp_tp")
+  sharded = logprobs.jit_token_logprobs(adapted_config, mesh=mesh, rules=rules, chunk_size=5)
+  expected = jax.jit(lambda p, c, t, m: logprobs.token_logprobs(p, c, t, m, chunk_size=5), static_argnums=1)
+  np.testing.assert_allclose(sharded(params, tokens, mask), expected(params, CONFIG, tokens, mask), atol=1e-5)
+  with_adapters = sharded(adapted, tokens, mask)
+  np.testing.assert_allclose(with_adapters, expected(adapted, adapted_config, tokens, mask), atol=1e-5)
+  assert not np.allclose(with_adapters, expected(params, CONFIG, tokens, mask), atol=1e-3)
+  assert sharded.jitted(tokens.shape, params) is not sharded.jitted(tokens.shape)  # one program per structure
+
+
 def _grouped_samples(params, group_size=3, prompt_len=7, new_tokens=6):
   """Sampler rows: 3 left-padded prompts x G samples, some stopping early (right padding)."""
   prompt = jax.random.randint(jax.random.key(5), (3, prompt_len), 0, CONFIG.vocab_size)
