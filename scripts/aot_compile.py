@@ -14,15 +14,16 @@ config.json only; empty --model: the embedded tiny model). The script's own flag
 --hbm_gib, --json_out, --isolate.
 
 The programs are the runner's own, from `experiments.runner.programs.programs(config)`: the update step, the
-π_ref / π_old log-prob forward, the rollouts' sampler, a learned reward model's scorer and evaluation's samplers,
+π_ref / π_old log-prob forward, PPO's value forward, the rollouts' sampler, a learned reward model's scorer and
+evaluation's samplers (with --lora_rank: the LoRA update, the frozen base its third argument, and π_ref the base),
 each with abstract arguments (`jax.ShapeDtypeStruct`s carrying their shardings) at the widest shapes the runner
 gives them. The real XLA compiler for the topology (libtpu, `pip install -e '.[tpu]'`) runs
 `jit(...).trace(...).lower().compile()`. For each program it prints, per chip, XLA's `memory_analysis()`:
 arguments, outputs, temporaries and generated code, minus the donated (aliased) bytes; then the same plus the
-trees that stay resident between programs (train state, reference, start policy, reward model;
-`programs.resident`) that are not its arguments, against the chip's HBM. FLOPs are the matmul FLOPs of the
-traced program with every scan and loop at its trip count (XLA's `cost_analysis()` counts a loop body once; its
-figure is printed beside); "s at peak" is a step's (or an evaluation's) FLOPs per chip over the chip's peak
+trees that stay resident between programs (train state, reference, start policy, reward model; with LoRA the
+adapters' train state, the base once, the start adapters; `programs.resident`) that are not its arguments,
+against the chip's HBM. FLOPs are the matmul FLOPs of the traced program with every scan and loop at its trip
+count (XLA's `cost_analysis()` counts a loop body once; its figure is printed beside); "s at peak" is a step's (or an evaluation's) FLOPs per chip over the chip's peak
 bf16 FLOP/s, a floor on the time.
 
 Exits non-zero with one line when a program does not fit in a chip's HBM, or with one line naming a bad flag.
