@@ -23,8 +23,8 @@ arguments, outputs, temporaries and generated code, minus the donated (aliased) 
 trees that stay resident between programs (train state, reference, start policy, reward model; with LoRA the
 adapters' train state, the base once, the start adapters; `programs.resident`) that are not its arguments,
 against the chip's HBM. FLOPs are the matmul FLOPs of the traced program with every scan and loop at its trip
-count (XLA's `cost_analysis()` counts a loop body once; its figure is printed beside); "s at peak" is a step's (or an evaluation's) FLOPs per chip over the chip's peak
-bf16 FLOP/s, a floor on the time.
+count (XLA's `cost_analysis()` counts a loop body once; its figure is printed beside); "s at peak" is a step's
+(or an evaluation's) FLOPs per chip over the chip's peak bf16 FLOP/s, a floor on the time.
 
 Exits non-zero with one line when a program does not fit in a chip's HBM, or with one line naming a bad flag.
 """
