@@ -227,3 +227,11 @@ def test_the_checker_finds_what_it_checks(tmp_path):
   assert _anchors(page) == {"a-title"}
   assert sum(len(v) for v in _shell_commands().values()) >= 20
   assert len(list(_python_blocks())) >= 4
+
+
+def test_every_runner_flag_is_documented():
+  """Each field of the runner's config (a flag of the same name) is named as `--field` in docs/."""
+  from experiments.runner import config as config_lib  # pylint: disable=import-outside-toplevel
+  text = "".join(p.read_text() for p in (REPO / "docs").glob("*.md"))
+  missing = [name for name in config_lib.Config().flat() if not re.search(rf"--{name}(?!\w)", text)]
+  assert not missing, f"runner flags without a line in docs/: {missing}"
