@@ -121,6 +121,19 @@ def variant(request):
   return wrap
 
 
+def run_grpo_math(*argv) -> dict:
+  """`experiments.grpo_math`'s run in this process with these flags (the program name first is added), its
+  summary returned; the flags are unparsed afterwards, whatever happens."""
+  from experiments import grpo_math  # pylint: disable=import-outside-toplevel
+
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS(["grpo_math", *argv])
+  try:
+    return grpo_math.run()
+  finally:
+    flags.FLAGS.unparse_flags()
+
+
 @pytest.fixture
 def main_in_process(monkeypatch):
   """`run(main, argv, defaults=None)`: an entry point's `main(argv)` called in this process as `app.run` calls it,

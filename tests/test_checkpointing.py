@@ -192,7 +192,7 @@ print(sorted(p.name for p in ckpt.directory.iterdir()))
 def test_a_work_dir_made_read_only_is_one_line(tmp_path):
   """A tmpfs (in a mount namespace of its own) remounted read-only between two saves."""
   (tmp_path / "mnt").mkdir()
-  script = f'mount -t tmpfs -o size=4m tmpfs "$MNT" && "$PYTHON" -c "$CODE" "$MNT"'
+  script = 'mount -t tmpfs -o size=4m tmpfs "$MNT" && "$PYTHON" -c "$CODE" "$MNT"'
   env = dict(_child_env(), MNT=str(tmp_path / "mnt"), PYTHON=sys.executable, CODE=_READ_ONLY)
   child = subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=REPO, env=env, capture_output=True, text=True,
                          timeout=HANG_GUARD_S)

@@ -11,7 +11,6 @@
 """
 
 import json
-import os
 import pathlib
 import re
 import shlex

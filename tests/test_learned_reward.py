@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from experiments import cli
-from experiments import grpo_math
 from experiments import methods
 from experiments.runner import config as config_lib
 from experiments.runner import placement as placement_lib
@@ -17,6 +16,7 @@ from grpo_jax import models
 from grpo_jax import reward_models as rm
 from grpo_jax import sampling
 from tests import known_answers
+from tests.conftest import run_grpo_math
 
 FLAGS = flags.FLAGS
 TINY = ["--max_prompt_len=16", "--max_new_tokens=24", "--num_train=200", "--num_test=8", "--batch_size=4",
@@ -37,12 +37,7 @@ def checkpoints(tmp_path_factory):
 
 
 def _run(work_dir, policy_dir, *args):
-  FLAGS.unparse_flags()
-  FLAGS(["grpo_math", f"--work_dir={work_dir}", f"--init_checkpoint={policy_dir}", *TINY, *args])
-  try:
-    return grpo_math.run()
-  finally:
-    FLAGS.unparse_flags()
+  return run_grpo_math(f"--work_dir={work_dir}", f"--init_checkpoint={policy_dir}", *TINY, *args)
 
 
 def _record_collects(monkeypatch):

@@ -17,15 +17,12 @@ import sys
 import threading
 import time
 
-from absl import flags
 import jax
 import numpy as np
-import pytest
 
-from experiments import grpo_math
 from experiments.runner import preemption
 from grpo_jax import models
-from tests.conftest import HANG_GUARD_S, with_cpu_devices
+from tests.conftest import HANG_GUARD_S, run_grpo_math, with_cpu_devices
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TINY = ["--max_prompt_len=16", "--max_new_tokens=16", "--num_train=200", "--num_test=8", "--batch_size=4",
@@ -82,12 +79,7 @@ def _free_port() -> int:
 
 def _straight(work_dir, *args):
   """The same run, uninterrupted, in this process."""
-  flags.FLAGS.unparse_flags()
-  flags.FLAGS(["grpo_math", f"--work_dir={work_dir}", *TINY, *args])
-  try:
-    return grpo_math.run()
-  finally:
-    flags.FLAGS.unparse_flags()
+  return run_grpo_math(f"--work_dir={work_dir}", *TINY, *args)
 
 
 def _no_tpu_lines(text: str) -> None:

@@ -18,7 +18,7 @@ from experiments import cli
 from experiments.runner import resume as resume_lib
 from grpo_jax import models
 from grpo_jax.training import checkpointing
-from tests.conftest import HANG_GUARD_S
+from tests.conftest import HANG_GUARD_S, run_grpo_math
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TINY = ["--max_prompt_len=16", "--max_new_tokens=16", "--num_train=200", "--num_test=8", "--batch_size=4",
@@ -28,12 +28,7 @@ COMMON = ["--sft_steps=0", "--steps=4", "--save_every=2", "--eval_every=0", "--l
 
 
 def _run(work_dir, *args):
-  flags.FLAGS.unparse_flags()
-  flags.FLAGS(["grpo_math", f"--work_dir={work_dir}", *TINY, *args])
-  try:
-    return grpo_math.run()
-  finally:
-    flags.FLAGS.unparse_flags()
+  return run_grpo_math(f"--work_dir={work_dir}", *TINY, *args)
 
 
 def _cli(*args, cwd):

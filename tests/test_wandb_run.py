@@ -12,7 +12,6 @@ import time
 from absl import flags
 import pytest
 
-from experiments import grpo_math
 from experiments import train_reward_model
 from grpo_jax import models
 from experiments.runner import config as config_lib
@@ -20,6 +19,7 @@ from grpo_jax.training import MetricsLogger, wandb_run
 
 import wandb
 from wandb.proto import wandb_internal_pb2 as wandb_pb
+from tests.conftest import run_grpo_math
 
 _BLOCK, _HEADER = 32768, 7  # the record log W&B writes (LevelDB's log format): 32 KiB blocks, 7-byte headers
 
@@ -156,12 +156,7 @@ TINY = ["--max_prompt_len=16", "--max_new_tokens=8", "--num_train=64", "--num_te
 
 
 def _run(work_dir, *args):
-  flags.FLAGS.unparse_flags()
-  flags.FLAGS(["grpo_math", f"--work_dir={work_dir}", *TINY, *args])
-  try:
-    return grpo_math.run()
-  finally:
-    flags.FLAGS.unparse_flags()
+  return run_grpo_math(f"--work_dir={work_dir}", *TINY, *args)
 
 
 def test_runner_logs_to_wandb_and_resume_continues_the_run(tmp_path):
