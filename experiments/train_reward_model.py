@@ -59,6 +59,8 @@ class RewardModelConfig:
   rm_sample_batch: int = 64
   rm_max_steps: int = 8
   rm_loss: str = "bce"
+  rm_score: str = "head"
+  rm_freeze_backbone: bool = False
   rm_steps: int = 300
   rm_batch_size: int = 64
   rm_learning_rate: float = 3e-4
@@ -77,6 +79,10 @@ class RewardModelConfig:
       raise config_lib.ConfigError("--rm_learning_rate must be > 0")
     if self.rm_loss == "pairwise" and self.rm_kind not in rm.OUTCOME_KINDS:
       raise config_lib.ConfigError("--rm_loss=pairwise needs an outcome reward model (--rm_kind=orm or orm_steps)")
+    if self.rm_score not in rm.SCORES:
+      raise config_lib.ConfigError(f"--rm_score must be one of {', '.join(rm.SCORES)}")
+    if self.rm_score == "loglik" and self.rm_kind not in rm.OUTCOME_KINDS:
+      raise config_lib.ConfigError("--rm_score=loglik needs an outcome reward model (--rm_kind=orm or orm_steps)")
 
 
 _D = RewardModelConfig()
@@ -102,6 +108,11 @@ flags.DEFINE_integer("rm_max_steps", _D.rm_max_steps, "PRM and orm_steps: most s
 flags.DEFINE_enum("rm_loss", _D.rm_loss, list(rm.LOSSES), "bce, or the Bradley-Terry pairwise loss (orm, orm_steps) "
                   "over (right, wrong) pairs of one problem: it trains only the ranking within a problem, what "
                   "GRPO's group advantage uses.")
+flags.DEFINE_enum("rm_score", _D.rm_score, list(rm.SCORES), "head: the scalar head's logit; loglik (orm, orm_steps): "
+                  "that logit + alpha (trained, from 1) x the backbone's own log-likelihood of the completion (the "
+                  "sum of its token log-probs), saved with the model so --reward=orm scores the same way.")
+flags.DEFINE_bool("rm_freeze_backbone", _D.rm_freeze_backbone, "Train only the head (and alpha): the backbone stays "
+                  "as loaded (with --rm_score=loglik fine-tuning it on a few thousand samples spoils its likelihood).")
 flags.DEFINE_integer("rm_steps", _D.rm_steps, "Reward-model optimiser steps.")
 flags.DEFINE_integer("rm_batch_size", _D.rm_batch_size, "Completions per reward-model step (pairwise: batches hold whole "
                      "problems, so make it a multiple of --rm_samples_per_prompt).")
@@ -218,12 +229,19 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.Stop
   backbone, rm_config = params, config
   if rmc.rm_init:
     backbone, rm_config = _load_backbone(rmc.rm_init, config, cfg.model)
-  rm_params = rm.init_reward_params(backbone, rm_config, jax.random.fold_in(key, 3))
+  if rmc.rm_score == "loglik" and not rm_config.tie_word_embeddings:
+    raise RunError(f"--rm_score=loglik needs a backbone whose output layer is its embedding table; "
+                   f"{rmc.rm_init or policy_dir} has an untied lm_head, which a reward model does not keep")
+  rm_params = rm.init_reward_params(backbone, rm_config, jax.random.fold_in(key, 3), score=rmc.rm_score)
   del backbone
   config = rm_config  # from here on, the reward model's
+  if rmc.rm_freeze_backbone:
+    optimizer = rm.frozen_backbone_optimizer(optimizer)
+  prompt_len = train_data.tokens.shape[1] - cfg.rollout.max_new_tokens  # the padded prompt, then the completion
   state = training.init_train_state(rm_params, optimizer)
-  train_step = rm.make_reward_train_step(config, optimizer, kind=rmc.rm_kind, loss=rmc.rm_loss)
-  before = rm.evaluate(state.params, config, eval_data, kind=rmc.rm_kind, step_labels=hidden)
+  train_step = rm.make_reward_train_step(config, optimizer, kind=rmc.rm_kind, loss=rmc.rm_loss, prompt_len=prompt_len,
+                                         freeze_backbone=rmc.rm_freeze_backbone)
+  before = rm.evaluate(state.params, config, eval_data, kind=rmc.rm_kind, step_labels=hidden, prompt_len=prompt_len)
   logger.log(0, before, prefix="eval/")
   _print_eval("held-out before training", before)
   logger.start(rmc.rm_steps)
@@ -246,13 +264,14 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.Stop
     done += chunk
     if done < rmc.rm_steps:
       logger.newline()
-      values = rm.evaluate(state.params, config, eval_data, kind=rmc.rm_kind, step_labels=hidden)
+      values = rm.evaluate(state.params, config, eval_data, kind=rmc.rm_kind, step_labels=hidden,
+                           prompt_len=prompt_len)
       logger.log(done, values, prefix="eval/")
       _print_eval(f"held-out at step {done}", values)
   logger.newline()
   train_time = time.time() - t0
-  after = rm.evaluate(state.params, config, eval_data, kind=rmc.rm_kind, step_labels=hidden)
-  train_fit = rm.evaluate(state.params, config, train_data, kind=rmc.rm_kind)
+  after = rm.evaluate(state.params, config, eval_data, kind=rmc.rm_kind, step_labels=hidden, prompt_len=prompt_len)
+  train_fit = rm.evaluate(state.params, config, train_data, kind=rmc.rm_kind, prompt_len=prompt_len)
   logger.log(rmc.rm_steps, after, prefix="eval/")
   logger.close()
   _print_eval("held-out after training", after)
@@ -260,7 +279,9 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.Stop
   # SAVE
   with training.atomic_directory(model_dir) as tmp:  # whole or not at all: a half-written one is never used
     rm.save_reward_model(state.params, config, tmp, kind=rmc.rm_kind, tokenizer_dir=policy_dir)
-  summary = {"kind": rmc.rm_kind, "loss": rmc.rm_loss, "backbone": rmc.rm_init or str(policy_dir),
+  summary = {"kind": rmc.rm_kind, "loss": rmc.rm_loss, "score": rmc.rm_score,
+             **({"alpha": float(state.params["alpha"])} if "alpha" in state.params else {}),
+             "frozen_backbone": rmc.rm_freeze_backbone, "backbone": rmc.rm_init or str(policy_dir),
              "step_labels": "outcome" if rmc.rm_kind in rm.OUTCOME_KINDS else step_labels,
              "train_completions": int(train_data.tokens.shape[0]), "eval_completions": int(eval_data.tokens.shape[0]),
              "train_answer_accuracy": float(train_data.outcome.mean()),

@@ -264,3 +264,133 @@ def test_truncated_backbone_is_one_checkpoint_error_naming_the_file(tmp_path):
   with pytest.raises(models.CheckpointError, match="unreadable safetensors file") as info:
     rm.load_reward_model(out)
   assert str(weights) in str(info.value) and "\n" not in str(info.value)
+
+
+# The "loglik" score: s = pooled head logit + α · Σ_completion log p_backbone(o_t | q, o_<t).
+TIED = models.ModelConfig(**{**CONFIG.__dict__, "tie_word_embeddings": True})
+
+
+def _loglik_params(seed=0, alpha=0.7):
+  policy = models.init_params(TIED, jax.random.key(seed))
+  params = rm.init_reward_params(policy, TIED, jax.random.key(seed + 1), head_scale=1.0, score="loglik", alpha=alpha)
+  params["head"]["bias"] = jnp.asarray(0.3)
+  return policy, params
+
+
+def _completion_loglik_by_hand(policy, tokens, mask, start):
+  """Σ over completion positions t >= start of log softmax(logits at t - 1)[token t], from the full model."""
+  logits, _ = models.apply(policy, TIED, jnp.asarray(tokens), attention_mask=jnp.asarray(mask))
+  logp = np.asarray(jax.nn.log_softmax(np.asarray(logits, np.float64), axis=-1))
+  total = np.zeros(tokens.shape[0])
+  for i in range(tokens.shape[0]):
+    for t in range(start, tokens.shape[1]):
+      if mask[i, t]:
+        total[i] += logp[i, t - 1, tokens[i, t]]
+  return total
+
+
+def test_loglik_score_adds_alpha_times_the_backbones_completion_loglik():
+  policy, params = _loglik_params()
+  assert rm.score_of(params) == "loglik" and float(params["alpha"]) == pytest.approx(0.7)
+  p, t = 4, 6
+  tokens = np.asarray(jax.random.randint(jax.random.key(3), (3, p + t), 1, TIED.vocab_size))
+  mask = np.ones((3, p + t), bool)
+  mask[1, :2] = False  # a left-padded prompt
+  mask[2, p + 3:] = False  # a short completion
+  starts = np.full(3, p, np.int32)
+  ll = np.asarray(rm.completion_loglik(params, TIED, jnp.asarray(tokens), jnp.asarray(mask), starts))
+  np.testing.assert_allclose(ll, _completion_loglik_by_hand(policy, tokens, mask, p), rtol=1e-5)
+  from grpo_jax import logprobs
+  logp = np.asarray(logprobs.token_logprobs(policy, TIED, jnp.asarray(tokens), jnp.asarray(mask)))
+  completion = mask & (np.arange(p + t)[None] >= p)
+  np.testing.assert_allclose(ll, (logp * completion).sum(1), rtol=1e-6)
+  # orm: the head at the scored position plus α · loglik.
+  last = rm.last_token_index(jnp.asarray(mask))
+  head = np.asarray(rm.outcome_scores(params, TIED, jnp.asarray(tokens), jnp.asarray(mask), last))
+  positions, step_mask = np.asarray(last)[:, None], np.ones((3, 1), bool)
+  s = rm.outcome_logits(params, TIED, tokens, mask, positions, step_mask, starts, kind="orm")
+  np.testing.assert_allclose(s, head + 0.7 * ll, rtol=1e-5)
+  # orm_steps: the noisy-AND logit of the step scores plus α · loglik.
+  ends = np.array([[5, 7, 9], [6, 9, 0], [5, 6, 0]], np.int32)
+  emask = np.array([[1, 1, 1], [1, 1, 0], [1, 1, 0]], bool)
+  steps = np.asarray(rm.step_scores(params, TIED, tokens, mask, ends, emask))
+  s = rm.outcome_logits(params, TIED, tokens, mask, ends, emask, starts, kind="orm_steps")
+  np.testing.assert_allclose(s, np.asarray(reward_losses.noisy_and_logits(steps, emask)) + 0.7 * ll, rtol=1e-5)
+  # The head score is the pooled logit alone.
+  head_only = {"backbone": params["backbone"], "head": params["head"]}
+  np.testing.assert_allclose(rm.outcome_logits(head_only, TIED, tokens, mask, positions, step_mask, starts,
+                                               kind="orm"), head, rtol=1e-6)
+  with pytest.raises(ValueError, match="tied word embeddings"):
+    rm.init_reward_params(models.init_params(CONFIG, jax.random.key(0)), CONFIG, jax.random.key(1), score="loglik")
+  with pytest.raises(ValueError, match="unknown reward model score"):
+    rm.init_reward_params(policy, TIED, jax.random.key(1), score="likelihood")
+
+
+def _likelihood_only_data(policy, problems=6, p=4, t=8, flips=3):
+  """Per problem one right completion (the backbone's greedy continuation) and one wrong one: the same with
+  `flips` tokens replaced by the backbone's least likely token there. Both have the same length and
+  structure; only their likelihood under the backbone tells them apart."""
+  rng = np.random.default_rng(0)
+  rows, outcome, group = [], [], []
+  for g in range(problems):
+    seq = list(rng.integers(1, TIED.vocab_size, p))
+    wrong = list(seq)
+    flip_at = set(rng.choice(t, flips, replace=False).tolist())
+    for j in range(t):
+      logits = np.asarray(models.apply(policy, TIED, jnp.asarray([seq]))[0])[0, -1]
+      seq.append(int(np.argmax(logits)))
+      wl = np.asarray(models.apply(policy, TIED, jnp.asarray([wrong]))[0])[0, -1]
+      wrong.append(int(np.argmin(wl)) if j in flip_at else int(np.argmax(wl)))
+    rows += [seq, wrong]
+    outcome += [1.0, 0.0]
+    group += [g, g]
+  tokens = np.asarray(rows, np.int32)
+  n, length = tokens.shape
+  positions = np.full((n, 1), length - 1, np.int32)
+  return rm.RewardData(tokens=tokens, attention_mask=np.ones((n, length), bool), positions=positions,
+                       labels=np.asarray(outcome, np.float32)[:, None], loss_mask=np.ones((n, 1), bool),
+                       group=np.asarray(group, np.int32), outcome=np.asarray(outcome, np.float32))
+
+
+def test_loglik_score_ranks_samples_that_differ_only_in_likelihood_and_keeps_a_frozen_backbone():
+  p = 4
+  policy, params = _loglik_params(alpha=1.0)
+  params["head"]["kernel"] = jnp.zeros_like(params["head"]["kernel"])  # start from the likelihood alone
+  data = _likelihood_only_data(policy, p=p)
+  ll = rm.completion_logliks(params, TIED, data, prompt_len=p)
+  gaps = ll[0::2] - ll[1::2]
+  assert np.all(gaps > 1.0), gaps  # wide margins: right samples are far more likely under the backbone
+  assert rm.evaluate(params, TIED, data, kind="orm", prompt_len=p)["outcome/group_auc"] == 1.0
+  # The head score reads only the hidden state at the last token: before training it cannot rank at all.
+  head_only = {"backbone": params["backbone"], "head": params["head"]}
+  assert rm.evaluate(head_only, TIED, data, kind="orm")["outcome/group_auc"] == 0.5
+  optimizer = rm.frozen_backbone_optimizer(optax.adam(1e-2))
+  step = rm.make_reward_train_step(TIED, optimizer, kind="orm", loss="pairwise", prompt_len=p, freeze_backbone=True,
+                                   donate=False)
+  state = training.init_train_state(params, optimizer)
+  batch = jax.tree.map(jnp.asarray, data)
+  for _ in range(20):
+    state, metrics = step(state, batch)
+  jax.tree.map(np.testing.assert_array_equal, state.params["backbone"], params["backbone"])
+  assert float(metrics["loss"]) < float(np.log(2.0))
+  assert float(state.params["alpha"]) > 1.0  # the pairwise loss pushes α up: the likelihood ranks every pair
+  assert rm.evaluate(state.params, TIED, data, kind="orm", prompt_len=p)["outcome/group_auc"] == 1.0
+  with pytest.raises(ValueError, match="needs prompt_len"):
+    rm.evaluate(params, TIED, data, kind="orm")
+
+
+@pytest.mark.parametrize("kind", ["orm", "orm_steps"])
+def test_loglik_save_load_round_trip_scores_the_same(tmp_path, kind):
+  policy, params = _loglik_params(alpha=-0.4)
+  data = _likelihood_only_data(policy, problems=2)
+  out = rm.save_reward_model(params, TIED, tmp_path / "rm", kind=kind)
+  loaded, config, loaded_kind = rm.load_reward_model(out)
+  assert loaded_kind == kind and rm.score_of(loaded) == "loglik"
+  jax.tree.map(np.testing.assert_array_equal, loaded, params)
+  starts = np.full(len(data.tokens), 4, np.int32)
+  args = (data.tokens, data.attention_mask, data.positions, data.loss_mask, starts)
+  np.testing.assert_array_equal(rm.outcome_logits(loaded, config, *args, kind=kind),
+                                rm.outcome_logits(params, TIED, *args, kind=kind))
+  # A head-score model stays one (no alpha written, none loaded).
+  out = rm.save_reward_model({"backbone": params["backbone"], "head": params["head"]}, TIED, tmp_path / "h", kind=kind)
+  assert rm.score_of(rm.load_reward_model(out)[0]) == "head"

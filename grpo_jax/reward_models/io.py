@@ -3,7 +3,8 @@
   <dir>/config.json, model.safetensors   the backbone, loadable by `grpo_jax.models.load_hf` (and by
                                          transformers as a causal LM whose output layer is tied to
                                          the embeddings: the policy's lm_head is not part of a reward model)
-  <dir>/reward_head.safetensors          "kernel" [E] and "bias" [1], metadata {"kind": "orm"|"orm_steps"|"prm"}
+  <dir>/reward_head.safetensors          "kernel" [E] and "bias" [1] (and "alpha" [1] for the "loglik" score),
+                                         metadata {"kind": "orm"|"orm_steps"|"prm", "score": "head"|"loglik"}
   <dir>/tokenizer files                  copied from the policy when `tokenizer_dir` is given
 """
 
@@ -19,7 +20,7 @@ import safetensors.numpy
 
 from grpo_jax.models import hf_io
 from grpo_jax.models.config import CheckpointError, ModelConfig
-from grpo_jax.reward_models.model import KINDS, Params
+from grpo_jax.reward_models.model import KINDS, SCORES, Params, score_of
 
 HEAD_FILE = "reward_head.safetensors"
 _FORMAT = "grpo_jax.reward_head"
@@ -37,8 +38,11 @@ def save_reward_model(params: Params, config: ModelConfig, path: str | pathlib.P
   hf_io.save_hf(params["backbone"], backbone_config, path)
   head = {"kernel": np.asarray(jax.device_get(params["head"]["kernel"]), np.float32),
           "bias": np.asarray(jax.device_get(params["head"]["bias"]), np.float32).reshape(1)}
+  if "alpha" in params:
+    head["alpha"] = np.asarray(jax.device_get(params["alpha"]), np.float32).reshape(1)
   tmp = path / (HEAD_FILE + ".tmp")
-  safetensors.numpy.save_file(head, str(tmp), metadata={"format": _FORMAT, "kind": kind})
+  safetensors.numpy.save_file(head, str(tmp), metadata={"format": _FORMAT, "kind": kind,
+                                                        "score": score_of(params)})
   tmp.replace(path / HEAD_FILE)
   if tokenizer_dir is not None:
     for name in _TOKENIZER_FILES:
@@ -70,12 +74,12 @@ def load_reward_model(path: str | pathlib.Path, *, dtype: str = "float32", param
   except Exception as err:  # safetensors raises its own error types for truncated or garbled files.
     raise CheckpointError(f"{head_file}: unreadable ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
                           ) from None
-  kind = meta.get("kind")
-  if meta.get("format") != _FORMAT or kind not in KINDS:
+  kind, score = meta.get("kind"), meta.get("score", "head")
+  if meta.get("format") != _FORMAT or kind not in KINDS or score not in SCORES:
     raise CheckpointError(f"{head_file}: not a grpo_jax reward head (metadata {meta})")
   # After the head check: with no model.safetensors, load_hf would scan the head file too.
   backbone, config = hf_io.load_hf(path, dtype=dtype, param_dtype=param_dtype, remat=remat)
-  expected = {"kernel": (config.hidden_size,), "bias": (1,)}
+  expected = {"kernel": (config.hidden_size,), "bias": (1,), **({"alpha": (1,)} if score == "loglik" else {})}
   for name, shape in expected.items():
     if name not in tensors:
       raise CheckpointError(f"{head_file}: missing tensor {name}")
@@ -83,4 +87,7 @@ def load_reward_model(path: str | pathlib.Path, *, dtype: str = "float32", param
       raise CheckpointError(f"{head_file}: tensor {name} has shape {tuple(tensors[name].shape)}, expected {shape}")
   dt = jnp.dtype(config.param_dtype)
   head = {"kernel": jnp.asarray(tensors["kernel"].astype(dt)), "bias": jnp.asarray(tensors["bias"][0].astype(dt))}
-  return {"backbone": backbone, "head": head}, config, kind
+  params = {"backbone": backbone, "head": head}
+  if score == "loglik":
+    params["alpha"] = jnp.asarray(tensors["alpha"][0].astype(np.float32))
+  return params, config, kind

@@ -10,8 +10,16 @@ and "orm_steps": outcome labels, read at every step end and pooled by a noisy-AN
 Π_j σ(s_j) (`grpo_jax.losses.noisy_and_outcome_loss`), an outcome reward model whose structure
 lets it check steps.
 
+Scores ("head" or "loglik"): "head" is the above. "loglik" adds the backbone's own log-likelihood of the
+completion (`outcome_logits`),
+
+  s_i = pooled head logit_i + α · Σ_{t ∈ completion_i} log p_backbone(o_t | q, o_<t),
+
+α a trained scalar: a backbone stronger than the policy spots the policy's slips as unlikely tokens, which a
+head on the hidden state ranks no better than chance within a problem (docs/reward_models.md).
+
 Params are those of `init_scalar_params`: {"backbone": <policy params without lm_head>,
-"head": {"kernel": [E], "bias": []}}. Scores are logits; `jax.nn.sigmoid` makes them
+"head": {"kernel": [E], "bias": []}}, plus "alpha": [] for the "loglik" score. Scores are logits; `jax.nn.sigmoid` makes them
 probabilities. Every function is pure over arrays and jits with `config` static.
 """
 
@@ -19,6 +27,8 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from grpo_jax import logprobs
+from grpo_jax.losses import reward as reward_losses
 from grpo_jax.models import heads
 from grpo_jax.models.config import ModelConfig
 
@@ -26,10 +36,11 @@ Params = heads.Params
 KINDS = ("orm", "orm_steps", "prm")
 OUTCOME_KINDS = ("orm", "orm_steps")  # trained on outcome labels only
 STEP_KINDS = ("orm_steps", "prm")  # scored at every step end
+SCORES = ("head", "loglik")
 
 
 def init_reward_params(policy_params: Params, config: ModelConfig, key: jax.Array, *,
-                       head_scale: float = 0.0) -> Params:
+                       head_scale: float = 0.0, score: str = "head", alpha: float = 1.0) -> Params:
   """A reward model started from a policy: its backbone copied, a fresh scalar head.
 
   Args:
@@ -38,11 +49,25 @@ def init_reward_params(policy_params: Params, config: ModelConfig, key: jax.Arra
     key: PRNG key of the head.
     head_scale: the head kernel is normal(0, head_scale / sqrt(E)); the default 0 starts every
       score at the bias, 0, so σ = 1/2 and the BCE is log 2 before training.
+    score: "head", or "loglik" (adds "alpha", started at `alpha`; needs a backbone whose output layer is
+      its embedding table, `tie_word_embeddings`, since the reward model keeps no lm_head).
 
   Returns:
-    {"backbone": ..., "head": {"kernel": [E], "bias": []}}.
+    {"backbone": ..., "head": {"kernel": [E], "bias": []}} (and "alpha": [] for "loglik").
   """
-  return heads.init_scalar_params(config, key, backbone=policy_params, head_scale=head_scale)
+  if score not in SCORES:
+    raise ValueError(f"unknown reward model score {score!r}; expected one of {SCORES}")
+  if score == "loglik" and not config.tie_word_embeddings:
+    raise ValueError("the loglik score needs a backbone with tied word embeddings (the reward model keeps no lm_head)")
+  params = heads.init_scalar_params(config, key, backbone=policy_params, head_scale=head_scale)
+  if score == "loglik":
+    params["alpha"] = jnp.asarray(alpha, jnp.float32)
+  return params
+
+
+def score_of(params: Params) -> str:
+  """"loglik" if the params carry α, else "head"."""
+  return "loglik" if "alpha" in params else "head"
 
 
 def last_token_index(attention_mask: jax.Array) -> jax.Array:
@@ -103,3 +128,37 @@ def step_scores(params: Params, config: ModelConfig, tokens: jax.Array, attentio
   index = jnp.clip(jnp.asarray(step_end_positions, jnp.int32), 0, tokens.shape[1] - 1)
   scores = jnp.take_along_axis(values, index, axis=1)
   return jnp.where(jnp.asarray(step_mask, bool), scores, 0.0)
+
+
+def completion_loglik(params: Params, config: ModelConfig, tokens: jax.Array, attention_mask: jax.Array,
+                      completion_start: jax.Array) -> jax.Array:
+  """`[N]` Σ_{t ≥ start_i, mask} log p_backbone(tokens_t | tokens_<t): the backbone's log-likelihood of each
+  completion (`logprobs.token_logprobs` of the backbone as a language model, its output layer the embeddings).
+
+  Args:
+    completion_start: `[N]` int position of each completion's first token (the padded prompt length).
+  """
+  chex.assert_rank([tokens, attention_mask], 2)
+  logp = logprobs.token_logprobs(params["backbone"], config, tokens, attention_mask)
+  columns = jnp.arange(tokens.shape[1])[None, :]
+  completion = jnp.asarray(attention_mask, bool) & (columns >= jnp.asarray(completion_start)[:, None])
+  return jnp.sum(jnp.where(completion, logp, 0.0), axis=1)
+
+
+def outcome_logits(params: Params, config: ModelConfig, tokens: jax.Array, attention_mask: jax.Array,
+                   step_end_positions: jax.Array, step_mask: jax.Array, completion_start: jax.Array, *,
+                   kind: str) -> jax.Array:
+  """`[N]` outcome logit of an outcome reward model, σ(s_i) = P(completion i is right):
+
+    s_i = pooled_i + α · completion_loglik_i   ("loglik" score; "head": s_i = pooled_i),
+
+  pooled_i the "orm" score at its one scored position (`step_end_positions[:, 0]`, its last token) or the
+  "orm_steps" noisy-AND Π_j σ(s_ij) over the step ends as a logit (`losses.noisy_and_logits`).
+  """
+  if kind not in OUTCOME_KINDS:
+    raise ValueError(f"no outcome logit for reward model kind {kind!r}; expected one of {OUTCOME_KINDS}")
+  scores = step_scores(params, config, tokens, attention_mask, step_end_positions, step_mask)
+  pooled = scores[:, 0] if kind == "orm" else reward_losses.noisy_and_logits(scores, step_mask)
+  if "alpha" in params:
+    pooled = pooled + params["alpha"] * completion_loglik(params, config, tokens, attention_mask, completion_start)
+  return pooled

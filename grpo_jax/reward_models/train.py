@@ -38,8 +38,15 @@ def pooled_outcome_logits(scores, loss_mask, kind: str):
   raise ValueError(f"no pooled outcome logit for reward model kind {kind!r}; expected one of {model.OUTCOME_KINDS}")
 
 
+def _starts(tokens, prompt_len: int):
+  """`[N]` the completions' first position: the padded prompt length, which the "loglik" score needs."""
+  if prompt_len < 1:
+    raise ValueError("a reward model with the loglik score needs prompt_len (the padded prompt length) >= 1")
+  return jnp.full((tokens.shape[0],), prompt_len, jnp.int32)
+
+
 def reward_objective(params, batch: RewardData, totals: dict, *, config: ModelConfig, kind: str, loss: str = "bce",
-                     pairs_within_problem: bool = True):
+                     pairs_within_problem: bool = True, prompt_len: int = 0, freeze_backbone: bool = False):
   """The reward-model loss of a (micro-)batch of `RewardData`.
 
   "bce": `outcome_bce_loss` on the last token (ORM), `step_bce_loss` on every segment end (PRM),
@@ -48,7 +55,23 @@ def reward_objective(params, batch: RewardData, totals: dict, *, config: ModelCo
   the Bradley-Terry loss over every (right, wrong) pair of completions of the micro-batch
   (`within_problem_pairwise_loss`: of one problem when `pairs_within_problem`) on the outcome logit
   (`pooled_outcome_logits`), normalised by the micro-batch's pair count.
+
+  With the "loglik" score (params with "alpha") both losses apply to `model.outcome_logits` (the pooled
+  logit + α · the completion's backbone log-likelihood; `prompt_len` the padded prompt length); BCE then on
+  that one logit per completion. `freeze_backbone`: no gradient reaches the backbone.
   """
+  if freeze_backbone:
+    params = {**params, "backbone": jax.lax.stop_gradient(params["backbone"])}
+  if "alpha" in params:
+    if kind not in model.OUTCOME_KINDS:
+      raise ValueError(f"the loglik score is for outcome reward models, not kind {kind!r}")
+    logits = model.outcome_logits(params, config, batch.tokens, batch.attention_mask, batch.positions,
+                                  batch.loss_mask, _starts(batch.tokens, prompt_len), kind=kind)
+    valid = jnp.any(batch.loss_mask, axis=1)
+    if loss == "bce":
+      return reward_losses.outcome_bce_loss(logits, batch.outcome, valid, num_examples=totals["num_sequences"])
+    groups = batch.group if pairs_within_problem else jnp.zeros_like(batch.group)
+    return reward_losses.within_problem_pairwise_loss(logits, batch.outcome, groups, valid)
   scores = model.step_scores(params, config, batch.tokens, batch.attention_mask, batch.positions, batch.loss_mask)
   if loss == "bce":
     if kind == "orm":
@@ -68,16 +91,26 @@ def reward_objective(params, batch: RewardData, totals: dict, *, config: ModelCo
 
 def make_reward_train_step(config: ModelConfig, optimizer: optax.GradientTransformation, *, kind: str,
                            loss: str = "bce", num_micro_batches: int = 1, pairs_within_problem: bool = True,
-                           donate: bool = True):
-  """Jitted `step(TrainState, RewardData batch) -> (TrainState, metrics)` of a reward model."""
+                           donate: bool = True, prompt_len: int = 0, freeze_backbone: bool = False):
+  """Jitted `step(TrainState, RewardData batch) -> (TrainState, metrics)` of a reward model (`prompt_len`,
+  `freeze_backbone`: see `reward_objective`; pair a frozen backbone with `frozen_backbone_optimizer`)."""
   if kind not in model.KINDS:
     raise ValueError(f"unknown reward model kind {kind!r}; expected one of {model.KINDS}")
   if loss not in LOSSES or (loss == "pairwise" and kind not in model.OUTCOME_KINDS):
     raise ValueError(f"reward loss {loss!r} is not available for kind {kind!r} (bce: all; pairwise: "
                      f"{', '.join(model.OUTCOME_KINDS)})")
   objective = update.bind(reward_objective, config=config, kind=kind, loss=loss,
-                          pairs_within_problem=pairs_within_problem)
+                          pairs_within_problem=pairs_within_problem, prompt_len=prompt_len,
+                          freeze_backbone=freeze_backbone)
   return update.make_train_step(objective, optimizer, num_micro_batches, donate=donate)
+
+
+def frozen_backbone_optimizer(optimizer: optax.GradientTransformation) -> optax.GradientTransformation:
+  """`optimizer` on everything but "backbone", which never moves (no update, no weight decay, no moments)."""
+  def labels(params):
+    return {name: jax.tree.map(lambda _: "frozen" if name == "backbone" else "trained", value)
+            for name, value in params.items()}
+  return optax.multi_transform({"trained": optimizer, "frozen": optax.set_to_zero()}, labels)
 
 
 def batch_indices(num_rows_: int, batch_size: int, step: int, seed: int, block: int = 1) -> np.ndarray:
@@ -132,6 +165,24 @@ def _scores(params, config, tokens, attention_mask, positions, mask):
   return model.step_scores(params, config, tokens, attention_mask, positions, mask)
 
 
+@functools.partial(jax.jit, static_argnums=1)
+def _loglik(params, config, tokens, attention_mask, starts):
+  return model.completion_loglik(params, config, tokens, attention_mask, starts)
+
+
+def completion_logliks(params, config: ModelConfig, data: RewardData, *, prompt_len: int,
+                       batch_size: int = 256) -> np.ndarray:
+  """`[N]` `model.completion_loglik` of every row of `data`, in fixed-shape batches (`score`)."""
+  n = num_rows(data)
+  out = []
+  for start in range(0, n, batch_size):
+    b = take(data, np.arange(start, start + batch_size) % n)
+    ll = _loglik(params, config, jnp.asarray(b.tokens), jnp.asarray(b.attention_mask),
+                 _starts(b.tokens, prompt_len))
+    out.append(np.asarray(ll)[:min(batch_size, n - start)])
+  return np.concatenate(out, axis=0)
+
+
 def score(params, config: ModelConfig, data: RewardData, *, batch_size: int = 256) -> np.ndarray:
   """`[N, K]` logits at every scored position of `data` (0 where `loss_mask` is False), in fixed-shape
   batches (the last one padded), so scoring compiles once."""
@@ -161,7 +212,7 @@ def outcome_from_steps(step_logits: np.ndarray, step_mask: np.ndarray) -> np.nda
 
 
 def evaluate(params, config: ModelConfig, data: RewardData, *, kind: str, batch_size: int = 256,
-             step_labels: np.ndarray | None = None) -> dict[str, float]:
+             step_labels: np.ndarray | None = None, prompt_len: int = 0) -> dict[str, float]:
   """Held-out accuracy and AUC of a reward model on labelled rows.
 
   "outcome/*": the completion-level verdict against the final answer's correctness (ORM: its score;
@@ -169,9 +220,22 @@ def evaluate(params, config: ModelConfig, data: RewardData, *, kind: str, batch_
   "outcome/group_auc" its AUC within problems (`group_auc`) and "outcome/group_pairs" the number
   of (right, wrong) pairs behind it. PRM also "step/*": every segment score against its step label;
   "orm_steps" the same against `step_labels` (`[N, K]`, e.g. exact labels it never trained on) if given.
+  The "loglik" score (params with "alpha", `prompt_len` the padded prompt length) adds α · the completion's
+  backbone log-likelihood to the outcome verdict (`model.outcome_logits`).
   """
   logits = score(params, config, data, batch_size=batch_size)
-  if kind == "orm":
+  if "alpha" in params:
+    if kind not in model.OUTCOME_KINDS:
+      raise ValueError(f"the loglik score is for outcome reward models, not kind {kind!r}")
+    result = {}
+    if kind == "orm_steps" and step_labels is not None:
+      result = metrics_lib.summarize(logits, step_labels, data.loss_mask, prefix="step/")
+    pooled = logits[:, 0] if kind == "orm" else np.asarray(reward_losses.noisy_and_logits(
+        jnp.asarray(logits), jnp.asarray(data.loss_mask)))
+    outcome = pooled + float(params["alpha"]) * completion_logliks(params, config, data, prompt_len=prompt_len,
+                                                                   batch_size=batch_size)
+    result.update(metrics_lib.summarize(outcome, data.outcome, prefix="outcome/"))
+  elif kind == "orm":
     result = metrics_lib.summarize(logits[:, 0], data.outcome, data.loss_mask[:, 0], prefix="outcome/")
     outcome = np.where(data.loss_mask[:, 0], logits[:, 0], -1e9)
   else:
