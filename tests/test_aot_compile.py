@@ -264,7 +264,7 @@ def test_the_lora_update_and_resident_trees_hold_the_base_once():
   assert nbytes(adapted.args) < 0.4 * nbytes(full.args) and adapters < 0.01 * weights
   assert full.resident_args == (0,) and adapted.resident_args == (0, 2)
   resident = programs.resident(lora_config, model_config, placement)
-  assert {k: nbytes(v) for k, v in resident.items()} == {"train state": nbytes(lora_state), "base (π_ref)": weights,
+  assert {k: nbytes(v) for k, v in resident.items()} == {"train state": nbytes(lora_state), "base": weights,
                                                          "start adapters": adapters}
   assert {k: nbytes(v) for k, v in programs.resident(config, model_config, placement).items()} == {
       "train state": nbytes(state), "reference": weights, "start policy": weights}

@@ -137,12 +137,12 @@ def resident(config: config_lib.Config, model_config: models.ModelConfig, placem
   """The abstract trees that stay on the device(s) through stage 2 of `loop.run`, by name: the train state, the
   frozen reference (`method.reference`, a copy of the start policy), the start policy itself (`loop.run` holds it
   while stage 2 runs) and the learned reward model. With LoRA: the train state (the adapters and their optimiser
-  state), the base, which is π_ref and the frozen part of the policy at once (no copy), and the start policy's
+  state), the base ("base": the frozen part of the policy, and π_ref with β > 0: no copy), and the start policy's
   adapters."""
   method, params = _setup(config, model_config, placement, reward)
   state = _train_state(method, params, placement)[3]
   if config.model.lora_rank:
-    out = {"train state": state, "base (π_ref)": lora.disabled(params), "start adapters": lora.adapters(params)}
+    out = {"train state": state, "base": lora.disabled(params), "start adapters": lora.adapters(params)}
   else:
     out = {"train state": state, "reference": params, "start policy": params}
   if reward is not None:
