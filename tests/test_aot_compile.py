@@ -165,6 +165,7 @@ def test_the_programs_are_those_the_runner_compiles(tmp_path):
       mesh="data:1", tiny_layers=1, batch_size=2, group_size=2, max_new_tokens=6, completion_pad_multiple=0,
       temperature=0.7, recompute_old_logprobs=True, steps=1, sft_steps=0, eval_every=0, num_test=2,
       eval_batch_size=2, save_every=0, tensorboard=False, work_dir=str(tmp_path / "run"))
+  jax.clear_caches()  # a program another test compiled (the same shapes) would not be lowered, nor logged, again
   with _Lowerings() as runner:
     loop.run(config)
   placement = placement_lib.Placement.from_config(config.mesh)
@@ -190,6 +191,7 @@ def test_the_lora_programs_are_those_a_lora_run_compiles(tmp_path):
       temperature=0.7, recompute_old_logprobs=True, steps=1, sft_steps=0, eval_every=0, num_test=2,
       eval_batch_size=2, save_every=0, tensorboard=False, work_dir=str(tmp_path / "run"), lora_rank=4,
       lora_alpha=8.0)
+  jax.clear_caches()  # a program another test compiled (the same shapes) would not be lowered, nor logged, again
   with _Lowerings() as runner:
     loop.run(config)
   placement = placement_lib.Placement.from_config(config.mesh)
@@ -209,11 +211,11 @@ def test_the_ppo_programs_are_those_a_ppo_run_compiles(tmp_path):
   from experiments.runner import loop  # pylint: disable=import-outside-toplevel
   from experiments.runner import placement as placement_lib  # pylint: disable=import-outside-toplevel
   from experiments.runner import programs  # pylint: disable=import-outside-toplevel
-  # max_new_tokens=5: not the shapes of a program compiled (and so cached, not logged) by a test above
   config = config_lib.Config().replace(
-      algo="ppo", mesh="data:1", tiny_layers=1, batch_size=2, group_size=2, max_new_tokens=5,
+      algo="ppo", mesh="data:1", tiny_layers=1, batch_size=2, group_size=2, max_new_tokens=6,
       completion_pad_multiple=0, temperature=0.7, steps=1, sft_steps=0, eval_every=0, num_test=2, eval_batch_size=2,
       save_every=0, tensorboard=False, work_dir=str(tmp_path / "run"))
+  jax.clear_caches()  # a program another test compiled (the same shapes) would not be lowered, nor logged, again
   with _Lowerings() as runner:
     loop.run(config)
   placement = placement_lib.Placement.from_config(config.mesh)
