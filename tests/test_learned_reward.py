@@ -12,9 +12,11 @@ from experiments import methods
 from experiments.runner import config as config_lib
 from experiments.runner import placement as placement_lib
 from grpo_jax import data
+from grpo_jax import logprobs
 from grpo_jax import models
 from grpo_jax import reward_models as rm
 from grpo_jax import sampling
+from grpo_jax.losses import reward as reward_losses
 from tests import known_answers
 from tests.conftest import run_grpo_math
 
@@ -259,3 +261,34 @@ def test_reward_model_scores_in_row_chunks_equal_one_chunk(checkpoints):
   hlo = methods.learned_reward.OUTCOME_SCORES.lower(whole.params, whole.config, np.zeros((3, 31), np.int32),
                                                     np.ones((3, 31), bool), rows_per_chunk=2).as_text()
   assert "tensor<2x2xf32>" in hlo  # the loop's stacked scores: 2 chunks of 2 rows
+
+
+@pytest.mark.parametrize("kind", ["orm", "orm_steps"])
+def test_a_loglik_reward_model_scores_at_rl_time_as_it_trained(tmp_path, checkpoints, kind):
+  """--reward=orm with a model saved with the loglik score: σ(pooled head logit + α · Σ over the completion of
+  the backbone's token log-probs), α read back from the model directory."""
+  policy_dir = checkpoints[0]
+  params, config = models.load_hf(policy_dir)
+  rm_params = rm.init_reward_params(params, config, jax.random.key(7), head_scale=3.0, score="loglik", alpha=0.01)
+  rm.save_reward_model(rm_params, config, tmp_path / kind, kind=kind)
+  tokenizer = models.load_tokenizer(policy_dir)
+  samples, texts, _ = _three_samples(tokenizer)
+  cfg = config_lib.Config().replace(reward="orm", reward_model=str(tmp_path / kind))
+  reward = methods.learned_reward.LearnedReward(cfg, tokenizer, config)
+  outcome = reward.outcome(samples, texts)
+  tokens = np.concatenate([samples.prompt_tokens, samples.tokens], axis=1)
+  attention = np.concatenate([samples.prompt_mask, samples.mask], axis=1)
+  logp = np.asarray(logprobs.token_logprobs(params, config, tokens, attention))  # the policy = the backbone, tied
+  loglik = (logp * attention)[:, 1:].sum(1)  # the completion: after the one-token prompt
+  if kind == "orm":
+    last = samples.lengths  # the completion's last token, after the one-token prompt
+    pooled = np.asarray(rm.outcome_scores(rm_params, config, tokens, attention, last))
+  else:
+    ends = np.array([[4, 11, 19]] * 3) + 1
+    steps = rm.step_scores(rm_params, config, tokens, attention, ends, np.ones((3, 3), bool))
+    pooled = np.asarray(reward_losses.noisy_and_logits(steps, np.ones((3, 3), bool)))
+  np.testing.assert_allclose(reward.outcome_logits(samples, texts), pooled + 0.01 * loglik, rtol=1e-5)
+  np.testing.assert_allclose(outcome, 1 / (1 + np.exp(-(pooled + 0.01 * loglik))), rtol=1e-5)
+  assert np.ptp(outcome) > 1e-3 and np.all(np.abs(0.01 * loglik) > 0.1)  # both terms matter
+  chunked = methods.learned_reward.LearnedReward(cfg, tokenizer, config, placement_lib.Placement(forward_rows=2))
+  np.testing.assert_allclose(chunked.outcome(samples, texts), outcome, rtol=1e-5)

@@ -1,6 +1,8 @@
 """Learned reward models in the runner (DeepSeekMath §4.1.2-4.1.4, arXiv 2402.03300).
 
-  --reward=orm --reward_model=DIR                       GRPO+OS: σ(ORM score) is the outcome reward
+  --reward=orm --reward_model=DIR                       GRPO+OS: σ(ORM score) is the outcome reward (a model
+                                                          saved with the loglik score adds α · its backbone's
+                                                          log-likelihood of the completion, as it trained)
   --reward=prm --reward_model=DIR --supervision=process  GRPO+PS: σ(PRM score) of every step, normalised
                                                           over the group, summed over the steps ending at
                                                           or after each token (`losses.process_advantages`)
@@ -57,6 +59,20 @@ OUTCOME_SCORES = _in_row_chunks(rm.outcome_scores)
 STEP_SCORES = _in_row_chunks(rm.step_scores)
 
 
+def orm_logits(params, config, tokens, attention_mask, positions_, step_mask, starts):
+  """`rm.outcome_logits` of an "orm" model (the "loglik" score's α · log-likelihood included)."""
+  return rm.outcome_logits(params, config, tokens, attention_mask, positions_, step_mask, starts, kind="orm")
+
+
+def orm_steps_logits(params, config, tokens, attention_mask, positions_, step_mask, starts):
+  """`rm.outcome_logits` of an "orm_steps" model (the "loglik" score's α · log-likelihood included)."""
+  return rm.outcome_logits(params, config, tokens, attention_mask, positions_, step_mask, starts, kind="orm_steps")
+
+
+# A "loglik"-score outcome model's programs: its [N] outcome logits, by kind.
+OUTCOME_LOGITS = {"orm": _in_row_chunks(orm_logits), "orm_steps": _in_row_chunks(orm_steps_logits)}
+
+
 def learned(cfg: config_lib.Config) -> bool:
   """Whether the reward is a learned reward model (`reward` orm or prm)."""
   return cfg.task.reward in ("orm", "prm")
@@ -98,6 +114,10 @@ class LearnedReward:
                                                                         **chunk(config, arrays[0])))
     self._steps = lambda params, config, *arrays: host(STEP_SCORES(params, config, *rows(arrays),
                                                                     **chunk(config, arrays[0])))
+    if rm.score_of(params) == "loglik":
+      program = OUTCOME_LOGITS[kind]
+      self._logits = lambda params, config, *arrays: host(program(params, config, *rows(arrays),
+                                                                  **chunk(config, arrays[0])))
 
   def steps(self, samples, texts, examples=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """PRM or orm_steps: `(σ(step scores) [N, K], completion-relative step ends [N, K], step mask [N, K])`;
@@ -111,7 +131,10 @@ class LearnedReward:
 
   def outcome(self, samples, texts, examples=None) -> np.ndarray:
     """`[N]` rewards in (0, 1): σ(ORM score); for orm_steps the noisy-AND Π_j σ(step score j) (1 without
-    steps); for a PRM σ(min step score) (Math-Shepherd's verdict)."""
+    steps); for a PRM σ(min step score) (Math-Shepherd's verdict). A "loglik"-score model: σ(that logit +
+    α · its backbone's log-likelihood of the completion) (`rm.outcome_logits`)."""
+    if rm.score_of(self.params) == "loglik":
+      return np.asarray(jax.nn.sigmoid(self.outcome_logits(samples, texts)), np.float32)
     if self.kind == "orm":
       tokens, attention = map(np.asarray, logprobs_lib.sequences_from_samples(samples))
       return np.asarray(jax.nn.sigmoid(self._outcome(self.params, self.config, tokens, attention)), np.float32)
@@ -119,6 +142,21 @@ class LearnedReward:
     if self.kind == "orm_steps":
       return np.prod(np.where(mask, probabilities, 1.0), axis=-1).astype(np.float32)
     return _min_step(probabilities, mask)
+
+
+  def outcome_logits(self, samples, texts) -> np.ndarray:
+    """`[N]` `rm.outcome_logits` of an outcome model ("orm": its last token; "orm_steps": its step ends)."""
+    tokens, attention = map(np.asarray, logprobs_lib.sequences_from_samples(samples))
+    prompt_len = samples.prompt_tokens.shape[1]
+    if self.kind == "orm":
+      ends = np.asarray(rm.last_token_index(attention))[:, None].astype(np.int32)
+      mask = np.ones_like(ends, bool)
+    else:
+      ends, mask = rm.sample_segment_ends(self.tokenizer, np.asarray(samples.tokens), np.asarray(samples.lengths),
+                                          texts, self.max_steps)
+      ends = (ends + prompt_len).astype(np.int32)
+    starts = np.full(tokens.shape[0], prompt_len, np.int32)
+    return np.asarray(self._logits(self.params, self.config, tokens, attention, ends, mask, starts))
 
 
 class ExactStepReward:
@@ -152,7 +190,14 @@ class RewardModelUpdates:
     updates = cfg.reward_model
     optimizer = training.make_optimizer(updates.rm_update_learning_rate, warmup_steps=10,
                                         total_steps=updates.rm_update_steps * updates.iterations, max_grad_norm=1.0)
-    self.train_step = rm.make_reward_train_step(reward.config, optimizer, kind=reward.kind)
+    # A "loglik"-score model keeps its backbone frozen: fine-tuning it on a few thousand samples spoils the
+    # likelihood it scores with (docs/reward_models.md).
+    self.frozen = rm.score_of(reward.params) == "loglik"
+    self.prompt_len = cfg.task.max_prompt_len
+    if self.frozen:
+      optimizer = rm.frozen_backbone_optimizer(optimizer)
+    self.train_step = rm.make_reward_train_step(reward.config, optimizer, kind=reward.kind, prompt_len=self.prompt_len,
+                                                freeze_backbone=self.frozen)
     self.state = training.init_train_state(reward.params, optimizer)
     k = 1 if reward.kind == "orm" else updates.prm_max_steps
     length = cfg.task.max_prompt_len + cfg.rollout.max_new_tokens
@@ -185,7 +230,8 @@ class RewardModelUpdates:
                            step_labels=labels, max_steps=updates.prm_max_steps, policy=policy,
                            config=self.rollouts.config, temperature=cfg.rollout.temperature,
                            mc_max_new_tokens=cfg.rollout.max_new_tokens, key=jax.random.fold_in(key, 1))
-    before = rm.evaluate(self.state.params, self.reward.config, new, kind=self.reward.kind)  # on unseen samples
+    before = rm.evaluate(self.state.params, self.reward.config, new, kind=self.reward.kind,  # on unseen samples
+                         prompt_len=self.prompt_len)
     mixed, self.replay = replay_lib.mix(self.replay, new._asdict(), fraction=updates.replay_fraction)
     mixed = rm.RewardData(**mixed)
     num_new = len(new.tokens)
@@ -193,7 +239,7 @@ class RewardModelUpdates:
     self.state, history = rm.fit(self.state, self.train_step, mixed, steps=updates.rm_update_steps,
                                  batch_size=updates.rm_update_batch_size, seed=cfg.run.seed + iteration, start=start)
     self.reward.params = self.state.params
-    after = rm.evaluate(self.state.params, self.reward.config, new, kind=self.reward.kind)
+    after = rm.evaluate(self.state.params, self.reward.config, new, kind=self.reward.kind, prompt_len=self.prompt_len)
     metrics = {f"before_{k}": v for k, v in before.items()}
     metrics.update({f"after_{k}": v for k, v in after.items()})
     metrics.update(rows_new=float(num_new), rows_replayed=float(len(mixed.tokens) - num_new),
