@@ -292,3 +292,28 @@ def test_a_loglik_reward_model_scores_at_rl_time_as_it_trained(tmp_path, checkpo
   assert np.ptp(outcome) > 1e-3 and np.all(np.abs(0.01 * loglik) > 0.1)  # both terms matter
   chunked = methods.learned_reward.LearnedReward(cfg, tokenizer, config, placement_lib.Placement(forward_rows=2))
   np.testing.assert_allclose(chunked.outcome(samples, texts), outcome, rtol=1e-5)
+
+
+def test_iterative_updates_of_a_loglik_model_train_head_and_alpha_only(tmp_path, checkpoints, monkeypatch):
+  """Algorithm 1's reward-model updates on a loglik-score ORM: its backbone stays bitwise as loaded, its head
+  and α move."""
+  policy_dir = checkpoints[0]
+  params, config = models.load_hf(policy_dir)
+  rm_params = rm.init_reward_params(params, config, jax.random.key(8), head_scale=3.0, score="loglik", alpha=0.01)
+  rm.save_reward_model(rm_params, config, tmp_path / "orm", kind="orm")
+  states = []
+  original = methods.learned_reward.RewardModelUpdates.update
+
+  def update(self, policy, iteration, key):
+    metrics = original(self, policy, iteration, key)
+    states.append(jax.tree.map(np.array, self.state.params))
+    return metrics
+
+  monkeypatch.setattr(methods.learned_reward.RewardModelUpdates, "update", update)
+  _run(tmp_path / "run", policy_dir, "--reward=orm", f"--reward_model={tmp_path / 'orm'}", "--iterations=2",
+       "--steps_per_iteration=1", "--rm_update_prompts=4", "--rm_update_steps=3", "--rm_update_batch_size=8")
+  assert len(states) == 2
+  loaded = rm.load_reward_model(tmp_path / "orm")[0]
+  jax.tree.map(np.testing.assert_array_equal, states[-1]["backbone"], jax.tree.map(np.array, loaded["backbone"]))
+  assert not np.array_equal(states[-1]["head"]["kernel"], np.asarray(loaded["head"]["kernel"]))
+  assert float(states[-1]["alpha"]) != pytest.approx(0.01, abs=1e-7)
