@@ -103,6 +103,19 @@ def test_smoke_orm_steps(tmp_path):
   assert kind == "orm_steps"
 
 
+def test_loglik_score_with_a_frozen_backbone(tmp_path, right_and_wrong):
+  """--rm_score=loglik --rm_freeze_backbone: the saved model carries its trained α and the policy's backbone,
+  bitwise."""
+  summary = _run(tmp_path, "--rm_kind=orm_steps", "--rm_score=loglik", "--rm_freeze_backbone", "--rm_loss=pairwise",
+                 "--rm_steps=3")
+  assert summary["score"] == "loglik" and summary["frozen_backbone"] and summary["alpha"] != 1.0  # α trained
+  params, config, kind = rm.load_reward_model(tmp_path / "rm" / "reward_model")
+  assert kind == "orm_steps" and float(params["alpha"]) == pytest.approx(summary["alpha"])
+  start, _ = models.load_hf(tmp_path / "policy")
+  jax.tree.map(np.testing.assert_array_equal, params["backbone"], {k: v for k, v in start.items() if k != "lm_head"})
+  assert summary["after/outcome/group_pairs"] == 4  # the held-out problems' (right, wrong) pairs, one each
+
+
 def test_rm_init_starts_from_another_backbone(tmp_path):
   verifier = models.build_default_checkpoint(tmp_path / "verifier", seed=7, num_hidden_layers=2, hidden_size=48,
                                              intermediate_size=96)
@@ -133,6 +146,7 @@ def test_errors_are_one_line(tmp_path, main_in_process, monkeypatch):
   monkeypatch.chdir(tmp_path)
   cases = [([f"--policy={tmp_path / 'none'}"], "checkpoint directory does not exist"),
            (["--rm_kind=prm", "--rm_loss=pairwise"], "--rm_loss=pairwise needs an outcome reward model"),
+           (["--rm_kind=prm", "--rm_score=loglik"], "--rm_score=loglik needs an outcome reward model"),
            (["--policy=p", "--mesh=data:1"], "train_reward_model runs on one device in one process")]
   for args, message in cases:
     error = main_in_process(train_reward_model.main, ["train_reward_model", f"--rm_dir={tmp_path / 'x'}", *args])
