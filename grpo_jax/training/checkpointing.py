@@ -29,6 +29,7 @@ import pathlib
 import re
 import shutil
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -74,10 +75,14 @@ def _first_line(err: BaseException) -> str:
 _FAILED_READ = "Encountered error while reading array index"
 
 
-def _quiet_failed_reads() -> None:
-  """After a failed restore, orbax's other read coroutines of it hold the same error, and Python prints each as
-  "Exception ignored in <coroutine>" (dozens of lines) whenever it is collected, now or at exit. This filters
-  exactly those out of `sys.unraisablehook` (once per process) and collects what it can now."""
+def _quiet_unraisable() -> None:
+  """Filters, once per process, two kinds of unraisable errors out of `sys.unraisablehook`, each of which Python
+  would print as a traceback of its own (dozens of them):
+  - after a failed restore, orbax's other read coroutines of it hold the same error, printed as "Exception ignored
+    in <coroutine>" whenever they are collected, now or at exit;
+  - after a failed save, tensorstore still completes the write futures that orbax's (by then closed) event loop
+    awaited, and each completion's `loop.call_soon_threadsafe` raises "Event loop is closed" on a tensorstore thread.
+  Any other unraisable error prints as before."""
   previous = sys.unraisablehook
   if not getattr(previous, "_grpo_jax_quiet", False):
     # Everything the hook uses is bound here: at interpreter exit, when the last coroutines are collected,
@@ -88,6 +93,11 @@ def _quiet_failed_reads() -> None:
         previous(unraisable)
     hook._grpo_jax_quiet = True
     sys.unraisablehook = hook
+
+
+def _quiet_failed_reads() -> None:
+  """`_quiet_unraisable`, and the failed restore's coroutines collected now."""
+  _quiet_unraisable()
   gc.collect()
 
 
@@ -120,6 +130,17 @@ class _DropErrors(logging.Filter):
 
   def filter(self, record):
     return record.levelno < logging.ERROR
+
+
+class _DropNeverRetrieved(logging.Filter):
+  """Drops asyncio's "Task exception was never retrieved" records: after a failed save, the write tasks that failed
+  beside the one `save` reports are collected (now or at exit) with that record and a traceback each."""
+
+  def filter(self, record):
+    return "exception was never retrieved" not in str(record.msg)
+
+
+_NEVER_RETRIEVED = _DropNeverRetrieved()
 
 
 @contextlib.contextmanager
@@ -166,12 +187,16 @@ class Checkpointer:
     """
     if not _all_finite(state):
       raise FloatingPointError(f"refusing to save step {step}: the state holds NaN or inf")
+    _quiet_unraisable()
     try:
       with _quiet_writer_threads():
         self._manager.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state), metadata=ocp.args.JsonSave(metadata)), force=True)
         self._manager.wait_until_finished()
     except Exception as err:  # pylint: disable=broad-except  (tensorstore raises ValueError, the file system OSError)
+      # The same failure, once per other write task: its record, or its coroutine never awaited, at collection.
+      logging.getLogger("asyncio").addFilter(_NEVER_RETRIEVED)
+      warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
       space = free_space(self.directory)  # as the write found it, before the partial step is removed
       self._remove_partial(step)
       previous = [s for s in self.all_steps() if s != step]
