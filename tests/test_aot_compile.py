@@ -154,81 +154,63 @@ class _Lowerings(logging.Handler):
     self.logger.setLevel(self.level)
 
 
-def test_the_programs_are_those_the_runner_compiles(tmp_path):
-  # A one-step run (π_old recomputed at temperature 0.7, β > 0, evaluation before and after) on a one-device mesh
-  # lowers every program of programs(config), with the same names and argument shapes and types; and its large
-  # programs (the model's, by name) are all among them.
+def _programs_match_a_run(config, names):
+  """programs(config) lists `names`, in order; a one-step run of `config` lowers every one of them with the same
+  names and argument shapes and types, and no other program of the model's (by name). Returns the listed programs,
+  the placement and the model config."""
   from experiments.runner import loop  # pylint: disable=import-outside-toplevel
   from experiments.runner import placement as placement_lib  # pylint: disable=import-outside-toplevel
   from experiments.runner import programs  # pylint: disable=import-outside-toplevel
-  config = config_lib.Config().replace(
-      mesh="data:1", tiny_layers=1, batch_size=2, group_size=2, max_new_tokens=6, completion_pad_multiple=0,
-      temperature=0.7, recompute_old_logprobs=True, steps=1, sft_steps=0, eval_every=0, num_test=2,
-      eval_batch_size=2, save_every=0, tensorboard=False, work_dir=str(tmp_path / "run"))
-  jax.clear_caches()  # a program another test compiled (the same shapes) would not be lowered, nor logged, again
-  with _Lowerings() as runner:
-    loop.run(config)
-  placement = placement_lib.Placement.from_config(config.mesh)
-  listed = programs.programs(config, aot.policy_config(config.model), placement)
-  assert list(listed) == ["sampler", "logprobs", "update", "eval_greedy"]
-  with _Lowerings() as ours:
-    for program in listed.values():
-      program.jitted.trace(*program.args, **program.kwargs).lower()
-  assert len(ours.seen) == len(listed) and set(ours.seen) <= set(runner.seen)
-  model_programs = {name for name, _ in ours.seen}
-  assert {seen for seen in runner.seen if seen[0] in model_programs} == set(ours.seen)
-
-
-def test_the_lora_programs_are_those_a_lora_run_compiles(tmp_path):
-  # As above with --lora_rank: the sampler and evaluation take base + adapters, π_ref the base alone (adapters
-  # off), π_old base + adapters (a second forward program), the update the adapters' train state and the frozen
-  # base as a third argument; a one-step LoRA run lowers the same names and argument shapes.
-  from experiments.runner import loop  # pylint: disable=import-outside-toplevel
-  from experiments.runner import placement as placement_lib  # pylint: disable=import-outside-toplevel
-  from experiments.runner import programs  # pylint: disable=import-outside-toplevel
-  config = config_lib.Config().replace(
-      mesh="data:1", tiny_layers=1, batch_size=2, group_size=2, max_new_tokens=6, completion_pad_multiple=0,
-      temperature=0.7, recompute_old_logprobs=True, steps=1, sft_steps=0, eval_every=0, num_test=2,
-      eval_batch_size=2, save_every=0, tensorboard=False, work_dir=str(tmp_path / "run"), lora_rank=4,
-      lora_alpha=8.0)
-  jax.clear_caches()  # a program another test compiled (the same shapes) would not be lowered, nor logged, again
-  with _Lowerings() as runner:
-    loop.run(config)
-  placement = placement_lib.Placement.from_config(config.mesh)
-  listed = programs.programs(config, aot.policy_config(config.model), placement)
-  assert list(listed) == ["sampler", "old_logprobs", "logprobs", "update", "eval_greedy"]
-  with _Lowerings() as ours:
-    for program in listed.values():
-      program.jitted.trace(*program.args, **program.kwargs).lower()
-  assert len(ours.seen) == len(listed) and set(ours.seen) <= set(runner.seen)
-  model_programs = {name for name, _ in ours.seen}
-  assert {seen for seen in runner.seen if seen[0] in model_programs} == set(ours.seen)
-
-
-def test_the_ppo_programs_are_those_a_ppo_run_compiles(tmp_path):
-  # --algo=ppo: π_old (temperature 0.7) and π_ref through the rollouts' ungrouped forward, the value forward over
-  # the train state's value model, the policy + value update over a PPO batch; a one-step run lowers the same.
-  from experiments.runner import loop  # pylint: disable=import-outside-toplevel
-  from experiments.runner import placement as placement_lib  # pylint: disable=import-outside-toplevel
-  from experiments.runner import programs  # pylint: disable=import-outside-toplevel
-  config = config_lib.Config().replace(
-      algo="ppo", mesh="data:1", tiny_layers=1, batch_size=2, group_size=2, max_new_tokens=6,
-      completion_pad_multiple=0, temperature=0.7, steps=1, sft_steps=0, eval_every=0, num_test=2, eval_batch_size=2,
-      save_every=0, tensorboard=False, work_dir=str(tmp_path / "run"))
   jax.clear_caches()  # a program another test compiled (the same shapes) would not be lowered, nor logged, again
   with _Lowerings() as runner:
     loop.run(config)
   placement = placement_lib.Placement.from_config(config.mesh)
   model_config = aot.policy_config(config.model)
   listed = programs.programs(config, model_config, placement)
-  assert list(listed) == ["sampler", "logprobs", "values", "update", "eval_greedy"]
-  assert listed["logprobs"].per_step == 2
+  assert list(listed) == names
   with _Lowerings() as ours:
     for program in listed.values():
       program.jitted.trace(*program.args, **program.kwargs).lower()
   assert len(ours.seen) == len(listed) and set(ours.seen) <= set(runner.seen)
   model_programs = {name for name, _ in ours.seen}
   assert {seen for seen in runner.seen if seen[0] in model_programs} == set(ours.seen)
+  return listed, placement, model_config
+
+
+def test_the_programs_are_those_the_runner_compiles(tmp_path):
+  # A one-step run (π_old recomputed at temperature 0.7, β > 0, evaluation before and after) on a one-device mesh
+  # lowers every program of programs(config), with the same names and argument shapes and types; and its large
+  # programs (the model's, by name) are all among them.
+  config = config_lib.Config().replace(
+      mesh="data:1", tiny_layers=1, batch_size=2, group_size=2, max_new_tokens=6, completion_pad_multiple=0,
+      temperature=0.7, recompute_old_logprobs=True, steps=1, sft_steps=0, eval_every=0, num_test=2,
+      eval_batch_size=2, save_every=0, tensorboard=False, work_dir=str(tmp_path / "run"))
+  _programs_match_a_run(config, ["sampler", "logprobs", "update", "eval_greedy"])
+
+
+def test_the_lora_programs_are_those_a_lora_run_compiles(tmp_path):
+  # As above with --lora_rank: the sampler and evaluation take base + adapters, π_ref the base alone (adapters
+  # off), π_old base + adapters (a second forward program), the update the adapters' train state and the frozen
+  # base as a third argument; a one-step LoRA run lowers the same names and argument shapes.
+  config = config_lib.Config().replace(
+      mesh="data:1", tiny_layers=1, batch_size=2, group_size=2, max_new_tokens=6, completion_pad_multiple=0,
+      temperature=0.7, recompute_old_logprobs=True, steps=1, sft_steps=0, eval_every=0, num_test=2,
+      eval_batch_size=2, save_every=0, tensorboard=False, work_dir=str(tmp_path / "run"), lora_rank=4,
+      lora_alpha=8.0)
+  _programs_match_a_run(config, ["sampler", "old_logprobs", "logprobs", "update", "eval_greedy"])
+
+
+def test_the_ppo_programs_are_those_a_ppo_run_compiles(tmp_path):
+  # --algo=ppo: π_old (temperature 0.7) and π_ref through the rollouts' ungrouped forward, the value forward over
+  # the train state's value model, the policy + value update over a PPO batch; a one-step run lowers the same.
+  from experiments.runner import programs  # pylint: disable=import-outside-toplevel
+  config = config_lib.Config().replace(
+      algo="ppo", mesh="data:1", tiny_layers=1, batch_size=2, group_size=2, max_new_tokens=6,
+      completion_pad_multiple=0, temperature=0.7, steps=1, sft_steps=0, eval_every=0, num_test=2, eval_batch_size=2,
+      save_every=0, tensorboard=False, work_dir=str(tmp_path / "run"))
+  listed, placement, model_config = _programs_match_a_run(
+      config, ["sampler", "logprobs", "values", "update", "eval_greedy"])
+  assert listed["logprobs"].per_step == 2
   state = programs.resident(config, model_config, placement)["train state"]
   assert set(state.params) == {"policy", "value"} and listed["values"].args[0] == state.params["value"]
   for flags, message in ((dict(lora_rank=2), "--algo=ppo with --lora_rank > 0"),
