@@ -8,9 +8,10 @@ r"""Reproduces a paper's ablation with one command: runs over seeds, mean ± sta
 A study (`experiments/studies/`) is data: a list of runs (flag sets of the runners `experiments.grpo_math`,
 `experiments.flow_grpo`, `experiments.train_reward_model`), the metrics to read from what they write, and
 the plots to draw. Each run and seed is its own process, `python -m <runner> <flags> --seed=S
---work_dir=DIR`, in a directory named by a hash of its runner, its flags and the runner's defaults for the
-flags it leaves out (under --runs_dir), so a run that two studies share (the SFT policy, plain GRPO) runs once,
-a change of a default starts new runs instead of reusing old ones, and a run whose `summary.json` exists is skipped:
+--work_dir=DIR`, in a directory named by a hash of its runner, its flags and those of the runner's defaults that
+differ from `studies/runner_defaults.json` (under --runs_dir), so a run that two studies share (the SFT policy,
+plain GRPO) runs once, a change of a default starts new runs instead of reusing old ones (a new flag that keeps
+the old behaviour does not), and a run whose `summary.json` exists is skipped:
 a study stopped halfway continues where it was, and `--seeds=5` after `--seeds=3` runs only seeds 3 and 4.
 A run interrupted after a checkpoint continues with the runner's `--resume`. A failed run is reported with
 its log's last line and does not stop the others (only the runs that need its output).
@@ -59,6 +60,8 @@ flags.DEFINE_list("only", [], "Run only these runs (and what they need); aggrega
 flags.DEFINE_bool("dry_run", False, "Print the commands and which would run or be skipped, run nothing.")
 flags.DEFINE_bool("aggregate_only", False, "Run nothing; aggregate, tabulate and plot what exists.")
 flags.DEFINE_bool("list", False, "List the studies, their runs and profiles, and exit.")
+flags.DEFINE_bool("write_defaults_snapshot", False, "Record the runners' defaults under a new revision in "
+                  "experiments/studies/runner_defaults.json (every run directory moves once), and exit.")
 
 FLAGS = flags.FLAGS
 
@@ -134,6 +137,14 @@ def _prefix(run: spec.Run) -> list[str]:
   return list(run.command) if run.command else [sys.executable, "-m", run.module]
 
 
+# The runners' defaults as they were when run directories last moved on purpose: a run's hash covers only the
+# defaults that differ from these (and the revision), so a flag added with a default that keeps the old behaviour
+# leaves finished runs where they are, while a changed default still moves them. Numerics that change without a
+# flag (a kernel, an initialiser) bump DEFAULTS_REVISION by rewriting the file:
+#   python -m experiments.reproduce --write_defaults_snapshot
+DEFAULTS_SNAPSHOT = pathlib.Path(__file__).resolve().parent / "studies" / "runner_defaults.json"
+
+
 def runner_defaults(run: spec.Run) -> dict[str, str]:
   """The settings a runner module uses for the flags a run leaves out: the runner `Config`'s defaults (with
   Flow-GRPO's own for experiments.flow_grpo); {} for a custom command."""
@@ -146,12 +157,54 @@ def runner_defaults(run: spec.Run) -> dict[str, str]:
   return {k: str(v) for k, v in sorted(values.items())}
 
 
+def _snapshot_key(run: spec.Run) -> str:
+  return spec.FLOW_GRPO if run.module == spec.FLOW_GRPO else spec.GRPO_MATH  # the others read grpo_math's Config
+
+
+def read_defaults_snapshot(path: pathlib.Path | None = None) -> dict[str, Any]:
+  path = path or DEFAULTS_SNAPSHOT
+  try:
+    snapshot = json.loads(path.read_text())
+    if not isinstance(snapshot.get("revision"), int) or not all(
+        isinstance(snapshot.get(k), dict) for k in (spec.GRPO_MATH, spec.FLOW_GRPO)):
+      raise ValueError("needs an integer 'revision' and the defaults of each runner")
+  except (OSError, ValueError, AttributeError) as err:
+    raise StudyError(f"{path}: not a defaults snapshot ({err}); rewrite it with "
+                     "python -m experiments.reproduce --write_defaults_snapshot") from None
+  return snapshot
+
+
+def write_defaults_snapshot(path: pathlib.Path | None = None) -> int:
+  """Records today's runner defaults under the next revision: every run's hash changes once."""
+  path = path or DEFAULTS_SNAPSHOT
+  try:
+    revision = read_defaults_snapshot(path)["revision"] + 1
+  except StudyError:
+    revision = 1
+  snapshot = {"revision": revision}
+  for module in (spec.GRPO_MATH, spec.FLOW_GRPO):
+    snapshot[module] = runner_defaults(spec.Run("x", {}, module=module))
+  path.write_text(json.dumps(snapshot, indent=1, sort_keys=True) + "\n")
+  return revision
+
+
+def hashed_defaults(run: spec.Run, snapshot: dict[str, Any]) -> dict[str, Any]:
+  """What of a runner's defaults enters its runs' hash: the snapshot's revision and the defaults that differ from
+  the snapshot's (a flag the snapshot does not know keeps the old behaviour at its default, by convention)."""
+  if run.command:
+    return {}
+  recorded = snapshot[_snapshot_key(run)]
+  changed = {k: v for k, v in runner_defaults(run).items() if k in recorded and recorded[k] != v}
+  return {"revision": snapshot["revision"], "changed": changed}
+
+
 def plan(study: spec.Study, profile: str, seeds: list[int], runs_dir: pathlib.Path) -> list[Job]:
   """The study's jobs, dependencies first, each in `runs_dir/<runner>-<hash>/seed<S>`.
 
-  The hash covers the runner, the flags (before {run:..} and {seed} are filled in), the runner's defaults
-  (`runner_defaults`) and, recursively, the runs they name, so equal configurations share a directory across
-  studies, profiles never collide, and runs made under other defaults are not taken for this code's.
+  The hash covers the runner, the flags (before {run:..} and {seed} are filled in), the runner's defaults where
+  they differ from the snapshot's (`hashed_defaults`) and, recursively, the runs they name, so equal
+  configurations share a directory across studies, profiles never collide, runs made under other defaults are not
+  taken for this code's, and a new flag that keeps the old behaviour does not orphan finished runs.
   """
   if profile != "full" and profile not in study.profiles:
     raise StudyError(f"study {study.name} has no profile {profile!r}; it has full"
@@ -168,6 +221,7 @@ def plan(study: spec.Study, profile: str, seeds: list[int], runs_dir: pathlib.Pa
                        f"{sorted(unknown)}")
 
   hashes: dict[str, str] = {}
+  snapshot = read_defaults_snapshot()
 
   def digest(name: str, visiting: tuple[str, ...] = ()) -> str:
     if name in visiting:
@@ -176,7 +230,7 @@ def plan(study: spec.Study, profile: str, seeds: list[int], runs_dir: pathlib.Pa
       run = study.run(name)
       blob = {"command": list(run.command) or [run.module], "out_flag": run.output_flag,
               "flags": {k: str(v) for k, v in sorted(merged[name].items())},
-              "defaults": runner_defaults(run),
+              "defaults": hashed_defaults(run, snapshot),
               "needs": {n: digest(n, visiting + (name,)) for n in _needs(merged[name])}}
       hashes[name] = hashlib.sha1(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:10]
     return hashes[name]
@@ -774,6 +828,10 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if FLAGS.list:
     _list()
+    return
+  if FLAGS.write_defaults_snapshot:
+    revision = write_defaults_snapshot()
+    print(f"reproduce: {DEFAULTS_SNAPSHOT} now holds revision {revision} of the runners' defaults")
     return
   if not FLAGS.study:
     sys.exit("reproduce: error: --study is required (--list shows the studies)")
