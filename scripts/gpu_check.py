@@ -4,6 +4,7 @@ r"""The checks of issue #41 on one GPU, each figure beside its roofline: `script
   python scripts/gpu_check.py init --out=$OUT             # init_params at Qwen2.5 shapes: compile and run times
   python scripts/gpu_check.py sampler --out=$OUT          # the sampler against HF generate (torch), 0.5B shapes
   python scripts/gpu_check.py grpo --out=$OUT             # a GRPO step through the runner, 0.5B shapes, profiled
+  python scripts/gpu_check.py variants --out=$OUT         # the same GRPO step with one knob turned each (no profile)
   python scripts/gpu_check.py table --out=$OUT            # the Markdown table of what the parts wrote
   python scripts/gpu_check.py <part> --out=DIR --smoke    # tiny shapes, for a CPU (what tests/test_gpu_check runs)
 
@@ -72,7 +73,37 @@ def roofline(args) -> dict:
   copy = jax.jit(lambda y: y + 1)
   copy_rate = 2 * size * 2 / _best(lambda: copy(x), 5)
   return {"device": jax.devices()[0].device_kind, "backend": jax.default_backend(), "jax": jax.__version__,
-          "matmul_flops": flops, "copy_bytes_per_s": copy_rate}
+          "matmul_flops": flops, "copy_bytes_per_s": copy_rate, "attention": attention_check(args.smoke)}
+
+
+def attention_check(smoke: bool) -> dict:
+  """The fused attention `--attention=auto` picks here (cuDNN on a GPU in bf16) against the einsum reference at
+  0.5B's head shapes, bf16, padded rows: max |difference| / max |reference| of the output and of dq, dk, dv at real
+  queries (bf16 operands: ~1e-2 is rounding, a wrong mask is O(1))."""
+  from grpo_jax.models import attention  # pylint: disable=import-outside-toplevel
+  impl = attention.resolve("auto", jax.default_backend(), jnp.bfloat16)
+  b, l, n, k, d = (2, 16, 4, 2, 16) if smoke else (8, 320, 14, 2, 64)
+  keys = jax.random.split(jax.random.key(7), 4)
+  q = jax.random.normal(keys[0], (b, l, n, d), jnp.bfloat16)
+  kv = [jax.random.normal(x, (b, l, k, d), jnp.bfloat16) for x in keys[1:3]]
+  # as the runner's rows: a left-padded prompt, then a right-padded completion; each row its own padding
+  left, length = jnp.arange(b) * (l // (4 * b)), jnp.arange(b)[::-1] * (l // (4 * b)) + l // 2
+  key_mask = (jnp.arange(l)[None] >= left[:, None]) & (jnp.arange(l)[None] < (left + length)[:, None])
+  allowed = key_mask[:, None, :] & jnp.tril(jnp.ones((l, l), bool))[None]
+  real = key_mask[:, :, None, None]
+  w = jax.random.normal(keys[3], (b, l, n, d), jnp.float32)
+
+  def loss(name, q, k, v):
+    out = attention.attend(q, k, v, allowed, implementation=name, causal=True).astype(jnp.float32)
+    return jnp.sum(jnp.where(real, out * w, 0)), out
+
+  def run(name):
+    (_, out), grads = jax.jit(jax.value_and_grad(lambda *x: loss(name, *x), argnums=(0, 1, 2), has_aux=True))(q, *kv)
+    return [jnp.where(real, out, 0)] + [g.astype(jnp.float32) for g in grads]
+
+  got, want = run(impl), run("einsum")
+  err = [float(jnp.max(jnp.abs(g - r)) / jnp.max(jnp.abs(r))) for g, r in zip(got, want)]
+  return {"implementation": impl, "shape": [b, l, n, k, d], "out": err[0], "dq": err[1], "dk": err[2], "dv": err[3]}
 
 
 def init(args) -> dict:
@@ -213,6 +244,50 @@ def grpo(args) -> dict:
   return result
 
 
+# One knob each against the `grpo` part's step, same shapes: what to try first when the step is far from its roofline.
+# Decoding is hundreds of small kernels per token, so CUDA graphs over whole while loops (XLA command buffers) go
+# at the launch gaps; `--attention=auto` is cuDNN's fused kernel in bf16 on a GPU, xla's plain attention the other.
+COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,WHILE,CONDITIONAL"
+VARIANTS = (("attention xla (not cuDNN's fused kernel)", ("--attention=xla",), ""),
+            ("CUDA graphs over while loops", (), COMMAND_BUFFERS))
+
+
+def variants(args) -> dict:
+  """Each variant of VARIANTS as its own process (XLA_FLAGS are read once per process), 4 steps (the median of the
+  last 3), within --variant_seconds each; a variant that fails or runs out is a row with its last output line."""
+  import os  # pylint: disable=import-outside-toplevel
+  scratch = pathlib.Path(args.scratch)
+  ckpt = scratch / "grpo_ckpt"
+  if not ckpt.exists():
+    tiny.build_default_checkpoint(ckpt, **(SMOKE if args.smoke else QWEN["0.5b"]), param_dtype="bfloat16")
+  batch, group, new, steps = (2, 2, 8, 3) if args.smoke else (16, 8, 256, 4)
+  rows = []
+  for name, runner_flags, xla_flags in VARIANTS[:1 if args.smoke else None]:
+    metrics = scratch / f"variant_{len(rows)}.json"
+    cmd = [sys.executable, str(pathlib.Path(__file__).parent / "bench_grpo_step.py"), f"--init_checkpoint={ckpt}",
+           "--dtype=bfloat16", f"--batch_size={batch}", f"--group_size={group}", f"--max_new_tokens={new}",
+           f"--steps={steps}", f"--work_dir={scratch / f'variant_{len(rows)}'}", f"--json_out={metrics}",
+           *runner_flags]
+    env = dict(os.environ, XLA_FLAGS=" ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), xla_flags])))
+    row = {"name": name, "runner_flags": list(runner_flags), "xla_flags": xla_flags}
+    start = time.perf_counter()
+    try:
+      proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.variant_seconds)
+      print(proc.stdout[-2000:], proc.stderr[-3000:], flush=True)
+      if proc.returncode:
+        row["error"] = (proc.stderr.strip().splitlines() or ["(no output)"])[-1][:300]
+      else:
+        m = json.loads(metrics.read_text())
+        row.update(step_s=m["step_s"], sampling_s=m["train/time_sampling"], scoring_s=m["train/time_scoring"],
+                   update_s=m["train/time_update"])
+    except subprocess.TimeoutExpired:
+      row["error"] = f"out of time after {args.variant_seconds} s"
+    row["wall_s"] = time.perf_counter() - start
+    rows.append(row)
+    print(row, flush=True)
+  return {"rows": rows}
+
+
 def _fmt(x, spec=".2f"):
   return "-" if x is None else format(x, spec)
 
@@ -226,6 +301,10 @@ def table(args) -> str:
     lines.append(f"{roof['device']} ({roof['backend']}, jax {roof['jax']}): measured bf16 matmul "
                  f"{roof['matmul_flops'] / 1e12:.0f} TFLOP/s, copy {roof['copy_bytes_per_s'] / 1e12:.2f} TB/s\n")
   lines += ["| what | measured | against the roofline |", "|---|---|---|"]
+  att = (roof or {}).get("attention")
+  if att:
+    lines.append(f"| attention `auto` = {att['implementation']} vs einsum, bf16 {att['shape']} | relative error: "
+                 f"out {att['out']:.1e}, dq {att['dq']:.1e}, dk {att['dk']:.1e}, dv {att['dv']:.1e} | - |")
   for r in (ini or {}).get("rows", []):
     run = f", runs in {r['run_s']:.2f} s" if r["run_s"] is not None else ""
     lines.append(f"| init_params {r['shape']}{' scanned' if r['scan_layers'] else ''} | compiles in "
@@ -245,6 +324,13 @@ def table(args) -> str:
     lines.append(f"| sampler {r['rows']} x {r['new_tokens']} (prompt {r['prompt']}) | {r['jax_s']:.3f} s, "
                  f"{r['tokens_per_s']:,.0f} tokens/s; HF generate {r['hf_s']:.3f} s ({r['speedup']:.1f}x) | "
                  f"{100 * r['roofline_fraction']:.0f}% of the decode limit (goal 40% at 256 x 256) |")
+  for r in (read("variants") or {}).get("rows", []):
+    if "error" in r:
+      lines.append(f"| GRPO step, {r['name']} | failed: {r['error']} | - |")
+    else:
+      ratio = f"{step['step_s'] / r['step_s']:.2f}x the step above" if step else "-"
+      lines.append(f"| GRPO step, {r['name']} | {r['step_s']:.3f} s (sampling {r['sampling_s']:.3f}, scoring "
+                   f"{r['scoring_s']:.3f}, update {r['update_s']:.3f}) | {ratio} |")
   text = "\n".join(lines)
   if step and step.get("profile_table"):
     text += "\n\nProfile of the last GRPO step:\n\n" + step["profile_table"]
@@ -253,13 +339,14 @@ def table(args) -> str:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("part", choices=["roofline", "init", "sampler", "grpo", "table"])
+  parser.add_argument("part", choices=["roofline", "init", "sampler", "grpo", "variants", "table"])
   parser.add_argument("--out", required=True, help="directory for <part>.json (and the trace)")
   parser.add_argument("--scratch", default="/tmp/gpu_check_scratch",
                       help="checkpoints and run directories (not under --out, which comes back small)")
   parser.add_argument("--smoke", action="store_true", help="tiny shapes (a CPU check of the script itself)")
   parser.add_argument("--prompt_tokens", type=float, default=40.0,
                       help="mean prompt tokens of the GRPO rows, for the update's FLOPs and the decode limit")
+  parser.add_argument("--variant_seconds", type=float, default=100.0, help="the time limit of each variant's run")
   args = parser.parse_args()
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
@@ -268,7 +355,7 @@ def main():
     (out / "gpu_check.md").write_text(text + "\n")
     print(text)
     return
-  result = {"roofline": roofline, "init": init, "sampler": sampler, "grpo": grpo}[args.part](args)
+  result = {"roofline": roofline, "init": init, "sampler": sampler, "grpo": grpo, "variants": variants}[args.part](args)
   (out / f"{args.part}.json").write_text(json.dumps(result, indent=1) + "\n")
 
 

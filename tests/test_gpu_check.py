@@ -7,6 +7,7 @@ import json
 import pathlib
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 
@@ -38,6 +39,9 @@ def test_table_from_known_parts(tmp_path):
                "update_tokens": 35_000, "update_mfu": 0.6, "sampling_roofline_fraction": 0.4},
       "sampler": {"rows": [{"rows": 256, "new_tokens": 256, "prompt": 64, "jax_s": 0.5, "hf_s": 4.0,
                             "tokens_per_s": 131_072, "speedup": 8.0, "roofline_fraction": 0.42}]},
+      "variants": {"rows": [{"name": "graphs", "step_s": 0.4, "sampling_s": 0.15, "scoring_s": 0.05,
+                             "update_s": 0.2},
+                            {"name": "attention cudnn", "error": "out of time after 75 s"}]},
   }
   for name, value in parts.items():
     (tmp_path / f"{name}.json").write_text(json.dumps(value))
@@ -47,6 +51,9 @@ def test_table_from_known_parts(tmp_path):
   assert "| its update | 0.200 s, 35,000 tokens | 60% MFU (goal 50%) |" in lines
   assert ("| peak host RSS | 3.00 GiB for 1.00 GiB of weights | 3.0x the weights (goal ~2x + a constant) |"
           in lines)
+  assert ("| GRPO step, graphs | 0.400 s (sampling 0.150, scoring 0.050, update 0.200) | 1.25x the step above |"
+          in lines)
+  assert "| GRPO step, attention cudnn | failed: out of time after 75 s | - |" in lines
   assert any(l.startswith("| sampler 256 x 256 (prompt 64) | 0.500 s, 131,072 tokens/s; HF generate 4.000 s (8.0x)"
                           " | 42% of the decode limit") for l in lines)
 
@@ -62,3 +69,22 @@ def test_smoke_parts_write_what_the_table_reads(tmp_path):
   assert init["rows"][0]["weight_bytes"] == gpu_check.weight_bytes(gpu_check.config_for("0.5b", smoke=True))
   (tmp_path / "init.json").write_text(json.dumps(init))
   assert "init_params smoke scanned" in gpu_check.table(args)
+
+
+def test_attention_check_passes_xla_and_catches_a_wrong_mask(monkeypatch):
+  """The GPU's fused-attention check, run here with xla standing in for cuDNN: rounding passes, a kernel that
+  ignores the padding mask is caught."""
+  from grpo_jax.models import attention  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(attention, "resolve", lambda *args: "xla")
+  good = gpu_check.attention_check(smoke=True)
+  assert good["implementation"] == "xla" and max(good[k] for k in ("out", "dq", "dk", "dv")) < 1e-2
+  real = attention.attend
+
+  def ignores_padding(q, k, v, allowed, implementation, causal):
+    if implementation == "xla":
+      allowed = jnp.tril(jnp.ones_like(allowed))
+    return real(q, k, v, allowed, implementation="einsum", causal=causal)
+
+  monkeypatch.setattr(attention, "attend", ignores_padding)
+  bad = gpu_check.attention_check(smoke=True)
+  assert bad["out"] > 0.1 and bad["dk"] > 0.1
