@@ -183,10 +183,20 @@ def _rss_bytes(pid: int) -> int:
   return 0
 
 
+def child_env(xla_flags: str = "") -> dict:
+  """The environment of a part's child run: the parent's, without JAX_PLATFORMS (gpu_check.sh runs the grpo and
+  variants parts' own JAX on the CPU, so that the child gets the GPU's memory, not what the parent's JAX
+  preallocated: 75% of it), with `xla_flags` added to XLA_FLAGS."""
+  import os  # pylint: disable=import-outside-toplevel
+  env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+  env["XLA_FLAGS"] = " ".join(filter(None, [env.get("XLA_FLAGS", ""), xla_flags]))
+  return env
+
+
 def run_watching_rss(cmd) -> list:
   """Runs `cmd`, echoing its output, with its resident memory sampled every 0.2 s: [(the peak RSS seen up to each
   output line, the line)], so that a peak shows which stage of the run (loading, compiling, a step) it came in."""
-  proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())
   peak = [0]
   done = threading.Event()
 
@@ -255,7 +265,6 @@ VARIANTS = (("attention xla (not cuDNN's fused kernel)", ("--attention=xla",), "
 def variants(args) -> dict:
   """Each variant of VARIANTS as its own process (XLA_FLAGS are read once per process), 4 steps (the median of the
   last 3), within --variant_seconds each; a variant that fails or runs out is a row with its last output line."""
-  import os  # pylint: disable=import-outside-toplevel
   scratch = pathlib.Path(args.scratch)
   ckpt = scratch / "grpo_ckpt"
   if not ckpt.exists():
@@ -268,7 +277,7 @@ def variants(args) -> dict:
            "--dtype=bfloat16", f"--batch_size={batch}", f"--group_size={group}", f"--max_new_tokens={new}",
            f"--steps={steps}", f"--work_dir={scratch / f'variant_{len(rows)}'}", f"--json_out={metrics}",
            *runner_flags]
-    env = dict(os.environ, XLA_FLAGS=" ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), xla_flags])))
+    env = child_env(xla_flags)
     row = {"name": name, "runner_flags": list(runner_flags), "xla_flags": xla_flags}
     start = time.perf_counter()
     try:

@@ -42,11 +42,12 @@ DEFAULT_RESULT="exit $STATUS after $(( $(date +%s) - START )) s; $(grep -a -E '^
 tail -n 15 /tmp/gpu_check_default.log >> "$LOG"
 echo "$DEFAULT_RESULT" >> "$LOG"
 [ $STATUS -eq 0 ] || FAILED="$FAILED default_run"
-part grpo 150
+# The grpo and variants parts' own JAX (the checkpoint, shapes) on the CPU: their child runs get the whole GPU.
+part grpo 150 JAX_PLATFORMS=cpu
 # JAX and torch share the GPU in this part: JAX takes half of its memory, not its default 75%.
 part sampler 120 XLA_PYTHON_CLIENT_MEM_FRACTION=0.45
 # Last, so that it is what a short lease cuts: two more processes of the grpo part's step, 100 s each at most.
-part variants 210
+part variants 210 JAX_PLATFORMS=cpu
 "$PY" scripts/gpu_check.py table --out="$OUT" $SMOKE >> "$LOG" 2>&1
 echo "| default run (python -m experiments.grpo_math) | $DEFAULT_RESULT | - |" >> "$OUT/gpu_check.md"
 [ -z "$FAILED" ] || echo "failed or out of time:$FAILED (see gpu_check.log)" >> "$OUT/gpu_check.md"

@@ -94,8 +94,10 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, *, impl
     k, v = k.transpose(0, 3, 1, 2), v.transpose(0, 2, 1, 3)  # -> [B, S, K, D]
   if implementation == "pallas" and causal:
     return _pallas_flash(q, k, v, allowed[:, -1, :], scale)
-  if implementation == "cudnn" and causal:  # the key mask as a [B, 1, 1, S] bias, the causal part in the kernel
-    return jax.nn.dot_product_attention(q, k, v, mask=allowed[:, -1, None, None, :], scale=scale, is_causal=True,
+  if implementation == "cudnn" and causal:  # the key mask as a [B, 1, L, S] bias (cuDNN takes no broadcast
+    # query axis), the causal part in the kernel
+    key_mask = jnp.broadcast_to(allowed[:, -1, None, None, :], (b, 1, l, allowed.shape[-1]))
+    return jax.nn.dot_product_attention(q, k, v, mask=key_mask, scale=scale, is_causal=True,
                                         implementation="cudnn")
   return jax.nn.dot_product_attention(q, k, v, mask=allowed[:, None], scale=scale, implementation="xla")
 
