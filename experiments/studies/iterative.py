@@ -14,7 +14,9 @@ STUDY = Study(
         "GRPO+OS with a learned outcome reward model (`orm_steps`: an ORM read at every step end and pooled by a "
         "noisy-AND, plus α times its backbone's log-likelihood of the completion (`--rm_score=loglik`, the backbone "
         "frozen, the head and α trained with the within-problem pairwise loss on outcome labels of SFT samples), "
-        "`--advantage_scale=none`, from the seed's SFT "
+        "advantages normalised by the group's std as in the paper (the score ranks but is not calibrated: its "
+        "spread within a group is a few hundredths, so unnormalised advantages would be that small), from the "
+        "seed's SFT "
         "policy: once for all steps, and iteratively (Algorithm 1, I = 2: after each half the reward model "
         "retrains on fresh samples of the current policy plus 10% replay, and the reference becomes the "
         "policy), the same total policy steps. The rule-reward GRPO of the same seed is drawn for comparison. "
@@ -35,9 +37,9 @@ STUDY = Study(
             profiles={"quick": {"rm_prompts": 1000, "rm_steps": 400}}),
         common.GRPO,
         common.rl("one_round", "GRPO+OS, learned ORM, one round", reward="orm",
-                  reward_model="{run:rm}/reward_model", advantage_scale="none"),
+                  reward_model="{run:rm}/reward_model"),
         common.rl("iterative", "GRPO+OS, learned ORM, iterative (I = 2)", reward="orm",
-                  reward_model="{run:rm}/reward_model", advantage_scale="none", iterations=2,
+                  reward_model="{run:rm}/reward_model", iterations=2,
                   steps_per_iteration=100,
                   quick={"steps_per_iteration": common.QUICK_STEPS // 2, "rm_update_prompts": 128,
                          "rm_update_steps": 50}),
