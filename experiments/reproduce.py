@@ -47,6 +47,7 @@ from experiments import studies as studies_lib
 from experiments.methods import flow_grpo as flow_grpo_method
 from experiments.runner import config as config_lib
 from experiments.studies import spec
+from experiments.studies import verdicts
 
 flags.DEFINE_string("study", None, "A study name (--list shows them) or a JSON file of a study spec.")
 flags.DEFINE_integer("seeds", 3, "Seeds 0..N-1 of every run (model init, data order and sampling change with "
@@ -691,6 +692,7 @@ def report(study: spec.Study, profile: str, seeds: list[int], jobs: list[Job],
       if record.get("profile") == profile and record.get("ran"):
         history.append(record)
   results = {"study": study.name, "title": study.title, "profile": profile, "seeds": seeds,
+             "verdicts": decide_claims(study, cells),
              "profile_flags": {m: dict(f) for m, f in study.profiles.get(profile, {}).items()},
              "note": study.notes.get(profile, ""), "invocation": invocation, "invocations": history,
              "compute_time_s": round(compute, 1), "runs": runs, "failures": failures, "cells": cells,
@@ -698,6 +700,22 @@ def report(study: spec.Study, profile: str, seeds: list[int], jobs: list[Job],
   (out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
   (out_dir / "results.md").write_text(markdown(study, results, cells, plots))
   return results
+
+
+def decide_claims(study: spec.Study, cells: list[dict]) -> list[dict]:
+  """Each claim of the study against its cell at the last step it has (a summary metric's one cell)."""
+  out = []
+  for claim in study.claims:
+    found = [c for c in cells if c["run"] == claim.run and c["metric"] == claim.metric]
+    entry = {"claim": claim.text, "run": claim.run, "metric": claim.metric, "expect": claim.expect}
+    if not found:
+      out.append({**entry, "cell": None, "verdict": "not run", "detail": "no seed has finished it"})
+      continue
+    cell = max(found, key=lambda c: -1 if c["step"] is None else c["step"])
+    v = verdicts.decide(cell["mean"], cell["se"], cell["n"], claim.expect, scale=100.0 if cell["percent"] else 1.0,
+                        digits=1 if cell["percent"] else 3)
+    out.append({**entry, "cell": _fmt(cell), "step": cell["step"], "verdict": v.word, "detail": v.detail})
+  return out
 
 
 def _shown(text: str) -> str:
@@ -718,6 +736,15 @@ def markdown(study: spec.Study, results: dict, cells: list[dict], plots: list[pa
   for module, values in results["profile_flags"].items():
     lines.append(f"Flags it adds to every `{module}` run: `{' '.join(_flag_args(values))}`.")
   lines.append("")
+  if results["verdicts"]:
+    lines += ["## Verdicts", "",
+              f"Each of the paper's findings against its cell (mean ± s.e. (seeds), at the last step): reproduced or "
+              f"contradicted when the {verdicts.Z:g}-standard-error interval lies on one side of zero, consistent "
+              "when a claimed non-change stays inside it (the interval bounds the change), else undecided.", "",
+              "| the paper | cell | value | verdict |", "|---|---|---|---|"]
+    lines += [f"| {v['claim']} | {v['run']}, {v['metric']} | {v.get('cell') or '-'} | **{v['verdict']}** "
+              f"({v['detail']}) |" for v in results["verdicts"]]
+    lines.append("")
   lines += tables(study, cells)
   for p in plots:
     lines += [f"![{p.stem}]({p.name})", ""]

@@ -59,7 +59,8 @@ def _study(fail: bool = False) -> spec.Study:
            spec.Plot("k.png", (spec.Panel("maj@{k}"),), x="k"),
            spec.Plot("bars.png", (spec.Panel(("final", "gain")),), x="run"))
   return spec.Study("tiny", "Two tiny runs", runs, metrics, plots,
-                    profiles={"quick": {"experiments.grpo_math": {"shorter": True}}})
+                    profiles={"quick": {"experiments.grpo_math": {"shorter": True}}},
+                    claims=(spec.Claim("better gains", "better", "gain"),))
 
 
 def _cells(results):
@@ -160,6 +161,9 @@ def test_study_end_to_end_skip_on_rerun_and_failures(tmp_path, monkeypatch):
   assert {"study", "run", "metric", "step", "seeds", "values", "mean", "se"} <= set(on_disk["cells"][0])
   text = (out / "results.md").read_text()
   assert "base method" in text and "![curve](curve.png)" in text and "| step 0 | step 5 | step 10 |" in text
+  # better gains 0.21 on both seeds (from base's 0.11 and 0.21 to 0.32 and 0.42)
+  assert ("| better gains | better, gain | 21.0 ± 0.0 (2) | **reproduced** (every seed alike; 2 s.e. interval "
+          "[+21.0, +21.0]) |") in text
   assert (out / "runs" / "better" / "seed1" / "summary.json").is_file()
 
   # Rerun: every summary exists, nothing runs; a third seed runs only seed 2.
@@ -391,3 +395,40 @@ def test_contrasts_and_changes_are_paired_by_seed(tmp_path):
   assert cells[("a", "change", 5)]["values"] == pytest.approx([0.1, 0.1, 0.1])
   assert cells[("a", "change", 0)]["values"] == [0.0, 0.0, 0.0]
   assert "| a - b | final | end | 7.5 ± 2.5 (2) |" in "\n".join(reproduce.tables(study, list(cells.values())))
+
+
+def test_claims_are_decided_from_their_cells(tmp_path):
+  """a - b = +7.5 ± 2.5 points over 2 seeds: 3 s.e. above zero (a claimed rise: reproduced; a claimed non-change:
+  contradicted); a's change at its last step is +10 ± 0 (every seed alike); a claim on a run nobody ran: not run."""
+  claims = (spec.Claim("a beats b", "a - b", "final"), spec.Claim("a equals b", "a - b", "final", "="),
+            spec.Claim("a rises", "a", "change"), spec.Claim("b falls", "b", "change", "<"))
+  study = spec.Study("pairs", "Paired", (spec.Run("a", {"x": 1}), spec.Run("b", {"x": 2})),
+                     (spec.Metric("final", "final_accuracy"),
+                      spec.Metric("change", "eval/accuracy", source="curve", since_start=True)),
+                     contrasts=(spec.Contrast("a", "b", "final"),), claims=claims)
+  jobs = reproduce.plan(study, "full", [0, 1], tmp_path)
+  for job in jobs:
+    if job.run.name == "a":
+      final = [0.50, 0.80][job.seed]
+      job.directory.mkdir(parents=True)
+      job.summary.write_text(json.dumps({"final_accuracy": final}))
+      (job.directory / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/accuracy": final - 0.1}) + "\n"
+                                                   + json.dumps({"step": 5, "eval/accuracy": final}))
+  for job in jobs:  # b: finals only, 0.40 and 0.75
+    if job.run.name == "b":
+      job.directory.mkdir(parents=True)
+      job.summary.write_text(json.dumps({"final_accuracy": [0.40, 0.75][job.seed]}))
+  out = reproduce.decide_claims(study, reproduce.collect(study, jobs))
+  assert [(v["verdict"], v.get("cell")) for v in out] == [
+      ("reproduced", "7.5 ± 2.5 (2)"), ("contradicted", "7.5 ± 2.5 (2)"), ("reproduced", "10.0 ± 0.0 (2)"),
+      ("not run", None)]
+  assert out[0]["detail"] == "3.0 s.e.; 2 s.e. interval [+2.5, +12.5]" and out[2]["step"] == 5
+  with pytest.raises(ValueError, match="claim 'x'"):
+    spec.Study("s", "x", (spec.Run("a", {}),), (spec.Metric("final", "final_accuracy"),),
+               claims=(spec.Claim("x", "a - b", "final"),))
+
+
+def test_every_papers_study_states_its_claims():
+  for name in ("paradigm", "majk_passk", "iterative", "flow_grpo"):
+    study = reproduce.load_study(name)
+    assert any(c.expect for c in study.claims), name

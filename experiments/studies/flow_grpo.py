@@ -1,7 +1,7 @@
 """AgentFlow Table 3's analogue: single-turn GRPO against a tool-using planner before and after Flow-GRPO."""
 
 from experiments.studies import common
-from experiments.studies.spec import FLOW_GRPO, Contrast, Metric, Panel, Plot, Run, Study
+from experiments.studies.spec import FLOW_GRPO, Claim, Contrast, Metric, Panel, Plot, Run, Study
 
 STUDY = Study(
     name="flow_grpo",
@@ -31,6 +31,9 @@ STUDY = Study(
              x="run", title="Single-turn GRPO vs a planner with tools (Flow-GRPO)"),
     ),
     contrasts=(Contrast("flow", "grpo", "gain"), Contrast("flow", "grpo", "final")),
+    claims=(Claim("AgentFlow: Flow-GRPO beats the frozen planner", "flow", "gain"),
+            Claim("the planner with tools beside single-turn GRPO (no ordering claimed here)", "flow - grpo", "final",
+                  "")),
     profiles={"quick": common.QUICK},
     notes={"quick": common.QUICK_NOTE},
 )

@@ -3,7 +3,7 @@
 import dataclasses
 
 from experiments.studies import common
-from experiments.studies.spec import TRAIN_REWARD_MODEL, Contrast, Metric, Panel, Plot, Run, Study
+from experiments.studies.spec import TRAIN_REWARD_MODEL, Claim, Contrast, Metric, Panel, Plot, Run, Study
 
 RL_RUNS = ("grpo", "one_round", "iterative")
 
@@ -65,6 +65,9 @@ STUDY = Study(
              title="DeepSeekMath Fig 6: iterative RL against one round of the same length", xlabel="RL step"),
     ),
     contrasts=(Contrast("iterative", "one_round", "final"), Contrast("one_round", "grpo", "final")),
+    claims=(Claim("Fig 6: iterative RL beats one round of the same length", "iterative - one_round", "final"),
+            Claim("GRPO on the learned ORM raises accuracy over its SFT start", "one_round", "gain"),
+            Claim("the learned ORM beside the rule reward (no ordering claimed)", "one_round - grpo", "final", "")),
     profiles={"quick": common.QUICK},
     notes={"quick": common.QUICK_NOTE + " The reward model trains its head and α (the backbone frozen) on 1,000 "
                                         "prompts x 8 SFT samples for 400 steps from the verifier's backbone (full: "

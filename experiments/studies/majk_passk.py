@@ -1,7 +1,7 @@
 """DeepSeekMath Fig 7: Maj@K and Pass@K against K, before (SFT) and after RL (GRPO), the same seed."""
 
 from experiments.studies import common
-from experiments.studies.spec import SAMPLE_EVAL, Contrast, Metric, Panel, Plot, Run, Study
+from experiments.studies.spec import SAMPLE_EVAL, Claim, Contrast, Metric, Panel, Plot, Run, Study
 
 KS = (1, 2, 4, 8, 16, 32, 64)
 
@@ -32,6 +32,10 @@ STUDY = Study(
              x="k", title="DeepSeekMath Fig 7: Maj@K and Pass@K (T = 0.7) before and after RL"),
     ),
     contrasts=tuple(Contrast("after", "before", f"{m}@{k}") for m in ("maj", "pass") for k in (1, 8, 64)),
+    claims=(Claim("Fig 7: RL raises Maj@64", "after - before", "maj@64"),
+            Claim("Fig 7: RL raises Maj@8", "after - before", "maj@8"),
+            Claim("Fig 7: RL raises Pass@1 (= Maj@1)", "after - before", "pass@1"),
+            Claim("Fig 7: Pass@64 stays flat", "after - before", "pass@64", "=")),
     profiles={"quick": common.QUICK},
     notes={"quick": common.QUICK_NOTE},
 )

@@ -3,7 +3,7 @@
 import dataclasses
 
 from experiments.studies import common
-from experiments.studies.spec import Contrast, Panel, Plot, Study
+from experiments.studies.spec import Claim, Contrast, Panel, Plot, Study
 
 RL_RUNS = ("rft", "online_rft", "grpo", "grpo_ps", "ppo", "dpo")
 FIG5 = ("rft", "online_rft", "grpo", "grpo_ps")
@@ -47,6 +47,13 @@ STUDY = Study(
     contrasts=(Contrast("grpo_ps", "grpo", "final"), Contrast("grpo", "online_rft", "final"),
                Contrast("online_rft", "rft", "final"), Contrast("grpo", "rft", "final"),
                Contrast("ppo", "grpo", "final"), Contrast("dpo", "grpo", "final")),
+    claims=(Claim("Fig 5: GRPO+PS > GRPO+OS", "grpo_ps - grpo", "final"),
+            Claim("Fig 5: GRPO+OS > Online RFT", "grpo - online_rft", "final"),
+            Claim("Fig 5: Online RFT > RFT", "online_rft - rft", "final"),
+            Claim("Fig 5: GRPO+OS > RFT", "grpo - rft", "final"),
+            Claim("GRPO+OS raises accuracy over its SFT start", "grpo", "gain"),
+            Claim("Table 10: PPO beside GRPO+OS (no ordering claimed)", "ppo - grpo", "final", ""),
+            Claim("Table 10: DPO beside GRPO+OS (no ordering claimed)", "dpo - grpo", "final", "")),
     profiles={"quick": common.QUICK},
     notes={"quick": common.QUICK_NOTE + " RFT samples 512 offline prompts x 8 (full: 2,048 x 8); PPO B·G prompts "
                                         "x 1 sample per step (full: 256 x 1)."},

@@ -120,6 +120,22 @@ class Contrast:
 
 
 @dataclasses.dataclass(frozen=True)
+class Claim:
+  """A paper's finding, read off one cell at its last step (`experiments/studies/verdicts.py` decides it).
+
+  Attributes:
+    text: the finding in the paper's words, short ("Fig 5: GRPO+PS > GRPO+OS").
+    run: a run's name, or a contrast's "a - b" (the paired difference).
+    metric: a metric name (a templated one expanded, e.g. "maj@64").
+    expect: ">" (above zero: a rise, a beats b), "<", "=" (no change), or "" (no ordering: reported only).
+  """
+  text: str
+  run: str
+  metric: str
+  expect: str = ">"
+
+
+@dataclasses.dataclass(frozen=True)
 class Panel:
   """One axes of a plot.
 
@@ -181,6 +197,7 @@ class Study:
     description: what the study shows and how to read it (printed above the table).
     seeds: the number of seeds when --seeds is not given (default 3).
     contrasts: paired differences between runs (a table of their own).
+    claims: the paper's findings it tests, each decided from a run's or a contrast's cell (a table of verdicts).
   """
   name: str
   title: str
@@ -192,6 +209,7 @@ class Study:
   description: str = ""
   seeds: int = 3
   contrasts: tuple[Contrast, ...] = ()
+  claims: tuple[Claim, ...] = ()
 
   def __post_init__(self):
     names = [r.name for r in self.runs]
@@ -204,6 +222,12 @@ class Study:
     for c in self.contrasts:
       if {c.a, c.b} - known:
         raise ValueError(f"study {self.name}, contrast {c.run}: unknown runs {sorted({c.a, c.b} - known)}")
+    cells = known | {c.run for c in self.contrasts}
+    metrics = {n for m in self.metrics for n, *_ in m.expand()}
+    for c in self.claims:
+      if c.run not in cells or c.metric not in metrics or c.expect not in (">", "<", "=", ""):
+        raise ValueError(f"study {self.name}, claim {c.text!r}: needs a run or contrast 'a - b' (not {c.run!r}), "
+                         f"a metric (not {c.metric!r}) and expect one of >, <, =, '' (not {c.expect!r})")
     for p in self.plots:
       for panel in p.panels:
         if set(panel.runs) - known:
@@ -236,4 +260,5 @@ def from_dict(d: Mapping[str, Any]) -> Study:
                             "runs": tuple(q.get("runs", ()))}) for q in p["panels"])
     plots.append(Plot(**{**p, "panels": panels}))
   contrasts = tuple(Contrast(**c) for c in d.pop("contrasts", ()))
-  return Study(runs=runs, metrics=metrics, plots=tuple(plots), contrasts=contrasts, **d)
+  claims = tuple(Claim(**c) for c in d.pop("claims", ()))
+  return Study(runs=runs, metrics=metrics, plots=tuple(plots), contrasts=contrasts, claims=claims, **d)

@@ -1,0 +1,47 @@
+"""A paper's claim against a cell of seeds: reproduced, contradicted, undecided, or consistent within a bound.
+
+A claim reads one cell (a run's metric, or a paired contrast "a - b", at its last step) with mean m and standard
+error s over n seeds, and the interval m ± 2s:
+  ">" (a rise, a beats b): reproduced if the interval lies above 0, contradicted if below, else undecided;
+  "<": the mirror image;
+  "=" (no change): contradicted if the interval excludes 0, else consistent, and the interval bounds the change;
+  "" (the paper states no ordering): reported, no verdict.
+Fewer than 2 seeds decide nothing.
+"""
+
+import dataclasses
+
+EXPECT = (">", "<", "=", "")
+Z = 2.0  # standard errors for a decision
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+  word: str  # reproduced, contradicted, undecided, consistent, reported
+  detail: str  # the distance in standard errors, and the interval it leaves
+
+
+def decide(mean: float, se: float | None, n: int, expect: str, scale: float = 1.0, digits: int = 1) -> Verdict:
+  """The verdict on `expect` for a cell; `scale` and `digits` format its numbers (100 and 1 for percent points)."""
+  if expect not in EXPECT:
+    raise ValueError(f"expect must be one of {EXPECT}, not {expect!r}")
+  num = lambda x: f"{scale * x:+.{digits}f}"
+  if se is None or n < 2:
+    return Verdict("undecided" if expect else "reported", f"{n} seed{'s' if n != 1 else ''}: no standard error")
+  lo, hi = mean - Z * se, mean + Z * se
+  interval = f"{Z:g} s.e. interval [{num(lo)}, {num(hi)}]"
+  z = abs(mean) / se if se > 0 else float("inf") if mean else 0.0
+  distance = f"{z:.1f} s.e." if z != float("inf") else "every seed alike"
+  if not expect:
+    return Verdict("reported", interval)
+  if expect == "=":
+    if lo > 0 or hi < 0:
+      return Verdict("contradicted", f"a change of {distance}; {interval}")
+    return Verdict("consistent", f"no change outside [{num(lo)}, {num(hi)}] at {Z:g} s.e.")
+  sign = 1.0 if expect == ">" else -1.0
+  if sign * lo > 0 and sign * hi > 0:
+    return Verdict("reproduced", f"{distance}; {interval}")
+  if sign * lo < 0 and sign * hi < 0:
+    return Verdict("contradicted", f"{distance} against; {interval}")
+  side = "the paper's direction" if sign * mean > 0 else "against" if mean else "no lean"
+  return Verdict("undecided", f"{distance}, {side}; {interval}")

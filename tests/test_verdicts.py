@@ -1,0 +1,32 @@
+"""experiments/studies/verdicts.py: each verdict by hand, at its boundaries."""
+
+import pytest
+
+from experiments.studies import verdicts
+
+
+@pytest.mark.parametrize("mean,se,n,expect,word", [
+    (0.05, 0.02, 5, ">", "reproduced"),      # interval [0.01, 0.09]
+    (0.03, 0.02, 5, ">", "undecided"),       # [-0.01, 0.07]
+    (-0.05, 0.02, 5, ">", "contradicted"),
+    (-0.05, 0.02, 5, "<", "reproduced"),
+    (0.05, 0.02, 5, "<", "contradicted"),
+    (0.01, 0.02, 5, "=", "consistent"),      # [-0.03, 0.05] holds 0
+    (0.05, 0.02, 5, "=", "contradicted"),
+    (0.05, 0.02, 5, "", "reported"),
+    (0.05, None, 1, ">", "undecided"),
+    (0.0, 0.0, 3, "=", "consistent"),        # every seed equal: GSPO against GRPO
+    (0.02, 0.0, 3, ">", "reproduced"),
+])
+def test_words(mean, se, n, expect, word):
+  assert verdicts.decide(mean, se, n, expect).word == word
+
+
+def test_details_in_points():
+  v = verdicts.decide(0.03, 0.02, 5, ">", scale=100)
+  assert v.detail == "1.5 s.e., the paper's direction; 2 s.e. interval [-1.0, +7.0]"
+  v = verdicts.decide(0.01, 0.02, 5, "=", scale=100)
+  assert v.detail == "no change outside [-3.0, +5.0] at 2 s.e."
+  assert verdicts.decide(-0.05, 0.02, 5, ">", scale=100).detail == "2.5 s.e. against; 2 s.e. interval [-9.0, -1.0]"
+  with pytest.raises(ValueError, match="expect"):
+    verdicts.decide(0.0, 0.1, 3, ">=")
