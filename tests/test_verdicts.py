@@ -24,7 +24,10 @@ def test_words(mean, se, n, expect, word):
 
 def test_details_in_points():
   v = verdicts.decide(0.03, 0.02, 5, ">", scale=100)
-  assert v.detail == "1.5 s.e., the paper's direction; 2 s.e. interval [-1.0, +7.0]"
+  # 3 -> 2 s.e. needs the s.e. x 0.75, the seeds x 1/0.75^2: 5 x 16/9 = 8.9 -> 9
+  assert v.detail == ("1.5 s.e., the paper's direction; 2 s.e. interval [-1.0, +7.0]; about 9 seeds would decide "
+                      "it at this mean and spread")
+  assert verdicts.seeds_to_decide(0.03, 0.02, 5) == 9 and verdicts.seeds_to_decide(0.039, 0.02, 5) == 6
   v = verdicts.decide(0.01, 0.02, 5, "=", scale=100)
   assert v.detail == "no change outside [-3.0, +5.0] at 2 s.e."
   assert verdicts.decide(-0.05, 0.02, 5, ">", scale=100).detail == "2.5 s.e. against; 2 s.e. interval [-9.0, -1.0]"

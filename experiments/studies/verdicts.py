@@ -6,10 +6,12 @@ error s over n seeds, and the interval m ± 2s:
   "<": the mirror image;
   "=" (no change): contradicted if the interval excludes 0, else consistent, and the interval bounds the change;
   "" (the paper states no ordering): reported, no verdict.
-Fewer than 2 seeds decide nothing.
+Fewer than 2 seeds decide nothing. An undecided cell also says how many seeds would decide it if its mean and
+spread held: n' = n (2s / |m|)^2, since the standard error falls as 1/√n.
 """
 
 import dataclasses
+import math
 
 EXPECT = (">", "<", "=", "")
 Z = 2.0  # standard errors for a decision
@@ -44,4 +46,10 @@ def decide(mean: float, se: float | None, n: int, expect: str, scale: float = 1.
   if sign * lo < 0 and sign * hi < 0:
     return Verdict("contradicted", f"{distance} against; {interval}")
   side = "the paper's direction" if sign * mean > 0 else "against" if mean else "no lean"
-  return Verdict("undecided", f"{distance}, {side}; {interval}")
+  more = f"; about {seeds_to_decide(mean, se, n)} seeds would decide it at this mean and spread" if mean else ""
+  return Verdict("undecided", f"{distance}, {side}; {interval}{more}")
+
+
+def seeds_to_decide(mean: float, se: float, n: int) -> int:
+  """The seeds at which a cell of this mean and per-seed spread (se √n) lies Z standard errors from zero."""
+  return max(n + 1, math.ceil(n * (Z * se / abs(mean)) ** 2))
