@@ -61,6 +61,8 @@ flags.DEFINE_list("only", [], "Run only these runs (and what they need); aggrega
 flags.DEFINE_bool("dry_run", False, "Print the commands and which would run or be skipped, run nothing.")
 flags.DEFINE_bool("aggregate_only", False, "Run nothing; aggregate, tabulate and plot what exists.")
 flags.DEFINE_bool("list", False, "List the studies, their runs and profiles, and exit.")
+flags.DEFINE_bool("claims_table", False, "Print the table of every study's claims against its committed pages "
+                  "(docs/reproduce/<study>/results.json, quick, and <study>/full/results.json) and exit.")
 flags.DEFINE_bool("write_defaults_snapshot", False, "Record the runners' defaults under a new revision in "
                   "experiments/studies/runner_defaults.json (every run directory moves once), and exit.")
 
@@ -714,8 +716,56 @@ def decide_claims(study: spec.Study, cells: list[dict]) -> list[dict]:
     cell = max(found, key=lambda c: -1 if c["step"] is None else c["step"])
     v = verdicts.decide(cell["mean"], cell["se"], cell["n"], claim.expect, scale=100.0 if cell["percent"] else 1.0,
                         digits=1 if cell["percent"] else 3)
-    out.append({**entry, "cell": _fmt(cell), "step": cell["step"], "verdict": v.word, "detail": v.detail})
+    out.append({**entry, "cell": _fmt(cell), "step": cell["step"], "n": cell["n"], "verdict": v.word,
+                "detail": v.detail, "z": v.z, "lo": v.lo, "hi": v.hi, "seeds_to_decide": v.seeds})
   return out
+
+
+PAGES = ROOT / "docs" / "reproduce"  # committed pages: <study>/results.json (quick), <study>/full/results.json
+
+
+def claims_table(pages: pathlib.Path = PAGES) -> str:
+  """The Markdown table of every registered study's claims against its committed quick and full pages (verdicts
+  decided again from the pages' cells): what the README's "What reproduces" shows."""
+
+  def read(path: pathlib.Path):
+    return json.loads(path.read_text()) if path.is_file() else None
+
+  def column(study, page, claim):
+    if page is None:
+      return "not yet", None
+    v = next(v for v in decide_claims(study, page["cells"]) if v["claim"] == claim.text)
+    if v["verdict"] == "not run":
+      return "not yet", None
+    word = "" if v["verdict"] == "reported" else f": **{v['verdict']}**"
+    return f"{v['cell'].rsplit(' (', 1)[0]} ({v['n']} seeds){word}", v
+
+  def says(v, profile):
+    if v is None:
+      return "-"
+    if v["verdict"] == "reported":
+      return f"{profile}: no ordering claimed; [{v['lo']:+.1f}, {v['hi']:+.1f}] at 2 s.e."
+    if v["verdict"] == "consistent":
+      return f"{profile}: no change outside [{v['lo']:+.1f}, {v['hi']:+.1f}]"
+    if v["z"] is None:
+      return f"{profile}: one seed"
+    z = "every seed" if v["z"] == math.inf else f"{v['z']:.1f} s.e."
+    if v["verdict"] in ("reproduced", "contradicted"):
+      return f"{profile}: {z}"
+    lean = "the paper's way" if "the paper's direction" in v["detail"] else "against" if "against" in v["detail"] \
+        else "no lean"
+    more = (f"; ~{v['seeds_to_decide']} seeds would decide it" if v["seeds_to_decide"]
+            else f"; over {verdicts.MAX_SEEDS} seeds to decide" if lean != "no lean" else "")
+    return f"{profile}: {z}, {lean}{more}"
+
+  lines = ["| the paper | quick profile (40 RL steps) | full profile (the runners' settings) | in short |",
+           "|---|---|---|---|"]
+  for name, study in studies_lib.STUDIES.items():
+    quick, full = read(pages / name / "results.json"), read(pages / name / "full" / "results.json")
+    for claim in study.claims:
+      (q_text, q), (f_text, f) = column(study, quick, claim), column(study, full, claim)
+      lines.append(f"| {claim.text} | {q_text} | {f_text} | {says(f, 'full') if f else says(q, 'quick')} |")
+  return "\n".join(lines) + "\n"
 
 
 def _shown(text: str) -> str:
@@ -855,6 +905,9 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if FLAGS.list:
     _list()
+    return
+  if FLAGS.claims_table:
+    print(claims_table(), end="")
     return
   if FLAGS.write_defaults_snapshot:
     revision = write_defaults_snapshot()

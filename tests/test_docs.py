@@ -234,3 +234,14 @@ def test_every_runner_flag_is_documented():
   text = "".join(p.read_text() for p in (REPO / "docs").glob("*.md"))
   missing = [name for name in config_lib.Config().flat() if not re.search(rf"--{name}(?!\w)", text)]
   assert not missing, f"runner flags without a line in docs/: {missing}"
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/reproduce/README.md"])
+def test_what_reproduces_is_the_committed_pages_table(page):
+  """The "What reproduces" table is `reproduce --claims_table` of the committed study pages, not hand copy."""
+  from experiments import reproduce  # pylint: disable=import-outside-toplevel
+  text = (REPO / page).read_text()
+  block = re.search(r"<!-- what-reproduces -->\n(.*?)<!-- /what-reproduces -->", text, re.S)
+  assert block, f"{page}: no <!-- what-reproduces --> ... <!-- /what-reproduces --> block"
+  assert block.group(1) == reproduce.claims_table(), (
+      f"{page}: the table differs from the pages; paste `python -m experiments.reproduce --claims_table`")

@@ -432,3 +432,21 @@ def test_every_papers_study_states_its_claims():
   for name in ("paradigm", "majk_passk", "iterative", "flow_grpo"):
     study = reproduce.load_study(name)
     assert any(c.expect for c in study.claims), name
+
+
+def test_claims_table_reads_quick_and_full_pages(tmp_path):
+  """The README's table: each claim against the committed quick page and, where it exists, the full one (its
+  verdict decided again from the cells); a study without pages reads "not yet"."""
+  quick = json.loads((reproduce.PAGES / "paradigm" / "results.json").read_text())
+  (tmp_path / "paradigm" / "full").mkdir(parents=True)
+  (tmp_path / "paradigm" / "results.json").write_text(json.dumps(quick))
+  full = [dict(c) for c in quick["cells"] if c["run"] == "grpo - rft" and c["metric"] == "final"]
+  full[0].update(n=5, seeds=[0, 1, 2, 3, 4], values=[0.01, 0.03, 0.02, 0.04, 0.05], mean=0.03, se=0.007)
+  (tmp_path / "paradigm" / "full" / "results.json").write_text(json.dumps({"cells": full}))
+  q = {c["run"]: c for c in quick["cells"] if c["metric"] == "final" and c["step"] is None}
+  rows = {line.split(" | ")[0][2:]: line for line in reproduce.claims_table(tmp_path).splitlines()[2:]}
+  m, s = 100 * q["grpo - rft"]["mean"], 100 * q["grpo - rft"]["se"]
+  assert rows["Fig 5: GRPO+OS > RFT"] == (f"| Fig 5: GRPO+OS > RFT | {m:.1f} ± {s:.1f} (3 seeds): **contradicted** | "
+                                         "3.0 ± 0.7 (5 seeds): **reproduced** | full: 4.3 s.e. |")
+  assert "** | not yet | quick: " in rows["Fig 5: GRPO+PS > GRPO+OS"]  # no full cell: the quick one speaks
+  assert rows["Fig 7: Pass@64 stays flat"] == "| Fig 7: Pass@64 stays flat | not yet | not yet | - |"

@@ -15,12 +15,22 @@ import math
 
 EXPECT = (">", "<", "=", "")
 Z = 2.0  # standard errors for a decision
+MAX_SEEDS = 50  # beyond this, "seeds to decide" reads as "too small an effect to decide"
 
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
   word: str  # reproduced, contradicted, undecided, consistent, reported
-  detail: str  # the distance in standard errors, and the interval it leaves
+  detail: str  # the distance in standard errors and the interval it leaves, as text
+  z: float | None = None  # |mean| / s.e. (inf when every seed is alike and the mean is not 0)
+  lo: float | None = None  # the Z-s.e. interval, in the cell's units
+  hi: float | None = None
+  seeds: int | None = None  # undecided: about how many seeds would decide it (None: over MAX_SEEDS or no lean)
+
+
+def seeds_to_decide(mean: float, se: float, n: int) -> int:
+  """The seeds at which a cell of this mean and per-seed spread (se √n) lies Z standard errors from zero."""
+  return max(n + 1, math.ceil(n * (Z * se / abs(mean)) ** 2))
 
 
 def decide(mean: float, se: float | None, n: int, expect: str, scale: float = 1.0, digits: int = 1) -> Verdict:
@@ -32,24 +42,23 @@ def decide(mean: float, se: float | None, n: int, expect: str, scale: float = 1.
     return Verdict("undecided" if expect else "reported", f"{n} seed{'s' if n != 1 else ''}: no standard error")
   lo, hi = mean - Z * se, mean + Z * se
   interval = f"{Z:g} s.e. interval [{num(lo)}, {num(hi)}]"
-  z = abs(mean) / se if se > 0 else float("inf") if mean else 0.0
-  distance = f"{z:.1f} s.e." if z != float("inf") else "every seed alike"
+  z = abs(mean) / se if se > 0 else (math.inf if mean else 0.0)
+  distance = f"{z:.1f} s.e." if z != math.inf else "every seed alike"
+  fields = dict(z=z, lo=scale * lo, hi=scale * hi)
   if not expect:
-    return Verdict("reported", interval)
+    return Verdict("reported", interval, **fields)
   if expect == "=":
     if lo > 0 or hi < 0:
-      return Verdict("contradicted", f"a change of {distance}; {interval}")
-    return Verdict("consistent", f"no change outside [{num(lo)}, {num(hi)}] at {Z:g} s.e.")
+      return Verdict("contradicted", f"a change of {distance}; {interval}", **fields)
+    return Verdict("consistent", f"no change outside [{num(lo)}, {num(hi)}] at {Z:g} s.e.", **fields)
   sign = 1.0 if expect == ">" else -1.0
   if sign * lo > 0 and sign * hi > 0:
-    return Verdict("reproduced", f"{distance}; {interval}")
+    return Verdict("reproduced", f"{distance}; {interval}", **fields)
   if sign * lo < 0 and sign * hi < 0:
-    return Verdict("contradicted", f"{distance} against; {interval}")
+    return Verdict("contradicted", f"{distance} against; {interval}", **fields)
   side = "the paper's direction" if sign * mean > 0 else "against" if mean else "no lean"
-  more = f"; about {seeds_to_decide(mean, se, n)} seeds would decide it at this mean and spread" if mean else ""
-  return Verdict("undecided", f"{distance}, {side}; {interval}{more}")
-
-
-def seeds_to_decide(mean: float, se: float, n: int) -> int:
-  """The seeds at which a cell of this mean and per-seed spread (se √n) lies Z standard errors from zero."""
-  return max(n + 1, math.ceil(n * (Z * se / abs(mean)) ** 2))
+  seeds = seeds_to_decide(mean, se, n) if mean else None
+  seeds = seeds if seeds is not None and seeds <= MAX_SEEDS else None
+  more = (f"; about {seeds} seeds would decide it at this mean and spread" if seeds else
+          f"; an effect this small would take over {MAX_SEEDS} seeds" if mean else "")
+  return Verdict("undecided", f"{distance}, {side}; {interval}{more}", seeds=seeds, **fields)
