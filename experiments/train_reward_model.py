@@ -13,16 +13,27 @@ the training samples; held-out accuracy and AUC (overall and within problems) ar
 and after. --rm_init starts the reward model from another checkpoint with the policy's tokenizer
 (a larger or better-trained model: a stronger verifier than the policy itself). Output in --rm_dir:
 `reward_model/` (HF backbone + reward_head.safetensors + tokenizer), `metrics.jsonl`,
-`summary.json`. Task, sampling and model flags are those of experiments.grpo_math (`experiments/cli.py`); the task,
-policy loading and placement are the training loop's (`experiments/runner/`). From Python:
-`run(runner.config.Config(...), RewardModelConfig(policy=..., rm_kind="prm"))`.
+`summary.json`.
+
+Checkpoints: `<rm_dir>/checkpoints/data.npz` holds the labelled samples (written once, after sampling: the
+expensive part) and `<rm_dir>/checkpoints/<step>` the train state every --save_every steps and when SIGTERM or
+SIGINT stops the run (`preemption`: exit 143 or 130, one line with the command that continues). --resume loads
+the samples instead of sampling and continues the same batches: the reward model equals an uninterrupted run's.
+The directory is removed once the reward model and summary are written.
+
+Task, sampling and model flags (--seed, --resume, --save_every and --keep_checkpoints among them) are those of
+experiments.grpo_math (`experiments/cli.py`); the task, policy loading and placement are the training loop's
+(`experiments/runner/`). From Python: `run(runner.config.Config(...), RewardModelConfig(policy=..., rm_kind="prm"))`.
 """
 
 import dataclasses
 import json
+import os
 import pathlib
+import shutil
 import sys
 import time
+import zipfile
 
 from absl import app
 from absl import flags
@@ -34,14 +45,22 @@ from experiments.runner import config as config_lib
 from experiments.runner import loop
 from experiments.runner import placement as placement_lib
 from experiments.runner import preemption
+from experiments.runner import resume as resume_lib
 from experiments.runner import task as task_lib
 from experiments.runner import work_dir_lock
 from grpo_jax import models
 from grpo_jax import reward_models as rm
 from grpo_jax import training
 from grpo_jax.reward_models import positions
+from grpo_jax.training import checkpointing
 
 RunError = config_lib.RunError
+CHECKPOINTS = "checkpoints"  # under --rm_dir: DATA, then the train state's steps
+DATA = "data.npz"
+LOG_EVERY = 10  # training steps between logged steps (and between checks for a stop signal)
+# What `--resume` lets differ from the checkpoint: the shared runner's, and these (how long it trains, how often it
+# evaluates, where the directory is); anything else would continue a different run.
+MAY_CHANGE = config_lib.MAY_CHANGE | {"rm_steps", "rm_eval_every", "rm_overwrite", "rm_dir"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,7 +138,8 @@ flags.DEFINE_integer("rm_batch_size", _D.rm_batch_size, "Completions per reward-
 flags.DEFINE_float("rm_learning_rate", _D.rm_learning_rate, "Reward-model peak learning rate (cosine decay; the paper: 2e-5 "
                    "for 7B).")
 flags.DEFINE_integer("rm_eval_every", _D.rm_eval_every, "Held-out evaluation every N steps (0: only before and after).")
-flags.DEFINE_bool("rm_overwrite", _D.rm_overwrite, "Replace an existing reward model in --rm_dir.")
+flags.DEFINE_bool("rm_overwrite", _D.rm_overwrite, "Replace an existing reward model in --rm_dir (and start "
+                  "over from any checkpoints there, unless --resume).")
 
 FLAGS = flags.FLAGS
 
@@ -153,6 +173,54 @@ def _mixed_problems(data) -> tuple[int, int]:
   return int(np.sum(both)), len(groups)
 
 
+def _record(cfg: config_lib.Config, rmc: RewardModelConfig) -> dict:
+  """Both configs as a checkpoint records them: flag name -> value, JSON-ready."""
+  return {**resume_lib.record(cfg), **json.loads(json.dumps(dataclasses.asdict(rmc), default=str))}
+
+
+def _check_flags(recorded: dict | None, now: dict, step: int) -> None:
+  resume_lib.check_flags(recorded, now, step, loop.note, may_change=MAY_CHANGE, directory_flag="--rm_dir")
+
+
+def _save_data(ckpt_dir: pathlib.Path, recorded: dict, train, held_out, hidden, collect_time: float,
+               metrics_offset: int) -> None:
+  """The labelled samples as `ckpt_dir/DATA`, written beside the directory and renamed in: whole or absent."""
+  arrays = {f"{name}/{field}": value for name, data in (("train", train), ("eval", held_out))
+            for field, value in data._asdict().items()}
+  if hidden is not None:
+    arrays["hidden"] = hidden
+  tmp = ckpt_dir.with_name(f".{DATA}.tmp-{os.getpid()}")
+  try:
+    with open(tmp, "wb") as f:
+      np.savez(f, flags=np.asarray(json.dumps(recorded)), collect_time=np.asarray(collect_time, np.float64),
+               metrics_offset=np.asarray(metrics_offset, np.int64), **arrays)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, ckpt_dir / DATA)
+  finally:
+    tmp.unlink(missing_ok=True)
+
+
+def _load_data(ckpt_dir: pathlib.Path, now: dict):
+  """`_save_data`'s samples, after checking their flags against `now`: (train, held-out, hidden or None,
+  collect time, metrics offset)."""
+  path = ckpt_dir / DATA
+  if not path.is_file():
+    raise checkpointing.CheckpointError(f"--resume: {ckpt_dir} holds no {DATA} (the labelled samples); start over "
+                                        "with --rm_overwrite")
+  try:
+    with np.load(path) as f:
+      arrays = {name: f[name] for name in f.files}
+    recorded = json.loads(str(arrays.pop("flags")))
+    train, held_out = (rm.RewardData(**{field: arrays[f"{name}/{field}"] for field in rm.RewardData._fields})
+                       for name in ("train", "eval"))
+  except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+    cause = str(err).splitlines()[0] if str(err) else type(err).__name__
+    raise checkpointing.CheckpointError(f"{path} cannot be read (damaged?): {cause}; start over with "
+                                        "--rm_overwrite") from None
+  _check_flags(recorded, now, 0)
+  return (train, held_out, arrays.get("hidden"), float(arrays["collect_time"]), int(arrays["metrics_offset"]))
+
+
 def _print_eval(name, values):
   parts = [f"{k} {v:.3f}" for k, v in values.items() if not k.endswith(("count", "positive_rate", "pairs"))]
   print(f"{name}: " + ", ".join(parts), file=sys.stderr)
@@ -161,8 +229,10 @@ def _print_eval(name, values):
 def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.StopSignals | None = None) -> dict:
   """Samples, labels, trains and saves a reward model; returns the summary (also in `<rm_dir>/summary.json`).
 
-  After a logged training step (every 10) during which `signals` noted SIGTERM or SIGINT, raises
-  `preemption.Interrupted` with nothing saved: this runner keeps no checkpoint, a new run starts over.
+  Saves the labelled samples once sampled, and the train state every `save_every` steps, under
+  `<rm_dir>/checkpoints`; `resume` continues from there, with the same batches as an uninterrupted run. After
+  sampling, or after a logged training step (every 10), during which `signals` noted SIGTERM or SIGINT, saves
+  that step and raises `preemption.Interrupted`.
   """
   t_start = time.time()
   if cfg.mesh.mesh or cfg.mesh.coordinator_address or (cfg.mesh.num_processes or 1) > 1:
@@ -175,11 +245,21 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.Stop
   model_dir = out_dir / "reward_model"
   if model_dir.exists() and not rmc.rm_overwrite:
     raise RunError(f"{model_dir} already exists; pass --rm_overwrite or choose another --rm_dir")
+  run_cfg = cfg.run
+  ckpt_dir = out_dir / CHECKPOINTS
+  held = ckpt_dir.is_dir() and any(ckpt_dir.iterdir())
+  if run_cfg.resume and not held:
+    raise RunError(f"--resume: no checkpoint in {ckpt_dir}")
+  if held and not run_cfg.resume and not rmc.rm_overwrite:
+    raise RunError(f"{ckpt_dir} already holds checkpoints; pass --resume to continue, --rm_overwrite to start "
+                   f"over, or choose another --rm_dir")
+  recorded = _record(cfg, rmc)
+  collected = _load_data(ckpt_dir, recorded) if run_cfg.resume else None  # refuses other flags before any write
   policy_dir = pathlib.Path(rmc.policy)
   params, config = placement.load_hf(policy_dir, dtype=cfg.model.dtype, param_dtype=cfg.model.dtype,
                                      remat=cfg.model.remat)
   tokenizer = models.load_tokenizer(policy_dir)
-  task = task_lib.Task(cfg.task, tokenizer, sft_lineage=True, seed=cfg.run.seed)
+  task = task_lib.Task(cfg.task, tokenizer, sft_lineage=True, seed=run_cfg.seed)
   step_labels = rmc.rm_step_labels
   if step_labels == "auto":
     step_labels = "exact" if cfg.task.task == "synthetic" else "mc_hard"
@@ -188,26 +268,39 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.Stop
                              "truth (use mc_hard or mc_soft)")
   train_examples = [task.train_example(i) for i in range(min(rmc.rm_prompts, len(task.rl_pool)))]
   eval_examples = task.test[:rmc.rm_eval_prompts]
+  if held and not run_cfg.resume:  # --rm_overwrite: start over
+    shutil.rmtree(ckpt_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
   (out_dir / "config.json").write_text(json.dumps({**cfg.flat(), **dataclasses.asdict(rmc)}, indent=2,
                                                   default=str))
-  key = jax.random.PRNGKey(cfg.run.seed)
+  key = jax.random.PRNGKey(run_cfg.seed)
 
-  # COLLECT: samples of the policy, labelled
-  t0 = time.time()
-  print(f"sampling {rmc.rm_samples_per_prompt} completions for {len(train_examples)} training and "
-        f"{len(eval_examples)} held-out problems from {policy_dir} ({rmc.rm_kind}, labels: "
-        f"{'outcome' if rmc.rm_kind in rm.OUTCOME_KINDS else step_labels})", file=sys.stderr)
-  train_data, _ = _collect(cfg, rmc, params, config, task, train_examples, jax.random.fold_in(key, 1), step_labels)
-  eval_data, eval_texts = _collect(cfg, rmc, params, config, task, eval_examples, jax.random.fold_in(key, 2), step_labels)
-  hidden = None  # orm_steps on the synthetic task: exact step labels, never trained on, to check its step scores
-  if rmc.rm_kind == "orm_steps" and cfg.task.task == "synthetic":
-    repeated = [e for e in eval_examples for _ in range(rmc.rm_samples_per_prompt)]
-    hidden, hidden_mask = positions.pad_segments(rm.exact_step_labels(eval_texts, repeated), rmc.rm_max_steps,
-                                                 np.float32)
-    if not np.array_equal(hidden_mask, eval_data.loss_mask):
-      raise RunError("exact step labels and the held-out completions' segments disagree in number")
-  collect_time = time.time() - t0
+  # COLLECT: samples of the policy, labelled (or, resumed, the checkpoint's)
+  if collected is not None:
+    train_data, eval_data, hidden, collect_time, data_offset = collected
+    print(f"resumed: the labelled samples from {ckpt_dir / DATA}", file=sys.stderr)
+  else:
+    t0 = time.time()
+    print(f"sampling {rmc.rm_samples_per_prompt} completions for {len(train_examples)} training and "
+          f"{len(eval_examples)} held-out problems from {policy_dir} ({rmc.rm_kind}, labels: "
+          f"{'outcome' if rmc.rm_kind in rm.OUTCOME_KINDS else step_labels})", file=sys.stderr)
+    train_data, _ = _collect(cfg, rmc, params, config, task, train_examples, jax.random.fold_in(key, 1),
+                             step_labels)
+    eval_data, eval_texts = _collect(cfg, rmc, params, config, task, eval_examples, jax.random.fold_in(key, 2),
+                                     step_labels)
+    hidden = None  # orm_steps on the synthetic task: exact step labels, never trained on, to check its step scores
+    if rmc.rm_kind == "orm_steps" and cfg.task.task == "synthetic":
+      repeated = [e for e in eval_examples for _ in range(rmc.rm_samples_per_prompt)]
+      hidden, hidden_mask = positions.pad_segments(rm.exact_step_labels(eval_texts, repeated), rmc.rm_max_steps,
+                                                   np.float32)
+      if not np.array_equal(hidden_mask, eval_data.loss_mask):
+        raise RunError("exact step labels and the held-out completions' segments disagree in number")
+    collect_time = time.time() - t0
+    metrics = out_dir / "metrics.jsonl"
+    data_offset = metrics.stat().st_size if metrics.is_file() else 0
+    _save_data(ckpt_dir, recorded, train_data, eval_data, hidden, collect_time, data_offset)
+    if signals is not None and signals.stop_requested():
+      raise preemption.Interrupted(signals.signum, 0, "reward-model training", ckpt_dir)
   label_rate = float(train_data.labels[train_data.loss_mask].mean())
   mixed, problems = _mixed_problems(train_data)
   print(f"{train_data.tokens.shape[0]} training / {eval_data.tokens.shape[0]} held-out completions, "
@@ -216,11 +309,10 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.Stop
         f"right and wrong samples ({collect_time:.0f} s)", file=sys.stderr)
 
   # TRAIN
-  run = cfg.run
-  wandb = training.wandb_run.start(out_dir, run.wandb_project, {**cfg.flat(), **dataclasses.asdict(rmc)},
-                                   mode=run.wandb_mode, entity=run.wandb_entity, name=run.wandb_run_name
-                                   ) if run.wandb_project and jax.process_index() == 0 else None
-  logger = training.MetricsLogger(out_dir, rmc.rm_steps, tensorboard=run.tensorboard, wandb_run=wandb)
+  wandb = training.wandb_run.start(out_dir, run_cfg.wandb_project, {**cfg.flat(), **dataclasses.asdict(rmc)},
+                                   mode=run_cfg.wandb_mode, entity=run_cfg.wandb_entity, name=run_cfg.wandb_run_name
+                                   ) if run_cfg.wandb_project and jax.process_index() == 0 else None
+  logger = training.MetricsLogger(out_dir, rmc.rm_steps, tensorboard=run_cfg.tensorboard, wandb_run=wandb)
   warmup = min(cfg.optim.warmup_steps, rmc.rm_steps // 10)
   optimizer = training.make_optimizer(
       rmc.rm_learning_rate, warmup_steps=warmup, total_steps=max(rmc.rm_steps, 1),
@@ -241,33 +333,54 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.Stop
   state = training.init_train_state(rm_params, optimizer)
   train_step = rm.make_reward_train_step(config, optimizer, kind=rmc.rm_kind, loss=rmc.rm_loss, prompt_len=prompt_len,
                                          freeze_backbone=rmc.rm_freeze_backbone)
-  before = rm.evaluate(state.params, config, eval_data, kind=rmc.rm_kind, step_labels=hidden, prompt_len=prompt_len)
-  logger.log(0, before, prefix="eval/")
-  _print_eval("held-out before training", before)
-  logger.start(rmc.rm_steps)
-
-  def log(step, values):
-    values = logger.log(step, values, prefix="train/")
-    logger.progress(step, f"loss {values['train/loss']:.4f} acc {values['train/accuracy']:.3f}")
-    if signals is not None and signals.stop_requested():
-      logger.newline()
-      raise preemption.Interrupted(signals.signum, step, "reward-model training")
-
-  t0 = time.time()
-  done = 0
-  block = rmc.rm_samples_per_prompt if rmc.rm_loss == "pairwise" else 1
-  every = rmc.rm_eval_every or rmc.rm_steps
-  while done < rmc.rm_steps:
-    chunk = min(every, rmc.rm_steps - done)
-    state, _ = rm.fit(state, train_step, train_data, steps=chunk, batch_size=rmc.rm_batch_size,
-                      seed=cfg.run.seed, start=done, block=block, log_every=10, log=log)
-    done += chunk
-    if done < rmc.rm_steps:
-      logger.newline()
-      values = rm.evaluate(state.params, config, eval_data, kind=rmc.rm_kind, step_labels=hidden,
+  ckpt = training.Checkpointer(ckpt_dir, max_to_keep=run_cfg.keep_checkpoints)
+  try:
+    done, before = 0, None
+    if run_cfg.resume and ckpt.latest_step() is not None:
+      state, meta = ckpt.restore_intact(state, check=lambda meta, step: _check_flags(meta.get("flags"), recorded,
+                                                                                     step))
+      done, before, data_offset = int(meta["step"]), meta["before"], meta["metrics_offset"]
+    dropped = logger.rewind(data_offset) if run_cfg.resume else 0  # records after the checkpoint: logged again
+    if done:
+      print(f"resumed from step {done} in {ckpt_dir}" + (
+          f" ({dropped} metrics.jsonl records of later steps dropped)" if dropped else ""), file=sys.stderr)
+    else:
+      before = rm.evaluate(state.params, config, eval_data, kind=rmc.rm_kind, step_labels=hidden,
                            prompt_len=prompt_len)
-      logger.log(done, values, prefix="eval/")
-      _print_eval(f"held-out at step {done}", values)
+      logger.log(0, before, prefix="eval/")
+      _print_eval("held-out before training", before)
+    logger.start(rmc.rm_steps)
+
+    def log(step, values):
+      values = logger.log(step, values, prefix="train/")
+      logger.progress(step, f"loss {values['train/loss']:.4f} acc {values['train/accuracy']:.3f}")
+
+    t0 = time.time()
+    block = rmc.rm_samples_per_prompt if rmc.rm_loss == "pairwise" else 1
+    every = rmc.rm_eval_every or rmc.rm_steps
+    save_every = run_cfg.save_every or rmc.rm_steps
+    while done < rmc.rm_steps:  # chunks end at every logged step, evaluation and save: the same on --resume
+      end = min(rmc.rm_steps, *((done // n + 1) * n for n in (LOG_EVERY, every, save_every)))
+      state, _ = rm.fit(state, train_step, train_data, steps=end - done, batch_size=rmc.rm_batch_size,
+                        seed=run_cfg.seed, start=done, block=block, log_every=LOG_EVERY, log=log)
+      done = end
+      if done == rmc.rm_steps:
+        break
+      if done % every == 0:
+        logger.newline()
+        values = rm.evaluate(state.params, config, eval_data, kind=rmc.rm_kind, step_labels=hidden,
+                             prompt_len=prompt_len)
+        logger.log(done, values, prefix="eval/")
+        _print_eval(f"held-out at step {done}", values)
+      interrupted = signals is not None and signals.stop_requested()
+      if done % save_every == 0 or interrupted:
+        ckpt.save(done, state, {"step": done, "flags": recorded, "metrics_offset": logger.offset(),
+                                "before": {k: float(v) for k, v in before.items()}})
+      if interrupted:
+        logger.newline()
+        raise preemption.Interrupted(signals.signum, done, "reward-model training", ckpt_dir)
+  finally:
+    ckpt.close()
   logger.newline()
   train_time = time.time() - t0
   after = rm.evaluate(state.params, config, eval_data, kind=rmc.rm_kind, step_labels=hidden, prompt_len=prompt_len)
@@ -291,6 +404,7 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.Stop
              **{f"train/{k}": v for k, v in train_fit.items()},
              "time_collect_s": collect_time, "time_train_s": train_time, "time_total_s": time.time() - t_start}
   training.atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2))
+  shutil.rmtree(ckpt_dir, ignore_errors=True)  # the reward model is saved: the samples and states are spent
   rows = [("held-out completions", f"{summary['eval_completions']}"),
           ("policy answer accuracy (held-out samples)", f"{100 * summary['eval_answer_accuracy']:.1f}%")]
   for level in ("outcome", "step"):

@@ -235,25 +235,3 @@ def test_two_processes_stop_after_the_same_step_when_one_is_signalled(tmp_path):
   codes, errs = finish(start(tmp_path / "straight"))
   assert codes == [0, 0], [e[-3000:] for e in errs]
   _same_final_weights(tmp_path / "straight", work)
-
-
-def test_sigterm_stops_reward_model_training_with_one_line(tmp_path):
-  """experiments.train_reward_model keeps no checkpoint: SIGTERM stops it at the next logged step, with exit status
-  143 and the command to run again (not --resume); its --rm_dir is unlocked afterwards."""
-  policy = models.build_default_checkpoint(tmp_path / "policy", num_hidden_layers=1, hidden_size=32,
-                                           intermediate_size=64)
-  rm_dir = tmp_path / "rm"
-  child = Child([sys.executable, "-m", "experiments.train_reward_model", f"--policy={policy}", f"--rm_dir={rm_dir}",
-                 "--max_prompt_len=16", "--max_new_tokens=12", "--num_train=40", "--num_test=8", "--sft_examples=0",
-                 "--tensorboard=false", "--rm_prompts=8", "--rm_eval_prompts=4", "--rm_samples_per_prompt=2",
-                 "--rm_batch_size=8", "--rm_kind=orm", "--rm_steps=2000", "--rm_eval_every=0"])
-  child.wait_for(r"\] 10/2000 ")
-  child.proc.send_signal(signal.SIGTERM)
-  code, err = child.finish(), child.stderr
-  assert code == 143 and "Traceback" not in err, err[-3000:]
-  _no_tpu_lines(err)
-  last = err.strip().splitlines()[-1]
-  found = re.fullmatch(r"train_reward_model: interrupted by SIGTERM: stopped after reward-model training step "
-                       r"(\d+), nothing to save; run it again: (.+)", last)
-  assert found and 10 < int(found.group(1)) < 2000 and "--resume" not in found.group(2), last
-  assert not (rm_dir / "reward_model").exists() and not (rm_dir / "run.lock").exists()

@@ -3,6 +3,9 @@
 import json
 import os
 import pathlib
+import re
+import shlex
+import signal
 import subprocess
 import sys
 
@@ -13,12 +16,14 @@ import pytest
 
 from experiments import grpo_math
 from experiments import train_reward_model
+from experiments.runner import preemption
 from grpo_jax import models
 from grpo_jax import reward_models as rm
 from grpo_jax import sampling
 from grpo_jax.reward_models import collect
 from tests import known_answers
 from tests.conftest import HANG_GUARD_S
+from tests.test_preemption import Child, _env
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TINY = ["--max_prompt_len=16", "--max_new_tokens=12", "--num_train=40", "--num_test=8", "--sft_examples=0",
@@ -27,12 +32,16 @@ TINY = ["--max_prompt_len=16", "--max_new_tokens=12", "--num_train=40", "--num_t
         "--mc_rollouts=2", "--rm_eval_every=2"]
 
 
-def _run(tmp_path, *args):
-  policy = models.build_default_checkpoint(tmp_path / "policy", num_hidden_layers=1, hidden_size=32,
-                                           intermediate_size=64)
+def _policy(tmp_path):
+  return models.build_default_checkpoint(tmp_path / "policy", num_hidden_layers=1, hidden_size=32,
+                                         intermediate_size=64)
+
+
+def _run(tmp_path, *args, signals=None):
+  policy = _policy(tmp_path)
   flags.FLAGS.unparse_flags()
   flags.FLAGS(["train_reward_model", f"--policy={policy}", f"--rm_dir={tmp_path / 'rm'}", *TINY, *args])
-  return train_reward_model.run(*train_reward_model.config_from_flags())
+  return train_reward_model.run(*train_reward_model.config_from_flags(), signals=signals)
 
 
 def test_smoke_prm_with_monte_carlo_labels(tmp_path):
@@ -152,3 +161,88 @@ def test_errors_are_one_line(tmp_path, main_in_process, monkeypatch):
     error = main_in_process(train_reward_model.main, ["train_reward_model", f"--rm_dir={tmp_path / 'x'}", *args])
     assert isinstance(error, str) and error.startswith("train_reward_model: error: ") and message in error, error
   jax.clear_caches()
+
+
+def _same_run(expected_dir, actual_dir):
+  """The same reward model, bit for bit, and the same metrics.jsonl records and summary (times aside)."""
+  expected, actual = (rm.load_reward_model(d / "reward_model")[0] for d in (expected_dir, actual_dir))
+  jax.tree.map(np.testing.assert_array_equal, expected, actual)
+  records = [[{k: v for k, v in json.loads(line).items() if k != "time"}
+              for line in (d / "metrics.jsonl").read_text().splitlines()] for d in (expected_dir, actual_dir)]
+  assert records[0] == records[1]
+  summaries = [{k: v for k, v in json.loads((d / "summary.json").read_text()).items()
+                if not k.startswith("time_") and k != "backbone"} for d in (expected_dir, actual_dir)]  # (its path)
+  assert summaries[0] == summaries[1]
+  assert not (actual_dir / "checkpoints").exists()  # removed once the reward model is saved
+
+
+RESUMED = ["--rm_kind=orm", "--rm_steps=400", "--save_every=20", "--rm_eval_every=100"]
+
+
+def test_sigterm_then_resume_equals_an_uninterrupted_run(tmp_path, main_in_process):
+  """A real child process, SIGTERM after training step 10: it saves the step it stops after (exit 143, one line
+  with the --resume command); resumed with other sampling flags it refuses in one line; resumed as printed, its
+  reward model, metrics and summary equal an uninterrupted run's."""
+  policy = _policy(tmp_path)
+  rm_dir = tmp_path / "interrupted" / "rm"
+  child = Child([sys.executable, "-m", "experiments.train_reward_model", f"--policy={policy}", f"--rm_dir={rm_dir}",
+                 *TINY, *RESUMED])
+  child.wait_for(r"\] 10/400 ")
+  child.proc.send_signal(signal.SIGTERM)
+  code, err = child.finish(), child.stderr
+  assert code == 143 and "Traceback" not in err, err[-3000:]
+  last = err.strip().splitlines()[-1]
+  found = re.fullmatch(r"train_reward_model: interrupted by SIGTERM: stopped after reward-model training step "
+                       r"(\d+), saved in (\S+); continue with: (.+)", last)
+  assert found, last
+  step, saved, command = int(found.group(1)), pathlib.Path(found.group(2)), shlex.split(found.group(3))
+  assert 10 < step < 400 and step % 10 == 0 and command[-1] == "--resume", last
+  assert saved == rm_dir / "checkpoints" and (saved / "data.npz").is_file() and (saved / str(step)).is_dir()
+  assert not (rm_dir / "reward_model").exists() and not (rm_dir / "run.lock").exists()
+
+  error = main_in_process(train_reward_model.main, ["train_reward_model", *command[3:], "--rm_prompts=6"])
+  assert isinstance(error, str) and "\n" not in error, error
+  assert error.startswith("train_reward_model: error: --resume: checkpoint step 0 was saved with --rm_prompts=8 "
+                          "(now 6); resume with the same values, or start a new --rm_dir"), error
+
+  resumed = subprocess.run(command, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert f"resumed from step {step} in {saved}" in resumed.stderr and "sampling" not in resumed.stderr
+  _run(tmp_path / "straight", *RESUMED)
+  _same_run(tmp_path / "straight" / "rm", rm_dir)
+  jax.clear_caches()
+
+
+class _StopAfterSampling:
+  """`preemption.StopSignals` as if SIGINT came while the policy sampled."""
+  signum = signal.SIGINT
+
+  def stop_requested(self):
+    return True
+
+
+def test_stopped_after_sampling_resumes_without_sampling(tmp_path, main_in_process, monkeypatch):
+  """Stopped before the first training step: only the samples are saved; --resume trains on them (the sampler is
+  not called) to an uninterrupted run's reward model. --resume without a checkpoint, and a new run over one,
+  are refused in one line."""
+  args = ["--rm_kind=orm_steps", "--rm_steps=12", "--save_every=5", "--rm_eval_every=4"]
+  with pytest.raises(preemption.Interrupted) as stopped:
+    _run(tmp_path / "interrupted", *args, signals=_StopAfterSampling())
+  saved = tmp_path / "interrupted" / "rm" / "checkpoints"
+  assert (stopped.value.step, stopped.value.saved, stopped.value.exit_status) == (0, saved, 130)
+  assert sorted(p.name for p in saved.iterdir()) == ["data.npz"]
+  assert not (tmp_path / "interrupted" / "rm" / "metrics.jsonl").exists()
+
+  error = main_in_process(train_reward_model.main, ["train_reward_model", f"--policy={tmp_path / 'x'}",
+                                                    f"--rm_dir={tmp_path / 'interrupted' / 'rm'}", *TINY, *args])
+  assert error == (f"train_reward_model: error: {saved} already holds checkpoints; pass --resume to continue, "
+                   "--rm_overwrite to start over, or choose another --rm_dir"), error
+  error = main_in_process(train_reward_model.main, ["train_reward_model", f"--policy={tmp_path / 'x'}",
+                                                    f"--rm_dir={tmp_path / 'none'}", "--resume"])
+  assert error == f"train_reward_model: error: --resume: no checkpoint in {tmp_path / 'none' / 'checkpoints'}"
+
+  with monkeypatch.context() as m:
+    m.setattr(rm, "sample_reward_data", lambda *a, **k: pytest.fail("--resume sampled again"))
+    _run(tmp_path / "interrupted", *args, "--resume")
+  _run(tmp_path / "straight", *args)
+  _same_run(tmp_path / "straight" / "rm", tmp_path / "interrupted" / "rm")

@@ -24,20 +24,22 @@ def record(config: config_lib.Config) -> dict:
   return json.loads(json.dumps(config.flat(), default=str))
 
 
-def check_flags(recorded: dict | None, now: dict, step: int, report) -> None:
-  """Raises ResumeError naming every field outside `MAY_CHANGE` whose value in `now` (a `record`) differs from
-  `recorded`; fields only one side has are not compared."""
+def check_flags(recorded: dict | None, now: dict, step: int, report, may_change: frozenset = MAY_CHANGE,
+                directory_flag: str = "--work_dir") -> None:
+  """Raises ResumeError naming every field outside `may_change` whose value in `now` (a `record`) differs from
+  `recorded`; fields only one side has are not compared. `directory_flag`: the runner's output directory flag,
+  named in the error."""
   if recorded is None:
     report(f"checkpoint step {step} records no flags (saved by an older version): flags not compared")
     return
   differ = sorted(name for name, value in recorded.items()
-                  if name not in MAY_CHANGE and name in now and now[name] != value
+                  if name not in may_change and name in now and now[name] != value
                   and not (value is None and name == "group_size"))  # older records: unresolved, the default
   if differ:
     shown = ", ".join(f"--{name}={recorded[name]} (now {now[name]})" for name in differ)
     raise ResumeError(f"--resume: checkpoint step {step} was saved with {shown}; resume with the same values, or "
-                      f"start a new --work_dir (may change on resume: "
-                      f"{', '.join('--' + n for n in sorted(MAY_CHANGE - {'resume'}))})")
+                      f"start a new {directory_flag} (may change on resume: "
+                      f"{', '.join('--' + n for n in sorted(may_change - {'resume'}))})")
 
 
 def check_before_writing(checkpoint_dir, now: dict, report) -> None:
