@@ -254,12 +254,11 @@ def grpo(args) -> dict:
   return result
 
 
-# One knob each against the `grpo` part's step, same shapes: what to try first when the step is far from its roofline.
-# Decoding is hundreds of small kernels per token, so CUDA graphs over whole while loops (XLA command buffers) go
-# at the launch gaps; `--attention=auto` is cuDNN's fused kernel in bf16 on a GPU, xla's plain attention the other.
-COMMAND_BUFFERS = "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,WHILE,CONDITIONAL"
-VARIANTS = (("attention xla (not cuDNN's fused kernel)", ("--attention=xla",), ""),
-            ("CUDA graphs over while loops", (), COMMAND_BUFFERS))
+# One knob each against the `grpo` part's step, same shapes: what to try next when the step is far from its roofline.
+# Measured on an H100 (BENCHMARKS.md) and dropped from here: CUDA graphs over whole while loops (XLA command buffers,
+# 0.97x) and `--attention=xla` (the same programs: the runner's GRPO forwards attend against a prompt cache, where
+# cuDNN falls back to xla). Next: cuBLAS for every product instead of XLA's Triton GEMM fusions.
+VARIANTS = (("cuBLAS GEMMs (XLA's Triton GEMM fusions off)", (), "--xla_gpu_enable_triton_gemm=false"),)
 
 
 def variants(args) -> dict:

@@ -32,6 +32,11 @@ part() {  # part NAME SECONDS [extra env]
 "$PY" -c "import jax; print('devices:', jax.devices())" >> "$LOG" 2>&1
 part roofline 45
 part init 90
+# The grpo and variants parts' own JAX (the checkpoint, shapes) on the CPU: their child runs get the whole GPU.
+# The grpo part right after the quick ones: its profile and RSS timeline are what a lease most needs to bring back.
+part grpo 180 JAX_PLATFORMS=cpu
+# JAX and torch share the GPU in this part: JAX takes half of its memory, not its default 75%.
+part sampler 120 XLA_PYTHON_CLIENT_MEM_FRACTION=0.45
 echo "== default run ($(date -u +%T))" >> "$LOG"
 if [ -n "$SMOKE" ]; then DEFAULT_FLAGS="--steps=2 --sft_steps=2 --num_test=4 --eval_every=0"; else DEFAULT_FLAGS=""; fi
 START=$(date +%s)
@@ -42,12 +47,8 @@ DEFAULT_RESULT="exit $STATUS after $(( $(date +%s) - START )) s; $(grep -a -E '^
 tail -n 15 /tmp/gpu_check_default.log >> "$LOG"
 echo "$DEFAULT_RESULT" >> "$LOG"
 [ $STATUS -eq 0 ] || FAILED="$FAILED default_run"
-# The grpo and variants parts' own JAX (the checkpoint, shapes) on the CPU: their child runs get the whole GPU.
-part grpo 150 JAX_PLATFORMS=cpu
-# JAX and torch share the GPU in this part: JAX takes half of its memory, not its default 75%.
-part sampler 120 XLA_PYTHON_CLIENT_MEM_FRACTION=0.45
-# Last, so that it is what a short lease cuts: two more processes of the grpo part's step, 100 s each at most.
-part variants 210 JAX_PLATFORMS=cpu
+# Last, so that it is what a short lease cuts: the grpo part's step once more per variant, 100 s each at most.
+part variants 110 JAX_PLATFORMS=cpu
 "$PY" scripts/gpu_check.py table --out="$OUT" $SMOKE >> "$LOG" 2>&1
 echo "| default run (python -m experiments.grpo_math) | $DEFAULT_RESULT | - |" >> "$OUT/gpu_check.md"
 [ -z "$FAILED" ] || echo "failed or out of time:$FAILED (see gpu_check.log)" >> "$OUT/gpu_check.md"
