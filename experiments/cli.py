@@ -219,7 +219,7 @@ flags.DEFINE_float("eval_temperature", _D["eval_temperature"], "Temperature of t
 
 # RUN, CHECKPOINTS, LOGS
 flags.DEFINE_string("work_dir", _D["work_dir"], "Directory for checkpoints, logs and exported models.")
-flags.DEFINE_integer("save_every", _D["save_every"], "Checkpoint every N GRPO steps.")
+flags.DEFINE_integer("save_every", _D["save_every"], "Checkpoint every N training steps (stage 2's, or the reward model's).")
 flags.DEFINE_integer("keep_checkpoints", _D["keep_checkpoints"], "Checkpoints to keep.")
 flags.DEFINE_bool("resume", _D["resume"], "Continue from the latest checkpoint in work_dir.")
 flags.DEFINE_integer("stop_after", _D["stop_after"],

@@ -69,7 +69,8 @@ flags.DEFINE_bool("write_defaults_snapshot", False, "Record the runners' default
 FLAGS = flags.FLAGS
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent  # the repository: runners run from here
-RESUMABLE = (spec.GRPO_MATH, spec.FLOW_GRPO, spec.TRAIN_REWARD_MODEL)  # runners whose --resume continues from a checkpoint
+# runners whose --resume continues from a checkpoint
+RESUMABLE = (spec.GRPO_MATH, spec.FLOW_GRPO, spec.TRAIN_REWARD_MODEL)
 _REF = re.compile(r"\{run:([\w.-]+)\}")
 
 
