@@ -12,6 +12,8 @@ def test_hand_computed(variant):
   np.testing.assert_allclose(loss, -np.log(1 / (1 + np.exp(-1.0))), rtol=1e-6)
   np.testing.assert_allclose(metrics["reward_margin"], 1.0)
   np.testing.assert_allclose(metrics["accuracy"], 1.0)
+  np.testing.assert_allclose(metrics["chosen_logratio"], 1.0)
+  np.testing.assert_allclose(metrics["rejected_logratio"], -1.0)
 
 
 def test_equal_policy_and_reference_gives_log_two():

@@ -29,7 +29,9 @@ def dpo_loss(
     beta: β.
 
   Returns:
-    `(loss, metrics)` with "reward_margin" (mean β-scaled margin) and "accuracy" (margin > 0).
+    `(loss, metrics)` with "reward_margin" (mean β-scaled margin), "accuracy" (margin > 0), and
+    "chosen_logratio" / "rejected_logratio", the mean log π_θ/π_ref of o⁺ and of o⁻: both falling while the margin
+    grows is the likelihood displacement that can take held-out accuracy down with it.
   """
   chex.assert_rank([chosen_logp, rejected_logp, ref_chosen_logp, ref_rejected_logp], 1)
   chex.assert_equal_shape([chosen_logp, rejected_logp, ref_chosen_logp, ref_rejected_logp])
@@ -39,4 +41,6 @@ def dpo_loss(
   loss = -jnp.mean(jax.nn.log_sigmoid(margin))
   margin = jax.lax.stop_gradient(margin)
   return loss, {"loss": jax.lax.stop_gradient(loss), "reward_margin": jnp.mean(margin),
-                "accuracy": jnp.mean((margin > 0).astype(jnp.float32))}
+                "accuracy": jnp.mean((margin > 0).astype(jnp.float32)),
+                "chosen_logratio": jnp.mean(jax.lax.stop_gradient(chosen)),
+                "rejected_logratio": jnp.mean(jax.lax.stop_gradient(rejected))}
