@@ -34,6 +34,7 @@ import pathlib
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -76,6 +77,20 @@ _REF = re.compile(r"\{run:([\w.-]+)\}")
 
 class StudyError(Exception):
   """A problem with a study spec or the command line, reported as one line."""
+
+
+class Stopped(Exception):
+  """SIGTERM or SIGINT reached reproduce: the runs in flight were asked to stop (each saves its step and exits)."""
+
+  def __init__(self, signum: int, runs: list[str]):
+    self.signum, self.runs = signum, runs
+    super().__init__(f"stopped by {signal.Signals(signum).name}" + (
+        f"; {', '.join(runs)} saved where they were and continue when the same command runs again" if runs else ""))
+
+
+def _stop(signum, frame):
+  del frame
+  raise Stopped(signum, [])
 
 
 # PLAN: runs x seeds -> jobs
@@ -348,6 +363,12 @@ def execute(jobs: list[Job], parallel: int, echo=print) -> dict[tuple[str, int],
   processes: dict = {}
   lock = threading.Lock()
   running: dict[concurrent.futures.Future, Job] = {}
+  # SIGTERM (a preempted machine, `kill`) stops reproduce as Ctrl-C does: the runs in flight get SIGTERM, save the
+  # step they are on and exit; the pool waits for them. A process started in the background ignores SIGINT, so
+  # SIGTERM is the signal that reaches it.
+  main_thread = threading.current_thread() is threading.main_thread()
+  previous = signal.signal(signal.SIGTERM, _stop) if main_thread else None
+  stopped: list[str] = []
   with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
     try:
       while pending or running:
@@ -382,11 +403,16 @@ def execute(jobs: list[Job], parallel: int, echo=print) -> dict[tuple[str, int],
           took = f" in {outcome.wall_time_s / 60:.1f} min" if outcome.wall_time_s is not None else ""
           echo(f"{job.run.name} seed {job.seed}: {outcome.status}{took}"
                + (f": {outcome.message} (log {job.log})" if outcome.message else ""))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Stopped) as err:
       with lock:
-        for proc in processes.values():
+        for key, proc in processes.items():
           proc.terminate()
-      raise
+          stopped.append(f"{key[0]} seed {key[1]}")
+      signum = err.signum if isinstance(err, Stopped) else signal.SIGINT
+      raise Stopped(signum, stopped) from None
+    finally:
+      if main_thread:
+        signal.signal(signal.SIGTERM, previous)
   return outcomes
 
 
@@ -927,6 +953,9 @@ def main(argv):
                         dry_run=FLAGS.dry_run, aggregate_only=FLAGS.aggregate_only)
   except (StudyError, ValueError) as err:
     sys.exit(f"reproduce: error: {err}")
+  except Stopped as err:
+    print(f"reproduce: {err}", file=sys.stderr)
+    sys.exit(128 + err.signum)
   if results and results["failures"]:
     sys.exit(1)
 

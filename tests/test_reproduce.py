@@ -3,8 +3,10 @@
 import json
 import math
 import pathlib
+import signal
 import subprocess
 import sys
+import time
 
 from absl import flags as absl_flags
 import numpy as np
@@ -20,6 +22,7 @@ from experiments.runner import evaluation as runner_evaluation
 from experiments.runner import task as task_lib
 from experiments.studies import spec
 from grpo_jax import models
+from tests.conftest import HANG_GUARD_S
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -450,3 +453,39 @@ def test_claims_table_reads_quick_and_full_pages(tmp_path):
                                          "3.0 ± 0.7 (5 seeds): **reproduced** | full: 4.3 s.e. |")
   assert "** | not yet | quick: " in rows["Fig 5: GRPO+PS > GRPO+OS"]  # no full cell: the quick one speaks
   assert rows["Fig 7: Pass@64 stays flat"] == "| Fig 7: Pass@64 stays flat | not yet | not yet | - |"
+
+
+SLEEPER = r"""
+import pathlib, signal, sys, time
+args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if "=" in a)
+work = pathlib.Path(args["work_dir"]); work.mkdir(parents=True, exist_ok=True)
+def saved(signum, frame):
+    (work / "saved").write_text(signal.Signals(signum).name); sys.exit(128 + signum)
+signal.signal(signal.SIGTERM, saved)
+(work / "started").write_text("")
+time.sleep(60)
+"""
+
+
+def test_sigterm_stops_reproduce_and_the_runs_in_flight_save(tmp_path):
+  """SIGTERM to reproduce (a preempted machine; in the background, where SIGINT is ignored, the signal that
+  reaches it): the run in flight gets SIGTERM and saves, reproduce waits for it, says so in one line and exits
+  143; no later run starts."""
+  study = {"name": "sleepy", "title": "Sleeps",
+           "runs": [{"name": "nap", "flags": {}, "command": [sys.executable, "-c", SLEEPER]}],
+           "metrics": [{"name": "final", "key": "final_accuracy"}]}
+  path = tmp_path / "study.json"
+  path.write_text(json.dumps(study))
+  proc = subprocess.Popen([sys.executable, "-m", "experiments.reproduce", f"--study={path}", "--seeds=2",
+                           "--profile=full", f"--out_dir={tmp_path / 'out'}", f"--runs_dir={tmp_path / 'runs'}"],
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + HANG_GUARD_S
+  while not list(tmp_path.glob("runs/*/seed0/started")) and time.time() < deadline:
+    time.sleep(0.1)
+  proc.send_signal(signal.SIGTERM)
+  out, err = proc.communicate(timeout=HANG_GUARD_S)
+  assert proc.returncode == 143, err
+  assert err.strip().splitlines()[-1] == ("reproduce: stopped by SIGTERM; nap seed 0 saved where they were and "
+                                          "continue when the same command runs again")
+  assert [p.read_text() for p in tmp_path.glob("runs/*/seed0/saved")] == ["SIGTERM"]
+  assert not list(tmp_path.glob("runs/*/seed1"))  # seed 1 never started
