@@ -742,7 +742,7 @@ def decide_claims(study: spec.Study, cells: list[dict]) -> list[dict]:
       continue
     cell = max(found, key=lambda c: -1 if c["step"] is None else c["step"])
     v = verdicts.decide(cell["mean"], cell["se"], cell["n"], claim.expect, scale=100.0 if cell["percent"] else 1.0,
-                        digits=1 if cell["percent"] else 3)
+                        digits=1 if cell["percent"] else 3, margin=claim.margin)
     out.append({**entry, "cell": _fmt(cell), "step": cell["step"], "n": cell["n"], "verdict": v.word,
                 "detail": v.detail, "z": v.z, "lo": v.lo, "hi": v.hi, "seeds_to_decide": v.seeds})
   return out
@@ -772,8 +772,13 @@ def claims_table(pages: pathlib.Path = PAGES) -> str:
       return "-"
     if v["verdict"] == "reported":
       return f"{profile}: no ordering claimed; [{v['lo']:+.1f}, {v['hi']:+.1f}] at 2 s.e."
+    interval = f"[{v['lo']:+.1f}, {v['hi']:+.1f}]"
+    if v["detail"].startswith(("inside", "outside", "the interval crosses")):  # a no-change claim with a margin
+      bound = v["detail"].split(";")[0].split()[-1]
+      where = {"consistent": "inside", "contradicted": "outside"}.get(v["verdict"], "crosses")
+      return f"{profile}: {interval} at 2 s.e., {where} {bound}"
     if v["verdict"] == "consistent":
-      return f"{profile}: no change outside [{v['lo']:+.1f}, {v['hi']:+.1f}]"
+      return f"{profile}: no change outside {interval}"
     if v["z"] is None:
       return f"{profile}: one seed"
     z = "every seed" if v["z"] == math.inf else f"{v['z']:.1f} s.e."

@@ -452,7 +452,16 @@ def test_claims_table_reads_quick_and_full_pages(tmp_path):
   assert rows["Fig 5: GRPO+OS > RFT"] == (f"| Fig 5: GRPO+OS > RFT | {m:.1f} ± {s:.1f} (3 seeds): **contradicted** | "
                                          "3.0 ± 0.7 (5 seeds): **reproduced** | full: 4.3 s.e. |")
   assert "** | not yet | quick: " in rows["Fig 5: GRPO+PS > GRPO+OS"]  # no full cell: the quick one speaks
-  assert rows["Fig 7: Pass@64 stays flat"] == "| Fig 7: Pass@64 stays flat | not yet | not yet | - |"
+  flat = "Fig 7: Pass@64 stays flat (within ±3 points)"
+  assert rows[flat] == f"| {flat} | not yet | not yet | - |"
+  # a no-change claim with a margin: +1.1 ± 0.1 is 11 s.e. from zero but inside ±3 points
+  (tmp_path / "majk_passk" / "full").mkdir(parents=True)
+  (tmp_path / "majk_passk" / "full" / "results.json").write_text(json.dumps({"cells": [
+      {"run": "after - before", "metric": "pass@64", "step": None, "percent": True, "n": 2, "seeds": [0, 1],
+       "values": [0.010, 0.012], "mean": 0.011, "se": 0.001}]}))
+  rows = {line.split(" | ")[0][2:]: line for line in reproduce.claims_table(tmp_path).splitlines()[2:]}
+  assert rows[flat] == (f"| {flat} | not yet | 1.1 ± 0.1 (2 seeds): **consistent** | full: [+0.9, +1.3] at 2 s.e., "
+                        "inside ±3.0 |")
 
 
 SLEEPER = r"""

@@ -22,6 +22,18 @@ def test_words(mean, se, n, expect, word):
   assert verdicts.decide(mean, se, n, expect).word == word
 
 
+@pytest.mark.parametrize("mean,se,word", [
+    (0.011, 0.001, "consistent"),    # [0.009, 0.013] inside ±0.03, though 11 s.e. from zero
+    (0.05, 0.005, "contradicted"),   # [0.04, 0.06] wholly above 0.03
+    (0.02, 0.01, "undecided"),       # [0.00, 0.04] crosses 0.03
+    (-0.02, 0.01, "undecided"),
+])
+def test_no_change_within_a_margin(mean, se, word):
+  assert verdicts.decide(mean, se, 3, "=", margin=0.03).word == word
+  if word == "consistent":
+    assert verdicts.decide(mean, se, 3, "=").word == "contradicted"  # without a margin any change is one
+
+
 def test_details_in_points():
   v = verdicts.decide(0.03, 0.02, 5, ">", scale=100)
   # 3 -> 2 s.e. needs the s.e. x 0.75, the seeds x 1/0.75^2: 5 x 16/9 = 8.9 -> 9

@@ -128,11 +128,14 @@ class Claim:
     run: a run's name, or a contrast's "a - b" (the paired difference).
     metric: a metric name (a templated one expanded, e.g. "maj@64").
     expect: ">" (above zero: a rise, a beats b), "<", "=" (no change), or "" (no ordering: reported only).
+    margin: for "=", the change that still counts as none (an equivalence margin, in the metric's units: 0.03 is
+      3 points of a percent metric); 0: any change at 2 standard errors contradicts it.
   """
   text: str
   run: str
   metric: str
   expect: str = ">"
+  margin: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,9 @@ A claim reads one cell (a run's metric, or a paired contrast "a - b", at its las
 error s over n seeds, and the interval m ± 2s:
   ">" (a rise, a beats b): reproduced if the interval lies above 0, contradicted if below, else undecided;
   "<": the mirror image;
-  "=" (no change): contradicted if the interval excludes 0, else consistent, and the interval bounds the change;
+  "=" (no change): with an equivalence margin δ, consistent if the interval lies inside ±δ, contradicted if it lies
+    wholly outside, else undecided; with none (δ = 0), contradicted if the interval excludes 0, else consistent,
+    and the interval bounds the change;
   "" (the paper states no ordering): reported, no verdict.
 Fewer than 2 seeds decide nothing. An undecided cell also says how many seeds would decide it if its mean and
 spread held: n' = n (2s / |m|)^2, since the standard error falls as 1/√n.
@@ -33,8 +35,10 @@ def seeds_to_decide(mean: float, se: float, n: int) -> int:
   return max(n + 1, math.ceil(n * (Z * se / abs(mean)) ** 2))
 
 
-def decide(mean: float, se: float | None, n: int, expect: str, scale: float = 1.0, digits: int = 1) -> Verdict:
-  """The verdict on `expect` for a cell; `scale` and `digits` format its numbers (100 and 1 for percent points)."""
+def decide(mean: float, se: float | None, n: int, expect: str, scale: float = 1.0, digits: int = 1,
+           margin: float = 0.0) -> Verdict:
+  """The verdict on `expect` for a cell; `scale` and `digits` format its numbers (100 and 1 for percent points);
+  `margin`: the equivalence margin δ of an "=" claim, in the cell's units."""
   if expect not in EXPECT:
     raise ValueError(f"expect must be one of {EXPECT}, not {expect!r}")
   num = lambda x: f"{scale * x:+.{digits}f}"
@@ -47,6 +51,13 @@ def decide(mean: float, se: float | None, n: int, expect: str, scale: float = 1.
   fields = dict(z=z, lo=scale * lo, hi=scale * hi)
   if not expect:
     return Verdict("reported", interval, **fields)
+  if expect == "=" and margin > 0:
+    bound = f"±{scale * margin:.{digits}f}"
+    if -margin <= lo and hi <= margin:
+      return Verdict("consistent", f"inside {bound}; {interval}", **fields)
+    if lo > margin or hi < -margin:
+      return Verdict("contradicted", f"outside {bound}; {interval}", **fields)
+    return Verdict("undecided", f"the interval crosses {bound}; {interval}", **fields)
   if expect == "=":
     if lo > 0 or hi < 0:
       return Verdict("contradicted", f"a change of {distance}; {interval}", **fields)
