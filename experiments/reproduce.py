@@ -781,6 +781,9 @@ def claims_table(pages: pathlib.Path = PAGES) -> str:
       return f"{profile}: no change outside {interval}"
     if v["z"] is None:
       return f"{profile}: one seed"
+    if "or more decide" in v["detail"]:
+      z = "every seed alike" if v["z"] == math.inf else f"{v['z']:.1f} s.e."
+      return f"{profile}: {v['n']} seeds, too few to decide ({z}; {interval} at 2 s.e.)"
     z = "every seed" if v["z"] == math.inf else f"{v['z']:.1f} s.e."
     if v["verdict"] in ("reproduced", "contradicted"):
       return f"{profile}: {z}"
@@ -820,9 +823,10 @@ def markdown(study: spec.Study, results: dict, cells: list[dict], plots: list[pa
   lines.append("")
   if results["verdicts"]:
     lines += ["## Verdicts", "",
-              f"Each of the paper's findings against its cell (mean ± s.e. (seeds), at the last step): reproduced or "
-              f"contradicted when the {verdicts.Z:g}-standard-error interval lies on one side of zero, consistent "
-              "when a claimed non-change stays inside it (the interval bounds the change), else undecided.", "",
+              f"Each of the paper's findings against its cell (mean ± s.e. (seeds), at the last step): with "
+              f"{verdicts.MIN_SEEDS} or more seeds, reproduced or contradicted when the {verdicts.Z:g}-standard-error "
+              "interval lies on one side of zero, consistent when a claimed non-change stays inside its margin (or, "
+              "with none, the interval holds zero), else undecided.", "",
               "| the paper | cell | value | verdict |", "|---|---|---|---|"]
     lines += [f"| {v['claim']} | {v['run']}, {v['metric']} | {v.get('cell') or '-'} | **{v['verdict']}** "
               f"({v['detail']}) |" for v in results["verdicts"]]

@@ -165,8 +165,8 @@ def test_study_end_to_end_skip_on_rerun_and_failures(tmp_path, monkeypatch):
   text = (out / "results.md").read_text()
   assert "base method" in text and "![curve](curve.png)" in text and "| step 0 | step 5 | step 10 |" in text
   # better gains 0.21 on both seeds (from base's 0.11 and 0.21 to 0.32 and 0.42)
-  assert ("| better gains | better, gain | 21.0 ± 0.0 (2) | **reproduced** (every seed alike; 2 s.e. interval "
-          "[+21.0, +21.0]) |") in text
+  assert ("| better gains | better, gain | 21.0 ± 0.0 (2) | **undecided** (every seed alike on 2 seeds: 3 or more "
+          "decide; 2 s.e. interval [+21.0, +21.0]) |") in text
   assert (out / "runs" / "better" / "seed1" / "summary.json").is_file()
 
   # Rerun: every summary exists, nothing runs; a third seed runs only seed 2.
@@ -401,31 +401,32 @@ def test_contrasts_and_changes_are_paired_by_seed(tmp_path):
 
 
 def test_claims_are_decided_from_their_cells(tmp_path):
-  """a - b = +7.5 ± 2.5 points over 2 seeds: 3 s.e. above zero (a claimed rise: reproduced; a claimed non-change:
-  contradicted); a's change at its last step is +10 ± 0 (every seed alike); a claim on a run nobody ran: not run."""
+  """a - b = 10, 5 and 9 points over 3 seeds, +8.0 ± 1.5: 5.2 s.e. above zero (a claimed rise: reproduced; a
+  claimed non-change: contradicted); a's change at its last step is +10 ± 0 (every seed alike); a claim on a run
+  nobody ran: not run."""
   claims = (spec.Claim("a beats b", "a - b", "final"), spec.Claim("a equals b", "a - b", "final", "="),
             spec.Claim("a rises", "a", "change"), spec.Claim("b falls", "b", "change", "<"))
   study = spec.Study("pairs", "Paired", (spec.Run("a", {"x": 1}), spec.Run("b", {"x": 2})),
                      (spec.Metric("final", "final_accuracy"),
                       spec.Metric("change", "eval/accuracy", source="curve", since_start=True)),
                      contrasts=(spec.Contrast("a", "b", "final"),), claims=claims)
-  jobs = reproduce.plan(study, "full", [0, 1], tmp_path)
+  jobs = reproduce.plan(study, "full", [0, 1, 2], tmp_path)
   for job in jobs:
     if job.run.name == "a":
-      final = [0.50, 0.80][job.seed]
+      final = [0.50, 0.80, 0.61][job.seed]
       job.directory.mkdir(parents=True)
       job.summary.write_text(json.dumps({"final_accuracy": final}))
       (job.directory / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/accuracy": final - 0.1}) + "\n"
                                                    + json.dumps({"step": 5, "eval/accuracy": final}))
-  for job in jobs:  # b: finals only, 0.40 and 0.75
+  for job in jobs:  # b: finals only
     if job.run.name == "b":
       job.directory.mkdir(parents=True)
-      job.summary.write_text(json.dumps({"final_accuracy": [0.40, 0.75][job.seed]}))
+      job.summary.write_text(json.dumps({"final_accuracy": [0.40, 0.75, 0.52][job.seed]}))
   out = reproduce.decide_claims(study, reproduce.collect(study, jobs))
   assert [(v["verdict"], v.get("cell")) for v in out] == [
-      ("reproduced", "7.5 ± 2.5 (2)"), ("contradicted", "7.5 ± 2.5 (2)"), ("reproduced", "10.0 ± 0.0 (2)"),
+      ("reproduced", "8.0 ± 1.5 (3)"), ("contradicted", "8.0 ± 1.5 (3)"), ("reproduced", "10.0 ± 0.0 (3)"),
       ("not run", None)]
-  assert out[0]["detail"] == "3.0 s.e.; 2 s.e. interval [+2.5, +12.5]" and out[2]["step"] == 5
+  assert out[0]["detail"] == "5.2 s.e.; 2 s.e. interval [+4.9, +11.1]" and out[2]["step"] == 5
   with pytest.raises(ValueError, match="claim 'x'"):
     spec.Study("s", "x", (spec.Run("a", {}),), (spec.Metric("final", "final_accuracy"),),
                claims=(spec.Claim("x", "a - b", "final"),))
@@ -454,14 +455,20 @@ def test_claims_table_reads_quick_and_full_pages(tmp_path):
   assert "** | not yet | quick: " in rows["Fig 5: GRPO+PS > GRPO+OS"]  # no full cell: the quick one speaks
   flat = "Fig 7: Pass@64 stays flat (within ±3 points)"
   assert rows[flat] == f"| {flat} | not yet | not yet | - |"
-  # a no-change claim with a margin: +1.1 ± 0.1 is 11 s.e. from zero but inside ±3 points
+  # a no-change claim with a margin: +1.1 ± 0.1 is 19 s.e. from zero but inside ±3 points; on 2 seeds, no verdict
   (tmp_path / "majk_passk" / "full").mkdir(parents=True)
-  (tmp_path / "majk_passk" / "full" / "results.json").write_text(json.dumps({"cells": [
-      {"run": "after - before", "metric": "pass@64", "step": None, "percent": True, "n": 2, "seeds": [0, 1],
-       "values": [0.010, 0.012], "mean": 0.011, "se": 0.001}]}))
+  page = lambda values: {"cells": [  # noqa: E731
+      {"run": "after - before", "metric": "pass@64", "step": None, "percent": True, "n": len(values),
+       "seeds": list(range(len(values))), "values": values, "mean": sum(values) / len(values),
+       "se": reproduce.mean_se(values)[1]}]}
+  (tmp_path / "majk_passk" / "full" / "results.json").write_text(json.dumps(page([0.010, 0.012, 0.011])))
   rows = {line.split(" | ")[0][2:]: line for line in reproduce.claims_table(tmp_path).splitlines()[2:]}
-  assert rows[flat] == (f"| {flat} | not yet | 1.1 ± 0.1 (2 seeds): **consistent** | full: [+0.9, +1.3] at 2 s.e., "
+  assert rows[flat] == (f"| {flat} | not yet | 1.1 ± 0.1 (3 seeds): **consistent** | full: [+1.0, +1.2] at 2 s.e., "
                         "inside ±3.0 |")
+  (tmp_path / "majk_passk" / "full" / "results.json").write_text(json.dumps(page([0.010, 0.012])))
+  rows = {line.split(" | ")[0][2:]: line for line in reproduce.claims_table(tmp_path).splitlines()[2:]}
+  assert rows[flat] == (f"| {flat} | not yet | 1.1 ± 0.1 (2 seeds): **undecided** | full: 2 seeds, too few to decide "
+                        "(11.0 s.e.; [+0.9, +1.3] at 2 s.e.) |")
 
 
 SLEEPER = r"""

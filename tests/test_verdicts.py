@@ -17,6 +17,8 @@ from experiments.studies import verdicts
     (0.05, None, 1, ">", "undecided"),
     (0.0, 0.0, 3, "=", "consistent"),        # every seed equal: GSPO against GRPO
     (0.02, 0.0, 3, ">", "reproduced"),
+    (0.05, 0.01, 2, ">", "undecided"),       # 5 s.e., but 2 seeds decide nothing
+    (0.05, 0.01, 2, "", "reported"),
 ])
 def test_words(mean, se, n, expect, word):
   assert verdicts.decide(mean, se, n, expect).word == word
