@@ -744,7 +744,7 @@ def decide_claims(study: spec.Study, cells: list[dict]) -> list[dict]:
     v = verdicts.decide(cell["mean"], cell["se"], cell["n"], claim.expect, scale=100.0 if cell["percent"] else 1.0,
                         digits=1 if cell["percent"] else 3, margin=claim.margin)
     out.append({**entry, "cell": _fmt(cell), "step": cell["step"], "n": cell["n"], "verdict": v.word,
-                "detail": v.detail, "z": v.z, "lo": v.lo, "hi": v.hi, "seeds_to_decide": v.seeds})
+                "detail": v.detail, "short": v.short, "z": v.z, "lo": v.lo, "hi": v.hi, "seeds_to_decide": v.seeds})
   return out
 
 
@@ -768,30 +768,7 @@ def claims_table(pages: pathlib.Path = PAGES) -> str:
     return f"{v['cell'].rsplit(' (', 1)[0]} ({v['n']} seeds){word}", v
 
   def says(v, profile):
-    if v is None:
-      return "-"
-    if v["verdict"] == "reported":
-      return f"{profile}: no ordering claimed; [{v['lo']:+.1f}, {v['hi']:+.1f}] at 2 s.e."
-    interval = f"[{v['lo']:+.1f}, {v['hi']:+.1f}]"
-    if v["detail"].startswith(("inside", "outside", "the interval crosses")):  # a no-change claim with a margin
-      bound = v["detail"].split(";")[0].split()[-1]
-      where = {"consistent": "inside", "contradicted": "outside"}.get(v["verdict"], "crosses")
-      return f"{profile}: {interval} at 2 s.e., {where} {bound}"
-    if v["verdict"] == "consistent":
-      return f"{profile}: no change outside {interval}"
-    if v["z"] is None:
-      return f"{profile}: one seed"
-    if "or more decide" in v["detail"]:
-      z = "every seed alike" if v["z"] == math.inf else f"{v['z']:.1f} s.e."
-      return f"{profile}: {v['n']} seeds, too few to decide ({z}; {interval} at 2 s.e.)"
-    z = "every seed" if v["z"] == math.inf else f"{v['z']:.1f} s.e."
-    if v["verdict"] in ("reproduced", "contradicted"):
-      return f"{profile}: {z}"
-    lean = "the paper's way" if "the paper's direction" in v["detail"] else "against" if "against" in v["detail"] \
-        else "no lean"
-    more = (f"; ~{v['seeds_to_decide']} seeds would decide it" if v["seeds_to_decide"]
-            else f"; over {verdicts.MAX_SEEDS} seeds to decide" if lean != "no lean" else "")
-    return f"{profile}: {z}, {lean}{more}"
+    return "-" if v is None else f"{profile}: {v['short']}"
 
   lines = ["| the paper | quick profile (40 RL steps) | full profile (the runners' settings) | in short |",
            "|---|---|---|---|"]

@@ -27,6 +27,7 @@ MIN_SEEDS = 3  # the fewest seeds that decide a claim
 class Verdict:
   word: str  # reproduced, contradicted, undecided, consistent, reported
   detail: str  # the distance in standard errors and the interval it leaves, as text
+  short: str = ""  # the same in a table cell's few words
   z: float | None = None  # |mean| / s.e. (inf when every seed is alike and the mean is not 0)
   lo: float | None = None  # the Z-s.e. interval, in the cell's units
   hi: float | None = None
@@ -46,35 +47,46 @@ def decide(mean: float, se: float | None, n: int, expect: str, scale: float = 1.
     raise ValueError(f"expect must be one of {EXPECT}, not {expect!r}")
   num = lambda x: f"{scale * x:+.{digits}f}"
   if se is None or n < 2:
-    return Verdict("undecided" if expect else "reported", f"{n} seed{'s' if n != 1 else ''}: no standard error")
+    why = f"{n} seed{'s' if n != 1 else ''}: no standard error"
+    return Verdict("undecided" if expect else "reported", why, "one seed" if n == 1 else why)
   lo, hi = mean - Z * se, mean + Z * se
-  interval = f"{Z:g} s.e. interval [{num(lo)}, {num(hi)}]"
+  bracket = f"[{num(lo)}, {num(hi)}]"
+  interval = f"{Z:g} s.e. interval {bracket}"
   z = abs(mean) / se if se > 0 else (math.inf if mean else 0.0)
   distance = f"{z:.1f} s.e." if z != math.inf else "every seed alike"
   fields = dict(z=z, lo=scale * lo, hi=scale * hi)
   if not expect:
-    return Verdict("reported", interval, **fields)
+    return Verdict("reported", interval, f"no ordering claimed; {bracket} at {Z:g} s.e.", **fields)
   if n < MIN_SEEDS:
-    return Verdict("undecided", f"{distance} on {n} seeds: {MIN_SEEDS} or more decide; {interval}", **fields)
+    return Verdict("undecided", f"{distance} on {n} seeds: {MIN_SEEDS} or more decide; {interval}",
+                   f"{n} seeds, too few to decide ({distance}; {bracket} at {Z:g} s.e.)", **fields)
   if expect == "=" and margin > 0:
     bound = f"±{scale * margin:.{digits}f}"
     if -margin <= lo and hi <= margin:
-      return Verdict("consistent", f"inside {bound}; {interval}", **fields)
-    if lo > margin or hi < -margin:
-      return Verdict("contradicted", f"outside {bound}; {interval}", **fields)
-    return Verdict("undecided", f"the interval crosses {bound}; {interval}", **fields)
+      word, where = "consistent", "inside"
+    elif lo > margin or hi < -margin:
+      word, where = "contradicted", "outside"
+    else:
+      word, where = "undecided", "crosses"
+    detail = (f"the interval crosses {bound}" if where == "crosses" else f"{where} {bound}") + f"; {interval}"
+    return Verdict(word, detail, f"{bracket} at {Z:g} s.e., {where} {bound}", **fields)
   if expect == "=":
     if lo > 0 or hi < 0:
-      return Verdict("contradicted", f"a change of {distance}; {interval}", **fields)
-    return Verdict("consistent", f"no change outside [{num(lo)}, {num(hi)}] at {Z:g} s.e.", **fields)
+      return Verdict("contradicted", f"a change of {distance}; {interval}", f"a change of {distance}", **fields)
+    return Verdict("consistent", f"no change outside [{num(lo)}, {num(hi)}] at {Z:g} s.e.",
+                   f"no change outside {bracket}", **fields)
   sign = 1.0 if expect == ">" else -1.0
   if sign * lo > 0 and sign * hi > 0:
-    return Verdict("reproduced", f"{distance}; {interval}", **fields)
+    return Verdict("reproduced", f"{distance}; {interval}", distance, **fields)
   if sign * lo < 0 and sign * hi < 0:
-    return Verdict("contradicted", f"{distance} against; {interval}", **fields)
+    return Verdict("contradicted", f"{distance} against; {interval}", distance, **fields)
   side = "the paper's direction" if sign * mean > 0 else "against" if mean else "no lean"
   seeds = seeds_to_decide(mean, se, n) if mean else None
   seeds = seeds if seeds is not None and seeds <= MAX_SEEDS else None
   more = (f"; about {seeds} seeds would decide it at this mean and spread" if seeds else
           f"; an effect this small would take over {MAX_SEEDS} seeds" if mean else "")
-  return Verdict("undecided", f"{distance}, {side}; {interval}{more}", seeds=seeds, **fields)
+  short_more = (f"; ~{seeds} seeds would decide it" if seeds else
+                f"; over {MAX_SEEDS} seeds to decide" if mean else "")
+  lean = {"the paper's direction": "the paper's way"}.get(side, side)
+  return Verdict("undecided", f"{distance}, {side}; {interval}{more}", f"{distance}, {lean}{short_more}",
+                 seeds=seeds, **fields)
