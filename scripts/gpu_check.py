@@ -5,6 +5,7 @@ r"""The checks of issue #41 on one GPU, each figure beside its roofline: `script
   python scripts/gpu_check.py sampler --out=$OUT          # the sampler against HF generate (torch), 0.5B shapes
   python scripts/gpu_check.py grpo --out=$OUT             # a GRPO step through the runner, 0.5B shapes, profiled
   python scripts/gpu_check.py variants --out=$OUT         # the same GRPO step with one knob turned each (no profile)
+  python scripts/gpu_check.py fixture --out=$OUT          # a tiny profiled GRPO step: trace_small.json.gz, a test fixture
   python scripts/gpu_check.py table --out=$OUT            # the Markdown table of what the parts wrote
   python scripts/gpu_check.py <part> --out=DIR --smoke    # tiny shapes, for a CPU (what tests/test_gpu_check runs)
 
@@ -254,6 +255,29 @@ def grpo(args) -> dict:
   return result
 
 
+def fixture(args) -> dict:
+  """A profiled GRPO step at tiny shapes (2 layers, 2 x 2 rows, 8 new tokens): a real trace of this backend small
+  enough to commit as tests/data's fixture for `profiling.summarize` (the 0.5B step's trace is tens of MB)."""
+  out, scratch = pathlib.Path(args.out), pathlib.Path(args.scratch)
+  ckpt = scratch / "fixture_ckpt"
+  if not ckpt.exists():
+    tiny.build_default_checkpoint(ckpt, **SMOKE, param_dtype="bfloat16")
+  work = scratch / "fixture_run"
+  metrics = scratch / "fixture_metrics.json"
+  cmd = [sys.executable, str(pathlib.Path(__file__).parent / "bench_grpo_step.py"), f"--init_checkpoint={ckpt}",
+         "--dtype=bfloat16", "--batch_size=2", "--group_size=2", "--max_new_tokens=8", "--steps=2",
+         "--profile_steps=2:2", f"--work_dir={work}", f"--json_out={metrics}"]
+  print(" ".join(cmd), flush=True)
+  subprocess.run(cmd, env=child_env(), check=True)
+  traces = sorted((work / "profile").glob("**/*.trace.json.gz"))
+  if not traces:
+    raise FileNotFoundError(f"no *.trace.json.gz under {work / 'profile'}")
+  (out / "trace_small.json.gz").write_bytes(traces[-1].read_bytes())
+  from experiments.runner import profiling  # pylint: disable=import-outside-toplevel
+  return {"trace_bytes": traces[-1].stat().st_size, "backend": jax.default_backend(),
+          "profile_table": profiling.format_table(profiling.summarize(traces[-1]), steps=1)}
+
+
 # One knob each against the `grpo` part's step, same shapes: what to try next when the step is far from its roofline.
 # Measured on an H100 (BENCHMARKS.md) and dropped from here: CUDA graphs over whole while loops (XLA command buffers,
 # 0.97x) and `--attention=xla` (the same programs: the runner's GRPO forwards attend against a prompt cache, where
@@ -347,7 +371,7 @@ def table(args) -> str:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("part", choices=["roofline", "init", "sampler", "grpo", "variants", "table"])
+  parser.add_argument("part", choices=["roofline", "init", "sampler", "grpo", "variants", "fixture", "table"])
   parser.add_argument("--out", required=True, help="directory for <part>.json (and the trace)")
   parser.add_argument("--scratch", default="/tmp/gpu_check_scratch",
                       help="checkpoints and run directories (not under --out, which comes back small)")
@@ -363,7 +387,8 @@ def main():
     (out / "gpu_check.md").write_text(text + "\n")
     print(text)
     return
-  result = {"roofline": roofline, "init": init, "sampler": sampler, "grpo": grpo, "variants": variants}[args.part](args)
+  result = {"roofline": roofline, "init": init, "sampler": sampler, "grpo": grpo, "variants": variants,
+            "fixture": fixture}[args.part](args)
   (out / f"{args.part}.json").write_text(json.dumps(result, indent=1) + "\n")
 
 
