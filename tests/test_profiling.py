@@ -1,6 +1,8 @@
-"""`--profile_steps`' window and the per-program summary of a `jax.profiler` trace, on hand-made traces.
+"""`--profile_steps`' window and the per-program summary of a `jax.profiler` trace: on hand-made traces, and on a
+real GPU's (tests/data/h100_tiny_grpo_step.trace.json.gz: one GRPO step of a 2-layer bf16 model on an H100, jax
+0.11.2, written by `scripts/gpu_check.py fixture`).
 
-A real run's trace is read in test_grpo_math's resume test (the resumed steps run under the profiler).
+A real CPU run's trace is read in test_grpo_math's resume test (the resumed steps run under the profiler).
 """
 
 import gzip
@@ -75,8 +77,8 @@ def _x(name, pid, tid, ts, dur, **args):
 
 
 def test_summary_of_a_synthetic_gpu_and_tpu_trace(tmp_path):
-  """Synthetic, built to the structure xprof documents for accelerators (to be replaced by a real small trace from
-  scripts/gpu_check.sh): each device a process `/device:GPU:0` or `/device:TPU:0` whose derived lines are "XLA
+  """Synthetic, built to the structure xprof's derived timelines have (not what jax 0.11 writes on a GPU: see
+  test_summary_of_a_real_gpu_trace): each device a process `/device:GPU:0` or `/device:TPU:0` whose derived lines are "XLA
   Modules" (one event per run of a program, named `module(program id)`) and "XLA Ops" (one event per op), a GPU's
   kernels also on its stream lines, with the module and op in their args; the host's launches name them too."""
   trace = _write(tmp_path, [
@@ -113,6 +115,47 @@ def test_summary_of_a_synthetic_gpu_and_tpu_trace(tmp_path):
   assert (tpu.runs, tpu.span_ms, tpu.op_ms) == (1, 10.0, 9.0)
   assert [k for k, _ in tpu.kinds] == ["fusion", "convolution"]
   assert (programs["jit_convert"].runs, programs["jit_convert"].op_ms) == (1, 0.2)
+
+
+_GPU_TRACE = pathlib.Path(__file__).parent / "data" / "h100_tiny_grpo_step.trace.json.gz"
+
+
+def test_summary_of_a_real_gpu_trace():
+  """A GPU trace as jax writes it has no XLA Modules or XLA Ops line: only stream lines whose kernels' args name
+  their module (also inside CUDA graphs, where the op is the command buffer), and the host's launches. Each
+  program's op time is checked against the raw events, its runs against the host's launch events."""
+  events = json.loads(gzip.decompress(_GPU_TRACE.read_bytes()))["traceEvents"]
+  (gpu,) = [e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+            and e["args"]["name"] == "/device:GPU:0"]
+  raw_us = {}
+  for e in events:
+    if e.get("ph") == "X" and e["pid"] == gpu and "hlo_module" in e.get("args", {}):
+      raw_us[e["args"]["hlo_module"]] = raw_us.get(e["args"]["hlo_module"], 0.0) + e["dur"]
+  launches = sum(e.get("ph") == "X" and e["name"] == "CommonPjRtLoadedExecutable::Execute (jit_broadcast_in_dim)"
+                 for e in events)
+  programs = profiling.summarize(_GPU_TRACE)
+  assert [p.name for p in programs[:3]] == ["jit__sample_impl", "jit_step", "jit_chunked"]  # sample, update, score
+  assert len(programs) == len(raw_us) == 27  # every module with a kernel, nothing from the host's lines
+  for p in programs:
+    assert p.op_ms * p.runs == pytest.approx(raw_us[p.name] / 1e3, rel=1e-9), p.name
+  by_name = {p.name: p for p in programs}
+  assert (by_name["jit_step"].runs, by_name["jit__sample_impl"].runs) == (1, 1)
+  assert by_name["jit_broadcast_in_dim"].runs == launches == 21
+  sample = by_name["jit__sample_impl"]
+  assert sample.kinds[0][0] == "gemm_fusion_dot" and 0.25 < sample.kinds[0][1] < 0.4  # 32% of 0.68 ms
+  assert 1.0 < sample.span_ms < 2.0 and sample.op_ms < sample.span_ms  # 8 decode steps: gaps between kernels
+  table = profiling.format_table(programs, steps=1)
+  assert table.splitlines()[2].startswith("| jit__sample_impl | 1 | 1.5 | 0.7 | 0.7 | gemm_fusion_dot 32%")
+
+
+@pytest.mark.parametrize("kernel,kind", [
+    ("gemm_fusion_dot_12", "gemm_fusion_dot"), ("input_reduce_fusion", "input_reduce_fusion"),
+    ("loop_add_fusion.3", "loop_add_fusion"), ("nvjet_sm90_tst_128x160_64x5_1x2_h_bz_NNT", "cublas_nvjet_tst"),
+    ("sm90_xmma_gemm_f32f32_tf32f32_f32_nt_n_tilesize256x128x32_warpgroupsize2x1x1_execute_segment_k_on_kernel__5x"
+     "_cublas", "cublas_gemm_f32f32_tf32f32_f32"),
+    ("MemcpyD2D", "MemcpyD2D")])
+def test_gpu_kernel_kinds(kernel, kind):
+  assert profiling._kernel_kind(kernel) == kind  # pylint: disable=protected-access
 
 
 def test_gpu_kernels_from_the_stream_lines_without_an_ops_line(tmp_path):

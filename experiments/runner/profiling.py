@@ -120,10 +120,51 @@ def _names(events, kind: str) -> dict:
   return out
 
 
+def _kernel_kind(name: str) -> str:
+  """A GPU kernel's op kind: its fusion's name without the number (`gemm_fusion_dot_12` -> `gemm_fusion_dot`);
+  cuBLAS's kernels by family and types (`cublas_nvjet_tst`, `cublas_gemm_f32f32_tf32f32_f32`: TF32 products)."""
+  if name.startswith("nvjet_"):
+    return "cublas_nvjet_" + (name.split("_")[2] if name.count("_") >= 2 else "")
+  gemm = re.search(r"xmma_gemm_(\w+?)_[nt][nt]_", name)
+  if gemm:
+    return f"cublas_gemm_{gemm.group(1)}"
+  return re.sub(r"[._]\d+$", "", name)
+
+
+def _program(name: str, spans: list, evs: list, kind) -> Program:
+  total = sum(float(e.get("dur", 0.0)) for e in evs)
+  kinds = collections.Counter()
+  for e in evs:
+    kinds[kind(e)] += float(e.get("dur", 0.0))
+  runs = max(len(spans), 1)
+  return Program(name=name, runs=len(spans), span_ms=sum(b - a for a, b in spans) / runs / 1e3,
+                 op_ms=total / runs / 1e3,
+                 kinds=tuple((k, v / total if total else 0.0) for k, v in kinds.most_common()))
+
+
+def _launches(events, device_pids: set) -> dict:
+  """Program name -> sorted start times of the host's launches of it (PjRt's `... Execute (<module>)` events, or
+  XLA GPU's `ExecuteThunks` with a module_name), the runs of a trace without an XLA Modules line."""
+  named = collections.defaultdict(list)
+  thunks = collections.defaultdict(list)
+  for e in events:
+    if not (isinstance(e, dict) and e.get("ph") == "X" and e.get("pid") not in device_pids):
+      continue
+    args, name = e.get("args") if isinstance(e.get("args"), dict) else {}, str(e.get("name", ""))
+    if name.startswith("CommonPjRtLoadedExecutable::Execute (") and "name" in args:
+      named[str(args["name"])].append(float(e["ts"]))
+    elif name.endswith("ExecuteThunks") and "module_name" in args:
+      thunks[str(args["module_name"])].append(float(e["ts"]))
+  return {k: sorted(v) for k, v in {**thunks, **named}.items()}
+
+
 def _device_programs(events) -> tuple[list[Program], set]:
-  """The programs of the accelerators' processes (`/device:GPU:0`, `/device:TPU:0`, ...), read from their lines:
-  each event of the XLA Modules line is a run (its span), and the ops of the XLA Ops line (or, without one, of the
-  stream lines) that start inside it are its ops. Returns (programs, the accelerators' pids)."""
+  """The programs of the accelerators' processes (`/device:GPU:0`, `/device:TPU:0`, ...). With xprof's derived
+  lines, each event of the XLA Modules line is a run (its span), and the ops of the XLA Ops line (or, without one,
+  of the stream lines) that start inside it are its ops. Without them (a GPU trace as jax writes it: only stream
+  lines, each kernel's args naming its `hlo_module`), a program's ops are its kernels and memory copies, its runs
+  the host's launches of it, each kernel in the run of the last launch before it. Returns (programs, the
+  accelerators' pids)."""
   processes, threads = _names(events, "process_name"), _names(events, "thread_name")
   pids = {pid for pid, name in processes.items() if name.startswith("/device:") and "CPU" not in name}
   runs = collections.defaultdict(list)  # program -> [(start, end)]
@@ -149,15 +190,25 @@ def _device_programs(events) -> tuple[list[Program], set]:
       i = bisect.bisect_right(spans, (ts, float("inf"))) - 1
       if i >= 0 and spans[i][0] <= ts < spans[i][1]:
         by_program[name][1].append(e)
-  programs = []
-  for name, (spans, evs) in by_program.items():
-    total = sum(float(e.get("dur", 0.0)) for e in evs)
-    kinds = collections.Counter()
-    for e in evs:
-      kinds[re.sub(r"\.\d+$", "", str(e.get("name", "")))] += float(e.get("dur", 0.0))
-    programs.append(Program(name=name, runs=len(spans), span_ms=sum(b - a for a, b in spans) / len(spans) / 1e3,
-                            op_ms=total / len(spans) / 1e3,
-                            kinds=tuple((k, v / total if total else 0.0) for k, v in kinds.most_common())))
+  programs = [_program(name, spans, evs, lambda e: re.sub(r"\.\d+$", "", str(e.get("name", ""))))
+              for name, (spans, evs) in by_program.items()]
+  # Devices without an XLA Modules line: their stream lines' kernels, by the module their args name.
+  launches = None
+  for pid in pids - {pid for pid, _ in runs}:
+    named = collections.defaultdict(list)
+    for e in kernels[pid]:
+      if isinstance(e.get("args"), dict) and "hlo_module" in e["args"]:
+        named[str(e["args"]["hlo_module"])].append(e)
+    if named and launches is None:
+      launches = _launches(events, pids)
+    for name, evs in named.items():
+      starts = launches.get(name, [])
+      per_run = collections.defaultdict(list)
+      for e in evs:  # the run of the last launch before the kernel (a kernel before any launch: the first run)
+        per_run[max(bisect.bisect_right(starts, float(e["ts"])) - 1, 0)].append(e)
+      spans = sorted((min(float(e["ts"]) for e in r), max(float(e["ts"]) + float(e.get("dur", 0.0)) for e in r))
+                     for r in per_run.values())
+      programs.append(_program(name, spans, evs, lambda e: _kernel_kind(str(e.get("name", "")))))
   return programs, pids
 
 
