@@ -69,7 +69,7 @@ def _predicted_logprobs(params, config: ModelConfig, h: jax.Array, targets: jax.
 
   @jax.checkpoint
   def chunk_fn(h_c, t_c):
-    z = jnp.einsum("bce,ve->bcv", h_c, w, preferred_element_type=jnp.float32) / temperature
+    z = transformer.unembed(h_c, w) / temperature  # bf16 products forward and backward, float32 out
     log_z = jax.nn.logsumexp(z, axis=-1)
     logp = jnp.take_along_axis(z, t_c[..., None], axis=-1)[..., 0] - log_z
     if not return_entropy:

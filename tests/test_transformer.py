@@ -271,3 +271,31 @@ def test_projections_together_equal_each_alone(bias):
     np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
   with pytest.raises(AssertionError, match="one shape"):
     transformer.project_together(x, (mlp.gate_proj, mlp.down_proj))
+
+
+def _f32_dots(hlo: str) -> int:
+  """dot_general ops of a StableHLO text whose operands are float32."""
+  return sum(1 for line in hlo.splitlines() if "dot_general" in line and line.split("->")[0].count("xf32>") >= 2)
+
+
+def test_unembed_gradients_stay_in_the_operands_dtype():
+  """`unembed`'s backward products take bf16 operands (float32 accumulation), where autodiff of the same einsum
+  promotes them to float32; its gradients match float32 autodiff to bf16 rounding, and equal it in float32."""
+  kh, kw, kc = jax.random.split(jax.random.key(0), 3)
+  h32 = jax.random.normal(kh, (2, 5, 16))
+  w32 = jax.random.normal(kw, (40, 16)) / 4
+  cot = jax.random.normal(kc, (2, 5, 40))
+  plain = lambda h, w: jnp.einsum("...e,ve->...v", h, w, preferred_element_type=jnp.float32)
+  loss = lambda f: lambda h, w: jnp.sum(jax.nn.log_softmax(f(h, w)) * cot)
+  grad = lambda f: jax.grad(loss(f), argnums=(0, 1))
+  want = grad(plain)(h32, w32)
+  got = grad(transformer.unembed)(h32, w32)
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  h16, w16 = h32.astype(jnp.bfloat16), w32.astype(jnp.bfloat16)
+  got16 = grad(transformer.unembed)(h16, w16)
+  assert [g.dtype for g in got16] == [jnp.bfloat16, jnp.bfloat16]
+  for a, b in zip(got16, grad(plain)(h16.astype(jnp.float32), w16.astype(jnp.float32))):
+    np.testing.assert_allclose(np.asarray(a, np.float32), b, rtol=0.05, atol=0.02 * float(jnp.abs(b).max()))
+  assert _f32_dots(jax.jit(grad(plain)).lower(h16, w16).as_text()) == 2  # dh, dw: float32 products
+  assert _f32_dots(jax.jit(grad(transformer.unembed)).lower(h16, w16).as_text()) == 0

@@ -711,10 +711,36 @@ def unembedding(params: Params, config: ModelConfig) -> jax.Array:
   return params["lm_head"]["kernel"].T
 
 
-def logits_from_hidden(params: Params, config: ModelConfig, hidden: jax.Array) -> jax.Array:
-  """Float32 logits [..., V] from hidden states [..., E]."""
-  w = unembedding(params, config).astype(hidden.dtype)
+@jax.custom_vjp
+def unembed(hidden: jax.Array, w: jax.Array) -> jax.Array:
+  """Float32 logits z = hidden · wᵀ [..., V] from hidden [..., E] and w [V, E] of one dtype, float32 accumulation.
+
+  The backward products run in that dtype too: dz (float32) is rounded to it, then dh = dz · w and
+  dw = Σ dzᵀ · h accumulate in float32. Plain autodiff would promote them to float32 products (TF32 on a GPU,
+  several bf16 passes on a TPU): the largest products of a bf16 update, [tokens, V] x [V, E]. Identical to
+  autodiff in float32.
+  """
   return jnp.einsum("...e,ve->...v", hidden, w, preferred_element_type=jnp.float32)
+
+
+def _unembed_fwd(hidden, w):
+  return unembed(hidden, w), (hidden, w)
+
+
+def _unembed_bwd(residuals, dz):
+  hidden, w = residuals
+  dz = dz.astype(hidden.dtype)
+  dh = jnp.einsum("...v,ve->...e", dz, w, preferred_element_type=jnp.float32).astype(hidden.dtype)
+  dw = jnp.einsum("...v,...e->ve", dz, hidden, preferred_element_type=jnp.float32).astype(w.dtype)
+  return dh, dw
+
+
+unembed.defvjp(_unembed_fwd, _unembed_bwd)
+
+
+def logits_from_hidden(params: Params, config: ModelConfig, hidden: jax.Array) -> jax.Array:
+  """Float32 logits [..., V] from hidden states [..., E] (`unembed`)."""
+  return unembed(hidden, unembedding(params, config).astype(hidden.dtype))
 
 
 def apply(params: Params, config: ModelConfig, tokens: jax.Array, *, positions: jax.Array | None = None,
