@@ -378,7 +378,7 @@ def main():
   parser.add_argument("--smoke", action="store_true", help="tiny shapes (a CPU check of the script itself)")
   parser.add_argument("--prompt_tokens", type=float, default=40.0,
                       help="mean prompt tokens of the GRPO rows, for the update's FLOPs and the decode limit")
-  parser.add_argument("--variant_seconds", type=float, default=100.0, help="the time limit of each variant's run")
+  parser.add_argument("--variant_seconds", type=float, default=150.0, help="the time limit of each variant's run")
   args = parser.parse_args()
   out = pathlib.Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
