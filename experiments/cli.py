@@ -169,6 +169,9 @@ flags.DEFINE_string("value_init", _D["value_init"],
     "PPO: the value model's backbone: 'policy' (the start policy's) or an HF-format checkpoint directory (e.g. a "
     "reward model's backbone).")
 flags.DEFINE_float("dpo_beta", _D["dpo_beta"], "DPO: β of the implicit reward.")
+flags.DEFINE_float("dpo_nll_coef", _D["dpo_nll_coef"],
+    "DPO: α of the chosen output's length-normalised NLL added to the loss (Iterative RPO, arXiv 2404.19733, "
+    "uses 1); 0 is plain DPO.")
 flags.DEFINE_integer("dpo_pairs_per_prompt", _D["dpo_pairs_per_prompt"], "DPO: most (correct, wrong) pairs per prompt.")
 flags.DEFINE_integer("offline_prompts", _D["offline_prompts"],
     "RFT/DPO: training prompts sampled once from the start policy (G samples each) to build the offline dataset.")

@@ -182,17 +182,30 @@ def test_dpo_objective_matches_dpo_loss_and_its_coefficient(model):
   np.testing.assert_allclose(g, _flat_grad(surrogate, policy), rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize("which", ["ppo", "dpo"])
+def test_dpo_objective_nll_term(model):
+  """`nll_coef` α adds α · mean over pairs of o⁺'s −Σ log π / (its loss-mask tokens) (Iterative RPO)."""
+  policy, _, config = model
+  batch, logp, _, mask = _dpo_batch(policy, config)
+  plain, _ = objectives.dpo_objective(policy, batch, _totals(batch.loss_mask), config=config, beta=0.3)
+  loss, metrics = objectives.dpo_objective(policy, batch, _totals(batch.loss_mask), config=config, beta=0.3,
+                                           nll_coef=0.5)
+  nll = np.mean(-(logp * mask).sum(-1)[0::2] / mask.sum(-1)[0::2])
+  np.testing.assert_allclose(metrics["chosen_nll"], nll, rtol=1e-5)
+  np.testing.assert_allclose(loss, plain + 0.5 * nll, rtol=1e-5)
+
+
+@pytest.mark.parametrize("which", ["ppo", "dpo", "dpo_nll"])
 def test_accumulation_is_exact(model, which):
   policy, value, config = model
   if which == "ppo":
     batch = _ppo_batch(policy, value, config, seed=5)
     params = {"policy": policy, "value": value}
     objective = functools.partial(objectives.ppo_objective, config=config, loss_kwargs=dict(epsilon=0.2))
-  else:
+  else:  # dpo, dpo_nll
     batch = _dpo_batch(policy, config)[0]
     params = policy
-    objective = functools.partial(objectives.dpo_objective, config=config, beta=0.1)
+    objective = functools.partial(objectives.dpo_objective, config=config, beta=0.1,
+                                  nll_coef=1.0 if which == "dpo_nll" else 0.0)
   results = []
   for micro in (1, 2):
     step = training.make_train_step(objective, optax.sgd(0.1), micro, donate=False)

@@ -29,7 +29,7 @@ class DPO(base.Method):
 
   def objective(self):
     return update_lib.bind(objectives.dpo_objective, config=self.config, beta=self.cfg.algorithm.dpo_beta,
-                           chunk_size=self.cfg.model.logprob_chunk)
+                           nll_coef=self.cfg.algorithm.dpo_nll_coef, chunk_size=self.cfg.model.logprob_chunk)
 
   def prepare(self, start_policy, key):
     scored, prompt_of_row, stats = offline.sample_offline(self.rollouts, start_policy, self.task, key)

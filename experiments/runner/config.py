@@ -107,6 +107,7 @@ class AlgorithmConfig:
   whiten_advantages: bool = True
   value_init: str = "policy"
   dpo_beta: float = 0.1
+  dpo_nll_coef: float = 0.0
   dpo_pairs_per_prompt: int = 1
   offline_prompts: int = 2048
 
@@ -305,7 +306,7 @@ _POSITIVE = ("tiny_layers", "sft_batch_size", "num_train", "num_test", "max_prom
 _NON_NEGATIVE = ("cpu_devices", "steps", "sft_steps", "sft_examples", "eval_every", "save_every", "minibatch_size",
                  "overlong_buffer", "eval_samples", "stop_after", "top_k", "max_grad_norm", "advantage_eps",
                  "steps_per_iteration", "memory_budget", "beta", "completion_pad_multiple", "forward_rows",
-                 "forward_memory_budget")
+                 "forward_memory_budget", "dpo_nll_coef")
 CHOICES = {  # the allowed values of the enum fields (and flags)
     "dtype": ("float32", "bfloat16"), "remat_policy": ("full", "dots_no_batch", "dots"),
     "task": ("synthetic", "gsm8k", "math"), "prompt_template": ("auto", "plain", "chat"),

@@ -5,7 +5,7 @@ import dataclasses
 from experiments.studies import common
 from experiments.studies.spec import Claim, Contrast, Panel, Plot, Study
 
-RL_RUNS = ("rft", "online_rft", "grpo", "grpo_ps", "ppo", "dpo")
+RL_RUNS = ("rft", "online_rft", "grpo", "grpo_ps", "ppo", "dpo", "dpo_nll")
 # The offline methods sample as many prompts as the online ones draw over the run (200 steps x 32), so RFT against
 # Online RFT differs in whose samples they are, not in how many problems: at the default 2,048 the full RFT run
 # cycled its ~3,000 distinct correct samples 17 times, and DPO its 928 pairs 28 times (seed 0: held-out accuracy
@@ -21,7 +21,8 @@ STUDY = Study(
         "samples per step. GRPO+OS: the rule (correctness) reward; GRPO+PS: process supervision on the synthetic "
         "task's exact step labels (a perfect PRM); Online RFT; RFT (correct offline samples of the SFT policy); "
         "PPO with a critic (B·G prompts, G = 1); DPO on (right, wrong) pairs of SFT samples at lr 2e-5 (at the "
-        "shared lr it over-fits its pairs, see the README). RFT and DPO sample their offline data once from the SFT "
+        "shared lr it over-fits its pairs, see the README), and the same DPO plus the chosen output's "
+        "length-normalised NLL (α = 1, Iterative RPO, arXiv 2404.19733: a diagnostic of likelihood displacement). RFT and DPO sample their offline data once from the SFT "
         "policy on 6,400 prompts, as many as the online methods draw in the full run (the quick profile: 512 and "
         "2,048). The paper (Fig 5, 1.3B model) reports "
         "GRPO+PS > GRPO+OS > Online RFT > RFT."),
@@ -35,6 +36,11 @@ STUDY = Study(
                   quick={"batch_size": 8 * common.QUICK_RL["batch_size"]}),
         common.rl("dpo", "DPO (lr 2e-5)", algo="dpo", learning_rate=2e-5, offline_prompts=OFFLINE_PROMPTS,
                   dpo_pairs_per_prompt=4, quick={"offline_prompts": 2048, "dpo_pairs_per_prompt": 1}),
+        # A diagnostic, not in the papers: does DPO lose accuracy through likelihood displacement? Iterative RPO's
+        # NLL term on the chosen output (arXiv 2404.19733, α = 1) holds log π(o⁺) up.
+        common.rl("dpo_nll", "DPO + NLL (α = 1)", algo="dpo", learning_rate=2e-5, offline_prompts=OFFLINE_PROMPTS,
+                  dpo_pairs_per_prompt=4, dpo_nll_coef=1.0,
+                  quick={"offline_prompts": 2048, "dpo_pairs_per_prompt": 1}),
     ),
     metrics=(
         dataclasses.replace(common.ACCURACY, runs=RL_RUNS),
@@ -54,14 +60,16 @@ STUDY = Study(
     ),
     contrasts=(Contrast("grpo_ps", "grpo", "final"), Contrast("grpo", "online_rft", "final"),
                Contrast("online_rft", "rft", "final"), Contrast("grpo", "rft", "final"),
-               Contrast("ppo", "grpo", "final"), Contrast("dpo", "grpo", "final")),
+               Contrast("ppo", "grpo", "final"), Contrast("dpo", "grpo", "final"),
+               Contrast("dpo_nll", "dpo", "final")),
     claims=(Claim("Fig 5: GRPO+PS > GRPO+OS", "grpo_ps - grpo", "final"),
             Claim("Fig 5: GRPO+OS > Online RFT", "grpo - online_rft", "final"),
             Claim("Fig 5: Online RFT > RFT", "online_rft - rft", "final"),
             Claim("Fig 5: GRPO+OS > RFT", "grpo - rft", "final"),
             Claim("GRPO+OS raises accuracy over its SFT start", "grpo", "gain"),
             Claim("Table 10: PPO beside GRPO+OS (no ordering claimed)", "ppo - grpo", "final", ""),
-            Claim("Table 10: DPO beside GRPO+OS (no ordering claimed)", "dpo - grpo", "final", "")),
+            Claim("Table 10: DPO beside GRPO+OS (no ordering claimed)", "dpo - grpo", "final", ""),
+            Claim("DPO + NLL beside DPO (Iterative RPO's fix; not in DeepSeekMath)", "dpo_nll - dpo", "final", "")),
     profiles={"quick": common.QUICK},
     notes={"quick": common.QUICK_NOTE + " RFT samples 512 offline prompts x 8 (full: 2,048 x 8); PPO B·G prompts "
                                         "x 1 sample per step (full: 256 x 1)."},

@@ -81,8 +81,9 @@ def paradigm_objective(params: Params, batch, totals: dict, *, config: ModelConf
 
 
 def dpo_objective(params: Params, batch, totals: dict, *, config: ModelConfig, beta: float = 0.1,
-                  chunk_size: int = 128):
-  """DPO (arXiv 2305.18290) over a `Batch` of interleaved pairs: rows 2k (o⁺) and 2k + 1 (o⁻).
+                  nll_coef: float = 0.0, chunk_size: int = 128):
+  """DPO (arXiv 2305.18290) over a `Batch` of interleaved pairs: rows 2k (o⁺) and 2k + 1 (o⁻); with `nll_coef`
+  α > 0, plus α times o⁺'s length-normalised NLL (Iterative RPO, arXiv 2404.19733; `losses.dpo_loss`).
 
   `batch.ref_logp` holds the frozen reference's token log-probs. The pair mean is taken over the
   whole minibatch (`totals["num_sequences"] / 2` pairs), so accumulation over micro-batches is exact.
@@ -91,7 +92,9 @@ def dpo_objective(params: Params, batch, totals: dict, *, config: ModelConfig, b
   mask = batch.loss_mask
   seq = jnp.sum(jnp.where(mask, logp, 0.0), axis=-1)
   ref = jnp.sum(jnp.where(mask, batch.ref_logp, 0.0), axis=-1)
-  loss, metrics = losses.dpo_loss(seq[0::2], seq[1::2], ref[0::2], ref[1::2], beta)
+  length = jnp.sum(mask, axis=-1).astype(jnp.float32)
+  loss, metrics = losses.dpo_loss(seq[0::2], seq[1::2], ref[0::2], ref[1::2], beta, nll_coef=nll_coef,
+                                  chosen_length=length[0::2])
   loss = loss * seq.shape[0] / totals["num_sequences"]  # micro-batch pair mean -> share of the global mean
   metrics["loss"] = jax.lax.stop_gradient(loss)
   return loss, metrics
