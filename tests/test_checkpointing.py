@@ -56,6 +56,17 @@ def test_refuses_non_finite_state_and_keeps_the_good_one(tmp_path):
   np.testing.assert_array_equal(state.params["w"], [1.0, 1.0, 1.0])
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("bad", [float("nan"), float("-inf"), float("inf")])
+def test_one_non_finite_element_anywhere_is_refused(tmp_path, dtype, bad):
+  ckpt = training.Checkpointer(tmp_path / "ckpt")
+  big = jnp.full((1000,), 3.0e38 if dtype == jnp.float32 else -3.0e38, dtype)  # finite, the dtype's largest range
+  assert checkpointing._all_finite({"a": big, "b": jnp.zeros((0,), dtype), "n": jnp.arange(3)})
+  with pytest.raises(FloatingPointError, match="NaN or inf"):
+    ckpt.save(1, {"a": big, "b": jnp.ones((7,), dtype).at[5].set(bad)}, {"step": 1})
+  assert ckpt.all_steps() == []
+
+
 def test_restore_errors(tmp_path):
   ckpt = training.Checkpointer(tmp_path / "empty")
   with pytest.raises(checkpointing.CheckpointError, match="no checkpoint to resume from"):
@@ -247,3 +258,56 @@ def test_a_run_whose_disk_fills_up_stops_with_one_line(tmp_path):
 
 if __name__ == "__main__":
   _on_eight_devices(sys.argv[1])
+
+
+def test_a_save_copies_at_most_host_transfer_gb_to_the_host_at_once(tmp_path, monkeypatch):
+  """The state goes device -> host in batches of at most `host_transfer_gb` (an array larger than it alone), each
+  written before the next is copied; the default orbax path copies all of it at once. Restores bit-identical."""
+  from orbax.checkpoint._src.serialization import replica_slices  # pylint: disable=import-outside-toplevel
+  batches = []
+  transfer = replica_slices.transfer_arrays_to_host
+
+  def recording(arrays, *args, **kwargs):
+    batches.append(sorted(int(a.nbytes) for a in arrays))
+    return transfer(arrays, *args, **kwargs)
+
+  monkeypatch.setattr(replica_slices, "transfer_arrays_to_host", recording)
+  mib = 2**20 // 4  # float32 elements in 1 MiB
+  tree = {"a": jnp.arange(3 * mib, dtype=jnp.float32), **{f"w{i}": jnp.full((mib,), i, jnp.float32) for i in range(6)},
+          "replay": np.arange(5, dtype=np.int64)}
+  ckpt = training.Checkpointer(tmp_path / "ckpt", host_transfer_gb=2.5 * 2**20 / 1e9)
+  ckpt.save(1, tree, {"step": 1})
+  arrays = sorted(b for batch in batches for b in batch)
+  assert arrays == [2**20] * 6 + [3 * 2**20]  # every jax.Array once (the NumPy leaf is written from the host)
+  assert [3 * 2**20] in batches  # alone: larger than the bound
+  assert max(sum(b) for b in batches if b != [3 * 2**20]) <= 2.5 * 2**20 and len(batches) >= 4
+  template = jax.tree.map(lambda x: np.zeros_like(x) if isinstance(x, np.ndarray) else jnp.zeros_like(x), tree)
+  restored, meta = ckpt.restore(template)
+  jax.tree.map(np.testing.assert_array_equal, restored, tree)
+  assert isinstance(restored["w0"], jax.Array) and isinstance(restored["replay"], np.ndarray)
+  assert meta == {"step": 1}
+  ckpt.close()
+
+
+def test_restores_checkpoints_written_with_standard_save(tmp_path):
+  """Checkpoints of earlier versions (orbax's StandardSave) restore bit-identical, and the new ones restore with
+  StandardRestore: the files are the same."""
+  import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+  state = {"train": _trained_state(2.0), "replay": {"size": np.asarray(3, np.int64)}}
+  options = ocp.CheckpointManagerOptions(create=True, enable_async_checkpointing=False)
+  manager = ocp.CheckpointManager(tmp_path / "ckpt", options=options)
+  manager.save(4, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                          metadata=ocp.args.JsonSave({"step": 4})), force=True)
+  manager.wait_until_finished()
+  manager.close()
+  ckpt = training.Checkpointer(tmp_path / "ckpt")
+  restored, meta = ckpt.restore({"train": _state(0.0), "replay": {"size": np.asarray(0, np.int64)}})
+  jax.tree.map(np.testing.assert_array_equal, restored, state)
+  assert meta == {"step": 4} and int(restored["replay"]["size"]) == 3
+  ckpt.save(5, restored, {"step": 5})  # and the new saves go on beside it, in the same format
+  assert ckpt.all_steps() == [4, 5]
+  ckpt.close()
+  manager = ocp.CheckpointManager(tmp_path / "ckpt", options=options)
+  back = manager.restore(5, args=ocp.args.Composite(state=ocp.args.StandardRestore(state)))["state"]
+  jax.tree.map(np.testing.assert_array_equal, back, state)
+  manager.close()

@@ -187,3 +187,50 @@ def test_loading_holds_one_tensor_at_a_time_on_the_host(tmp_path, scan):
     tracemalloc.stop()
   assert weights > 8 * largest  # the bound below tells the two loaders apart
   assert peak < 3 * largest + 2**20
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_bfloat16_save_load_is_bit_identical(tmp_path, scan):
+  """save_hf writes bf16 params as bf16 (no float32 round trip), in either layout, and load_hf reads back the same
+  bits; the file is one safetensors reads, with HF names and torch layouts."""
+  import jax  # pylint: disable=import-outside-toplevel
+  config = models.tiny_config(hidden_size=32, intermediate_size=48, num_hidden_layers=3, vocab_size=101,
+                              tie_word_embeddings=False, param_dtype="bfloat16", scan_layers=scan)
+  params = models.init_params(config, jax.random.key(1))
+  models.save_hf(params, config, tmp_path)
+  tensors = safetensors.numpy.load_file(tmp_path / "model.safetensors")
+  assert {str(t.dtype) for t in tensors.values()} == {"bfloat16"}
+  assert tensors["lm_head.weight"].shape == (101, 32) and tensors["model.layers.2.mlp.down_proj.weight"].shape == (
+      32, 48)
+  down = params["layers"]["mlp"]["down_proj"]["kernel"][2] if scan else params["layers_2"]["mlp"]["down_proj"]["kernel"]
+  np.testing.assert_array_equal(tensors["model.layers.2.mlp.down_proj.weight"], np.asarray(down).T)
+  loaded, loaded_config = models.load_hf(tmp_path, param_dtype="bfloat16", scan_layers=scan)
+  assert loaded_config == config
+  assert jax.tree.structure(loaded) == jax.tree.structure(params)
+  for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(params)):
+    assert a.dtype == b.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_saving_holds_one_tensor_at_a_time_on_the_host(tmp_path, scan):
+  """Host (NumPy) memory while writing, traced by tracemalloc: a few copies of the largest tensor, never the whole
+  model (a writer that gathers every tensor before writing, or upcasts bf16 to float32, holds at least the
+  weights' bytes)."""
+  import tracemalloc  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  config = models.tiny_config(hidden_size=128, intermediate_size=512, num_hidden_layers=8, vocab_size=2048,
+                              tie_word_embeddings=False, param_dtype="bfloat16", scan_layers=scan)
+  params = models.init_params(config, jax.random.key(0))
+  jax.block_until_ready(params)
+  weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+  largest = 2 * 2048 * 128  # bytes of the embedding (and of lm_head), bf16
+  tracemalloc.start()
+  try:
+    models.save_hf(params, config, tmp_path)
+    _, peak = tracemalloc.get_traced_memory()
+  finally:
+    tracemalloc.stop()
+  assert (tmp_path / "model.safetensors").stat().st_size > weights
+  assert weights > 8 * largest  # the bound below tells the two writers apart
+  assert peak < 3 * largest + 2**20

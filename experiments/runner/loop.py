@@ -380,6 +380,7 @@ def _stages(cfg: config_lib.Config, method_cls, placement: placement_lib.Placeme
   if stopped:
     logger.close()
     return {}
+  method.reference, params = None, None  # π_ref and the start policy: their memory free for the final eval and export
   t_final = time.time()
   final_eval = method.evaluate(policy, jax.random.PRNGKey(run_cfg.seed + 1))
   logger.log(cfg.optim.steps, final_eval, prefix="eval/")

@@ -109,9 +109,11 @@ def export(params, model_config, source: pathlib.Path, target: pathlib.Path,
   """Writes params in HF format with the source checkpoint's tokenizer files, as they were, plus
   `extra_files` (name -> text, e.g. the SFT marker); the directory appears whole or not at all.
 
-  Every process calls it (global arrays are gathered); process 0 writes.
+  Every process calls it; process 0 writes. On one process `models.save_hf` fetches the weights from the devices
+  one tensor at a time; with several, each global array is gathered whole onto every process first.
   """
-  params = distributed.all_gather(params)
+  if jax.process_count() > 1:
+    params = distributed.all_gather(params)
   if not distributed.is_main_process():
     distributed.barrier(f"export {target.name}")
     return

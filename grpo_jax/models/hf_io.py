@@ -9,7 +9,6 @@ from collections.abc import Callable
 import jax
 import numpy as np
 import safetensors
-import safetensors.numpy
 
 from grpo_jax.models import transformer
 from grpo_jax.models.config import CheckpointError, ModelConfig
@@ -226,30 +225,67 @@ def load_hf(path: str | pathlib.Path, *, dtype="float32", param_dtype=None, rema
   return params, config
 
 
+_SAFETENSORS_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float64": "F64"}
+
+
+def _hf_leaf(params: Params, config: ModelConfig, path: tuple[str, ...], shape_only: bool = False):
+  """The params leaf at `path` (unrolled names), or its shape: in the scanned layout, layer i's slice of the
+  stacked leaf."""
+  if config.scan_layers and path[0].startswith("layers_"):
+    stacked = _leaf(params[transformer.STACKED], path[1:])
+    return tuple(stacked.shape[1:]) if shape_only else stacked[int(path[0][len("layers_"):])]
+  leaf = _leaf(params, path)
+  return tuple(leaf.shape) if shape_only else leaf
+
+
 def save_hf(params: Params, config: ModelConfig, path: str | pathlib.Path) -> pathlib.Path:
   """Writes config.json + model.safetensors (HF names, torch layouts, `config.param_dtype`).
 
-  The result loads with `transformers.AutoModelForCausalLM.from_pretrained(path)`;
-  `lm_head.weight` is absent when embeddings are tied. A stale sharded index in
-  `path` is removed so that the new single file is the one that loads.
+  The file is written one tensor at a time: each is fetched from its device(s) (a layer's slice of a stacked
+  weight in the scanned layout), laid out for torch, cast only where its dtype differs, written, and freed, so
+  host memory holds about two copies of the largest tensor, never the whole model. The result loads with
+  `transformers.AutoModelForCausalLM.from_pretrained(path)`; `lm_head.weight` is absent when embeddings are tied.
+  A stale sharded index in `path` is removed so that the new single file is the one that loads.
+
+  Raises:
+    CheckpointError: a params leaf whose shape does not give its HF tensor's (nothing is written).
   """
   path = pathlib.Path(path)
-  path.mkdir(parents=True, exist_ok=True)
-  if config.scan_layers:  # the checkpoint is the same either way: unstack on the host
-    params = transformer.unstack_layers(jax.device_get(params), config)
-  tensors = {}
-  for spec in _tensor_specs(config):
-    node = params
-    for key in spec.path:
-      node = node[key]
-    value = spec.to_hf(np.asarray(jax.device_get(node)))
-    if value.shape != spec.hf_shape:
-      raise CheckpointError(f"params at {'/'.join(spec.path)} give {spec.hf_name} shape {value.shape}, "
+  dtype = np.dtype(jax.numpy.dtype(config.param_dtype))
+  if dtype.name not in _SAFETENSORS_DTYPES:
+    raise CheckpointError(f"cannot write param_dtype {dtype.name} to safetensors")
+  specs = _tensor_specs(config)
+  header, offset = {"__metadata__": {"format": "pt"}}, 0
+  for spec in specs:  # every shape checked, and the header built, before any tensor is fetched
+    ours = _hf_leaf(params, config, spec.path, shape_only=True)
+    try:
+      shape = jax.eval_shape(spec.to_hf, jax.ShapeDtypeStruct(ours, dtype)).shape
+    except (TypeError, ValueError):  # a size that does not reshape
+      shape = ours
+    if shape != spec.hf_shape:
+      raise CheckpointError(f"params at {'/'.join(spec.path)} give {spec.hf_name} shape {shape}, "
                             f"expected {spec.hf_shape}")
-    tensors[spec.hf_name] = np.ascontiguousarray(value.astype(jax.numpy.dtype(config.param_dtype)))
+    size = int(np.prod(spec.hf_shape)) * dtype.itemsize
+    header[spec.hf_name] = {"dtype": _SAFETENSORS_DTYPES[dtype.name], "shape": list(spec.hf_shape),
+                            "data_offsets": [offset, offset + size]}
+    offset += size
+  text = json.dumps(header, separators=(",", ":")).encode()
+  text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+  path.mkdir(parents=True, exist_ok=True)
+  partial = path / (_SINGLE + ".partial")
+  try:
+    with open(partial, "wb") as f:
+      f.write(len(text).to_bytes(8, "little") + text)
+      for spec in specs:
+        value = spec.to_hf(np.asarray(jax.device_get(_hf_leaf(params, config, spec.path))))
+        f.write(np.ascontiguousarray(value, dtype=dtype).reshape(-1).view(np.uint8).data)
+        del value
+  except BaseException:
+    partial.unlink(missing_ok=True)
+    raise
   (path / _INDEX).unlink(missing_ok=True)
   for stale in path.glob("model-*-of-*.safetensors"):
     stale.unlink()
-  safetensors.numpy.save_file(tensors, str(path / _SINGLE), metadata={"format": "pt"})
+  partial.replace(path / _SINGLE)
   (path / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2) + "\n")
   return path

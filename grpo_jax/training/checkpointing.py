@@ -8,6 +8,10 @@ its temporary directory and raises `CheckpointSaveError`, one line naming the di
 cause and the free space there; orbax's writer threads' own reports of it are not printed. Saves
 are synchronous (orbax's asynchronous mode would gain nothing, as every save is waited for, and
 after a failed one its threads wait minutes for a signal that never comes, then print tracebacks).
+A save copies the state from the devices to host memory in batches of at most `host_transfer_gb`
+(orbax's `save_device_host_concurrent_gb`), each written before the next is copied; orbax's
+default copies the whole train state at once (on a GPU into pinned host memory, then into NumPy
+arrays), on top of the run's own host memory.
 
 A damaged checkpoint (a truncated or corrupt file) is never used: `restore_intact` tries the
 steps newest first, says which one is damaged and why, and moves it aside to
@@ -42,6 +46,9 @@ from jax.experimental import multihost_utils
 from grpo_jax import partitioning
 
 
+HOST_TRANSFER_GB = 1  # a save's bound on the state it copies to host memory at once (GB)
+
+
 class CheckpointError(ValueError):
   """A checkpoint directory that cannot be restored (missing, incompatible)."""
 
@@ -52,7 +59,9 @@ class CheckpointSaveError(CheckpointError):
 
 @jax.jit
 def _finite(leaves):
-  checks = [jnp.all(jnp.isfinite(x)) for x in leaves]
+  # max |x| is inf or NaN iff some element is (max propagates NaN): a plain reduction, where all(isfinite(x)) has
+  # XLA's CPU backend hold the whole state's [elements] bool mask (half a bf16 state's bytes) before reducing it.
+  checks = [jnp.isfinite(jnp.max(jnp.abs(x))) if x.size else jnp.array(True) for x in leaves]
   return jnp.all(jnp.stack(checks)) if checks else jnp.array(True)
 
 
@@ -143,17 +152,56 @@ class _DropNeverRetrieved(logging.Filter):
 _NEVER_RETRIEVED = _DropNeverRetrieved()
 
 
+class _DropNoPrioritized(logging.Filter):
+  """Drops orbax's warning that no array is copied synchronously, at every save: `_state_handler` asks for that."""
+
+  def filter(self, record):
+    return "No prioritized params found" not in str(record.msg)
+
+
 @contextlib.contextmanager
 def _quiet_writer_threads():
   loggers = [logging.getLogger(name) for name in ("absl", "orbax")]
-  quiet = _DropErrors()
+  filters = [_DropErrors(), _DropNoPrioritized()]
   for logger in loggers:
-    logger.addFilter(quiet)
+    for quiet in filters:
+      logger.addFilter(quiet)
   try:
     yield
   finally:
     for logger in loggers:
-      logger.removeFilter(quiet)
+      for quiet in filters:
+        logger.removeFilter(quiet)
+
+
+def _state_handler(host_transfer_gb: float | None) -> ocp.PyTreeCheckpointHandler:
+  """The handler behind orbax's StandardSave (the same files: checkpoints of either restore with the other), with
+  its device -> host copies in batches of `host_transfer_gb` (None: orbax's default, all at once).
+
+  orbax's `save_device_host_concurrent_gb` bounds only the arrays its `ArrayHandler`'s status callback ranks
+  ASYNCHRONOUS_DEPRIORITIZED, and its default callback ranks every array SYNCHRONOUS (all copied at once), so the
+  arrays get a handler whose callback ranks them deprioritized (orbax's documented way, from its `_src`); every save
+  is waited for, so none is modified while it is copied. Where this orbax lacks those hooks, the plain handler."""
+  if host_transfer_gb is None:
+    return ocp.PyTreeCheckpointHandler()
+  try:
+    # pylint: disable=import-outside-toplevel
+    from orbax.checkpoint._src.metadata import array_metadata_store
+    from orbax.checkpoint._src.serialization import types as serialization_types
+
+    class Deprioritized(serialization_types.DefaultSerializationStatusCallback):
+
+      def key_priority(self, _):
+        return serialization_types.TransferPriority.ASYNCHRONOUS_DEPRIORITIZED
+
+    arrays = ocp.type_handlers.ArrayHandler(array_metadata_store=array_metadata_store.Store(),
+                                            callback=Deprioritized())
+  except (ImportError, AttributeError, TypeError):
+    return ocp.PyTreeCheckpointHandler()
+  others = (int, float, bytes, np.number, np.ndarray, str, type(ocp.PLACEHOLDER))
+  registry = ocp.type_handlers.create_type_handler_registry(
+      *[(ty, ocp.type_handlers.get_type_handler(ty)) for ty in others], (jax.Array, arrays))
+  return ocp.PyTreeCheckpointHandler(save_device_host_concurrent_gb=host_transfer_gb, type_handler_registry=registry)
 
 
 class Checkpointer:
@@ -162,16 +210,20 @@ class Checkpointer:
   Args:
     directory: where the steps live (created if missing).
     max_to_keep: how many of the newest steps to keep.
+    host_transfer_gb: the most state (GB, 10^9 bytes, per process) a save holds in host memory at once; an array
+      larger than it is copied alone. None: orbax's default, the whole state at once.
   """
 
-  def __init__(self, directory: str | pathlib.Path, max_to_keep: int = 3):
+  def __init__(self, directory: str | pathlib.Path, max_to_keep: int = 3,
+               host_transfer_gb: float | None = HOST_TRANSFER_GB):
     self.directory = pathlib.Path(directory).absolute()
     if jax.process_index() == 0:  # what a killed save left: never a step, and it would fill the disk
       for partial in self.directory.glob("*.orbax-checkpoint-tmp*"):
         shutil.rmtree(partial, ignore_errors=True)
     options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                            enable_async_checkpointing=False)
-    self._manager = ocp.CheckpointManager(self.directory, options=options)
+    handlers = {"state": _state_handler(host_transfer_gb), "metadata": ocp.JsonCheckpointHandler()}
+    self._manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -191,7 +243,7 @@ class Checkpointer:
     try:
       with _quiet_writer_threads():
         self._manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), metadata=ocp.args.JsonSave(metadata)), force=True)
+            state=ocp.args.PyTreeSave(state), metadata=ocp.args.JsonSave(metadata)), force=True)
         self._manager.wait_until_finished()
     except Exception as err:  # pylint: disable=broad-except  (tensorstore raises ValueError, the file system OSError)
       # The same failure, once per other write task: its record, or its coroutine never awaited, at collection.
@@ -227,8 +279,9 @@ class Checkpointer:
     if step is None:
       raise CheckpointError(f"no checkpoint to resume from in {self.directory}")
     try:
+      target = partitioning.abstract(abstract_state, shardings)
       restored = self._manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.StandardRestore(partitioning.abstract(abstract_state, shardings)),
+          state=ocp.args.PyTreeRestore(target, restore_args=ocp.checkpoint_utils.construct_restore_args(target)),
           metadata=ocp.args.JsonRestore()))
     except Exception as err:  # pylint: disable=broad-except  (tensorstore raises bare Exception on bad data)
       _quiet_failed_reads()
