@@ -234,3 +234,29 @@ def test_saving_holds_one_tensor_at_a_time_on_the_host(tmp_path, scan):
   assert (tmp_path / "model.safetensors").stat().st_size > weights
   assert weights > 8 * largest  # the bound below tells the two writers apart
   assert peak < 3 * largest + 2**20
+
+
+@pytest.mark.devices(2)
+@pytest.mark.parametrize("scan", [False, True])
+def test_saving_leaves_no_host_copy_on_the_params(tmp_path, scan):
+  """`np.asarray` of a jax array that must be copied to the host (off a GPU or TPU; here, sharded over two CPU
+  devices) keeps that copy on the array (`_npy_value`) for as long as the array lives: an export that fetched the
+  params directly would leave the whole model on the host. save_hf fetches through temporaries."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from jax.sharding import Mesh, NamedSharding, PartitionSpec  # pylint: disable=import-outside-toplevel
+  config = models.tiny_config(hidden_size=32, intermediate_size=48, num_hidden_layers=2, vocab_size=64,
+                              tie_word_embeddings=False, param_dtype="bfloat16", scan_layers=scan)
+  mesh = Mesh(np.array(jax.devices()[:2]), ("x",))
+  params = jax.tree.map(lambda x: jax.device_put(x, NamedSharding(mesh, PartitionSpec(*(["x"] if x.shape[0] % 2 == 0
+                                                                                         else [])))),
+                        models.init_params(config, jax.random.key(0)))
+  sharded = [x for x in jax.tree.leaves(params) if not x.is_fully_replicated]
+  assert sharded and all(x._npy_value is None for x in sharded)  # pylint: disable=protected-access
+  probe = jnp.copy(sharded[0])
+  np.asarray(probe)
+  assert probe._npy_value is not None  # pylint: disable=protected-access  (what save_hf must not leave)
+  models.save_hf(params, config, tmp_path)
+  assert [x for x in sharded if x._npy_value is not None] == []  # pylint: disable=protected-access
+  loaded, _ = models.load_hf(tmp_path, param_dtype="bfloat16", scan_layers=scan)
+  for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))

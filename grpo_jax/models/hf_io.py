@@ -238,6 +238,15 @@ def _hf_leaf(params: Params, config: ModelConfig, path: tuple[str, ...], shape_o
   return tuple(leaf.shape) if shape_only else leaf
 
 
+def _fetch(x) -> np.ndarray:
+  """`x` on the host, leaving no host copy behind on `x`: `np.asarray` of a jax array that had to be copied (off
+  a GPU or TPU, or gathered from shards) keeps that copy on the array for its lifetime, which after an export
+  is the whole model's worth of host memory. A device-side copy takes the cache and dies with it."""
+  if isinstance(x, jax.Array) and not (x.is_fully_replicated and all(d.platform == "cpu" for d in x.devices())):
+    x = jax.numpy.copy(x)
+  return np.asarray(x)
+
+
 def save_hf(params: Params, config: ModelConfig, path: str | pathlib.Path) -> pathlib.Path:
   """Writes config.json + model.safetensors (HF names, torch layouts, `config.param_dtype`).
 
@@ -277,7 +286,7 @@ def save_hf(params: Params, config: ModelConfig, path: str | pathlib.Path) -> pa
     with open(partial, "wb") as f:
       f.write(len(text).to_bytes(8, "little") + text)
       for spec in specs:
-        value = spec.to_hf(np.asarray(jax.device_get(_hf_leaf(params, config, spec.path))))
+        value = spec.to_hf(_fetch(_hf_leaf(params, config, spec.path)))
         f.write(np.ascontiguousarray(value, dtype=dtype).reshape(-1).view(np.uint8).data)
         del value
   except BaseException:
