@@ -220,13 +220,14 @@ def policy_config(model: config_lib.ModelConfig, platform: str = "cpu") -> model
 
 def reward_shapes(config: config_lib.Config, policy_shapes: models.ModelConfig):
   """The learned reward model's shapes as `learned_reward.LearnedReward` loads it (the run's dtype, a tied
-  backbone, the policy's attention), from a named shape (kind: orm with --reward=orm, else prm) or a reward-model
+  backbone, the policy's attention and layer layout), from a named shape (kind: orm with --reward=orm, else prm) or a reward-model
   directory; None with a rule reward."""
   if not learned_reward.learned(config):
     return None
   path, dtype, attention = config.reward_model.reward_model, config.model.dtype, policy_shapes.attention
   if path in NAMED:
-    shapes = models.ModelConfig(**NAMED[path], dtype=dtype, param_dtype=dtype, attention=attention)
+    shapes = models.ModelConfig(**NAMED[path], dtype=dtype, param_dtype=dtype, attention=attention,
+                                scan_layers=config.model.scan_layers)
     return programs.RewardModel(dataclasses.replace(shapes, tie_word_embeddings=True),
                                 "orm" if config.task.reward == "orm" else "prm")
   import safetensors  # pylint: disable=import-outside-toplevel
@@ -235,7 +236,8 @@ def reward_shapes(config: config_lib.Config, policy_shapes: models.ModelConfig):
     raise models.CheckpointError(f"missing {rm_io.HEAD_FILE} in {path}: not a reward model directory")
   with safetensors.safe_open(head, framework="np") as f:
     kind = (f.metadata() or {}).get("kind")
-  return programs.RewardModel(models.read_config(path, dtype=dtype, param_dtype=dtype, attention=attention), kind)
+  return programs.RewardModel(models.read_config(path, dtype=dtype, param_dtype=dtype, attention=attention,
+                                                 scan_layers=config.model.scan_layers), kind)
 
 
 def _bytes_per_device(tree) -> int:

@@ -263,6 +263,25 @@ def test_reward_model_scores_in_row_chunks_equal_one_chunk(checkpoints):
   assert "tensor<2x2xf32>" in hlo  # the loop's stacked scores: 2 chunks of 2 rows
 
 
+def test_reward_model_loads_in_the_policys_layer_layout(checkpoints):
+  """With --scan_layers the reward model's backbone loads stacked (one compiled layer, as the policy's) and scores
+  as the unrolled one does."""
+  policy_dir, orm_dir, prm_dir = checkpoints
+  _, config = models.load_hf(policy_dir)
+  tokenizer = models.load_tokenizer(policy_dir)
+  samples, texts, _ = _three_samples(tokenizer)
+  for reward, path in (("orm", orm_dir), ("prm", prm_dir)):
+    cfg = config_lib.Config().replace(reward=reward, reward_model=str(path))
+    unrolled = methods.learned_reward.LearnedReward(cfg, tokenizer, config)
+    scanned = methods.learned_reward.LearnedReward(cfg.replace(scan_layers=True), tokenizer, config)
+    assert scanned.config.scan_layers and not unrolled.config.scan_layers
+    assert models.transformer.STACKED in scanned.params["backbone"]
+    assert not any(k.startswith("layers_") for k in scanned.params["backbone"])
+    np.testing.assert_allclose(scanned.outcome(samples, texts), unrolled.outcome(samples, texts), rtol=1e-5)
+    if reward == "prm":
+      np.testing.assert_allclose(scanned.steps(samples, texts)[0], unrolled.steps(samples, texts)[0], rtol=1e-5)
+
+
 @pytest.mark.parametrize("kind", ["orm", "orm_steps"])
 def test_a_loglik_reward_model_scores_at_rl_time_as_it_trained(tmp_path, checkpoints, kind):
   """--reward=orm with a model saved with the loglik score: σ(pooled head logit + α · Σ over the completion of

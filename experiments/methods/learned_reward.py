@@ -97,7 +97,8 @@ class LearnedReward:
 
   def __init__(self, cfg: config_lib.Config, tokenizer, policy_config, placement=None):
     path, reward, dtype = cfg.reward_model.reward_model, cfg.task.reward, cfg.model.dtype
-    params, config, kind = rm.load_reward_model(path, dtype=dtype, param_dtype=dtype)
+    params, config, kind = rm.load_reward_model(path, dtype=dtype, param_dtype=dtype,
+                                                scan_layers=cfg.model.scan_layers)  # the policy's layout
     config = config.replace(attention=policy_config.attention)  # the policy's attention implementation
     if kind != reward and not (reward == "orm" and kind in rm.OUTCOME_KINDS):
       raise ValueError(f"--reward={reward} but {path} holds a reward model of kind {kind}")

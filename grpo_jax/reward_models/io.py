@@ -52,8 +52,9 @@ def save_reward_model(params: Params, config: ModelConfig, path: str | pathlib.P
 
 
 def load_reward_model(path: str | pathlib.Path, *, dtype: str = "float32", param_dtype: str | None = None,
-                      remat: bool = False) -> tuple[Params, ModelConfig, str]:
-  """Loads a reward model written by `save_reward_model`.
+                      remat: bool = False, scan_layers: bool = False) -> tuple[Params, ModelConfig, str]:
+  """Loads a reward model written by `save_reward_model`; with `scan_layers`, its backbone's layers stacked (one
+  compiled layer in its programs, as the policy's `--scan_layers`).
 
   Returns:
     (params, config, kind); `config.tie_word_embeddings` is True (see the module docstring).
@@ -78,7 +79,7 @@ def load_reward_model(path: str | pathlib.Path, *, dtype: str = "float32", param
   if meta.get("format") != _FORMAT or kind not in KINDS or score not in SCORES:
     raise CheckpointError(f"{head_file}: not a grpo_jax reward head (metadata {meta})")
   # After the head check: with no model.safetensors, load_hf would scan the head file too.
-  backbone, config = hf_io.load_hf(path, dtype=dtype, param_dtype=param_dtype, remat=remat)
+  backbone, config = hf_io.load_hf(path, dtype=dtype, param_dtype=param_dtype, remat=remat, scan_layers=scan_layers)
   expected = {"kernel": (config.hidden_size,), "bias": (1,), **({"alpha": (1,)} if score == "loglik" else {})}
   for name, shape in expected.items():
     if name not in tensors:
