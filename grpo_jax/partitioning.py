@@ -20,6 +20,7 @@ mesh axis does not divide stays whole on that axis (models.logical_axes.logical_
 from collections.abc import Callable, Mapping, Sequence
 import math
 from typing import Any
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -251,7 +252,8 @@ def init_train_state(params: Any, optimizer, mesh: Mesh, rules: Mapping, *, dona
     params: policy params (any placement; already-sharded params are not gathered).
     optimizer: the optax transformation.
     mesh, rules: the placement.
-    donate: let the state reuse the buffers of `params` (they are deleted).
+    donate: hand `params` over: the state reuses their buffers, and a leaf it cannot reuse (placed otherwise:
+      resharded into a new buffer) is deleted as well, so the state holds the only copy.
 
   Returns:
     (state, shardings): the TrainState and its NamedShardings, for `make_train_step`
@@ -259,7 +261,15 @@ def init_train_state(params: Any, optimizer, mesh: Mesh, rules: Mapping, *, dona
   """
   init = lambda p: train_state.init_train_state(p, optimizer)
   shardings = state_shardings(mesh, rules, jax.eval_shape(init, params))
-  state = jax.jit(init, out_shardings=shardings, donate_argnums=(0,) if donate else ())(params)
+  if not donate:
+    return jax.jit(init, out_shardings=shardings)(params), shardings
+  with warnings.catch_warnings():  # a leaf placed otherwise: resharded, not reused, and deleted below
+    warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+    state = jax.jit(init, out_shardings=shardings, donate_argnums=(0,))(params)
+  kept = {id(x) for x in jax.tree.leaves(state)}
+  for x in jax.tree.leaves(params):
+    if isinstance(x, jax.Array) and not x.is_deleted() and id(x) not in kept:
+      x.delete()
   return state, shardings
 
 

@@ -1,10 +1,13 @@
 """The one training loop (`experiments/runner/loop.py`): a new method is one class plus its registration, and
 the loop runs it end to end from a Python config (the README's example)."""
 
+import gc
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from experiments import methods
 from experiments.methods import rft
@@ -73,3 +76,29 @@ def test_resume_keeps_the_count_of_truncated_prompts(tmp_path):
   loop.run(config.replace(stop_after=0, resume=True))
   records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert [(r["step"], r["train/prompts_truncated"]) for r in records if "train/loss" in r] == [(1, 2.0), (2, 4.0)]
+
+
+@pytest.mark.parametrize("algo, mesh, copies", [
+    ("grpo", "", 4),  # π_θ, Adam's μ and ν, π_ref
+    pytest.param("grpo", "fsdp:2", 4, marks=pytest.mark.devices(2)),
+    pytest.param("ppo", "fsdp:2", 7, marks=pytest.mark.devices(2)),  # and the value model's backbone, its μ, ν
+])
+def test_stage_2_holds_no_copy_of_the_start_policy_beyond_the_needed_ones(tmp_path, monkeypatch, algo, mesh, copies):
+  """The start params are handed over to the train state: at every collect of stage 2, of a run and of its resume
+  (which replaces the state built from them by the checkpoint's), the live arrays of the embedding's shape (one per
+  policy-sized tree) are the needed ones only, not one more for the start policy the loop was given."""
+  counts = []
+  gc.collect()
+  before = jax.live_arrays()  # earlier tests' arrays, in this worker process: held, not counted
+
+  class Probe(methods.METHODS[algo]):
+    def collect(self, params, position, key):
+      shape, old = self.policy(params)["embed"]["embedding"].shape, {id(x) for x in before}
+      counts.append(sum(x.shape == shape and id(x) not in old for x in jax.live_arrays()))
+      return super().collect(params, position, key)
+
+  monkeypatch.setitem(methods.METHODS, algo, Probe)
+  config = config_lib.Config().replace(**TINY, algo=algo, mesh=mesh, stop_after=1, work_dir=str(tmp_path))
+  loop.run(config)
+  loop.run(config.replace(stop_after=0, resume=True))
+  assert counts == [copies] * 2

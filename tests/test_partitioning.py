@@ -138,6 +138,22 @@ def test_make_mesh_and_sharded_init_on_8_devices():
                shardings)
 
 
+@pytest.mark.devices(2)
+def test_init_train_state_with_donate_leaves_the_state_the_only_copy(recwarn):
+  """`donate=True` hands the params over: a leaf placed by the rules gives its buffer to the state, one placed
+  otherwise (whole on every device) is resharded and deleted too, with no warning; the state holds their values."""
+  mesh, rules = partitioning.make_mesh("fsdp:2"), partitioning.get_rules("fsdp")
+  params = partitioning.init_params(SMALL, jax.random.key(0), mesh, rules)
+  params["lm_head"]["kernel"] = jax.device_put(params["lm_head"]["kernel"], partitioning.replicated(mesh))
+  expected = jax.device_get(params)
+  before = jax.live_arrays()
+  state, _ = partitioning.init_train_state(params, optax.adam(1e-3), mesh, rules, donate=True)
+  assert all(x.is_deleted() for x in jax.tree.leaves(params)) and not recwarn.list
+  kept = {id(x) for x in jax.tree.leaves(state)} | {id(x) for x in before}
+  assert [x.shape for x in jax.live_arrays() if id(x) not in kept] == []  # nothing new outside the state
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.params), expected)
+
+
 @pytest.mark.devices(8)
 def test_load_hf_into_shardings(tmp_path):
   # Here rather than in test_hf_io.py, whose torch oracle would cost this test's 8-device child process 5 s.

@@ -141,6 +141,9 @@ def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointe
   the train state holds only the trained leaves (`lora.split`: the adapters, a value head); the frozen base is
   joined to them where the policy is used, and is not checkpointed.
 
+  `policy` (the start params) is handed over to the train state: its buffers are deleted once the state exists
+  (`Placement.train`); π_ref (`method.reference`) must not share them, except for LoRA's frozen base.
+
   Returns (final policy params, the start policy's accuracy, whether `stop_after` stopped it).
   """
   cfg = method.cfg
@@ -148,13 +151,19 @@ def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointe
   minibatch, updates_per_step, optimizer = update_plan(method)
   steps = cfg.optim.steps
   key = jax.random.PRNGKey(run_cfg.seed)
+  # Offline data comes from the start policy (the reference), so a resumed run rebuilds the same dataset; built
+  # before the train state takes the start policy's buffers (logged once a resume has rewound the metrics).
+  prepared = method.prepare(policy, jax.random.fold_in(key, 2))
   trained, frozen = method.init_params(policy, jax.random.fold_in(key, 1)), None
   if lora_base is not None:  # LoRA: only the adapters (and a value head) are trained, optimised and checkpointed
     trained, frozen = lora.split(trained)
   full = (lambda params: params) if frozen is None else (lambda params: lora.join(params, frozen))
   trained_part = (lambda params: params) if frozen is None else (lambda params: lora.split(params)[0])
+  # The start params are handed over: the state takes their buffers (`Placement.train` deletes them; with LoRA the
+  # start adapters), so stage 2 holds π_θ, its moments and π_ref, and no other copy of the start policy.
   state, train_step = method.rollouts.placement.train(trained, optimizer, method.objective(), algo.grad_accum_steps,
                                                       frozen=frozen)
+  policy = trained = None
   updates = method.reward_updates  # iterative RL's reward-model retraining, or None
   per_iteration = cfg.reward_model.steps_per_iteration if updates else 0
   if updates and frozen is not None:
@@ -192,8 +201,6 @@ def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointe
     start_accuracy = meta.get("sft_accuracy", start_accuracy)
     print(f"resumed from step {start} in {ckpt.directory}" + (
         f" ({dropped} metrics.jsonl records of later steps dropped)" if dropped else ""), file=sys.stderr)
-  # Offline data comes from the start policy (the reference), so a resumed run rebuilds the same dataset.
-  prepared = method.prepare(policy, jax.random.fold_in(jax.random.PRNGKey(run_cfg.seed), 2))
   if prompts_truncated is not None:  # the count since the start, the rebuilt offline data's prompts included
     method.rollouts.prompts_truncated = int(prompts_truncated)
   if prepared:
@@ -368,7 +375,8 @@ def _stages(cfg: config_lib.Config, method_cls, placement: placement_lib.Placeme
   t_rl = time.time()
   print(f"stage 2: {method.name}, {cfg.optim.steps} steps of {cfg.rollout.batch_size} prompts x "
         f"{cfg.rollout.group_size} samples", file=sys.stderr)
-  # frozen π_ref: the start policy; with LoRA the base itself (the adapters off: no copy of the weights)
+  # frozen π_ref: the start policy, a copy (`train` hands `params` to the train state, which deletes them); with
+  # LoRA the base itself (the adapters off: no copy of the weights; the base is frozen, never handed over)
   method.reference = lora.disabled(params) if lora_base else jax.tree.map(jnp.copy, params)
   if cfg.reward_model.iterations > 1:
     method.reward_updates = learned_reward.RewardModelUpdates(reward_model, task, rollouts)

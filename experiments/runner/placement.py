@@ -104,6 +104,9 @@ class Placement:
   def train(self, params, optimizer, objective, num_micro_batches: int, frozen=None):
     """`(state, step)`: the train state placed by the rules and the jitted update (state donated).
 
+    `params` are handed over: the state takes their buffers and they are deleted (on a mesh, a leaf placed
+    otherwise is resharded, then deleted), so no second copy outlives the call; keep a copy of what must stay.
+
     `frozen`: weights the objective reads but the update does not train (LoRA's base, `models.lora.split`): the
     objective sees `lora.join(state.params, frozen)`; they are neither in the state nor donated.
 
@@ -113,8 +116,9 @@ class Placement:
     if self.mesh is None:
       step = training.make_train_step(objective, optimizer, num_micro_batches,
                                       combine=None if frozen is None else lora.join)
-      return training.init_train_state(params, optimizer), lambda state, batch: step(state, batch, *extra)
-    state, shardings = partitioning.init_train_state(params, optimizer, self.mesh, self.rules)
+      state = jax.jit(lambda p: training.init_train_state(p, optimizer), donate_argnums=0)(params)
+      return state, lambda state, batch: step(state, batch, *extra)
+    state, shardings = partitioning.init_train_state(params, optimizer, self.mesh, self.rules, donate=True)
     step = self.train_step(shardings, optimizer, objective, num_micro_batches, frozen=frozen)
     return state, lambda state, batch: step(state, self.device(batch), *extra)
 
