@@ -20,8 +20,8 @@ each with abstract arguments (`jax.ShapeDtypeStruct`s carrying their shardings) 
 gives them. The real XLA compiler for the topology (libtpu, `pip install -e '.[tpu]'`) runs
 `jit(...).trace(...).lower().compile()`. For each program it prints, per chip, XLA's `memory_analysis()`:
 arguments, outputs, temporaries and generated code, minus the donated (aliased) bytes; then the same plus the
-trees that stay resident between programs (train state, reference, start policy, reward model; with LoRA the
-adapters' train state, the base once, the start adapters; `programs.resident`) that are not its arguments,
+trees that stay resident between programs (train state, reference, reward model; with LoRA the adapters' train
+state and the base once; `programs.resident`) that are not its arguments,
 against the chip's HBM. FLOPs are the matmul FLOPs of the traced program with every scan and loop at its trip
 count (XLA's `cost_analysis()` counts a loop body once; its figure is printed beside); "s at peak" is a step's
 (or an evaluation's) FLOPs per chip over the chip's peak bf16 FLOP/s, a floor on the time.

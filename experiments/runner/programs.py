@@ -135,16 +135,15 @@ def _train_state(method, params, placement: placement_lib.Placement):
 def resident(config: config_lib.Config, model_config: models.ModelConfig, placement: placement_lib.Placement,
              reward: RewardModel | None = None) -> dict[str, Any]:
   """The abstract trees that stay on the device(s) through stage 2 of `loop.run`, by name: the train state, the
-  frozen reference (`method.reference`, a copy of the start policy), the start policy itself (`loop.run` holds it
-  while stage 2 runs) and the learned reward model. With LoRA: the train state (the adapters and their optimiser
-  state), the base ("base": the frozen part of the policy, and π_ref with β > 0: no copy), and the start policy's
-  adapters."""
+  frozen reference (`method.reference`, a copy of the start policy, whose own buffers the train state took:
+  `Placement.train`) and the learned reward model. With LoRA: the train state (the adapters and their optimiser
+  state) and the base ("base": the frozen part of the policy, and π_ref with β > 0: no copy)."""
   method, params = _setup(config, model_config, placement, reward)
   state = _train_state(method, params, placement)[3]
   if config.model.lora_rank:
-    out = {"train state": state, "base": lora.disabled(params), "start adapters": lora.adapters(params)}
+    out = {"train state": state, "base": lora.disabled(params)}
   else:
-    out = {"train state": state, "reference": params, "start policy": params}
+    out = {"train state": state, "reference": params}
   if reward is not None:
     out["reward model"] = _reward_params(reward, placement)
   return out
