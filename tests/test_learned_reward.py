@@ -244,15 +244,23 @@ def test_orm_steps_reward_is_the_noisy_and_of_its_step_scores(tmp_path, checkpoi
     _run(tmp_path / "run", policy_dir, "--steps=1", "--reward=prm", f"--reward_model={tmp_path / 'orm_steps'}")
 
 
-def test_reward_model_scores_in_row_chunks_equal_one_chunk(checkpoints):
-  """The reward model's forward over the rows in chunks (`--forward_rows`): 3 rows 2 at a time (the last chunk
-  padded) give the outcome and step rewards of all 3 at once, up to float rounding."""
+def _orm_and_prm(checkpoints):
+  """(the policy's config, its tokenizer, three samples and their texts, [(reward, run Config)] for the ORM and
+  the PRM of `checkpoints`)."""
   policy_dir, orm_dir, prm_dir = checkpoints
   _, config = models.load_hf(policy_dir)
   tokenizer = models.load_tokenizer(policy_dir)
   samples, texts, _ = _three_samples(tokenizer)
-  for reward, path in (("orm", orm_dir), ("prm", prm_dir)):
-    cfg = config_lib.Config().replace(reward=reward, reward_model=str(path))
+  cfgs = [(reward, config_lib.Config().replace(reward=reward, reward_model=str(path)))
+          for reward, path in (("orm", orm_dir), ("prm", prm_dir))]
+  return config, tokenizer, samples, texts, cfgs
+
+
+def test_reward_model_scores_in_row_chunks_equal_one_chunk(checkpoints):
+  """The reward model's forward over the rows in chunks (`--forward_rows`): 3 rows 2 at a time (the last chunk
+  padded) give the outcome and step rewards of all 3 at once, up to float rounding."""
+  config, tokenizer, samples, texts, cfgs = _orm_and_prm(checkpoints)
+  for _, cfg in cfgs:
     whole = methods.learned_reward.LearnedReward(cfg, tokenizer, config)
     chunked = methods.learned_reward.LearnedReward(cfg, tokenizer, config, placement_lib.Placement(forward_rows=2))
     assert whole.placement.forward_chunk(config, 3, 31) == 3  # the default budget: one chunk
@@ -266,12 +274,8 @@ def test_reward_model_scores_in_row_chunks_equal_one_chunk(checkpoints):
 def test_reward_model_loads_in_the_policys_layer_layout(checkpoints):
   """With --scan_layers the reward model's backbone loads stacked (one compiled layer, as the policy's) and scores
   as the unrolled one does."""
-  policy_dir, orm_dir, prm_dir = checkpoints
-  _, config = models.load_hf(policy_dir)
-  tokenizer = models.load_tokenizer(policy_dir)
-  samples, texts, _ = _three_samples(tokenizer)
-  for reward, path in (("orm", orm_dir), ("prm", prm_dir)):
-    cfg = config_lib.Config().replace(reward=reward, reward_model=str(path))
+  config, tokenizer, samples, texts, cfgs = _orm_and_prm(checkpoints)
+  for reward, cfg in cfgs:
     unrolled = methods.learned_reward.LearnedReward(cfg, tokenizer, config)
     scanned = methods.learned_reward.LearnedReward(cfg.replace(scan_layers=True), tokenizer, config)
     assert scanned.config.scan_layers and not unrolled.config.scan_layers
