@@ -5,7 +5,7 @@ import dataclasses
 from experiments.studies import common
 from experiments.studies.spec import Claim, Contrast, Panel, Plot, Study
 
-RL_RUNS = ("rft", "online_rft", "grpo", "grpo_ps", "ppo", "dpo", "dpo_nll")
+RL_RUNS = ("rft", "online_rft", "grpo", "grpo_ps", "grpo_ps_centered", "ppo", "dpo", "dpo_nll")
 # The offline methods sample as many prompts as the online ones draw over the run (200 steps x 32), so RFT against
 # Online RFT differs in whose samples they are, not in how many problems: at the default 2,048 the full RFT run
 # cycled its ~3,000 distinct correct samples 17 times, and DPO its 928 pairs 28 times (seed 0: held-out accuracy
@@ -22,7 +22,9 @@ STUDY = Study(
         "task's exact step labels (a perfect PRM); Online RFT; RFT (correct offline samples of the SFT policy); "
         "PPO with a critic (B·G prompts, G = 1); DPO on (right, wrong) pairs of SFT samples at lr 2e-5 (at the "
         "shared lr it over-fits its pairs, see the README), and the same DPO plus the chosen output's "
-        "length-normalised NLL (α = 1, Iterative RPO, arXiv 2404.19733: a diagnostic of likelihood displacement). RFT and DPO sample their offline data once from the SFT "
+        "length-normalised NLL (α = 1, Iterative RPO, arXiv 2404.19733: a diagnostic of likelihood displacement). "
+        "GRPO+PS is also run with its token advantages centred per group (`--process_center_tokens`: a diagnostic "
+        "of the suffix sums' negative drift). RFT and DPO sample their offline data once from the SFT "
         "policy on 6,400 prompts, as many as the online methods draw in the full run (the quick profile: 512 and "
         "2,048). The paper (Fig 5, 1.3B model) reports "
         "GRPO+PS > GRPO+OS > Online RFT > RFT."),
@@ -32,6 +34,11 @@ STUDY = Study(
         common.rl("online_rft", "Online RFT", algo="online_rft"),
         dataclasses.replace(common.GRPO, label="GRPO+OS (rule reward)"),
         common.rl("grpo_ps", "GRPO+PS (exact step labels)", reward="exact_steps", supervision="process"),
+        # A diagnostic, not in the papers: the suffix sums of §4.1.3 do not average zero over tokens (after a first
+        # wrong step every later one is wrong, so most tokens get a negative advantage); centring them per group
+        # (`--process_center_tokens`) removes that drift and keeps the expected gradient.
+        common.rl("grpo_ps_centered", "GRPO+PS, token advantages centred", reward="exact_steps",
+                  supervision="process", process_center_tokens=True),
         common.rl("ppo", "PPO (critic, G = 1)", algo="ppo", batch_size=256, group_size=1,
                   quick={"batch_size": 8 * common.QUICK_RL["batch_size"]}),
         common.rl("dpo", "DPO (lr 2e-5)", algo="dpo", learning_rate=2e-5, offline_prompts=OFFLINE_PROMPTS,
@@ -61,7 +68,7 @@ STUDY = Study(
     contrasts=(Contrast("grpo_ps", "grpo", "final"), Contrast("grpo", "online_rft", "final"),
                Contrast("online_rft", "rft", "final"), Contrast("grpo", "rft", "final"),
                Contrast("ppo", "grpo", "final"), Contrast("dpo", "grpo", "final"),
-               Contrast("dpo_nll", "dpo", "final")),
+               Contrast("dpo_nll", "dpo", "final"), Contrast("grpo_ps_centered", "grpo_ps", "final")),
     claims=(Claim("Fig 5: GRPO+PS > GRPO+OS", "grpo_ps - grpo", "final"),
             Claim("Fig 5: GRPO+OS > Online RFT", "grpo - online_rft", "final"),
             Claim("Fig 5: Online RFT > RFT", "online_rft - rft", "final"),
@@ -69,7 +76,9 @@ STUDY = Study(
             Claim("GRPO+OS raises accuracy over its SFT start", "grpo", "gain"),
             Claim("Table 10: PPO beside GRPO+OS (no ordering claimed)", "ppo - grpo", "final", ""),
             Claim("Table 10: DPO beside GRPO+OS (no ordering claimed)", "dpo - grpo", "final", ""),
-            Claim("DPO + NLL beside DPO (Iterative RPO's fix; not in DeepSeekMath)", "dpo_nll - dpo", "final", "")),
+            Claim("DPO + NLL beside DPO (Iterative RPO's fix; not in DeepSeekMath)", "dpo_nll - dpo", "final", ""),
+            Claim("GRPO+PS with centred token advantages beside GRPO+PS (not in DeepSeekMath)",
+                  "grpo_ps_centered - grpo_ps", "final", "")),
     profiles={"quick": common.QUICK},
     notes={"quick": common.QUICK_NOTE + " RFT samples 512 offline prompts x 8 (full: 2,048 x 8); PPO B·G prompts "
                                         "x 1 sample per step (full: 256 x 1)."},
