@@ -88,8 +88,10 @@ def process_advantages(
   counts once for every token before its end, so when later steps score lower (after a first error
   every later step is wrong) nearly every token gets a negative advantage, and the update pushes
   down the sampled tokens as a whole. `center_tokens=True` subtracts the group's mean token
-  advantage, Â_{i,t} − mean_{i',t'} Â_{i',t'}: a constant baseline, so the expected gradient is
-  unchanged and only that drift is removed (an option of grpo_jax, not of the paper).
+  advantage, Â_{i,t} − mean_{i',t'} Â_{i',t'} (an option of grpo_jax, not of the paper). That
+  constant leaves the expected gradient unchanged only when every token weighs the same (a sum over
+  tokens); under the paper's mean over each output's tokens it adds c · ∇log π(o) / |o|, which with
+  c > 0 (a negative drift removed) pushes towards short outputs.
 
   Args:
     step_rewards: `[P, G, K]` reward of step j of output i, K the most steps.
