@@ -765,7 +765,7 @@ def claims_table(pages: pathlib.Path = PAGES) -> str:
     if v["verdict"] == "not run":
       return "not yet", None
     word = "" if v["verdict"] == "reported" else f": **{v['verdict']}**"
-    return f"{v['cell'].rsplit(' (', 1)[0]} ({v['n']} seeds){word}", v
+    return f"{v['cell'].rsplit(' (', 1)[0]} ({v['n']} seed{'s' if v['n'] != 1 else ''}){word}", v
 
   def says(v, profile):
     return "-" if v is None else f"{profile}: {v['short']}"
