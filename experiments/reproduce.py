@@ -64,6 +64,9 @@ flags.DEFINE_bool("aggregate_only", False, "Run nothing; aggregate, tabulate and
 flags.DEFINE_bool("list", False, "List the studies, their runs and profiles, and exit.")
 flags.DEFINE_bool("claims_table", False, "Print the table of every study's claims against its committed pages "
                   "(docs/reproduce/<study>/results.json, quick, and <study>/full/results.json) and exit.")
+flags.DEFINE_bool("redecide", False, "Decide the committed pages' claims again from their cells (after a change of "
+                  "the claims or the verdict rules) and rewrite each page's results.json and results.md; run "
+                  "nothing, and exit.")
 flags.DEFINE_bool("write_defaults_snapshot", False, "Record the runners' defaults under a new revision in "
                   "experiments/studies/runner_defaults.json (every run directory moves once), and exit.")
 
@@ -780,9 +783,57 @@ def claims_table(pages: pathlib.Path = PAGES) -> str:
   return "\n".join(lines) + "\n"
 
 
+def redecide_pages(pages: pathlib.Path = PAGES) -> list[pathlib.Path]:
+  """Rewrites the verdicts of every committed page (results.json and the Verdicts section of results.md) from its
+  own cells under today's claims and rules; the runs need not exist, and the rest of the page stays as it ran.
+  Returns the pages it changed."""
+  changed = []
+  for name, study in studies_lib.STUDIES.items():
+    for page_dir in (pages / name, pages / name / "full"):
+      path, md = page_dir / "results.json", page_dir / "results.md"
+      if not path.is_file():
+        continue
+      results = json.loads(path.read_text())
+      verdicts_now = json.loads(json.dumps(decide_claims(study, results["cells"]), default=str))
+      lines = md.read_text().split("\n")
+      if "## Verdicts" in lines:
+        start = lines.index("## Verdicts")
+        end = start + 4  # the heading, a blank line, the rule, a blank line, then the table
+        while end < len(lines) and lines[end].startswith("|"):
+          end += 1
+        end += 1  # the blank line after the table
+      else:  # a page from before verdicts: the section goes before the first table
+        start = end = next((i for i, line in enumerate(lines) if line.startswith(("**", "## Runs"))), len(lines))
+      section = _verdict_lines(verdicts_now)
+      if verdicts_now == results.get("verdicts", []) and lines[start:end] == section:
+        continue
+      results["verdicts"] = verdicts_now
+      path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+      lines[start:end] = section
+      md.write_text("\n".join(lines))
+      changed.append(page_dir)
+  return changed
+
+
 def _shown(text: str) -> str:
   """Paths inside the repository relative to it, the interpreter as `python`."""
   return text.replace(sys.executable, "python").replace(str(ROOT) + "/", "")
+
+
+def _verdict_lines(verdict_list: list[dict]) -> list[str]:
+  """The page's "Verdicts" section: the rule, then each claim's cell and verdict."""
+  if not verdict_list:
+    return []
+  lines = ["## Verdicts", "",
+           f"Each of the paper's findings against its cell (mean ± s.e. (seeds), at the last step): with "
+           f"{verdicts.MIN_SEEDS} or more seeds, reproduced or contradicted when the {verdicts.Z:g}-standard-error "
+           "interval lies on one side of zero; equal when a claimed ordering's interval holds zero but lies inside "
+           "its margin; consistent when a claimed non-change stays inside its margin (or, with none, the interval "
+           "holds zero); else undecided.", "",
+           "| the paper | cell | value | verdict |", "|---|---|---|---|"]
+  lines += [f"| {v['claim']} | {v['run']}, {v['metric']} | {v.get('cell') or '-'} | **{v['verdict']}** "
+            f"({v['detail']}) |" for v in verdict_list]
+  return lines + [""]
 
 
 def markdown(study: spec.Study, results: dict, cells: list[dict], plots: list[pathlib.Path]) -> str:
@@ -798,16 +849,7 @@ def markdown(study: spec.Study, results: dict, cells: list[dict], plots: list[pa
   for module, values in results["profile_flags"].items():
     lines.append(f"Flags it adds to every `{module}` run: `{' '.join(_flag_args(values))}`.")
   lines.append("")
-  if results["verdicts"]:
-    lines += ["## Verdicts", "",
-              f"Each of the paper's findings against its cell (mean ± s.e. (seeds), at the last step): with "
-              f"{verdicts.MIN_SEEDS} or more seeds, reproduced or contradicted when the {verdicts.Z:g}-standard-error "
-              "interval lies on one side of zero, consistent when a claimed non-change stays inside its margin (or, "
-              "with none, the interval holds zero), else undecided.", "",
-              "| the paper | cell | value | verdict |", "|---|---|---|---|"]
-    lines += [f"| {v['claim']} | {v['run']}, {v['metric']} | {v.get('cell') or '-'} | **{v['verdict']}** "
-              f"({v['detail']}) |" for v in results["verdicts"]]
-    lines.append("")
+  lines += _verdict_lines(results["verdicts"])
   lines += tables(study, cells)
   for p in plots:
     lines += [f"![{p.stem}]({p.name})", ""]
@@ -921,6 +963,10 @@ def main(argv):
     return
   if FLAGS.claims_table:
     print(claims_table(), end="")
+    return
+  if FLAGS.redecide:
+    for page_dir in redecide_pages():
+      print(f"reproduce: new verdicts in {page_dir}/results.md")
     return
   if FLAGS.write_defaults_snapshot:
     revision = write_defaults_snapshot()

@@ -471,6 +471,45 @@ def test_claims_table_reads_quick_and_full_pages(tmp_path):
                         "(11.0 s.e.; [+0.9, +1.3] at 2 s.e.) |")
 
 
+def test_redecide_rewrites_only_the_verdicts(tmp_path):
+  """`--redecide`: a page whose stored verdict is stale gets today's, in results.json and in its Verdicts section;
+  the rest of results.md stays as it ran; a page from before verdicts gets the section before its first table."""
+  src = reproduce.PAGES / "paradigm" / "full"
+  (tmp_path / "paradigm" / "full").mkdir(parents=True)
+  page = json.loads((src / "results.json").read_text())
+  today = reproduce.decide_claims(reproduce.load_study("paradigm"), page["cells"])
+  stale = json.loads(json.dumps(today, default=str))
+  stale[0].update(verdict="reproduced", detail="a stale verdict")
+  md = (src / "results.md").read_text().replace(f"**{today[0]['verdict']}** ({today[0]['detail']})",
+                                                "**reproduced** (a stale verdict)")
+  assert "a stale verdict" in md
+  (tmp_path / "paradigm" / "full" / "results.json").write_text(json.dumps({**page, "verdicts": stale}))
+  (tmp_path / "paradigm" / "full" / "results.md").write_text(md)
+  old_page = {k: v for k, v in page.items() if k != "verdicts"}  # the quick page's layout, before verdicts
+  (tmp_path / "paradigm" / "results.json").write_text(json.dumps(old_page))
+  (tmp_path / "paradigm" / "results.md").write_text("# t\n\nintro\n\n**held-out** by step\n\n| a |\n")
+  assert reproduce.redecide_pages(tmp_path) == [tmp_path / "paradigm", tmp_path / "paradigm" / "full"]
+  assert (tmp_path / "paradigm" / "full" / "results.md").read_text() == (src / "results.md").read_text()
+  assert json.loads((tmp_path / "paradigm" / "full" / "results.json").read_text())["verdicts"] == json.loads(
+      json.dumps(today, default=str))
+  lines = (tmp_path / "paradigm" / "results.md").read_text().split("\n")
+  assert lines[:5] == ["# t", "", "intro", "", "## Verdicts"] and lines[-4:] == ["**held-out** by step", "", "| a |", ""]
+  assert len(lines) == 4 + 4 + 2 + len(today) + 1 + 4
+  assert reproduce.redecide_pages(tmp_path) == []  # nothing stale now
+
+
+def test_committed_pages_carry_todays_verdicts():
+  """Each committed page's verdicts are its cells decided by today's claims and rules (`reproduce --redecide`)."""
+  for name, study in studies.STUDIES.items():
+    for page_dir in (reproduce.PAGES / name, reproduce.PAGES / name / "full"):
+      if (page_dir / "results.json").is_file():
+        page = json.loads((page_dir / "results.json").read_text())
+        today = json.loads(json.dumps(reproduce.decide_claims(study, page["cells"]), default=str))
+        assert page.get("verdicts", []) == today, f"{page_dir}: stale verdicts; run `reproduce --redecide`"
+        for v in today:
+          assert f"| **{v['verdict']}** ({v['detail']}) |" in (page_dir / "results.md").read_text(), page_dir
+
+
 SLEEPER = r"""
 import pathlib, signal, sys, time
 args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if "=" in a)

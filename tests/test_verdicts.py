@@ -36,6 +36,29 @@ def test_no_change_within_a_margin(mean, se, word):
     assert verdicts.decide(mean, se, 3, "=").word == "contradicted"  # without a margin any change is one
 
 
+@pytest.mark.parametrize("mean,se,expect,word", [
+    (-0.005, 0.01, ">", "equal"),          # [-0.025, +0.015]: holds 0, inside ±0.03
+    (0.01, 0.01, ">", "equal"),            # [-0.010, +0.030]: the edge is inside
+    (0.02, 0.01, ">", "undecided"),        # [0.000, +0.040]: 0 is not above 0, and +0.040 is outside
+    (0.025, 0.01, ">", "reproduced"),      # [+0.005, +0.045]: an ordering, though it crosses +0.03
+    (0.015, 0.001, ">", "reproduced"),     # inside ±0.03 but above 0: a small ordering is still one
+    (-0.025, 0.01, ">", "contradicted"),   # [-0.045, -0.005]
+    (-0.01, 0.015, ">", "undecided"),      # [-0.040, +0.020]: crosses -0.03
+    (0.005, 0.01, "<", "equal"),           # the mirror image
+])
+def test_ordering_within_a_margin(mean, se, expect, word):
+  assert verdicts.decide(mean, se, 3, expect, margin=0.03).word == word
+  if word == "equal":
+    assert verdicts.decide(mean, se, 3, expect).word == "undecided"  # without a margin: never equal
+    assert verdicts.decide(mean, se, 2, expect, margin=0.03).word == "undecided"  # 2 seeds decide nothing
+
+
+def test_equal_in_points():
+  v = verdicts.decide(-0.005, 0.01, 5, ">", scale=100, margin=0.03)
+  assert v.detail == "0.5 s.e., no ordering outside ±3.0; 2 s.e. interval [-2.5, +1.5]"
+  assert v.short == "[-2.5, +1.5] at 2 s.e., inside ±3.0: no ordering larger than 3.0"
+
+
 def test_details_in_points():
   v = verdicts.decide(0.03, 0.02, 5, ">", scale=100)
   # 3 -> 2 s.e. needs the s.e. x 0.75, the seeds x 1/0.75^2: 5 x 16/9 = 8.9 -> 9

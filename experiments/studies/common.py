@@ -31,6 +31,14 @@ QUICK_NOTE = ("RL runs 40 steps of 16 prompts x 8 samples at peak lr 1e-4 (the f
               "the README's.")
 
 
+# The equivalence margin of the papers' orderings between two methods (Fig 5, Fig 6): an ordering whose 2-s.e.
+# interval holds zero but lies inside ±3 points reads "equal" (no ordering larger than 3 points either way), the
+# margin Fig 7's "Pass@64 stays flat" uses. Stated on 2026-11-26, before the full paradigm's seeds 3-4 and the
+# iterative study's seeds 1-2 finished. The paper's own gaps are a few points (Fig 5, 1.3B: GRPO+PS > GRPO+OS >
+# Online RFT > RFT), so "equal" says the ordering is too small to see at this scale, not that it is absent.
+ORDERING_MARGIN = 0.03
+
+
 def rl(name: str, label: str, quick: dict | None = None, **flags) -> Run:
   """A stage-2 run of grpo_math from the seed's shared SFT policy; `quick`: its own quick-profile flags (over
   QUICK_RL)."""

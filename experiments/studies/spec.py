@@ -128,8 +128,9 @@ class Claim:
     run: a run's name, or a contrast's "a - b" (the paired difference).
     metric: a metric name (a templated one expanded, e.g. "maj@64").
     expect: ">" (above zero: a rise, a beats b), "<", "=" (no change), or "" (no ordering: reported only).
-    margin: for "=", the change that still counts as none (an equivalence margin, in the metric's units: 0.03 is
-      3 points of a percent metric); 0: any change at 2 standard errors contradicts it.
+    margin: an equivalence margin, in the metric's units (0.03 is 3 points of a percent metric). For "=", the
+      change that still counts as none (0: any change at 2 standard errors contradicts it); for ">" or "<", the
+      difference below which an ordering that is neither reproduced nor contradicted reads as "equal" (0: never).
   """
   text: str
   run: str

@@ -2,7 +2,8 @@
 
 A claim reads one cell (a run's metric, or a paired contrast "a - b", at its last step) with mean m and standard
 error s over n seeds, and the interval m ± 2s:
-  ">" (a rise, a beats b): reproduced if the interval lies above 0, contradicted if below, else undecided;
+  ">" (a rise, a beats b): reproduced if the interval lies above 0, contradicted if below; with an equivalence
+    margin δ, equal if it holds 0 but lies inside ±δ (no ordering larger than δ either way); else undecided;
   "<": the mirror image;
   "=" (no change): with an equivalence margin δ, consistent if the interval lies inside ±δ, contradicted if it lies
     wholly outside, else undecided; with none (δ = 0), contradicted if the interval excludes 0, else consistent,
@@ -25,7 +26,7 @@ MIN_SEEDS = 3  # the fewest seeds that decide a claim
 
 @dataclasses.dataclass(frozen=True)
 class Verdict:
-  word: str  # reproduced, contradicted, undecided, consistent, reported
+  word: str  # reproduced, contradicted, equal, undecided, consistent, reported
   detail: str  # the distance in standard errors and the interval it leaves, as text
   short: str = ""  # the same in a table cell's few words
   z: float | None = None  # |mean| / s.e. (inf when every seed is alike and the mean is not 0)
@@ -42,7 +43,8 @@ def seeds_to_decide(mean: float, se: float, n: int) -> int:
 def decide(mean: float, se: float | None, n: int, expect: str, scale: float = 1.0, digits: int = 1,
            margin: float = 0.0) -> Verdict:
   """The verdict on `expect` for a cell; `scale` and `digits` format its numbers (100 and 1 for percent points);
-  `margin`: the equivalence margin δ of an "=" claim, in the cell's units."""
+  `margin`: the equivalence margin δ of a claim, in the cell's units ("=": the change that counts as none; ">",
+  "<": the difference below which an undecided ordering reads as equal)."""
   if expect not in EXPECT:
     raise ValueError(f"expect must be one of {EXPECT}, not {expect!r}")
   num = lambda x: f"{scale * x:+.{digits}f}"
@@ -80,6 +82,11 @@ def decide(mean: float, se: float | None, n: int, expect: str, scale: float = 1.
     return Verdict("reproduced", f"{distance}; {interval}", distance, **fields)
   if sign * lo < 0 and sign * hi < 0:
     return Verdict("contradicted", f"{distance} against; {interval}", distance, **fields)
+  if margin > 0 and -margin <= lo and hi <= margin:
+    bound = f"±{scale * margin:.{digits}f}"
+    return Verdict("equal", f"{distance}, no ordering outside {bound}; {interval}",
+                   f"{bracket} at {Z:g} s.e., inside {bound}: no ordering larger than {scale * margin:.{digits}f}",
+                   **fields)
   side = "the paper's direction" if sign * mean > 0 else "against" if mean else "no lean"
   seeds = seeds_to_decide(mean, se, n) if mean else None
   seeds = seeds if seeds is not None and seeds <= MAX_SEEDS else None
