@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import safetensors.numpy
 
 from grpo_jax import distributed
 from grpo_jax import logprobs
@@ -149,6 +150,30 @@ def test_two_processes_sample_as_one_device_with_whole_weights(tmp_path):
   assert expected["tokens"].shape == (16, NEW_TOKENS) and len(np.unique(expected["tokens"])) > 4  # really sampled
 
 
+EXPORT_CONFIG = CONFIG.replace(num_hidden_layers=2, scan_layers=True, qkv_bias=True)
+
+
+def test_two_processes_export_tensor_by_tensor(tmp_path):
+  """`policy.export` over two processes (fsdp x tensor, stacked layers): the file one process writes is the one a
+  single process writes, and each collective gathers one tensor (a layer's slice), never the whole model."""
+  procs = _spawn("export", tmp_path, _free_port())
+  params = partitioning.init_params(EXPORT_CONFIG, jax.random.key(3), partitioning.single_device_mesh(),
+                                    partitioning.get_rules("fsdp_tp"))
+  models.save_hf(params, EXPORT_CONFIG, tmp_path / "single")
+  logs = [p.communicate(timeout=HANG_GUARD_S)[0] for p in procs]
+  for p, log in zip(procs, logs):
+    assert p.returncode == 0, log[-4000:]
+  written = (tmp_path / "exported" / "model.safetensors").read_bytes()
+  assert written == (tmp_path / "single" / "model.safetensors").read_bytes()
+  tensors = safetensors.numpy.load_file(tmp_path / "single" / "model.safetensors")
+  largest = max(t.nbytes for t in tensors.values())
+  for i in range(2):
+    gathers = np.load(tmp_path / f"gathers_{i}.npy")
+    assert len(gathers) == len(tensors) and gathers.max() == largest, gathers  # one tensor a gather
+  whole = sum(x.nbytes for x in jax.tree.leaves(params))
+  assert largest < whole / 4  # a gather of the whole tree (as before) would fail the line above
+
+
 def test_a_dead_process_stops_the_other(tmp_path):
   procs = _spawn("die", tmp_path, _free_port())
   logs = [p.communicate(timeout=HANG_GUARD_S)[0] for p in procs]
@@ -200,6 +225,23 @@ def _worker(mode: str, out: pathlib.Path):
     jax.tree.map(np.testing.assert_array_equal, distributed.all_gather(restored), distributed.all_gather(state))
     ckpt.close()
     distributed.barrier("saved")
+    distributed.shutdown()
+    return
+  if mode == "export":
+    from experiments.runner import policy as policy_lib  # pylint: disable=import-outside-toplevel
+    mesh, rules = partitioning.make_mesh("data:2,fsdp:2,tensor:2"), partitioning.get_rules("fsdp_tp")
+    params = partitioning.init_params(EXPORT_CONFIG, jax.random.key(3), mesh, rules)
+    assert not all(x.is_fully_addressable for x in jax.tree.leaves(params))  # really split over the processes
+    gathers, gather = [], distributed.all_gather
+
+    def recorded(tree):
+      host = gather(tree)
+      gathers.append(sum(np.asarray(x).nbytes for x in jax.tree.leaves(host)))
+      return host
+
+    distributed.all_gather = recorded
+    policy_lib.export(params, EXPORT_CONFIG, out / "no_tokenizer", out / "exported")
+    np.save(out / f"gathers_{index}.npy", np.array(gathers))
     distributed.shutdown()
     return
   mesh = partitioning.make_mesh("data:-1")

@@ -109,16 +109,17 @@ def export(params, model_config, source: pathlib.Path, target: pathlib.Path,
   """Writes params in HF format with the source checkpoint's tokenizer files, as they were, plus
   `extra_files` (name -> text, e.g. the SFT marker); the directory appears whole or not at all.
 
-  Every process calls it; process 0 writes. On one process `models.save_hf` fetches the weights from the devices
-  one tensor at a time; with several, each global array is gathered whole onto every process first.
+  Every process calls it; process 0 writes. `models.save_hf` fetches the weights one tensor at a time: from this
+  process's devices on one process; with several, every process takes part in gathering each tensor (a layer's
+  slice of a stacked weight) and drops it, so no host ever holds more than about two tensors of the model.
   """
-  if jax.process_count() > 1:
-    params = distributed.all_gather(params)
+  fetch = {} if jax.process_count() == 1 else {"fetch": distributed.all_gather}
   if not distributed.is_main_process():
+    models.save_hf(params, model_config, None, **fetch)
     distributed.barrier(f"export {target.name}")
     return
   with training.atomic_directory(target) as tmp:
-    models.save_hf(params, model_config, tmp)
+    models.save_hf(params, model_config, tmp, **fetch)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                  "vocab.json", "merges.txt", "generation_config.json", "chat_template.jinja"):
       if (source / name).is_file():

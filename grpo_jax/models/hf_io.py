@@ -5,6 +5,7 @@ import dataclasses
 import json
 import pathlib
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -247,7 +248,8 @@ def _fetch(x) -> np.ndarray:
   return np.asarray(x)
 
 
-def save_hf(params: Params, config: ModelConfig, path: str | pathlib.Path) -> pathlib.Path:
+def save_hf(params: Params, config: ModelConfig, path: str | pathlib.Path | None,
+            fetch: Callable[[Any], np.ndarray] = _fetch) -> pathlib.Path | None:
   """Writes config.json + model.safetensors (HF names, torch layouts, `config.param_dtype`).
 
   The file is written one tensor at a time: each is fetched from its device(s) (a layer's slice of a stacked
@@ -256,10 +258,16 @@ def save_hf(params: Params, config: ModelConfig, path: str | pathlib.Path) -> pa
   `transformers.AutoModelForCausalLM.from_pretrained(path)`; `lm_head.weight` is absent when embeddings are tied.
   A stale sharded index in `path` is removed so that the new single file is the one that loads.
 
+  Args:
+    params, config: the model.
+    path: the directory; None on a process that only takes part in `fetch`'s collectives.
+    fetch: one tensor's host copy. The default reads this process's devices. With several processes every
+      process calls `save_hf` with the same params and a collective fetch (`distributed.all_gather`), tensor by
+      tensor in the same order, and one of them passes a path.
+
   Raises:
     CheckpointError: a params leaf whose shape does not give its HF tensor's (nothing is written).
   """
-  path = pathlib.Path(path)
   dtype = np.dtype(jax.numpy.dtype(config.param_dtype))
   if dtype.name not in _SAFETENSORS_DTYPES:
     raise CheckpointError(f"cannot write param_dtype {dtype.name} to safetensors")
@@ -278,6 +286,11 @@ def save_hf(params: Params, config: ModelConfig, path: str | pathlib.Path) -> pa
     header[spec.hf_name] = {"dtype": _SAFETENSORS_DTYPES[dtype.name], "shape": list(spec.hf_shape),
                             "data_offsets": [offset, offset + size]}
     offset += size
+  if path is None:  # a helper in the collectives: the same fetches, in the same order, nothing kept
+    for spec in specs:
+      fetch(_hf_leaf(params, config, spec.path))
+    return None
+  path = pathlib.Path(path)
   text = json.dumps(header, separators=(",", ":")).encode()
   text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
   path.mkdir(parents=True, exist_ok=True)
@@ -286,7 +299,7 @@ def save_hf(params: Params, config: ModelConfig, path: str | pathlib.Path) -> pa
     with open(partial, "wb") as f:
       f.write(len(text).to_bytes(8, "little") + text)
       for spec in specs:
-        value = spec.to_hf(_fetch(_hf_leaf(params, config, spec.path)))
+        value = spec.to_hf(fetch(_hf_leaf(params, config, spec.path)))
         f.write(np.ascontiguousarray(value, dtype=dtype).reshape(-1).view(np.uint8).data)
         del value
   except BaseException:
