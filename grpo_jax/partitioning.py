@@ -37,17 +37,19 @@ from grpo_jax.models.config import ModelConfig
 MESH_AXES = ("data", "fsdp", "tensor")
 DATA_AXES = ("data", "fsdp")
 
-_REPLICATED = {"length": None, "embed": None, "mlp": None, "heads": None, "kv_heads": None, "vocab": None}
+_REPLICATED = {"length": None, "embed": None, "mlp": None, "heads": None, "kv_heads": None, "vocab": None,
+               "lora_rank": None}
 
 # Logical axis -> mesh axes. Presets, chosen by name (the runner's --sharding_rules).
 RULES: dict[str, dict[str, str | tuple[str, ...] | None]] = {
     # Every device holds all weights; the batch is split over data and fsdp.
     "dp": {**_REPLICATED, "batch": DATA_AXES},
-    # ZeRO-3: weights, gradients and optimiser state split over fsdp along the embedding dimension.
-    "fsdp": {**_REPLICATED, "batch": DATA_AXES, "embed": "fsdp"},
+    # ZeRO-3: weights, gradients and optimiser state split over fsdp along the embedding dimension (LoRA adapters
+    # without one along their rank).
+    "fsdp": {**_REPLICATED, "batch": DATA_AXES, "embed": "fsdp", "lora_rank": "fsdp"},
     # FSDP plus tensor parallelism: heads, MLP and vocabulary split over tensor.
     "fsdp_tp": {**_REPLICATED, "batch": DATA_AXES, "embed": "fsdp", "mlp": "tensor", "heads": "tensor",
-                "kv_heads": "tensor", "vocab": "tensor"},
+                "kv_heads": "tensor", "vocab": "tensor", "lora_rank": "fsdp"},
 }
 
 

@@ -285,7 +285,8 @@ def test_runner_flags_are_checked():
 @pytest.mark.devices(8)
 def test_lora_update_on_a_mesh_equals_one_device():
   """Under a data x fsdp x tensor mesh the adapters take their kernels' shardings (A: the input axes, B: the output
-  axes), the frozen base keeps its own, and one update step gives the one-device result."""
+  axes) and their rank takes fsdp where those leave it free, the frozen base keeps its own, and one update step
+  gives the one-device result."""
   from experiments.runner import placement as placement_lib
   from grpo_jax import partitioning
   base, config = _base()
@@ -304,9 +305,9 @@ def test_lora_update_on_a_mesh_equals_one_device():
     if placement.mesh is not None:
       q = state.params["layers_0"]["attn"]["q_proj"]
       assert q["lora_a"].sharding.spec == jax.sharding.PartitionSpec("fsdp", None)
-      assert q["lora_b"].sharding.spec == jax.sharding.PartitionSpec(None, "tensor", None)
+      assert q["lora_b"].sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor", None)
       down = state.opt_state[0].mu["layers_0"]["mlp"]["down_proj"]  # Adam's moments sharded alike
-      assert down["lora_a"].sharding.spec == jax.sharding.PartitionSpec("tensor", None)
+      assert down["lora_a"].sharding.spec == jax.sharding.PartitionSpec("tensor", "fsdp")
       assert frozen["layers_0"]["mlp"]["down_proj"]["kernel"].sharding.spec == jax.sharding.PartitionSpec(
           "tensor", "fsdp")
     state, metrics = step(state, batch)

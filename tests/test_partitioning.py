@@ -13,6 +13,8 @@ from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
 from grpo_jax import models
 from grpo_jax import partitioning
 from grpo_jax import training
+from grpo_jax.models import lora
+from grpo_jax.models.config import LORA_TARGETS
 
 P = PartitionSpec
 MESH_222 = AbstractMesh((2, 2, 2), partitioning.MESH_AXES)
@@ -80,6 +82,37 @@ def test_param_specs_of_the_presets():
   dp = _specs(MESH_222, "dp", shapes)
   assert dp["embed"]["embedding"] == P(None, None)
   assert layer(dp)["attn"]["o_proj"]["kernel"] == P(None, None, None)
+
+
+def test_lora_adapters_split_over_fsdp():
+  """Every adapter of a LoRA config splits over fsdp (A by its kernel's input axis or its rank, B by its rank),
+  and its Adam moments with it; under dp nothing splits. fsdp:4 on a rank 8."""
+  config = lora.lora_config(SMALL, rank=8, alpha=16, targets=LORA_TARGETS)
+  params = jax.eval_shape(models.init_params, config, jax.random.key(0))
+  mesh = AbstractMesh((1, 4, 2), partitioning.MESH_AXES)
+  for rules in ("fsdp", "fsdp_tp"):
+    specs = _specs(mesh, rules, params)
+    attn, mlp = specs["layers_0"]["attn"], specs["layers_0"]["mlp"]
+    tp = "tensor" if rules == "fsdp_tp" else None
+    assert attn["q_proj"]["lora_a"] == P("fsdp", None)  # [embed, r]: embed takes fsdp, the rank stays whole
+    assert attn["q_proj"]["lora_b"] == P("fsdp", tp, None)  # [r, heads, head_dim]
+    assert attn["k_proj"]["lora_b"] == P("fsdp", None, None)  # one kv head: only the rank splits
+    assert attn["o_proj"]["lora_a"] == P(tp, None, "fsdp")  # [heads, head_dim, r]
+    assert attn["o_proj"]["lora_b"] == P("fsdp", None)  # [r, embed]: the rank comes first and takes fsdp
+    assert mlp["down_proj"]["lora_a"] == P(tp, "fsdp")  # [mlp, r]
+    assert mlp["up_proj"]["lora_b"] == P("fsdp", tp)  # [r, mlp]
+    flat = jax.tree_util.tree_flatten_with_path(specs, is_leaf=lambda x: isinstance(x, PartitionSpec))[0]
+    adapters = [s for path, s in flat if "lora_" in jax.tree_util.keystr(path)]
+    assert len(adapters) == 2 * 7 and all("fsdp" in s for s in adapters)
+  optimizer = training.make_optimizer(1e-3)
+  trained, _ = lora.split(params)
+  moments = _specs(mesh, "fsdp", jax.eval_shape(lambda p: training.init_train_state(p, optimizer), trained))
+  assert moments.opt_state[1][0].mu == moments.params
+  assert moments.params["layers_0"]["attn"]["v_proj"]["lora_b"] == P("fsdp", None, None)
+  dp = _specs(mesh, "dp", params)
+  assert dp["layers_0"]["attn"]["q_proj"]["lora_b"] == P(None, None, None)
+  wide = _specs(AbstractMesh((1, 16, 1), partitioning.MESH_AXES), "fsdp", params)
+  assert wide["layers_0"]["attn"]["o_proj"]["lora_b"] == P(None, "fsdp")  # 16 does not divide r = 8: embed takes it
 
 
 def test_optimizer_state_follows_params_and_scalars_are_replicated():

@@ -22,7 +22,7 @@ import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 # Logical names used by the model for parameters and activations.
-LOGICAL_AXES = ("batch", "length", "embed", "mlp", "heads", "kv_heads", "vocab")
+LOGICAL_AXES = ("batch", "length", "embed", "mlp", "heads", "kv_heads", "vocab", "lora_rank")
 
 Rules = Mapping[str, str | Sequence[str] | None]
 

@@ -783,10 +783,12 @@ _LEAF_AXES = {
     ("head", "bias"): (),
 }
 # LoRA adapters: A [*in, r] has its kernel's input axes then the rank, B [r, *out] the rank then its output axes.
+# The rank axis ("lora_rank") takes the fsdp axis where the kernel's own axes leave it free (B of q/k/v/gate/up, A
+# of down: their kernels split over fsdp by the axis the adapter does not have), so every adapter is split.
 _LEAF_AXES.update({(proj, leaf): axes for proj, n_in in (("q_proj", 1), ("k_proj", 1), ("v_proj", 1), ("o_proj", 2),
                                                          ("gate_proj", 1), ("up_proj", 1), ("down_proj", 1))
-                   for leaf, axes in (("lora_a", (*_LEAF_AXES[(proj, "kernel")][:n_in], None)),
-                                      ("lora_b", (None, *_LEAF_AXES[(proj, "kernel")][n_in:])))})
+                   for leaf, axes in (("lora_a", (*_LEAF_AXES[(proj, "kernel")][:n_in], "lora_rank")),
+                                      ("lora_b", ("lora_rank", *_LEAF_AXES[(proj, "kernel")][n_in:])))})
 
 
 def logical_axes_of(params_shapes: Params) -> Params:
