@@ -119,6 +119,26 @@ def test_bfloat16_scores_against_cached_keys_equal_float32_ones():
   np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
+def _float32_products(hlo: str) -> int:
+  """dot_general ops of a StableHLO text with float32 operands (on a GPU: TF32 GEMMs; on a TPU: multi-pass)."""
+  return sum(1 for line in hlo.splitlines() if "dot_general" in line and line.split("->")[0].count("xf32>") >= 2)
+
+
+def test_backward_products_in_bfloat16():
+  """With bf16 activations, the xla path (the chips' attention where a fused kernel does not apply: the grouped
+  forward's completions over the prompt cache) keeps all five backward products bf16. The einsum reference (the
+  CPU's) takes q·kᵀ with float32 output, so autodiff promotes two of them (dq and dk) to float32."""
+  q = jnp.ones((2, 8, 4, 16), jnp.bfloat16)
+  k = v = jnp.ones((2, 12, 2, 16), jnp.bfloat16)
+  allowed = jnp.ones((2, 8, 12), bool)
+  counts = {}
+  for implementation in ("xla", "einsum"):
+    loss = lambda q, k, v, impl=implementation: jnp.sum(attention.attend(q, k, v, allowed, implementation=impl))
+    hlo = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(q, k, v).as_text()
+    counts[implementation] = (_float32_products(hlo), hlo.count("dot_general"))
+  assert counts == {"xla": (0, 5), "einsum": (2, 5)}
+
+
 def test_auto_picks_per_backend():
   assert attention.resolve("auto", "cpu", "float32") == "einsum"
   assert attention.resolve("auto", "tpu", "float32") == "pallas"
