@@ -65,8 +65,8 @@ flags.DEFINE_bool("list", False, "List the studies, their runs and profiles, and
 flags.DEFINE_bool("claims_table", False, "Print the table of every study's claims against its committed pages "
                   "(docs/reproduce/<study>/results.json, quick, and <study>/full/results.json) and exit.")
 flags.DEFINE_bool("redecide", False, "Decide the committed pages' claims again from their cells (after a change of "
-                  "the claims or the verdict rules) and rewrite each page's results.json and results.md; run "
-                  "nothing, and exit.")
+                  "the claims or the verdict rules) and rewrite each page's results.json and the Verdicts section of "
+                  "its results.md; run nothing, and exit.")
 flags.DEFINE_bool("write_defaults_snapshot", False, "Record the runners' defaults under a new revision in "
                   "experiments/studies/runner_defaults.json (every run directory moves once), and exit.")
 
