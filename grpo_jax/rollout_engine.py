@@ -81,7 +81,8 @@ def _engine(params, prompt_tokens, prompt_mask, key, temperature, caps, *, confi
 
   # PREFILL: every prompt once. Its keys and values are the prefix its samples' slots point at; its last hidden
   # state gives a new completion's first token (through the same unembedding as the slots' steps).
-  prompt_cache = sampling._place_cache(transformer.init_cache(config, n_prompts, prompt_len))  # pylint: disable=protected-access
+  place = sampling._place_cache  # pylint: disable=protected-access
+  prompt_cache = place(transformer.init_cache(config, n_prompts, prompt_len))
   hidden, prompt_cache = transformer.hidden_states(params, config, prompt_tokens, attention_mask=prompt_mask,
                                                    cache=prompt_cache)
   prompt_hidden = hidden[:, -1]  # [B, E]
@@ -218,9 +219,12 @@ def generate(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask:
                      jnp.asarray(temperature, jnp.float32), jnp.asarray(caps), **static)
   shards = sharding.data_parallel_size(mesh, rules)
   pad = -b % shards
-  tokens, mask = np.asarray(prompt_tokens, np.int32), np.asarray(prompt_mask, bool)
-  if pad:  # copies of the first prompt, one token each, dropped below
-    tokens, mask = (np.concatenate([x, np.repeat(x[:1], pad, axis=0)]) for x in (tokens, mask))
+  as_int = lambda x: x if getattr(x, "dtype", None) == jnp.int32 else np.asarray(x, np.int32)
+  as_bool = lambda x: x if getattr(x, "dtype", None) == bool else np.asarray(x, bool)
+  tokens, mask = as_int(prompt_tokens), as_bool(prompt_mask)  # global arrays stay as they are
+  if pad:  # copies of the first prompt, one token each, dropped below (host arrays of one process)
+    tokens, mask = (np.concatenate([x, np.repeat(x[:1], pad, axis=0)]) for x in (np.asarray(tokens),
+                                                                                 np.asarray(mask)))
     caps = np.concatenate([caps, np.ones((pad * static["num_samples"],), np.int32)])
     static["num_slots"] = min(static["num_slots"], len(caps))
   fn, (param_sh, row_sh, scalar_sh, cap_sh) = _sharded_engine(mesh, sharding.freeze_rules(rules), tokens.shape,

@@ -255,8 +255,9 @@ _sample = jax.jit(_sample_impl, static_argnames=_STATIC)
 
 
 @functools.lru_cache(maxsize=64)
-def _sharded_sampler(mesh: Mesh, frozen_rules: tuple, prompt_shape: tuple[int, int], **static):
-  """`_sample` jitted with explicit in/out shardings: params by the rules, rows over the data axes.
+def _sharded_sampler(mesh: Mesh, frozen_rules: tuple, prompt_shape: tuple[int, int], capped: bool = False, **static):
+  """`_sample` jitted with explicit in/out shardings: params by the rules, rows over the data axes; `capped`: a
+  sixth argument, each row's cap [N] (`max_lengths`), split like the rows.
 
   When the params are whole on every device and the prompts and the samples split over the same mesh axes
   (data parallelism), each shard runs the sampler on its own rows in `shard_map`: its decode loop stops when
@@ -270,19 +271,21 @@ def _sharded_sampler(mesh: Mesh, frozen_rules: tuple, prompt_shape: tuple[int, i
   n, t = b * static["num_samples"], static["max_new_tokens"]
   out = SampleOutput(prompt_tokens=rows(n, p), prompt_mask=rows(n, p), tokens=rows(n, t), logprobs=rows(n, t),
                      mask=rows(n, t), lengths=rows(n), truncated=rows(n))
-  in_shardings = (params, rows(b, p), rows(b, p), sharding.replicated(mesh), sharding.replicated(mesh))
+  in_shardings = (params, rows(b, p), rows(b, p), sharding.replicated(mesh), sharding.replicated(mesh)) + (
+      (rows(n),) if capped else ())
   axes = per_shard_axes(mesh, rules, config, b, static["num_samples"])
   if axes:
     shards = int(np.prod([mesh.shape[a] for a in axes]))
     body = functools.partial(_sample_impl, **static, shard_axes=axes, num_shards=shards)
     split, whole = PartitionSpec(axes), PartitionSpec()
-    mapped = jax.shard_map(body, mesh=mesh, in_specs=(whole, split, split, whole, whole),
+    specs = (whole, split, split, whole, whole) + ((split,) if capped else ())
+    mapped = jax.shard_map(body, mesh=mesh, in_specs=specs,
                            out_specs=SampleOutput(*(split,) * len(SampleOutput._fields)), check_vma=False)
     fn = jax.jit(mapped, in_shardings=in_shardings, out_shardings=out)
   else:
     fn = sharding.jit_with_rules(functools.partial(_sample_impl, **static), mesh, rules,
                                  in_shardings=in_shardings, out_shardings=out)
-  return fn, (params, rows(b, p), sharding.replicated(mesh))
+  return fn, (params, rows(b, p), sharding.replicated(mesh), rows(n))
 
 
 def per_shard_axes(mesh: Mesh, rules: Mapping, config: ModelConfig, num_prompts: int,
@@ -352,7 +355,7 @@ def sample(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: j
       program, when the KV cache of all B prompts would not fit; 0: all at once. The same tokens; the
       log-probs equal up to float rounding.
     max_lengths: [B * G] int, each row's own cap (<= max_new_tokens; a row that reaches it is truncated), as in
-      `rollout_engine.generate`; one device only. None: max_new_tokens for every row.
+      `rollout_engine.generate` (per-request limits; benchmarks' length schedules). None: max_new_tokens.
 
   The G samples of a prompt share its prefilled keys and values (`transformer.KVPrefix`): the
   cache holds B * P + N * (T - 1) slots instead of N * (P + T), and each step reads the prompts'
@@ -373,21 +376,21 @@ def sample(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: j
   if (mesh is None) != (rules is None):
     raise ValueError("sample: pass both mesh and rules, or neither")
   if max_lengths is not None:
-    if mesh is not None:
-      raise ValueError("sample: max_lengths is for one device (rollout_engine.generate takes it on a mesh)")
-    max_lengths = jnp.asarray(max_lengths, jnp.int32)
+    max_lengths = np.asarray(max_lengths, np.int32)
     chex.assert_shape(max_lengths, (prompt_tokens.shape[0] * num_samples,))
   if mesh is None:
     return _sample(params, jnp.asarray(prompt_tokens, jnp.int32), jnp.asarray(prompt_mask, bool), key,
                    jnp.asarray(temperature, jnp.float32), max_lengths, **static)
-  fn, (param_sh, row_sh, scalar_sh) = _sharded_sampler(mesh, sharding.freeze_rules(rules),
-                                                       tuple(prompt_tokens.shape), **static)
+  capped = max_lengths is not None
+  fn, (param_sh, row_sh, scalar_sh, cap_sh) = _sharded_sampler(mesh, sharding.freeze_rules(rules),
+                                                               tuple(prompt_tokens.shape), capped, **static)
   as_int = lambda x: x if getattr(x, "dtype", None) == jnp.int32 else np.asarray(x, np.int32)
   as_bool = lambda x: x if getattr(x, "dtype", None) == bool else np.asarray(x, bool)
-  params, prompt_tokens, prompt_mask, key, temperature = sharding.put(
-      (params, as_int(prompt_tokens), as_bool(prompt_mask), key, np.float32(temperature)),
-      (param_sh, row_sh, row_sh, scalar_sh, scalar_sh))
-  return fn(params, prompt_tokens, prompt_mask, key, temperature)
+  args = (params, as_int(prompt_tokens), as_bool(prompt_mask), key, np.float32(temperature))
+  shardings = (param_sh, row_sh, row_sh, scalar_sh, scalar_sh)
+  if capped:
+    args, shardings = args + (max_lengths,), shardings + (cap_sh,)
+  return fn(*sharding.put(args, shardings))
 
 
 def _static_args(config: ModelConfig, *, num_samples, max_new_tokens, top_k, top_p, greedy, eos_token_ids,
