@@ -31,11 +31,9 @@ import sys
 import tempfile
 import time
 
-if "--jax_devices" in " ".join(sys.argv):
-  _DEVICES = int(next(a.split("=")[1] for a in sys.argv if a.startswith("--jax_devices=")))
-else:
-  _DEVICES = os.cpu_count() or 1
-os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={_DEVICES}")
+_DEVICES = int(next((a.split("=")[1] for a in sys.argv if a.startswith("--jax_devices=")), os.cpu_count() or 1))
+if __name__ == "__main__":  # CPU devices before JAX starts (imported, e.g. by gpu_check, it changes nothing)
+  os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={_DEVICES}")
 
 import jax  # pylint: disable=wrong-import-position
 import jax.numpy as jnp  # pylint: disable=wrong-import-position
