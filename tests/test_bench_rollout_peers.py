@@ -50,7 +50,7 @@ def test_stop_schedule_masks_by_hand():
 @pytest.mark.parametrize("prompts_per_call", [0, 2])
 def test_hf_completions_have_their_scheduled_lengths(checkpoint, tmp_path, prompts_per_call):
   workload = peers.load_workload(write_workload(tmp_path / "w.json"))
-  run, facts = peers.hf_engine(str(checkpoint), workload, threads=1, prompts_per_call=prompts_per_call,
+  run, facts = peers.hf_engine(str(checkpoint), workload, threads=[1], prompts_per_call=prompts_per_call,
                                pad_token_id=0)
   assert facts["batching"] == ("one generate call of 9 rows" if prompts_per_call == 0 else
                                "2 generate calls of up to 2 prompts x 3 rows")
@@ -70,6 +70,26 @@ def test_hf_main_reports_useful_tokens(checkpoint, tmp_path, capsys):
   assert len(report["seconds"]) == 2 and report["lengths_checked"]
   rates = [sum(LENGTHS) / s for s in report["seconds"]]  # the mean of the per-repeat rates, rounded
   assert report["tokens_per_s"] == pytest.approx(sum(rates) / 2, rel=1e-3)
+
+
+def test_hf_keeps_the_fastest_thread_count(checkpoint, tmp_path, capsys):
+  path = write_workload(tmp_path / "w.json")
+  peers.main(["--engine=hf", f"--model_dir={checkpoint}", f"--workload={path}", "--repeats=1", "--threads=1,2"])
+  report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  tried = report["threads_tried_s"]
+  assert set(tried) == {"1", "2"} and report["threads"] == f"torch {min(tried, key=tried.get)}"
+
+
+@pytest.mark.parametrize("engine,threads,message", [
+    ("hf", "1,x", "--threads must be an int >= 0 or several separated by commas, got '1,x'"),
+    ("hf", "-1", "--threads must be an int >= 0 or several separated by commas, got '-1'"),
+    ("vllm", "1,2", "--threads must be an int >= 0, got '1,2'"),
+])
+def test_bad_threads_are_one_line(tmp_path, engine, threads, message):
+  path = write_workload(tmp_path / "w.json")
+  with pytest.raises(SystemExit) as err:
+    peers.main([f"--engine={engine}", f"--model_dir={tmp_path}", f"--workload={path}", f"--threads={threads}"])
+  assert str(err.value) == f"bench_rollout_peers: {message}"
 
 
 def test_a_wrong_length_is_refused():
