@@ -31,8 +31,9 @@ Every completion is sampled at temperature 1 (no top-k, no top-p) and makes exac
 
 The lengths made are checked against the schedule after every call (a mismatch exits non-zero). One warm-up call is
 not counted; then `--repeats` timed calls. Prints one JSON line: the engine, its version, threads, completions,
-useful tokens (the schedule's sum: generated, not padded), seconds per repeat, mean tokens/s and its standard error
-over the repeats, the warm-up's and (vllm) the engine's start-up seconds, and the load average.
+useful tokens (the schedule's sum: generated, not padded), seconds per repeat, the mean over the repeats of useful
+tokens/s (`tok_per_s_mean`) and its standard error (`tok_per_s_se`), the warm-up's and (vllm) the engine's start-up
+seconds, and the load average.
 """
 
 import argparse
@@ -295,8 +296,8 @@ def main(argv=None):
       "engine": args.engine, "version": facts["version"], "threads": facts["threads"], "batching": facts["batching"],
       "completions": len(lengths), "prompts": len(workload["prompts"]), "samples_per_prompt": workload["group"],
       "useful_tokens": useful, "max_length": max(lengths), "lengths_checked": True,
-      "seconds": [round(s, 4) for s in seconds], "tokens_per_s": round(statistics.mean(rates), 1),
-      "tokens_per_s_stderr": None if stderr is None else round(stderr, 1), "warmup_s": round(warmup, 3),
+      "seconds": [round(s, 4) for s in seconds], "tok_per_s_mean": round(statistics.mean(rates), 1),
+      "tok_per_s_se": None if stderr is None else round(stderr, 1), "warmup_s": round(warmup, 3),
       "startup_s": facts.get("startup_s"), **({"threads_tried_s": facts["threads_tried_s"]}
                                               if "threads_tried_s" in facts else {}),
       "load_average": [round(x, 2) for x in os.getloadavg()]}), flush=True)
