@@ -108,7 +108,10 @@ def ours(params, config, tokens, lengths, args, mesh):
 def peer(name, args, ckpt, workload) -> dict:
   python = args.vllm_python if name == "vllm" else sys.executable
   cmd = [python, str(HERE / "bench_rollout_peers.py"), f"--engine={name}", f"--model_dir={ckpt}",
-         f"--workload={workload}", f"--repeats={args.repeats}", f"--threads={os.cpu_count()}"]
+         f"--workload={workload}", f"--repeats={args.repeats}"]
+  # HF: the fastest of 1 and 2 torch threads; vLLM: its own thread binding (on 2 cores it keeps one for its
+  # scheduler: binding both measured ~10x slower).
+  cmd += ["--threads=1,2"] if name == "hf" else []
   out = subprocess.run(cmd, capture_output=True, text=True, check=False, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
   if out.returncode or not lines:
