@@ -448,7 +448,7 @@ def test_claims_table_reads_quick_and_full_pages(tmp_path):
   full[0].update(n=5, seeds=[0, 1, 2, 3, 4], values=[0.01, 0.03, 0.02, 0.04, 0.05], mean=0.03, se=0.007)
   (tmp_path / "paradigm" / "full" / "results.json").write_text(json.dumps({"cells": full}))
   q = {c["run"]: c for c in quick["cells"] if c["metric"] == "final" and c["step"] is None}
-  rows = {line.split(" | ")[0][2:]: line for line in reproduce.claims_table(tmp_path).splitlines()[2:]}
+  rows = {line.split(" | ")[0][2:]: line for line in reproduce.claims_table(tmp_path).split("\n\n")[0].splitlines()[2:]}
   m, s = 100 * q["grpo - rft"]["mean"], 100 * q["grpo - rft"]["se"]
   assert rows["Fig 5: GRPO+OS > RFT"] == (f"| Fig 5: GRPO+OS > RFT | {m:.1f} ± {s:.1f} (3 seeds): **contradicted** | "
                                          "3.0 ± 0.7 (5 seeds): **reproduced** | full: 4.3 s.e. |")
@@ -462,11 +462,11 @@ def test_claims_table_reads_quick_and_full_pages(tmp_path):
        "seeds": list(range(len(values))), "values": values, "mean": sum(values) / len(values),
        "se": reproduce.mean_se(values)[1]}]}
   (tmp_path / "majk_passk" / "full" / "results.json").write_text(json.dumps(page([0.010, 0.012, 0.011])))
-  rows = {line.split(" | ")[0][2:]: line for line in reproduce.claims_table(tmp_path).splitlines()[2:]}
+  rows = {line.split(" | ")[0][2:]: line for line in reproduce.claims_table(tmp_path).split("\n\n")[0].splitlines()[2:]}
   assert rows[flat] == (f"| {flat} | not yet | 1.1 ± 0.1 (3 seeds): **consistent** | full: [+1.0, +1.2] at 2 s.e., "
                         "inside ±3.0 |")
   (tmp_path / "majk_passk" / "full" / "results.json").write_text(json.dumps(page([0.010, 0.012])))
-  rows = {line.split(" | ")[0][2:]: line for line in reproduce.claims_table(tmp_path).splitlines()[2:]}
+  rows = {line.split(" | ")[0][2:]: line for line in reproduce.claims_table(tmp_path).split("\n\n")[0].splitlines()[2:]}
   assert rows[flat] == (f"| {flat} | not yet | 1.1 ± 0.1 (2 seeds): **undecided** | full: 2 seeds, too few to decide "
                         "(11.0 s.e.; [+0.9, +1.3] at 2 s.e.) |")
 
@@ -501,10 +501,11 @@ def test_redecide_rewrites_only_the_verdicts(tmp_path):
 def test_committed_pages_carry_todays_verdicts():
   """Each committed page's verdicts are its cells decided by today's claims and rules (`reproduce --redecide`)."""
   for name, study in studies.STUDIES.items():
-    for page_dir in (reproduce.PAGES / name, reproduce.PAGES / name / "full"):
+    for page_dir in reproduce.page_dirs(reproduce.PAGES, name, study):
       if (page_dir / "results.json").is_file():
         page = json.loads((page_dir / "results.json").read_text())
-        today = json.loads(json.dumps(reproduce.decide_claims(study, page["cells"]), default=str))
+        today = json.loads(json.dumps(reproduce.decide_claims(study, page["cells"], page.get("profile")),
+                                      default=str))
         assert page.get("verdicts", []) == today, f"{page_dir}: stale verdicts; run `reproduce --redecide`"
         for v in today:
           assert f"| **{v['verdict']}** ({v['detail']}) |" in (page_dir / "results.md").read_text(), page_dir
@@ -544,3 +545,67 @@ def test_sigterm_stops_reproduce_and_the_runs_in_flight_save(tmp_path):
                                           "continue when the same command runs again")
   assert [p.read_text() for p in tmp_path.glob("runs/*/seed0/saved")] == ["SIGTERM"]
   assert not list(tmp_path.glob("runs/*/seed1"))  # seed 1 never started
+
+
+def _designed_study() -> spec.Study:
+  """The fake runner's base and better under a design: better - base = level 0.02 vs 0.01 over 10 steps plus the
+  start (better starts where base ended): +0.21 points on every seed."""
+  study = _study()
+  claims = (spec.Claim("better beats base", "better - base", "final", margin=0.03),
+            spec.Claim("base rises", "base", "gain"))
+  return spec.Study("tiny", "Two tiny runs", study.runs[:2], study.metrics, (), profiles=study.profiles,
+                    contrasts=(spec.Contrast("better", "base", "final"),), claims=study.claims,
+                    designs={"quick": spec.Design(claims, seeds=8, note="a test")})
+
+
+def test_a_design_runs_from_one_commit_and_is_decided_by_its_rule(tmp_path, monkeypatch):
+  out, runs_dir = tmp_path / "out", tmp_path / "runs"
+  study = _designed_study()
+  lines = []
+  results = reproduce.reproduce(study, profile="quick", seeds=list(range(6)), out_dir=out, runs_dir=runs_dir,
+                                echo=lines.append, commit="a" * 40)
+  # 6 of the 8 declared seeds: no verdict yet, on any claim
+  assert [v["verdict"] for v in results["verdicts"]] == ["pending", "pending"]
+  assert results["rule"] == "t-holm" and results["commit"] == "a" * 40
+  assert results["design"]["seeds"] == 8 and results["design"]["claims"][0]["margin"] == 0.03
+  records = [json.loads(p.read_text()) for p in runs_dir.glob("*/seed0.run.json")]
+  assert len(records) == 2 and {r["commit"] for r in records} == {"a" * 40}
+  # the commit is in the runs' hash: the full profile's runs (no design) are other directories
+  assert {j.directory for j in reproduce.plan(study, "quick", [0], runs_dir, "a" * 40)}.isdisjoint(
+      {j.directory for j in reproduce.plan(study, "quick", [0], runs_dir)})
+  # 10 seeds: the verdicts read seeds 0-7 only (better - base = +0.21 and base gains +0.11 on every seed)
+  results = reproduce.reproduce(study, profile="quick", seeds=list(range(10)), out_dir=out, runs_dir=runs_dir,
+                                echo=lines.append, commit="a" * 40)
+  v = {x["claim"]: x for x in results["verdicts"]}
+  assert v["better beats base"]["n"] == 8 and v["better beats base"]["verdict"] == "reproduced"
+  assert v["base rises"]["verdict"] == "reproduced"
+  text = (out / "results.md").read_text()
+  assert "## Design" in text and "Every run on this page comes from commit `aaaaaaaaaaaa`" in text
+  assert "| better beats base | better - base, final | above zero | ±3.0 points |" in text
+  assert "decided by the design's rule: Student-t p-values" in text
+
+  # a run that reports another commit (its code changed under it): the table is refused, in one line
+  job = next(j for j in reproduce.plan(study, "quick", [3], runs_dir, "a" * 40) if j.run.name == "better")
+  summary = json.loads(job.summary.read_text())
+  job.summary.write_text(json.dumps({**summary, "code_version": "a" * 40 + "-dirty"}))
+  with pytest.raises(reproduce.StudyError, match=r"from one commit, aaaaaaaaaaaa, and these are not from it: "
+                                                 r"aaaaaaaaaaaa-dirty: 1 run \(better seed 3\)"):
+    reproduce.reproduce(study, profile="quick", seeds=list(range(8)), out_dir=out, runs_dir=runs_dir,
+                        echo=lines.append, commit="a" * 40, aggregate_only=True)
+
+  # HEAD with uncommitted changes: a design does not start
+  monkeypatch.setattr(reproduce, "head_commit", lambda root=None: "b" * 40 + "-dirty")
+  with pytest.raises(reproduce.StudyError, match="changed since its last commit; commit, or run from a worktree "
+                                                 "pinned to a commit"):
+    reproduce.reproduce(study, profile="quick", seeds=[0], out_dir=out, runs_dir=runs_dir, echo=lines.append)
+
+
+def test_declaration_names_the_commit_that_last_changed_the_spec():
+  study = reproduce.load_study("paradigm")
+  files = reproduce.spec_files(study)
+  assert files == ["experiments/studies/paradigm.py", "experiments/studies/verdicts.py"]
+  head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+  expected = subprocess.run(["git", "log", "-1", "--format=%H", head, "--", *files], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+  declared = reproduce.declaration(study, head)
+  assert declared["commit"] == expected and len(expected) == 40 and declared["date"].startswith("20")

@@ -139,6 +139,41 @@ class Claim:
   margin: float = 0.0
 
 
+MIN_DESIGN_SEEDS = 8  # the fewest seeds per arm a design may declare (issue 56)
+
+
+@dataclasses.dataclass(frozen=True)
+class Design:
+  """A profile's statistics, declared in the study's spec before its runs (`verdicts.decide_family`).
+
+  The claims form one family: each is read on exactly seeds 0 .. seeds − 1 (a cell with more seeds is cut back to
+  them, one with fewer leaves every verdict "pending"), with Student-t p-values Holm-corrected across the family
+  at family-wise error rate `alpha`. Every run of the profile comes from one commit: reproduce puts the commit in
+  the runs' directory hash, refuses to start from a tree with uncommitted changes, and refuses to aggregate a
+  table whose runs report another commit. The page names the commit that last changed the study's spec (or the
+  rule) before the runs' commit: when the design was declared.
+
+  Attributes:
+    claims: the findings tested (`Claim`; a claim of no change, "=", needs a margin).
+    seeds: the seeds per arm, at least MIN_DESIGN_SEEDS.
+    alpha: the family-wise error rate.
+    note: why these claims, seeds and margins (printed with the design).
+  """
+  claims: tuple[Claim, ...]
+  seeds: int = MIN_DESIGN_SEEDS
+  alpha: float = 0.05
+  note: str = ""
+
+  def __post_init__(self):
+    if self.seeds < MIN_DESIGN_SEEDS:
+      raise ValueError(f"a design declares at least {MIN_DESIGN_SEEDS} seeds per arm, not {self.seeds}")
+    if not 0 < self.alpha < 1:
+      raise ValueError(f"a design's alpha must be in (0, 1), not {self.alpha}")
+    for c in self.claims:
+      if c.expect == "=" and c.margin <= 0:
+        raise ValueError(f"claim {c.text!r}: a claim of no change needs its margin declared (> 0)")
+
+
 @dataclasses.dataclass(frozen=True)
 class Panel:
   """One axes of a plot.
@@ -201,7 +236,9 @@ class Study:
     description: what the study shows and how to read it (printed above the table).
     seeds: the number of seeds when --seeds is not given (default 3).
     contrasts: paired differences between runs (a table of their own).
-    claims: the paper's findings it tests, each decided from a run's or a contrast's cell (a table of verdicts).
+    claims: the paper's findings it tests, each decided from a run's or a contrast's cell (a table of verdicts),
+      in the profiles without a design, by the rule of 2 standard errors (`verdicts.decide`).
+    designs: profile name -> its `Design` (claims, seeds, α declared before the runs; the t-and-Holm rule).
   """
   name: str
   title: str
@@ -214,6 +251,7 @@ class Study:
   seeds: int = 3
   contrasts: tuple[Contrast, ...] = ()
   claims: tuple[Claim, ...] = ()
+  designs: Mapping[str, Design] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     names = [r.name for r in self.runs]
@@ -228,14 +266,21 @@ class Study:
         raise ValueError(f"study {self.name}, contrast {c.run}: unknown runs {sorted({c.a, c.b} - known)}")
     cells = known | {c.run for c in self.contrasts}
     metrics = {n for m in self.metrics for n, *_ in m.expand()}
-    for c in self.claims:
+    for c in self.claims + tuple(c for d in self.designs.values() for c in d.claims):
       if c.run not in cells or c.metric not in metrics or c.expect not in (">", "<", "=", ""):
         raise ValueError(f"study {self.name}, claim {c.text!r}: needs a run or contrast 'a - b' (not {c.run!r}), "
                          f"a metric (not {c.metric!r}) and expect one of >, <, =, '' (not {c.expect!r})")
+    for profile in self.designs:
+      if profile != "full" and profile not in self.profiles:
+        raise ValueError(f"study {self.name}: a design for profile {profile!r}, which the study does not have")
     for p in self.plots:
       for panel in p.panels:
         if set(panel.runs) - known:
           raise ValueError(f"study {self.name}, plot {p.file}: unknown runs {sorted(set(panel.runs) - known)}")
+
+  def claims_in(self, profile: str | None) -> tuple[Claim, ...]:
+    """The claims a profile's page decides: its design's, else the study's own."""
+    return self.designs[profile].claims if profile in self.designs else self.claims
 
   def run(self, name: str) -> Run:
     return next(r for r in self.runs if r.name == name)
@@ -265,4 +310,7 @@ def from_dict(d: Mapping[str, Any]) -> Study:
     plots.append(Plot(**{**p, "panels": panels}))
   contrasts = tuple(Contrast(**c) for c in d.pop("contrasts", ()))
   claims = tuple(Claim(**c) for c in d.pop("claims", ()))
-  return Study(runs=runs, metrics=metrics, plots=tuple(plots), contrasts=contrasts, claims=claims, **d)
+  designs = {p: Design(**{**x, "claims": tuple(Claim(**c) for c in x["claims"])})
+             for p, x in d.pop("designs", {}).items()}
+  return Study(runs=runs, metrics=metrics, plots=tuple(plots), contrasts=contrasts, claims=claims, designs=designs,
+               **d)
