@@ -107,10 +107,18 @@ class Job:
   argv: list[str]
   needs: list[str]  # names of the runs of the same seed it reads from
   commit: str = ""  # a design profile's: the commit every run of the study comes from
+  after: list[tuple[str, int]] = dataclasses.field(default_factory=list)  # runs of other seeds it waits for
+  tuned: dict | None = None  # a tuned run: {"tune": spec.Tune, "grid": value -> the tuning seeds' grid jobs}
+  alias: bool = False  # a tuned run on a tuning seed: no process, the grid run at the chosen value
+  grid: bool = False  # one value of a tuned run's grid on a tuning seed
 
   @property
   def key(self) -> tuple[str, int]:
     return (self.run.name, self.seed)
+
+  @property
+  def waits_for(self) -> list[tuple[str, int]]:
+    return [(n, self.seed) for n in self.needs] + self.after
 
   @property
   def summary(self) -> pathlib.Path:
@@ -309,7 +317,21 @@ def plan(study: spec.Study, profile: str, seeds: list[int], runs_dir: pathlib.Pa
                      + "".join(f", {p}" for p in study.profiles))
   runs = study.runs_in(profile)
   merged = {r.name: study.flags_for(r, profile) for r in runs}
-  for run in runs:
+  by_name = {r.name: r for r in runs}
+  grids: dict[str, list[tuple[Any, str]]] = {}  # tuned run -> (value, grid run name)
+  for run in [r for r in runs if r.tune]:
+    tune = run.tune
+    if merged[run.name].get("num_validation", 0) in (0, None) and not run.command:
+      raise StudyError(f"study {study.name}, run {run.name}: a tuned --{tune.flag} is chosen on a validation "
+                       "split: the run needs --num_validation")
+    grids[run.name] = []
+    for value in tune.values:
+      name = tune.grid_name(run.name, value)
+      by_name[name] = dataclasses.replace(run, name=name, label=f"{run.display}, --{tune.flag}={value}", tune=None)
+      merged[name] = {**merged[run.name], tune.flag: value}
+      grids[run.name].append((value, name))
+    merged[run.name] = {**merged[run.name], tune.flag: "{tuned}"}
+  for run in by_name.values():
     for flag in ("seed", run.output_flag):
       if flag in merged[run.name]:
         raise StudyError(f"study {study.name}, run {run.name}: --{flag} is set by reproduce, leave it out")
@@ -325,13 +347,16 @@ def plan(study: spec.Study, profile: str, seeds: list[int], runs_dir: pathlib.Pa
     if name in visiting:
       raise StudyError(f"study {study.name}: runs need each other in a cycle: {' -> '.join(visiting + (name,))}")
     if name not in hashes:
-      run = study.run(name)
+      run = by_name[name]
       blob = {"command": list(run.command) or [run.module], "out_flag": run.output_flag,
               "flags": {k: str(v) for k, v in sorted(merged[name].items())},
               "defaults": hashed_defaults(run, snapshot),
               "needs": {n: digest(n, visiting + (name,)) for n in _needs(merged[name])}}
       if commit:
         blob["commit"] = commit
+      if name in grids:  # the value comes from the grid: the grid's runs and the rule that chooses
+        blob["tune"] = {"grid": {str(v): digest(g, visiting + (name,)) for v, g in grids[name]},
+                        "seeds": run.tune.seeds, "by": run.tune.by}
       hashes[name] = hashlib.sha1(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:10]
     return hashes[name]
 
@@ -343,18 +368,23 @@ def plan(study: spec.Study, profile: str, seeds: list[int], runs_dir: pathlib.Pa
         visit(need)
       order.append(name)
 
-  for run in runs:
-    digest(run.name)
-    visit(run.name)
+  for name in by_name:
+    digest(name)
+    visit(name)
 
   jobs = []
-  for seed in seeds:
+  tuning_seeds = {s for r in runs if r.tune for s in range(r.tune.seeds)}
+  grid_of = {g: r for r, pairs in grids.items() for _, g in pairs}
+  for seed in sorted(set(seeds) | tuning_seeds):
     dirs: dict[str, pathlib.Path] = {}
     for name in order:
-      run = study.run(name)
+      run = by_name[name]
       slug = (run.module.rsplit(".", 1)[-1] if not run.command else name)
       directory = (runs_dir / f"{slug}-{hashes[name]}" / f"seed{seed}").resolve()
       dirs[name] = directory
+      tuner = by_name[grid_of[name]].tune if name in grid_of else run.tune
+      if name in grid_of and seed >= tuner.seeds:
+        continue  # a grid runs on the tuning seeds only (which always run, with what their grid needs)
 
       def fill(value, dirs=dirs, seed=seed):
         if not isinstance(value, str):
@@ -363,8 +393,54 @@ def plan(study: spec.Study, profile: str, seeds: list[int], runs_dir: pathlib.Pa
 
       values = {k: fill(v) for k, v in merged[name].items()}
       argv = _prefix(run) + _flag_args(values) + [f"--seed={seed}", f"--{run.output_flag}={directory}"]
-      jobs.append(Job(run, seed, directory, argv, _needs(merged[name]), commit))
+      job = Job(run, seed, directory, argv, _needs(merged[name]), commit, grid=name in grid_of)
+      if name in grids:
+        job.after = [(g, s) for _, g in grids[name] for s in range(tuner.seeds)]
+        job.alias = seed < tuner.seeds
+        job.tuned = {"tune": tuner, "grid": {v: g for v, g in grids[name]}}
+      jobs.append(job)
+  by_key = {j.key: j for j in jobs}
+  for job in jobs:  # the grid's jobs themselves, for choosing
+    if job.tuned:
+      job.tuned["jobs"] = {v: [by_key[(g, s)] for s in range(job.tuned["tune"].seeds)]
+                           for v, g in job.tuned["grid"].items()}
   return jobs
+
+
+def choose(job: Job) -> tuple[Any, dict]:
+  """A tuned run's value: the grid value whose runs on the tuning seeds have the highest mean `by` (the validation
+  split's accuracy; ties: the first in the grid), or None while any of them has not finished. Also returns the
+  grid's table: value -> (mean, standard error, seeds)."""
+  tune, table, complete = job.tuned["tune"], {}, True
+  for value, grid_jobs in job.tuned["jobs"].items():
+    found = []
+    for g in grid_jobs:
+      try:
+        found.append(float(json.loads(g.summary.read_text())[tune.by]))
+      except (OSError, ValueError, KeyError, TypeError):
+        complete = False
+    if found:
+      mean, se = mean_se(found)
+      table[value] = {"mean": mean, "se": se, "n": len(found)}
+  if not complete or not table:
+    return None, table
+  return max(job.tuned["jobs"], key=lambda v: (table[v]["mean"], -list(job.tuned["jobs"]).index(v))), table
+
+
+def resolve_tuned(job: Job) -> bool:
+  """Fills in a tuned job's value (its argv's "{tuned}"; an alias takes the chosen grid run's directory).
+  Returns False while the grid has not finished."""
+  value, _ = choose(job)
+  if value is None:
+    return False
+  if job.alias:
+    grid = job.tuned["jobs"][value][job.seed]
+    job.tuned.setdefault("planned", job.directory)
+    job.directory = grid.directory
+  else:
+    job.argv = [a.replace("{tuned}", str(value)) for a in job.argv]
+  job.tuned["value"] = value
+  return True
 
 
 # EXECUTE
@@ -435,12 +511,18 @@ def execute(jobs: list[Job], parallel: int, echo=print) -> dict[tuple[str, int],
   """Runs the jobs whose summary.json is missing, `parallel` at once, each after the runs it needs."""
   outcomes: dict[tuple[str, int], Outcome] = {}
   pending = []
+  keys = {j.key for j in jobs}
+  by_key = {j.key: j for j in jobs}
   for job in jobs:
-    if job.summary.is_file():
+    missing = [k for k in job.waits_for if k not in keys]
+    if missing:
+      outcomes[job.key] = Outcome("blocked", f"needs {', '.join(f'{n} seed {s}' for n, s in missing)}, not planned")
+      continue
+    if job.summary.is_file() and not job.alias:
       outcomes[job.key] = Outcome("cached", wall_time_s=_recorded_time(job))
     else:
       pending.append(job)
-  total, started = len(pending), 0
+  total, started = sum(not j.alias for j in pending), 0
   processes: dict = {}
   lock = threading.Lock()
   running: dict[concurrent.futures.Future, Job] = {}
@@ -453,25 +535,44 @@ def execute(jobs: list[Job], parallel: int, echo=print) -> dict[tuple[str, int],
   with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
     try:
       while pending or running:
+        progressed = False
         for job in list(pending):
           if len(running) >= max(1, parallel):
             break
-          states = [outcomes.get((n, job.seed)) for n in job.needs]
+          states = [outcomes.get(k) for k in job.waits_for]
           if any(s is not None and s.status in ("failed", "blocked") for s in states):
-            bad = [n for n, s in zip(job.needs, states) if s is not None and s.status in ("failed", "blocked")]
+            bad = [f"{n}" + (f" seed {s_}" if s_ != job.seed else "")
+                   for (n, s_), s in zip(job.waits_for, states) if s is not None and s.status in ("failed", "blocked")]
             outcomes[job.key] = Outcome("blocked", f"needs {', '.join(bad)}, which did not finish")
             pending.remove(job)
+            progressed = True
             echo(f"[{job.run.name} seed {job.seed}] not started: {outcomes[job.key].message}")
             continue
           if all(s is not None for s in states):
             pending.remove(job)
+            progressed = True
+            if job.tuned and not resolve_tuned(job):
+              outcomes[job.key] = Outcome("blocked", "its grid's runs did not all write their validation accuracy")
+              continue
+            if job.alias:  # a tuning seed: the grid's run at the chosen value is this run's
+              outcomes[job.key] = Outcome("cached")
+              continue
+            for need in job.waits_for:  # a tuned run on a tuning seed is the grid's run at the chosen value
+              alias = by_key[need]
+              if alias.alias and alias.tuned.get("planned"):
+                job.argv = [a.replace(str(alias.tuned["planned"]), str(alias.directory)) for a in job.argv]
             if job.summary.is_file():  # finished meanwhile (another invocation, or by hand)
               outcomes[job.key] = Outcome("cached", wall_time_s=_recorded_time(job))
               continue
             started += 1
-            echo(f"[{started}/{total}] {job.run.name} seed {job.seed}: started ({job.directory})")
+            echo(f"[{started}/{total}] {job.run.name} seed {job.seed}: started ({job.directory})"
+                 + (f", --{job.tuned['tune'].flag}={job.tuned['value']} chosen" if job.tuned else ""))
             running[pool.submit(_run_one, job, processes, lock)] = job
         if not running:
+          if not progressed:  # nothing runs and nothing can start: the rest wait for runs that will not come
+            for job in pending:
+              outcomes[job.key] = Outcome("blocked", "waits for runs that did not finish")
+            pending = []
           continue
         done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
         for future in done:
@@ -569,6 +670,8 @@ def collect(study: spec.Study, jobs: list[Job]) -> list[dict]:
           if metric.since_start and points:
             first = points[min(points)]
             points = {s: v - first for s, v in points.items()}
+          if metric.reduce == "mean" and points:
+            points = {None: math.fsum(points.values()) / len(points)}
         for step, v in points.items():
           cell = (job.run.name, name, step)
           values.setdefault(cell, {})[job.seed] = v
@@ -617,7 +720,7 @@ def tables(study: spec.Study, cells: list[dict]) -> list[str]:
   out = []
   scalars = []
   for metric in study.metrics:
-    if metric.source == "curve":
+    if metric.source == "curve" and not metric.reduce:
       steps = sorted({c["step"] for c in cells if c["metric"] == metric.name})
       rows = [r for r in runs if any((r.name, metric.name, s) in index for s in steps)]
       if not rows:
@@ -772,6 +875,18 @@ def report(study: spec.Study, profile: str, seeds: list[int], jobs: list[Job],
   if profile in study.designs:
     check_one_commit(jobs, next((j.commit for j in jobs if j.commit), ""))
   out_dir.mkdir(parents=True, exist_ok=True)
+  tuning = {}
+  for job in jobs:
+    if job.tuned:
+      value, table = choose(job)
+      if job.alias and value is not None:
+        resolve_tuned(job)
+      tuning[job.run.name] = {"flag": job.tuned["tune"].flag, "by": job.tuned["tune"].by,
+                              "seeds": job.tuned["tune"].seeds, "chosen": value,
+                              "grid": [{"value": v, **table.get(v, {"mean": None, "se": None, "n": 0})}
+                                       for v in job.tuned["grid"]]}
+  grid_jobs = [j for j in jobs if j.grid]
+  jobs = [j for j in jobs if not j.grid and not (j.alias and j.tuned.get("value") is None)]
   cells = collect(study, jobs)
   plots = draw(study, cells, out_dir)
   runs = {}
@@ -795,6 +910,8 @@ def report(study: spec.Study, profile: str, seeds: list[int], jobs: list[Job],
   failures = [{"run": k[0], "seed": k[1], "status": o.status, "message": o.message}
               for k, o in sorted(outcomes.items()) if o.status in ("failed", "blocked")]
   compute = sum(t for r in runs.values() for t in r["wall_time_s"].values() if t is not None)
+  shown = {j.directory for j in jobs}  # a grid run that is also a tuned run's (its chosen value) counts once
+  compute += sum(_recorded_time(g) or 0.0 for g in grid_jobs if g.directory not in shown)
   history = []
   if (out_dir / "invocations.jsonl").is_file():
     for line in (out_dir / "invocations.jsonl").read_text().splitlines():
@@ -815,7 +932,8 @@ def report(study: spec.Study, profile: str, seeds: list[int], jobs: list[Job],
              "verdicts": decide_claims(study, cells, profile),
              "profile_flags": {m: dict(f) for m, f in study.profiles.get(profile, {}).items()},
              "note": study.notes.get(profile, ""), "invocation": invocation, "invocations": history,
-             "compute_time_s": round(compute, 1), "runs": runs, "failures": failures, "cells": cells,
+             "compute_time_s": round(compute, 1), "runs": runs, "failures": failures, "tuning": tuning,
+             "cells": cells,
              "plots": [p.name for p in plots]}
   (out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
   (out_dir / "results.md").write_text(markdown(study, results, cells, plots))
@@ -1001,6 +1119,25 @@ def _design_lines(results: dict) -> list[str]:
   return lines + [""]
 
 
+def _tuning_lines(study: spec.Study, results: dict) -> list[str]:
+  """The "chosen on the validation split" section: each tuned run's grid, its validation means, the choice."""
+  tuning = results.get("tuning") or {}
+  if not tuning:
+    return []
+  lines = ["## Hyperparameters chosen on the validation split", "",
+           "Each tuned run was made at every value of its grid on the tuning seeds, with `--num_validation` "
+           "problems of the training pool held out; the value with the best mean validation accuracy is the run's "
+           "on every seed (the tuning seeds' runs at that value are its runs there). The test set chose nothing.",
+           "", "| run | flag | " + "value: validation accuracy, mean ± s.e. (seeds) | " + "chosen |", "|---|---|---|---|"]
+  label = {r.name: r.display for r in study.runs}
+  for name, t in tuning.items():
+    grid = "; ".join(f"{g['value']:g}: " + ("-" if g["mean"] is None else _fmt(
+        {"mean": g["mean"], "se": g["se"], "n": g["n"], "percent": True})) for g in t["grid"])
+    chosen = "not yet (the grid has not finished)" if t["chosen"] is None else f"**{t['chosen']:g}**"
+    lines.append(f"| {label.get(name, name)} | --{t['flag']} | {grid} | {chosen} |")
+  return lines + [""]
+
+
 def markdown(study: spec.Study, results: dict, cells: list[dict], plots: list[pathlib.Path]) -> str:
   lines = [f"# {study.title}", ""]
   if study.description:
@@ -1016,6 +1153,7 @@ def markdown(study: spec.Study, results: dict, cells: list[dict], plots: list[pa
   lines.append("")
   lines += _design_lines(results)
   lines += _verdict_lines(results["verdicts"], results.get("rule", "2se"))
+  lines += _tuning_lines(study, results)
   lines += tables(study, cells)
   for p in plots:
     lines += [f"![{p.stem}]({p.name})", ""]
@@ -1078,15 +1216,19 @@ def reproduce(study: spec.Study, *, profile: str, seeds: list[int], out_dir: pat
     unknown = set(only) - {r.name for r in study.runs}
     if unknown:
       raise StudyError(f"--only: no runs {sorted(unknown)} in study {study.name}")
-    wanted, stack = set(), list(only)
+    by_key = {j.key: j for j in jobs}
+    wanted, stack = set(), [j.key for j in jobs if j.run.name in only]
     while stack:
-      name = stack.pop()
-      if name not in wanted:
-        wanted.add(name)
-        stack += next(j for j in jobs if j.run.name == name).needs
-    todo = [j for j in jobs if j.run.name in wanted]
+      key = stack.pop()
+      if key not in wanted and key in by_key:
+        wanted.add(key)
+        stack += by_key[key].waits_for
+    todo = [j for j in jobs if j.key in wanted]
   if dry_run:
     for job in todo:
+      if job.alias:
+        echo(f"# {job.run.name} seed {job.seed}: the grid's run at the value chosen on the validation split")
+        continue
       state = "skip (summary.json exists)" if job.summary.is_file() else "run"
       echo(f"# {job.run.name} seed {job.seed}: {state}\n" + " ".join(job.argv))
     return None

@@ -196,9 +196,12 @@ def test_likelihood_temperature_is_the_imitation_methods_likelihood(sft_policy, 
     logp = logprobs_lib.token_logprobs(params, method.config, batch.tokens, batch.attention_mask, temperature=t)
     want = losses.paradigm_loss(logp, batch.advantages, batch.loss_mask)
     assert (abs(float(loss) - float(want)) < 1e-5) == same, t
-  _parse("--algo=grpo", "--likelihood_temperature=0.7")
-  with pytest.raises(ValueError, match="--likelihood_temperature is the imitation methods'"):
-    cli.config_from_flags()
+  _parse("--algo=grpo", "--likelihood_temperature=0.7")  # GRPO trains --temperature's (0.7): it may say so
+  assert cli.config_from_flags().algorithm.likelihood_temperature == 0.7
+  for algo, t in (("grpo", 0.5), ("dpo", 0.7)):  # not GRPO's own; DPO trains T = 1's
+    _parse(f"--algo={algo}", f"--likelihood_temperature={t}")
+    with pytest.raises(ValueError, match="--likelihood_temperature is the imitation methods'"):
+      cli.config_from_flags()
 
 
 def test_ppo_explained_variance():

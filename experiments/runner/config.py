@@ -436,9 +436,10 @@ def check(config: Config) -> str | None:
             f"--algo=grpo and --supervision=outcome")
   if v["iterations"] > 1 and algo not in ("grpo", "ppo"):
     return "--iterations > 1 (iterative RL) needs an online RL method: --algo=grpo or ppo"
-  if v["likelihood_temperature"] != 1.0 and algo not in ("sft", "rft", "rft_table10", "online_rft"):
-    return ("--likelihood_temperature is the imitation methods' (sft, rft, rft_table10, online_rft); the other "
-            "methods train the likelihood of --temperature")
+  if (v["likelihood_temperature"] != 1.0 and algo not in ("sft", "rft", "rft_table10", "online_rft")
+      and not (algo in ("grpo", "ppo") and v["likelihood_temperature"] == v["temperature"])):
+    return ("--likelihood_temperature is the imitation methods' (sft, rft, rft_table10, online_rft); GRPO and PPO "
+            "train the likelihood of --temperature (it may equal that), the others T = 1's")
   if algo == "dpo" and rows % 2:
     return "--algo=dpo needs an even batch_size*group_size (rows come in pairs)"
   if algo == "flow_grpo":

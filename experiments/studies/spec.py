@@ -23,6 +23,35 @@ OUT_FLAGS = {TRAIN_REWARD_MODEL: "rm_dir"}
 
 
 @dataclasses.dataclass(frozen=True)
+class Tune:
+  """A flag of a run chosen on a validation split, never the test set (a learning rate, per method).
+
+  The run is first made at each value of the grid on the tuning seeds 0 .. seeds − 1, as the runs "<name>@<value>";
+  each needs `--num_validation` (the RL pool's tail held out of training, evaluated at the end: summary key `by`).
+  The value with the highest mean `by` over the tuning seeds (ties: the first in the grid) is then the run's own
+  on every other seed, and the tuning seeds' runs at that value are the run's runs there: they differ from the
+  others in nothing but the seed, and the choice read none of their test numbers.
+
+  Attributes:
+    values: the grid, in order.
+    flag: the flag chosen.
+    seeds: the tuning seeds, 0 .. seeds − 1.
+    by: the summary key that chooses (the final policy's accuracy on the validation split).
+  """
+  values: tuple[Any, ...]
+  flag: str = "learning_rate"
+  seeds: int = 2
+  by: str = "final_val_accuracy"
+
+  def __post_init__(self):
+    if len(self.values) < 2 or len(set(self.values)) != len(self.values) or self.seeds < 1:
+      raise ValueError(f"a tuned --{self.flag} needs two or more distinct values and one or more tuning seeds")
+
+  def grid_name(self, run: str, value) -> str:
+    return f"{run}@{value:g}" if isinstance(value, float) else f"{run}@{value}"
+
+
+@dataclasses.dataclass(frozen=True)
 class Run:
   """One configuration, run once per seed as its own process.
 
@@ -35,6 +64,7 @@ class Run:
     command: an argv prefix that replaces `python -m module` (tests use fake runners).
     out_flag: the flag that takes the run directory (default: by module, else work_dir).
     only_in: the profiles the run belongs to (default: all).
+    tune: a flag chosen per run on a validation split (`Tune`), or None.
   """
   name: str
   flags: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -44,6 +74,7 @@ class Run:
   command: tuple[str, ...] = ()
   out_flag: str = ""
   only_in: tuple[str, ...] = ()
+  tune: Tune | None = None
 
   @property
   def display(self) -> str:
@@ -71,6 +102,7 @@ class Metric:
     label: display name (default: name).
     since_start: (curves) subtract the seed's value at its first logged step: the change since the start,
       paired seed by seed, which does not carry the spread of the start policies over seeds.
+    reduce: (curves) "mean": one cell per run, the seed's mean over its logged steps (prompts per step, say).
   """
   name: str
   key: str
@@ -81,8 +113,11 @@ class Metric:
   percent: bool = True
   label: str = ""
   since_start: bool = False
+  reduce: str = ""
 
   def __post_init__(self):
+    if self.reduce not in ("", "mean") or (self.reduce and self.source != "curve"):
+      raise ValueError(f"metric {self.name}: reduce is '' or 'mean', and only for a curve")
     if self.source not in ("summary", "curve"):
       raise ValueError(f"metric {self.name}: source must be 'summary' or 'curve', not {self.source!r}")
     if self.ks and ("{k}" not in self.name or "{k}" not in self.key):
@@ -299,7 +334,8 @@ class Study:
 def from_dict(d: Mapping[str, Any]) -> Study:
   """A Study from plain data (a parsed JSON file): the same fields, nested as lists and objects."""
   d = dict(d)
-  runs = tuple(Run(**{**r, "command": tuple(r.get("command", ())), "only_in": tuple(r.get("only_in", ()))})
+  runs = tuple(Run(**{**r, "command": tuple(r.get("command", ())), "only_in": tuple(r.get("only_in", ())),
+                      "tune": Tune(**{**r["tune"], "values": tuple(r["tune"]["values"])}) if r.get("tune") else None})
                for r in d.pop("runs"))
   metrics = tuple(Metric(**{**m, "runs": tuple(m.get("runs", ())), "ks": tuple(m.get("ks", ()))})
                   for m in d.pop("metrics"))
