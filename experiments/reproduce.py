@@ -1128,7 +1128,7 @@ def _tuning_lines(study: spec.Study, results: dict) -> list[str]:
            "Each tuned run was made at every value of its grid on the tuning seeds, with `--num_validation` "
            "problems of the training pool held out; the value with the best mean validation accuracy is the run's "
            "on every seed (the tuning seeds' runs at that value are its runs there). The test set chose nothing.",
-           "", "| run | flag | " + "value: validation accuracy, mean ± s.e. (seeds) | " + "chosen |", "|---|---|---|---|"]
+           "", "| run | flag | value: validation accuracy, mean ± s.e. (seeds) | chosen |", "|---|---|---|---|"]
   label = {r.name: r.display for r in study.runs}
   for name, t in tuning.items():
     grid = "; ".join(f"{g['value']:g}: " + ("-" if g["mean"] is None else _fmt(

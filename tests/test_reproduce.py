@@ -303,7 +303,8 @@ def test_registered_studies_are_well_formed(tmp_path):
         assert set(panel.metrics) <= names, (study.name, plot.file, panel.metrics)
     for profile in ["full", *study.profiles]:
       jobs = reproduce.plan(study, profile, [0, 1], tmp_path)
-      assert len(jobs) == 2 * len(study.runs_in(profile))
+      runs = study.runs_in(profile)  # and a tuned run's grid on its tuning seeds (here 0 and 1)
+      assert len(jobs) == 2 * len(runs) + sum(len(r.tune.values) * r.tune.seeds for r in runs if r.tune)
       for job in jobs:
         assert (ROOT / (job.run.module.replace(".", "/") + ".py")).is_file(), job.run.module
 
@@ -314,7 +315,8 @@ def test_registered_study_flags_parse(tmp_path):
   commands = []
   for study in studies.STUDIES.values():
     for profile in ["full", *study.profiles]:
-      commands += [[job.run.module] + job.argv[3:] for job in reproduce.plan(study, profile, [0], tmp_path)]
+      commands += [[job.run.module] + [a.replace("{tuned}", "0.001") for a in job.argv[3:]]  # a tuned lr
+                   for job in reproduce.plan(study, profile, [0], tmp_path)]
   check = r"""
 import json, sys
 from absl import flags

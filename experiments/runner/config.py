@@ -309,10 +309,10 @@ _POSITIVE = ("tiny_layers", "sft_batch_size", "num_train", "num_test", "max_prom
              "dynamic_sampling_max_rounds", "dpo_pairs_per_prompt", "offline_prompts", "prm_max_steps",
              "iterations", "replay_capacity", "rm_update_prompts", "rm_update_steps", "rm_update_batch_size",
              "max_turns", "planner_prompt_len", "action_tokens", "min_bucket")
-_NON_NEGATIVE = ("cpu_devices", "steps", "sft_steps", "sft_examples", "eval_every", "save_every", "minibatch_size", "num_validation",
+_NON_NEGATIVE = ("cpu_devices", "steps", "sft_steps", "sft_examples", "eval_every", "save_every", "minibatch_size",
                  "overlong_buffer", "eval_samples", "stop_after", "top_k", "max_grad_norm", "advantage_eps",
                  "steps_per_iteration", "memory_budget", "beta", "completion_pad_multiple", "forward_rows",
-                 "forward_memory_budget", "dpo_nll_coef")
+                 "forward_memory_budget", "dpo_nll_coef", "num_validation")
 CHOICES = {  # the allowed values of the enum fields (and flags)
     "dtype": ("float32", "bfloat16"), "remat_policy": ("full", "dots_no_batch", "dots"),
     "task": ("synthetic", "gsm8k", "math"), "prompt_template": ("auto", "plain", "chat"),

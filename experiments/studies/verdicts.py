@@ -106,7 +106,7 @@ def decide(mean: float, se: float | None, n: int, expect: str, scale: float = 1.
 # (0.05). Each claim brings one or two hypotheses, each with an exact p-value from the t distribution with n − 1
 # degrees of freedom (the cell is a mean of n paired, per-seed values, s.e. = s / √n):
 #   ">" and "<": H_zero: μ = 0, two-sided, p = 2 P(T ≥ |m| / s);
-#                with a margin δ, also H_wide: |μ| ≥ δ, the two one-sided tests (TOST), p = P(T ≥ (δ − |m|) / s);
+#                with a margin δ, also H_wide: |μ| ≥ δ, two one-sided tests (TOST), p = P(T ≥ (δ − |m|) / s);
 #   "=":         H_wide as above, and H_narrow: |μ| ≤ δ, p = 2 P(T ≥ (|m| − δ) / s).
 # Holm's step-down over all the family's hypotheses (m of them) rejects those whose adjusted p-value
 # p̃_(k) = max_{j ≤ k} min(1, (m − j + 1) p_(j)) is at most α. Then:
