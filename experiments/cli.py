@@ -81,7 +81,8 @@ flags.DEFINE_string("test_file", _D["test_file"], "Held-out problems, in the for
 flags.DEFINE_integer("num_train", _D["num_train"], "Synthetic task: training problems in the pool.")
 flags.DEFINE_integer("num_test", _D["num_test"], "Held-out problems to evaluate on (all of test_file if larger).")
 flags.DEFINE_integer("num_validation", _D["num_validation"],
-    "> 0: hold the last N problems of the RL pool out of training and evaluate the final policy on them too "
+    "> 0: hold N problems of the RL pool (drawn by the seed) out of training and evaluate the final policy on them "
+    "too "
     "(summary final_val_accuracy): a validation split for choosing hyperparameters without reading the test set.")
 flags.DEFINE_integer("synthetic_min_steps", _D["synthetic_min_steps"], "Synthetic task: fewest operations per problem.")
 flags.DEFINE_integer("synthetic_max_steps", _D["synthetic_max_steps"], "Synthetic task: most operations per problem.")

@@ -52,8 +52,8 @@ class TaskConfig:
   math_verify_time_limit: float = 2.0  # --reward=math_verify: seconds a check may take before its worker is killed
   math_verify_workers: int = 0  # --reward=math_verify: worker processes (0: half the cores, 1 to 8)
   sft_examples: int = 2000
-  # > 0: the last num_validation problems of the RL pool are held out of training, and the run's end evaluates the
-  # policy on them too (summary "final_val_accuracy"): a split for choosing hyperparameters that never reads test
+  # > 0: num_validation problems of the RL pool, drawn by the seed, are held out of training, and the run's end
+  # evaluates the policy on them too (summary "final_val_accuracy"): a split for choosing hyperparameters, not test
   num_validation: int = 0
 
 

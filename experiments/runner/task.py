@@ -43,14 +43,17 @@ class Task:
     split = config.sft_examples if sft_lineage and 0 < config.sft_examples < len(self.train) else 0
     self.sft_pool = self.train[:split] if split else self.train
     self.rl_pool = self.train[split:]
-    # --num_validation: the RL pool's last problems, never trained on, for choosing hyperparameters (not the test set)
+    # --num_validation: problems of the RL pool drawn at random (by the seed), never trained on, for choosing
+    # hyperparameters without the test set. Not the pool's tail: the synthetic generator's last distinct problems are
+    # harder than the rest (a policy at 42.8% on the pool's first 500 and 45.6% on test scored 31.4% on its last 500).
     self.validation = []
     if config.num_validation:
       if config.num_validation >= len(self.rl_pool):
         raise config_lib.RunError(f"--num_validation={config.num_validation} leaves no RL problems of "
                                   f"{len(self.rl_pool)}")
-      self.validation = self.rl_pool[-config.num_validation:]
-      self.rl_pool = self.rl_pool[:-config.num_validation]
+      held = set(np.random.default_rng([seed, 56]).permutation(len(self.rl_pool))[:config.num_validation].tolist())
+      self.validation = [e for i, e in enumerate(self.rl_pool) if i in held]
+      self.rl_pool = [e for i, e in enumerate(self.rl_pool) if i not in held]
     # A learned or step reward (orm|prm|exact_steps) scores in the rollouts; the rule reward is then
     # correctness, for logs.
     scored_elsewhere = config.reward in ("orm", "prm", "exact_steps")
