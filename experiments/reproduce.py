@@ -436,7 +436,7 @@ def resolve_tuned(job: Job) -> bool:
   if job.alias:
     grid = job.tuned["jobs"][value][job.seed]
     job.tuned.setdefault("planned", job.directory)
-    job.directory = grid.directory
+    job.directory, job.argv = grid.directory, grid.argv
   else:
     job.argv = [a.replace("{tuned}", str(value)) for a in job.argv]
   job.tuned["value"] = value
@@ -1239,6 +1239,9 @@ def reproduce(study: spec.Study, *, profile: str, seeds: list[int], out_dir: pat
   else:
     outcomes = execute(todo, parallel, echo)
   out_dir.mkdir(parents=True, exist_ok=True)
+  for job in jobs:
+    if job.alias:
+      resolve_tuned(job)  # a tuning seed's run is the grid's at the chosen value, once the grid has finished
   _link_runs(jobs, out_dir)
   invocation = {"started": started, "wall_time_s": round(time.time() - t0, 1), "profile": profile,
                 "seeds": len(seeds), "parallel": parallel, "only": list(only or []), "loadavg_start": load0,

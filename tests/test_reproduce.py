@@ -645,6 +645,14 @@ def test_a_tuned_flag_is_chosen_on_the_validation_split_of_the_tuning_seeds(tmp_
   # base at 0.02 on every seed: 0.1 x seed + 0.2 + 0.01; seeds 0, 1 from the grid's runs, 2, 3 from its own
   assert cells[("base", "final", None)]["values"] == pytest.approx([0.21, 0.31, 0.41, 0.51])
   assert cells[("better - base", "final", None)]["values"] == pytest.approx([0.21] * 4)
+  grid_dir = next(j for j in jobs if j.key == ("base@0.02", 0)).directory
+  for again in (False, True):  # as run, and aggregated again by a later invocation that runs nothing
+    if again:
+      (out / "runs" / "base" / "seed0").unlink()
+      results = reproduce.reproduce(study, profile="full", seeds=[0, 1, 2, 3], out_dir=out, runs_dir=runs_dir,
+                                    echo=lines.append, aggregate_only=True)
+    assert (out / "runs" / "base" / "seed0").resolve() == grid_dir  # the tuning seed's run: the grid's at 0.02
+    assert "--level=0.02" in results["runs"]["base"]["command_seed0"], results["runs"]["base"]["command_seed0"]
   text = (out / "results.md").read_text()
   assert "| base | --level | 0.01: 40.1 ± 0.1 (2); 0.02: 50.0 ± 0.1 (2); 0.03: 40.1 ± 0.1 (2) | **0.02** |" in text
   # no validation split: refused in one line
