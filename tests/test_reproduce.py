@@ -22,6 +22,7 @@ from experiments.runner import config as config_lib
 from experiments.runner import evaluation as runner_evaluation
 from experiments.runner import task as task_lib
 from experiments.studies import spec
+from experiments.studies import verdicts
 from grpo_jax import models
 from tests.conftest import HANG_GUARD_S
 
@@ -661,3 +662,31 @@ def test_a_tuned_flag_is_chosen_on_the_validation_split_of_the_tuning_seeds(tmp_
   bad = dataclasses.replace(bad, runs=(dataclasses.replace(bad.runs[0], command=()),))
   with pytest.raises(reproduce.StudyError, match="needs --num_validation"):
     reproduce.plan(bad, "full", [0], runs_dir)
+
+
+def test_claims_table_reads_a_design_page(tmp_path):
+  """The README's second table: the fair design's claims against a committed <study>/fair page, decided by the
+  design's rule on its declared 8 seeds; a family with a claim short of its seeds is pending throughout."""
+  design = reproduce.load_study("paradigm").designs["fair"]
+
+  def cell(run, metric, values):
+    mean, se = reproduce.mean_se(values)
+    return {"run": run, "metric": metric, "step": None, "percent": True, "n": len(values),
+            "seeds": list(range(len(values))), "values": values, "mean": mean, "se": se}
+
+  big = [0.10, 0.12, 0.11, 0.13, 0.09, 0.10, 0.12, 0.11]  # +11.0 ± 0.5 points: far from zero
+  flat = [0.001, -0.002, 0.0, 0.002, -0.001, 0.001, 0.0, -0.001]  # +0.0 ± 0.0: inside ±3 points
+  cells = [cell(c.run, c.metric, flat if c.run == "fair_grpo_ps - fair_grpo" else big) for c in design.claims]
+  (tmp_path / "paradigm" / "fair").mkdir(parents=True)
+  (tmp_path / "paradigm" / "fair" / "results.json").write_text(json.dumps({"profile": "fair", "cells": cells}))
+  table = reproduce.claims_table(tmp_path).split("\n\n")[1]
+  rows = {line.split(" | ")[0][2:]: line for line in table.splitlines()[2:]}
+  assert rows["Fig 5: GRPO+OS > Online RFT"].startswith(
+      "| Fig 5: GRPO+OS > Online RFT | paradigm, fair | 11.0 ± 0.5 (8 seeds) | **reproduced**: [+9.9, +12.1] (95% t)")
+  assert f"| **{verdicts.EQUAL}**: " in rows["Fig 5: GRPO+PS > GRPO+OS"]
+  assert "| **reported**: no ordering claimed" in rows["Pooled RFT beside RFT (Table 10's)"]
+  cells[1] = cell(cells[1]["run"], "final", big[:7])  # one claim at 7 of its 8 seeds
+  (tmp_path / "paradigm" / "fair" / "results.json").write_text(json.dumps({"profile": "fair", "cells": cells}))
+  table = reproduce.claims_table(tmp_path).split("\n\n")[1]
+  words = [line.split("| **")[1].split("**")[0] for line in table.splitlines()[2:] if "| **" in line]
+  assert words == ["pending"] * 5 + ["reported"] * 3
