@@ -1266,7 +1266,9 @@ def _list() -> None:
     print(f"{study.name}: {study.title}")
     print(f"  profiles: full, {', '.join(study.profiles)}")
     for run in study.runs:
-      print(f"  - {run.name} ({run.module}): {' '.join(_flag_args(dict(run.flags)))}")
+      tuned = (f" (--{run.tune.flag} from {', '.join(f'{v:g}' for v in run.tune.values)} on a validation split)"
+               if run.tune else "")
+      print(f"  - {run.name} ({run.module}): {' '.join(_flag_args(dict(run.flags)))}{tuned}")
 
 
 def main(argv):
