@@ -82,8 +82,7 @@ flags.DEFINE_integer("num_train", _D["num_train"], "Synthetic task: training pro
 flags.DEFINE_integer("num_test", _D["num_test"], "Held-out problems to evaluate on (all of test_file if larger).")
 flags.DEFINE_integer("num_validation", _D["num_validation"],
     "> 0: hold N problems of the RL pool (drawn by the seed) out of training and evaluate the final policy on them "
-    "too "
-    "(summary final_val_accuracy): a validation split for choosing hyperparameters without reading the test set.")
+    "too (summary final_val_accuracy): a validation split for choosing hyperparameters without the test set.")
 flags.DEFINE_integer("synthetic_min_steps", _D["synthetic_min_steps"], "Synthetic task: fewest operations per problem.")
 flags.DEFINE_integer("synthetic_max_steps", _D["synthetic_max_steps"], "Synthetic task: most operations per problem.")
 flags.DEFINE_integer("synthetic_digits", _D["synthetic_digits"], "Synthetic task: digits of + and - operands.")
