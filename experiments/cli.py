@@ -80,6 +80,9 @@ flags.DEFINE_string("train_file", _D["train_file"],
 flags.DEFINE_string("test_file", _D["test_file"], "Held-out problems, in the forms --train_file takes (split 'test').")
 flags.DEFINE_integer("num_train", _D["num_train"], "Synthetic task: training problems in the pool.")
 flags.DEFINE_integer("num_test", _D["num_test"], "Held-out problems to evaluate on (all of test_file if larger).")
+flags.DEFINE_integer("num_validation", _D["num_validation"],
+    "> 0: hold N problems of the RL pool (drawn by the seed) out of training and evaluate the final policy on them "
+    "too (summary final_val_accuracy): a validation split for choosing hyperparameters without the test set.")
 flags.DEFINE_integer("synthetic_min_steps", _D["synthetic_min_steps"], "Synthetic task: fewest operations per problem.")
 flags.DEFINE_integer("synthetic_max_steps", _D["synthetic_max_steps"], "Synthetic task: most operations per problem.")
 flags.DEFINE_integer("synthetic_digits", _D["synthetic_digits"], "Synthetic task: digits of + and - operands.")
@@ -182,6 +185,9 @@ flags.DEFINE_float("dpo_nll_coef", _D["dpo_nll_coef"],
 flags.DEFINE_integer("dpo_pairs_per_prompt", _D["dpo_pairs_per_prompt"], "DPO: most (correct, wrong) pairs per prompt.")
 flags.DEFINE_integer("offline_prompts", _D["offline_prompts"],
     "RFT/DPO: training prompts sampled once from the start policy (G samples each) to build the offline dataset.")
+flags.DEFINE_float("likelihood_temperature", _D["likelihood_temperature"],
+    "SFT/RFT/Online RFT: the temperature T of the likelihood log softmax(logits / T) they train (1: the model's "
+    "own); set it to --temperature to have every method train one likelihood (GRPO and PPO train --temperature's).")
 
 # OPTIMISER
 flags.DEFINE_integer("steps", _D["steps"], "Stage-2 steps (each: collect, then μ epochs of updates).")

@@ -136,6 +136,8 @@ class GRPO(base.Method):
     stats = self.rollouts.stats(scored, g)
     stats.update(zero_variance_groups=float(np.mean(np.ptp(rewards.reshape(b, g), axis=1) == 0)),
                  sampling_rounds=float(len(rounds)), completion_width=float(samples.tokens.shape[1]),
+                 prompts_per_step=float(len(chosen)),  # and the rows with a positive advantage on some token
+                 positive_rows=float(np.sum(np.any(np.asarray(advantages).reshape(len(rewards), -1) > 0, axis=1))),
                  time_sampling=sample_time,
                  time_scoring=score_time + time.time() - t1)
     return batch, stats, position

@@ -52,6 +52,9 @@ class TaskConfig:
   math_verify_time_limit: float = 2.0  # --reward=math_verify: seconds a check may take before its worker is killed
   math_verify_workers: int = 0  # --reward=math_verify: worker processes (0: half the cores, 1 to 8)
   sft_examples: int = 2000
+  # > 0: num_validation problems of the RL pool, drawn by the seed, are held out of training, and the run's end
+  # evaluates the policy on them too (summary "final_val_accuracy"): a split for choosing hyperparameters, not test
+  num_validation: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +118,9 @@ class AlgorithmConfig:
   dpo_nll_coef: float = 0.0
   dpo_pairs_per_prompt: int = 1
   offline_prompts: int = 2048
+  # The temperature of the likelihood the imitation methods (sft, rft, rft_table10, online_rft) train; GRPO and PPO
+  # train the sampling distribution's, --temperature. Equal to --temperature: every method trains one likelihood.
+  likelihood_temperature: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -311,11 +317,12 @@ _POSITIVE = ("tiny_layers", "sft_batch_size", "num_train", "num_test", "max_prom
 _NON_NEGATIVE = ("cpu_devices", "steps", "sft_steps", "sft_examples", "eval_every", "save_every", "minibatch_size",
                  "overlong_buffer", "eval_samples", "stop_after", "top_k", "max_grad_norm", "advantage_eps",
                  "steps_per_iteration", "memory_budget", "beta", "completion_pad_multiple", "forward_rows",
-                 "forward_memory_budget", "dpo_nll_coef", "num_slots")
+                 "forward_memory_budget", "dpo_nll_coef", "num_slots", "num_validation")
 CHOICES = {  # the allowed values of the enum fields (and flags)
     "dtype": ("float32", "bfloat16"), "remat_policy": ("full", "dots_no_batch", "dots"),
     "task": ("synthetic", "gsm8k", "math"), "prompt_template": ("auto", "plain", "chat"),
-    "algo": ("grpo", "ppo", "online_rft", "rft", "dpo", "sft", "flow_grpo"), "kl": (None, "k1", "k2", "k3"),
+    "algo": ("grpo", "ppo", "online_rft", "rft", "rft_table10", "dpo", "sft", "flow_grpo"),
+    "kl": (None, "k1", "k2", "k3"),
     "loss_aggregation": ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum"),
     "advantage_scale": ("group", "batch", "none"), "advantage_estimator": ("group", "rloo", "reinforce_pp"),
     "importance": ("token", "sequence"), "lr_schedule": ("constant", "cosine"),
@@ -367,7 +374,7 @@ def check(config: Config) -> str | None:
     return ("--group_size must be >= 2 (GRPO compares samples within a group, RFT and DPO pick among them; "
             "PPO accepts 1)")
   for name in ("epsilon", "temperature", "eval_temperature", "learning_rate", "sft_learning_rate",
-               "rm_update_learning_rate", "dpo_beta", "tool_time_limit"):
+               "rm_update_learning_rate", "dpo_beta", "tool_time_limit", "likelihood_temperature"):
     if v[name] <= 0:
       return f"--{name} must be > 0"
   for name in ("epsilon_high", "value_learning_rate"):
@@ -434,6 +441,10 @@ def check(config: Config) -> str | None:
             f"--algo=grpo and --supervision=outcome")
   if v["iterations"] > 1 and algo not in ("grpo", "ppo"):
     return "--iterations > 1 (iterative RL) needs an online RL method: --algo=grpo or ppo"
+  if (v["likelihood_temperature"] != 1.0 and algo not in ("sft", "rft", "rft_table10", "online_rft")
+      and not (algo in ("grpo", "ppo") and v["likelihood_temperature"] == v["temperature"])):
+    return ("--likelihood_temperature is the imitation methods' (sft, rft, rft_table10, online_rft); GRPO and PPO "
+            "train the likelihood of --temperature (it may equal that), the others T = 1's")
   if algo == "dpo" and rows % 2:
     return "--algo=dpo needs an even batch_size*group_size (rows come in pairs)"
   if algo == "flow_grpo":
