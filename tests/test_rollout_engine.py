@@ -134,8 +134,9 @@ def test_argument_checks(params):
 
 
 def test_default_slots_and_the_budget():
-  assert rollout_engine.default_slots(40, 64) == 40  # few completions: one slot each
-  assert rollout_engine.default_slots(1024, 512) == 256 and rollout_engine.default_slots(100, 8) == 64
+  assert rollout_engine.default_slots(1024, 2, "cpu") == 16 and rollout_engine.default_slots(5, 2, "cpu") == 5
+  assert rollout_engine.default_slots(40, 1, "gpu") == 40  # few completions: one slot each
+  assert rollout_engine.default_slots(1024, 8, "tpu") == 256 and rollout_engine.default_slots(100, 1, "gpu") == 64
   # 1 GiB of prompts split over 2 shards beside slots of 1 MiB each in 1.5 GiB a shard: 1024 a shard, 2048 in all.
   gib, mib = row_chunks.GiB, 2 ** 20
   assert row_chunks.slots_that_fit(10_000, gib, mib, 1.5 * gib, most=4096, shards=2) == 2048

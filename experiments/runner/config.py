@@ -82,7 +82,7 @@ class RolloutConfig:
   # max_new_tokens). Each new width compiles the scoring and update programs once.
   completion_pad_multiple: int = 4
   # The rollouts' and evaluation's sampler: "engine" (`grpo_jax.rollout_engine`, continuous batching over
-  # num_slots decode slots; 0: as many as the forward memory budget holds, at most `default_slots`) or "static"
+  # num_slots decode slots; 0: `default_slots`, fewer where the forward memory budget would not hold them) or "static"
   # (`grpo_jax.sampling`, every row decoded until the longest ends). The same tokens for the same key.
   sampler: str = "engine"
   num_slots: int = 0
