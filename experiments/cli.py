@@ -134,8 +134,9 @@ flags.DEFINE_enum("sampler", _D["sampler"], _choices("sampler"),
     "completion's slot takes the next one, so a long tail of lengths costs its tokens) or static (every row decodes "
     "until the batch's longest ends). The same tokens for the same seed.")
 flags.DEFINE_integer("num_slots", _D["num_slots"],
-    "Decode slots of --sampler=engine over all devices (0: 8 a device on a CPU, a quarter of the completions and "
-    "at least 64 on an accelerator; fewer where --forward_memory_budget would not hold them).")
+    "Decode slots of --sampler=engine over all devices (0: 4096 / --max_new_tokens a device on a CPU, at least 8; "
+    "a quarter of the completions, at least 64, on an accelerator; fewer where --forward_memory_budget would not "
+    "hold them).")
 
 # STAGE 2: THE METHOD AND ITS LOSS
 flags.DEFINE_enum("algo", _D["algo"], _choices("algo"),

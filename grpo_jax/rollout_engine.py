@@ -37,23 +37,24 @@ _STATIC = ("config", "num_samples", "max_new_tokens", "top_k", "top_p", "greedy"
            "logprobs_at_temperature", "num_slots")
 
 
-CPU_SLOTS_PER_DEVICE = 8
+# On a CPU, slots x max_new_tokens per device: the cached tokens a decode step walks through (`default_slots`).
+CPU_CACHE_TOKENS_PER_DEVICE = 4096
 
 
-def default_slots(num_completions: int, devices: int = 1, platform: str | None = None) -> int:
+def default_slots(num_completions: int, max_new_tokens: int, devices: int = 1, platform: str | None = None) -> int:
   """Slots when none are given, over `devices` data shards on `platform` (default: JAX's backend).
 
   A slot count trades the loop's steps (about the tokens / S, plus the longest completion's tail) against each
-  step's width. A decode step reads the weights once for all its slots and each slot's cache once: on a CPU a few
-  slots a device already use its matmul rate, and more only grow the caches a step walks through
-  (`CPU_SLOTS_PER_DEVICE`, the fastest measured on the long-tail and equal-length workloads of
-  `scripts/bench_rollout.py`); an accelerator needs hundreds of rows a step to stop being bound by reading the
-  weights, so there a quarter of the completions, at least 64 (no more than the memory budget holds: the
-  runner's `Placement.engine_slots`).
+  step's width. A decode step reads the weights once for all its slots and each slot's cache once. On a CPU a
+  few slots a device already use its matmul rate, and more grow the caches a step walks through: slots x
+  `max_new_tokens` = `CPU_CACHE_TOKENS_PER_DEVICE` a device, at least 8 (8 a device at 512 tokens, 21 at 192:
+  the fastest of 4 to 256 measured by `scripts/bench_rollout.py`, on long-tail and equal lengths). An accelerator
+  needs hundreds of rows a step to stop being bound by reading the weights: a quarter of the completions, at
+  least 64 (the runner takes no more than its memory budget holds: `Placement.engine_slots`).
   """
   platform = platform or jax.default_backend()
   if platform == "cpu":
-    return min(num_completions, CPU_SLOTS_PER_DEVICE * devices)
+    return min(num_completions, max(8, CPU_CACHE_TOKENS_PER_DEVICE // max(max_new_tokens, 1)) * devices)
   return num_completions if num_completions <= 64 else max(64, num_completions // 4)
 
 
@@ -186,7 +187,7 @@ def _static_args(config: ModelConfig, *, num_slots: int, num_prompts: int, shard
   for name in ("cache_segments", "prompt_chunk"):
     static.pop(name)
   n = num_prompts * static["num_samples"]
-  num_slots = int(num_slots) or default_slots(n, shards)
+  num_slots = int(num_slots) or default_slots(n, static["max_new_tokens"], shards)
   if num_slots < 1:
     raise ValueError(f"num_slots must be >= 1 (or 0 for the default), got {num_slots}")
   return dict(static, num_slots=min(num_slots, n))
