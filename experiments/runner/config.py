@@ -94,6 +94,11 @@ class AlgorithmConfig:
   advantage_eps: float = 1e-4
   advantage_estimator: str = "group"
   importance: str = "token"
+  loss: str = "clip"  # GRPO's policy term: PPO's clip, CISPO or SAPO (grpo_jax.losses.grpo_loss's policy_loss)
+  sapo_tau_pos: float = 1.0
+  sapo_tau_neg: float = 1.05
+  entropy_coef: float = 0.0
+  top_entropy_quantile: float = 1.0
   num_epochs: int = 1
   minibatch_size: int = 0
   grad_accum_steps: int = 1
@@ -313,7 +318,7 @@ CHOICES = {  # the allowed values of the enum fields (and flags)
     "algo": ("grpo", "ppo", "online_rft", "rft", "dpo", "sft", "flow_grpo"), "kl": (None, "k1", "k2", "k3"),
     "loss_aggregation": ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum"),
     "advantage_scale": ("group", "batch", "none"), "advantage_estimator": ("group", "rloo", "reinforce_pp"),
-    "importance": ("token", "sequence"), "lr_schedule": ("constant", "cosine"),
+    "importance": ("token", "sequence"), "loss": ("clip", "cispo", "sapo"), "lr_schedule": ("constant", "cosine"),
     "supervision": ("outcome", "process"), "sharding_rules": ("dp", "fsdp", "fsdp_tp"),
     "attention": ("auto", "einsum", "xla", "cudnn", "pallas"),
 }
@@ -429,6 +434,9 @@ def check(config: Config) -> str | None:
             f"--algo=grpo and --supervision=outcome")
   if v["iterations"] > 1 and algo not in ("grpo", "ppo"):
     return "--iterations > 1 (iterative RL) needs an online RL method: --algo=grpo or ppo"
+  problem = _check_policy_loss(v)
+  if problem:
+    return problem
   if algo == "dpo" and rows % 2:
     return "--algo=dpo needs an even batch_size*group_size (rows come in pairs)"
   if algo == "flow_grpo":
@@ -437,4 +445,26 @@ def check(config: Config) -> str | None:
         return f"--{name} is a GRPO option that Flow-GRPO does not use; leave it at its default"
     if reward in ("orm", "prm", "exact_steps"):
       return "--reward: Flow-GRPO scores the generator's answer with rule rewards, not a reward model"
+  return None
+
+
+def _check_policy_loss(v: dict) -> str | None:
+  """GRPO's policy term (--loss) and its entropy options."""
+  loss = v["loss"]
+  if not v["sapo_tau_pos"] > 0 or not v["sapo_tau_neg"] > 0:
+    return f"--{'sapo_tau_pos' if not v['sapo_tau_pos'] > 0 else 'sapo_tau_neg'} must be > 0"
+  if not v["entropy_coef"] >= 0:
+    return "--entropy_coef must be >= 0 (0: no entropy bonus)"
+  if not 0 < v["top_entropy_quantile"] <= 1:
+    return "--top_entropy_quantile must be in (0, 1] (1: every token keeps its policy gradient)"
+  uses = [f"--loss={loss}"] if loss != "clip" else []
+  uses += [f"--{n}" for n in ("entropy_coef", "top_entropy_quantile") if v[n] != default(n)]
+  if uses and v["algo"] != "grpo":
+    return f"{', '.join(uses)}: GRPO's objective only; use --algo=grpo"
+  if loss != "clip" and v["dual_clip"] is not None:
+    return f"--dual_clip is the clip loss's; --loss={loss} does not clip the update"
+  if loss == "sapo" and v["epsilon_high"] is not None:
+    return "--epsilon_high means nothing to --loss=sapo (its gate has --sapo_tau_pos and --sapo_tau_neg)"
+  if loss != "sapo" and (v["sapo_tau_pos"], v["sapo_tau_neg"]) != (default("sapo_tau_pos"), default("sapo_tau_neg")):
+    return "--sapo_tau_pos and --sapo_tau_neg are SAPO's temperatures: they need --loss=sapo"
   return None
