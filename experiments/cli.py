@@ -130,7 +130,8 @@ flags.DEFINE_integer("top_k", _D["top_k"], "Top-k of the rollouts (0: off).")
 # STAGE 2: THE METHOD AND ITS LOSS
 flags.DEFINE_enum("algo", _D["algo"], _choices("algo"),
     "Stage-2 method: grpo, ppo (with a critic), online_rft, rft, dpo (offline from the start policy), sft (human "
-    "solutions) or flow_grpo (the multi-turn planner with tools; experiments.flow_grpo sets its defaults).")
+    "solutions), flow_grpo (the multi-turn planner with tools; experiments.flow_grpo sets its defaults) or distill "
+    "(on-policy distillation from --teacher_checkpoint).")
 flags.DEFINE_float("beta", _D["beta"], "KL coefficient β (0 removes the KL term and the reference forward).")
 flags.DEFINE_float("epsilon", _D["epsilon"], "Clip range ε (lower side).")
 flags.DEFINE_float("epsilon_high", _D["epsilon_high"], "Upper clip range (DAPO clip-higher, e.g. 0.28); default ε.")
@@ -188,6 +189,9 @@ flags.DEFINE_float("dpo_nll_coef", _D["dpo_nll_coef"],
     "DPO: α of the chosen output's length-normalised NLL added to the loss (Iterative RPO, arXiv 2404.19733, "
     "uses 1); 0 is plain DPO.")
 flags.DEFINE_integer("dpo_pairs_per_prompt", _D["dpo_pairs_per_prompt"], "DPO: most (correct, wrong) pairs per prompt.")
+flags.DEFINE_string("teacher_checkpoint", _D["teacher_checkpoint"],
+    "--algo=distill: the frozen teacher, an HF-format directory with the policy's tokenizer (a larger model, or e.g. "
+    "another run's final_policy); the student learns from the per-token reverse KL to it on its own samples.")
 flags.DEFINE_integer("offline_prompts", _D["offline_prompts"],
     "RFT/DPO: training prompts sampled once from the start policy (G samples each) to build the offline dataset.")
 

@@ -202,6 +202,27 @@ def test_the_lora_programs_are_those_a_lora_run_compiles(tmp_path):
   _programs_match_a_run(config, ["sampler", "old_logprobs", "logprobs", "update", "eval_greedy"])
 
 
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_distill_programs_are_those_a_distill_run_compiles(tmp_path, lora):
+  # --algo=distill: π_old recomputed (base + adapters with LoRA), the teacher's forward over its own params (a wider
+  # model than the student's), no π_ref; a one-step run lowers the same; the teacher is resident in place of π_ref.
+  from experiments.runner import programs  # pylint: disable=import-outside-toplevel
+  from tests.test_distill_experiment import _teacher  # pylint: disable=import-outside-toplevel
+  teacher = _teacher(tmp_path / "teacher", hidden_size=64)
+  config = config_lib.Config().replace(
+      algo="distill", teacher_checkpoint=str(teacher), mesh="data:1", tiny_layers=1, batch_size=2, group_size=2,
+      max_new_tokens=6, completion_pad_multiple=0, temperature=0.7, recompute_old_logprobs=True, steps=1,
+      sft_steps=0, eval_every=0, num_test=2, eval_batch_size=2, save_every=0, tensorboard=False,
+      work_dir=str(tmp_path / "run"), **(dict(lora_rank=4, lora_alpha=8.0) if lora else {}))
+  listed, placement, model_config = _programs_match_a_run(
+      config, ["sampler", "old_logprobs" if lora else "logprobs", "teacher_logprobs", "update", "eval_greedy"])
+  teacher_params = listed["teacher_logprobs"].args[0]
+  assert teacher_params["embed"]["embedding"].shape == (model_config.vocab_size, 64)
+  resident = programs.resident(config, model_config, placement)
+  assert set(resident) == {"train state", "teacher"} | ({"base"} if lora else set())
+  assert jax.tree.map(lambda x: x.shape, resident["teacher"]) == jax.tree.map(lambda x: x.shape, teacher_params)
+
+
 def test_the_ppo_programs_are_those_a_ppo_run_compiles(tmp_path):
   # --algo=ppo: π_old (temperature 0.7) and π_ref through the rollouts' ungrouped forward, the value forward over
   # the train state's value model, the policy + value update over a PPO batch; a one-step run lowers the same.

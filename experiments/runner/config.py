@@ -115,6 +115,7 @@ class AlgorithmConfig:
   dpo_nll_coef: float = 0.0
   dpo_pairs_per_prompt: int = 1
   offline_prompts: int = 2048
+  teacher_checkpoint: str = ""  # --algo=distill: the frozen teacher, an HF directory with the policy's tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -315,7 +316,7 @@ _NON_NEGATIVE = ("cpu_devices", "steps", "sft_steps", "sft_examples", "eval_ever
 CHOICES = {  # the allowed values of the enum fields (and flags)
     "dtype": ("float32", "bfloat16"), "remat_policy": ("full", "dots_no_batch", "dots"),
     "task": ("synthetic", "gsm8k", "math"), "prompt_template": ("auto", "plain", "chat"),
-    "algo": ("grpo", "ppo", "online_rft", "rft", "dpo", "sft", "flow_grpo"), "kl": (None, "k1", "k2", "k3"),
+    "algo": ("grpo", "ppo", "online_rft", "rft", "dpo", "sft", "flow_grpo", "distill"), "kl": (None, "k1", "k2", "k3"),
     "loss_aggregation": ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum"),
     "advantage_scale": ("group", "batch", "none"), "advantage_estimator": ("group", "rloo", "reinforce_pp"),
     "importance": ("token", "sequence"), "loss": ("clip", "cispo", "sapo"), "lr_schedule": ("constant", "cosine"),
@@ -363,9 +364,9 @@ def check(config: Config) -> str | None:
     if v[name] not in choices:
       return f"--{name} must be one of {', '.join(str(c) for c in choices if c is not None)}, not {v[name]!r}"
   algo = v["algo"]
-  if v["group_size"] < (1 if algo == "ppo" else 2):
+  if v["group_size"] < (1 if algo in ("ppo", "distill") else 2):
     return ("--group_size must be >= 2 (GRPO compares samples within a group, RFT and DPO pick among them; "
-            "PPO accepts 1)")
+            "PPO and distill accept 1)")
   for name in ("epsilon", "temperature", "eval_temperature", "learning_rate", "sft_learning_rate",
                "rm_update_learning_rate", "dpo_beta", "tool_time_limit"):
     if v[name] <= 0:
@@ -434,7 +435,7 @@ def check(config: Config) -> str | None:
             f"--algo=grpo and --supervision=outcome")
   if v["iterations"] > 1 and algo not in ("grpo", "ppo"):
     return "--iterations > 1 (iterative RL) needs an online RL method: --algo=grpo or ppo"
-  problem = _check_policy_loss(v)
+  problem = _check_policy_loss(v) or _check_distill(v)
   if problem:
     return problem
   if algo == "dpo" and rows % 2:
@@ -467,4 +468,22 @@ def _check_policy_loss(v: dict) -> str | None:
     return "--epsilon_high means nothing to --loss=sapo (its gate has --sapo_tau_pos and --sapo_tau_neg)"
   if loss != "sapo" and (v["sapo_tau_pos"], v["sapo_tau_neg"]) != (default("sapo_tau_pos"), default("sapo_tau_neg")):
     return "--sapo_tau_pos and --sapo_tau_neg are SAPO's temperatures: they need --loss=sapo"
+  return None
+
+
+# GRPO options that mean nothing to on-policy distillation, whose signal is the teacher's, not a reward's.
+DISTILL_UNUSED = ("dynamic_sampling", "overlong_buffer", "advantage_scale", "advantage_estimator", "supervision",
+                  "reward_model", "iterations")
+
+
+def _check_distill(v: dict) -> str | None:
+  """--algo=distill and its teacher."""
+  if (v["algo"] == "distill") != bool(v["teacher_checkpoint"]):
+    return "--algo=distill and --teacher_checkpoint=DIR (the frozen teacher, an HF directory) go together"
+  if v["algo"] == "distill":
+    for name in DISTILL_UNUSED:
+      if v[name] != default(name):
+        return f"--{name}: --algo=distill learns from its teacher, not a reward; leave it at its default"
+    if v["reward"] in ("orm", "prm", "exact_steps"):
+      return "--reward: --algo=distill only reports a rule reward; its signal is the teacher's"
   return None

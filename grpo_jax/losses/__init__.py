@@ -18,6 +18,8 @@ from grpo_jax.losses.aggregation import aggregation_weights
 from grpo_jax.losses.aggregation import masked_mean
 from grpo_jax.losses.cispo import cispo_surrogate
 from grpo_jax.losses.cispo import cispo_truncation
+from grpo_jax.losses.distill import distill_loss
+from grpo_jax.losses.distill import reverse_kl_rewards
 from grpo_jax.losses.dpo import dpo_loss
 from grpo_jax.losses.entropy import entropy_bonus
 from grpo_jax.losses.entropy_mask import top_entropy_mask
@@ -63,6 +65,7 @@ __all__ = (
     "clip_fractions",
     "clipped_surrogate",
     "discounted_returns",
+    "distill_loss",
     "dpo_coefficient",
     "dpo_loss",
     "entropy_bonus",
@@ -89,6 +92,7 @@ __all__ = (
     "ppo_loss",
     "process_advantages",
     "reinforce_pp_advantages",
+    "reverse_kl_rewards",
     "rft_coefficient",
     "rloo_advantages",
     "sapo_gate",

@@ -185,6 +185,21 @@ def grpo_objective(params: Params, batch, totals: dict, *, config: ModelConfig, 
   return loss, metrics
 
 
+def distill_objective(params: Params, batch, totals: dict, *, config: ModelConfig, loss_kwargs: dict,
+                      chunk_size: int = 128, temperature: float = 1.0, group_size: int = 1,
+                      prompt_len: int | None = None, on_policy: bool = False):
+  """On-policy distillation's loss (`losses.distill_loss`) of a `Batch` whose `ref_logp` holds the frozen teacher's
+  log-probs of the sampled tokens, plus the policy's mean token entropy; the options are `grpo_objective`'s."""
+  logp, entropy = policy_logprobs(params, batch, config=config, chunk_size=chunk_size, temperature=temperature,
+                                  group_size=group_size, prompt_len=prompt_len)
+  old_logp = jax.lax.stop_gradient(logp) if on_policy else batch.old_logp
+  loss, metrics = losses.distill_loss(logp, old_logp, batch.ref_logp, batch.loss_mask,
+                                      num_sequences=totals["num_sequences"], num_tokens=totals["num_tokens"],
+                                      **loss_kwargs)
+  metrics["entropy"] = jax.lax.stop_gradient(losses.masked_mean(entropy, batch.loss_mask))
+  return loss, metrics
+
+
 def bind(objective: Callable, **kwargs) -> Objective:
   """Binds the static keyword arguments of an objective."""
   return functools.partial(objective, **kwargs)
