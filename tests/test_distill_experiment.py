@@ -119,3 +119,18 @@ def test_bad_flags_are_one_line(fields, message):
 def test_one_sample_per_prompt(tmp_path):
   _, train, _, _ = _distil(tmp_path, group_size=1, batch_size=8, steps=2)
   assert [r["step"] for r in train] == [1, 2] and all(np.isfinite(r["train/reverse_kl"]) for r in train)
+
+
+def test_the_teacher_runs_with_the_policys_attention(tmp_path):
+  # The teacher's config comes from its config.json with the policy's runtime options and attention (on a TPU the
+  # Pallas kernel, which `policy.runtime` alone would resolve for the host's backend when compiling ahead of time).
+  from experiments import methods  # pylint: disable=import-outside-toplevel
+  from experiments.runner import placement as placement_lib  # pylint: disable=import-outside-toplevel
+  teacher = _teacher(tmp_path / "teacher")
+  config = config_lib.Config().replace(**_RUN, teacher_checkpoint=str(teacher))
+  model = config_lib.ModelConfig(tiny_layers=1, tiny_hidden_size=32)
+  policy_config = models.tiny_config(**policy.tiny_overrides(model), **policy.runtime(model)).replace(attention="xla")
+  rollouts = methods.Rollouts(config, policy_config, None, None, placement_lib.Placement())
+  method = methods.METHODS["distill"](config, policy_config, None, rollouts, None)
+  assert method.teacher_config.attention == "xla" and method.teacher_config.hidden_size == 64
+  assert method.reference is None  # no π_ref is kept

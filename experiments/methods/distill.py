@@ -31,7 +31,8 @@ class Distill(grpo.GRPO):
   def __init__(self, cfg, config, task, rollouts, reference):
     super().__init__(cfg, config, task, rollouts, reference)
     path = cfg.algorithm.teacher_checkpoint
-    self.teacher_config = models.read_config(path, **policy_lib.runtime(cfg.model))  # the weights: `teacher`
+    # the policy's runtime options and attention implementation; the weights: `teacher`
+    self.teacher_config = models.read_config(path, **policy_lib.runtime(cfg.model)).replace(attention=config.attention)
     if self.teacher_config.vocab_size != config.vocab_size:
       raise config_lib.RunError(f"--teacher_checkpoint={path}: vocabulary of {self.teacher_config.vocab_size} "
                                 f"tokens, the policy's has {config.vocab_size}; a teacher must share the policy's "
