@@ -25,7 +25,7 @@ from grpo_jax.train_state import TrainState
 Params = Any
 Objective = Callable[[Params, Any, dict], tuple[jax.Array, dict]]
 # Metrics that are sums over micro-batches (the losses, with global normalisers); others are averaged.
-_ADDITIVE = ("loss", "pg_loss", "kl_loss")
+_ADDITIVE = ("loss", "pg_loss", "kl_loss", "entropy_loss")
 
 
 # optax >= 0.2.5 has optax.tree.norm; global_norm is its deprecated older name.
@@ -162,7 +162,8 @@ def policy_logprobs(params: Params, batch, *, config: ModelConfig, chunk_size: i
 def grpo_objective(params: Params, batch, totals: dict, *, config: ModelConfig, loss_kwargs: dict,
                    use_reference: bool, chunk_size: int = 128, temperature: float = 1.0, group_size: int = 1,
                    prompt_len: int | None = None, on_policy: bool = False):
-  """The GRPO loss (`losses.grpo_loss`) of a `Batch`, plus the policy's mean token entropy.
+  """The GRPO loss (`losses.grpo_loss`, given the policy's per-token entropy for its entropy options) of a `Batch`,
+  plus the policy's mean token entropy.
 
   The policy is π(·) ∝ exp(logits / temperature), the distribution the rollouts were sampled from, so
   `batch.old_logp` and `batch.ref_logp` must be log-probs at the same temperature.
@@ -179,7 +180,22 @@ def grpo_objective(params: Params, batch, totals: dict, *, config: ModelConfig, 
   old_logp = jax.lax.stop_gradient(logp) if on_policy else batch.old_logp
   loss, metrics = losses.grpo_loss(
       logp, old_logp, batch.ref_logp if use_reference else None, batch.advantages, batch.loss_mask,
-      num_sequences=totals["num_sequences"], num_tokens=totals["num_tokens"], **loss_kwargs)
+      num_sequences=totals["num_sequences"], num_tokens=totals["num_tokens"], entropy=entropy, **loss_kwargs)
+  metrics["entropy"] = jax.lax.stop_gradient(losses.masked_mean(entropy, batch.loss_mask))
+  return loss, metrics
+
+
+def distill_objective(params: Params, batch, totals: dict, *, config: ModelConfig, loss_kwargs: dict,
+                      chunk_size: int = 128, temperature: float = 1.0, group_size: int = 1,
+                      prompt_len: int | None = None, on_policy: bool = False):
+  """On-policy distillation's loss (`losses.distill_loss`) of a `Batch` whose `ref_logp` holds the frozen teacher's
+  log-probs of the sampled tokens, plus the policy's mean token entropy; the options are `grpo_objective`'s."""
+  logp, entropy = policy_logprobs(params, batch, config=config, chunk_size=chunk_size, temperature=temperature,
+                                  group_size=group_size, prompt_len=prompt_len)
+  old_logp = jax.lax.stop_gradient(logp) if on_policy else batch.old_logp
+  loss, metrics = losses.distill_loss(logp, old_logp, batch.ref_logp, batch.loss_mask,
+                                      num_sequences=totals["num_sequences"], num_tokens=totals["num_tokens"],
+                                      **loss_kwargs)
   metrics["entropy"] = jax.lax.stop_gradient(losses.masked_mean(entropy, batch.loss_mask))
   return loss, metrics
 
