@@ -207,7 +207,9 @@ def generate(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask:
     max_lengths: [B * G] int, each completion's own cap (<= `max_new_tokens`; a completion that reaches it is
       truncated); None: `max_new_tokens` for all. Per-request limits, and the length schedules of benchmarks.
 
-  Compiles once per (shapes, config, static options, slots); `temperature` and `key` are traced. With `mesh`,
+  With as many slots as completions no slot would ever take another, and the static sampler's loop runs (the
+  same draws; its steps carry no refill). Compiles once per (shapes, config, static options, slots);
+  `temperature` and `key` are traced. With `mesh`,
   a batch of any number of prompts: it is padded to a multiple of the data shards with one-token completions
   that are dropped from the result.
   """
@@ -227,10 +229,16 @@ def generate(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask:
   caps = np.full((n,), max_new_tokens, np.int32) if max_lengths is None else np.asarray(max_lengths, np.int32)
   if caps.shape != (n,) or caps.min() < 1 or caps.max() > max_new_tokens:
     raise ValueError(f"max_lengths must be [{n}] ints in [1, {max_new_tokens}], got shape {caps.shape}")
+  pad = -b % shards
+  if static["num_slots"] >= n and not pad:  # no slot would ever refill: the static sampler's loop, the same draws
+    return sampling.sample(params, config, prompt_tokens, prompt_mask, key, num_samples=num_samples,
+                           max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                           greedy=greedy, eos_token_ids=eos_token_ids, stop_token_ids=stop_token_ids,
+                           pad_id=pad_id, logprobs_at_temperature=logprobs_at_temperature, max_lengths=caps,
+                           mesh=mesh, rules=rules)
   if mesh is None:
     return _generate(params, jnp.asarray(prompt_tokens, jnp.int32), jnp.asarray(prompt_mask, bool), key,
                      jnp.asarray(temperature, jnp.float32), jnp.asarray(caps), **static)
-  pad = -b % shards
   as_int = lambda x: x if getattr(x, "dtype", None) == jnp.int32 else np.asarray(x, np.int32)
   as_bool = lambda x: x if getattr(x, "dtype", None) == bool else np.asarray(x, bool)
   tokens, mask = as_int(prompt_tokens), as_bool(prompt_mask)  # global arrays stay as they are
@@ -256,9 +264,11 @@ def jit_generate(config: ModelConfig, prompt_shape: tuple[int, int], *, mesh: Me
   """The jitted program that `generate(..., mesh=mesh, rules=rules)` runs for prompts of `prompt_shape` (a
   multiple of the data shards): `fn(params, prompt_tokens, prompt_mask, key, temperature, max_lengths)`; for
   compiling ahead of time with `jax.ShapeDtypeStruct` arguments."""
+  options = dict(num_samples=num_samples, max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p, greedy=greedy,
+                 eos_token_ids=eos_token_ids, stop_token_ids=stop_token_ids, pad_id=pad_id,
+                 logprobs_at_temperature=logprobs_at_temperature)
   static = _static_args(config, num_slots=num_slots, num_prompts=prompt_shape[0],
-                        shards=sharding.data_parallel_size(mesh, rules), num_samples=num_samples,
-                        max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p, greedy=greedy,
-                        eos_token_ids=eos_token_ids, stop_token_ids=stop_token_ids, pad_id=pad_id,
-                        logprobs_at_temperature=logprobs_at_temperature)
+                        shards=sharding.data_parallel_size(mesh, rules), **options)
+  if static["num_slots"] >= prompt_shape[0] * static["num_samples"]:  # as `generate`: the static sampler's loop
+    return sampling.jit_sample(config, prompt_shape, mesh=mesh, rules=rules, max_lengths=True, **options)
   return _sharded_engine(mesh, sharding.freeze_rules(rules), tuple(prompt_shape), **static)[0]

@@ -418,14 +418,15 @@ def jit_sample(config: ModelConfig, prompt_shape: tuple[int, int], *, mesh: Mesh
                num_samples: int = 1, max_new_tokens: int = 64, top_k: int = 0, top_p: float = 1.0,
                greedy: bool = False, eos_token_ids: Sequence[int] | None = None, stop_token_ids: Sequence[int] = (),
                pad_id: int | None = None, logprobs_at_temperature: bool = False, cache_segments: int = 1,
-               prompt_chunk: int = 0):
+               prompt_chunk: int = 0, max_lengths: bool = False):
   """The jitted program that `sample(..., mesh=mesh, rules=rules)` runs for prompts of `prompt_shape`.
 
   `fn(params, prompt_tokens, prompt_mask, key, temperature) -> SampleOutput`, with explicit in/out
-  shardings; for compiling ahead of time: `fn.lower(<jax.ShapeDtypeStruct args>).compile()`.
+  shardings; for compiling ahead of time: `fn.lower(<jax.ShapeDtypeStruct args>).compile()`. With `max_lengths`,
+  a sixth argument: each row's cap [B * G].
   """
   static = _static_args(config, num_samples=num_samples, max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p,
                         greedy=greedy, eos_token_ids=eos_token_ids, stop_token_ids=stop_token_ids, pad_id=pad_id,
                         logprobs_at_temperature=logprobs_at_temperature, cache_segments=cache_segments,
                         prompt_chunk=prompt_chunk)
-  return _sharded_sampler(mesh, sharding.freeze_rules(rules), tuple(prompt_shape), **static)[0]
+  return _sharded_sampler(mesh, sharding.freeze_rules(rules), tuple(prompt_shape), bool(max_lengths), **static)[0]

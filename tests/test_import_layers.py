@@ -33,8 +33,9 @@ LAYERS = {
     "grpo_jax.rewards": 1,
     "grpo_jax.partitioning": 1,
     "grpo_jax.row_chunks": 1,  # forwards over row chunks (of a model's config)
-    # 2: running the model: sampling and log-probs.
+    # 2: running the model: sampling (static, and the continuous-batching engine) and log-probs.
     "grpo_jax.sampling": 2,
+    "grpo_jax.rollout_engine": 2,
     "grpo_jax.logprobs": 2,
     # 3: batches, objectives, the update step, checkpoints, logs.
     "grpo_jax.training": 3,
