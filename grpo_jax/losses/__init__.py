@@ -41,6 +41,11 @@ from grpo_jax.losses.reward import outcome_bce_loss
 from grpo_jax.losses.reward import pairwise_reward_loss
 from grpo_jax.losses.reward import step_bce_loss
 from grpo_jax.losses.reward import within_problem_pairwise_loss
+from grpo_jax.losses.rollout_correction import masked_is_weights
+from grpo_jax.losses.rollout_correction import mismatch_metrics
+from grpo_jax.losses.rollout_correction import rollout_correction_weights
+from grpo_jax.losses.rollout_correction import truncated_is_weights
+from grpo_jax.losses.rollout_correction import weight_metrics
 from grpo_jax.losses.shaping import overlong_penalty
 from grpo_jax.losses.surrogate import clip_fractions
 from grpo_jax.losses.surrogate import clipped_surrogate
@@ -67,7 +72,9 @@ __all__ = (
     "kl_penalized_rewards",
     "last_token_mask",
     "log_importance_ratios",
+    "masked_is_weights",
     "masked_mean",
+    "mismatch_metrics",
     "noisy_and_logits",
     "noisy_and_outcome_loss",
     "online_rft_coefficient",
@@ -81,9 +88,12 @@ __all__ = (
     "reinforce_pp_advantages",
     "rft_coefficient",
     "rloo_advantages",
+    "rollout_correction_weights",
     "sft_coefficient",
     "step_bce_loss",
+    "truncated_is_weights",
     "value_loss",
+    "weight_metrics",
     "whiten",
     "within_problem_pairwise_loss",
 )

@@ -26,6 +26,7 @@ def grpo_loss(
     max_len: int | None = None,
     num_sequences: chex.Numeric | None = None,
     num_tokens: chex.Numeric | None = None,
+    rollout_weights: chex.Array | None = None,
 ) -> tuple[chex.Array, dict[str, chex.Array]]:
   """GRPO loss, the negated objective of DeepSeekMath eq. 3 (arXiv 2402.03300).
 
@@ -35,7 +36,9 @@ def grpo_loss(
   log π_θ(o_t) is −w_t (Â_t + β(π_ref/π_θ − 1)): the GRPO gradient coefficient of §5.2.1,
   w the aggregation weights. The variants are arguments: `epsilon_high` (DAPO clip-higher),
   `aggregation` ("token-mean": DAPO; "seq-mean-token-sum-norm": Dr. GRPO), `importance=
-  "sequence"` (GSPO), `dual_clip`, `beta=0` or `ref_logp=None` (no KL term).
+  "sequence"` (GSPO), `dual_clip`, `beta=0` or `ref_logp=None` (no KL term), `rollout_weights`
+  (the rollout-trainer mismatch's correction, `rollout_correction_weights`: w_t multiplies the
+  clipped term of token t, not the KL).
 
   Args:
     logp: `[B, T]` log π_θ of the sampled tokens (differentiated).
@@ -53,6 +56,7 @@ def grpo_loss(
     max_len: L of "seq-mean-token-sum-norm".
     num_sequences: global sequence count for micro-batching (see `aggregation_weights`).
     num_tokens: global token count for micro-batching.
+    rollout_weights: optional `[B, T]` importance weights (stop-gradient) of the policy-gradient term.
 
   Returns:
     `(loss, metrics)`: the scalar loss to minimise, and float32 scalars "loss",
@@ -62,6 +66,9 @@ def grpo_loss(
   weights = aggregation_lib.aggregation_weights(
       mask, aggregation, max_len=max_len, num_sequences=num_sequences, num_tokens=num_tokens)
   pg = surrogate.clipped_surrogate(logp, old_logp, advantages, mask, epsilon, epsilon_high, dual_clip, importance)
+  if rollout_weights is not None:
+    chex.assert_equal_shape([rollout_weights, mask])
+    pg = pg * jax.lax.stop_gradient(rollout_weights.astype(jnp.float32))
   valid = weights > 0
   pg_loss = jnp.sum(jnp.where(valid, weights * pg, 0.0))
   metrics = surrogate.clip_fractions(logp, old_logp, advantages, mask, epsilon, epsilon_high, importance)
