@@ -81,16 +81,17 @@ def test_mismatch_metrics_come_from_the_first_minibatch_and_show_when_large():
 def test_a_bfloat16_run_logs_a_mismatch_that_the_correction_weights_follow(tmp_path):
   """In bfloat16 the sampler's decode and the trainer's forward round differently: every step logs a nonzero
   mismatch, and token-TIS weights are e^Δ of the same tokens (on-policy GRPO: π_old is the update's forward), so
-  their extremes are those of the logged |Δ| (none reaches the cap C = 2 here)."""
+  their extremes are those of the logged |Δ| (the cap C = 100 is far)."""
   config = config_lib.Config().replace(**TINY, dtype="bfloat16", rollout_correction="token_tis",
-                                       work_dir=str(tmp_path))
+                                       rollout_correction_upper=100.0, work_dir=str(tmp_path))
   loop.run(config)
   records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   train = [r for r in records if "train/loss" in r]
   assert len(train) == 2
   for r in train:
-    assert 0 < r["train/mismatch_logp_diff_mean"] <= r["train/mismatch_logp_diff_max"] < np.log(2.0)
-    assert r["train/mismatch_kl"] > 0 and r["train/mismatch_ratio_outside"] == 0.0
+    assert 0 < r["train/mismatch_logp_diff_mean"] <= r["train/mismatch_logp_diff_max"] < np.log(100.0)
+    assert r["train/mismatch_kl"] > 0
+    assert (r["train/mismatch_ratio_outside"] > 0) == (r["train/mismatch_logp_diff_max"] > np.log(2.0))
     # max_t |Δ_t| = max(log max_t w_t, −log min_t w_t) with w_t = e^{Δ_t}
     extreme = max(np.log(r["train/rollout_is_weight_max"]), -np.log(r["train/rollout_is_weight_min"]))
     np.testing.assert_allclose(extreme, r["train/mismatch_logp_diff_max"], rtol=1e-4, atol=1e-6)
