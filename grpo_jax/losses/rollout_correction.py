@@ -13,10 +13,11 @@ policy-gradient loss:
   seq_mis     w_t = ρ(o) · 1[L ≤ ρ(o) ≤ U]                        whole sequences dropped
 
 These are TRL's `vllm_importance_sampling_mode` token_truncate, sequence_truncate, token_mask and sequence_mask
-(`GRPOTrainer`: the sequence ratio exp(Σ_t Δ_t), truncation from above at C, masking of ratios outside
-[C_min, C_max]), and verl's rollout correction (`rollout_is` token/sequence truncated at `rollout_is_threshold`;
-`rollout_rs` token/sequence rejection outside [lower, upper], lower defaulting to 1/upper). Token-level weights are
-biased but of low variance; the sequence ratio is the unbiased one, of high variance on long completions.
+(`GRPOTrainer`: the sequence ratio exp(Σ_t Δ_t), truncation from above at C, ratios outside [C_min, C_max] set to
+0), and verl's rollout correction: `rollout_is` token/sequence, truncated at `rollout_is_threshold`, and
+`rollout_rs` token/sequence, which rejects ratios outside [lower, upper] (lower defaulting to 1/upper) but weighs
+the kept tokens 1 unless combined with `rollout_is`. Token-level weights are biased but of low variance; the
+sequence ratio is the unbiased one, of high variance on long completions.
 """
 
 from typing import Literal
