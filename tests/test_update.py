@@ -220,8 +220,11 @@ def test_rollout_correction_of_agreeing_logprobs_leaves_the_loss_and_gradient_as
   kw = dict(config=config, loss_kwargs=dict(epsilon=0.2, beta=0.04), use_reference=True, chunk_size=5,
             on_policy=on_policy)
   totals = update_lib._totals(batch.loss_mask)  # pylint: disable=protected-access
-  grad = lambda **more: jax.jit(jax.value_and_grad(functools.partial(training.grpo_objective, **kw, **more),  # noqa: E731
-                                                   has_aux=True))(params, batch, totals)
+
+  def grad(**more):
+    objective = functools.partial(training.grpo_objective, **kw, **more)
+    return jax.jit(jax.value_and_grad(objective, has_aux=True))(params, batch, totals)
+
   (loss, metrics), g = grad(correction_kwargs=dict(correction=correction))
   (plain_loss, plain), plain_g = grad()
   for name in ("mismatch_logp_diff_mean", "mismatch_logp_diff_max", "mismatch_kl", "mismatch_ratio_outside"):
