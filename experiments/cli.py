@@ -126,6 +126,13 @@ flags.DEFINE_float("temperature", _D["temperature"],
     "and new log-probs all use it.")
 flags.DEFINE_float("top_p", _D["top_p"], "Nucleus sampling mass of the rollouts.")
 flags.DEFINE_integer("top_k", _D["top_k"], "Top-k of the rollouts (0: off).")
+flags.DEFINE_enum("sampler", _D["sampler"], _choices("sampler"),
+    "Rollouts' and evaluation's sampler: engine (continuous batching over --num_slots decode slots: a finished "
+    "completion's slot takes the next one, so a long tail of lengths costs its tokens) or static (every row decodes "
+    "until the batch's longest ends). The same tokens for the same seed.")
+flags.DEFINE_integer("num_slots", _D["num_slots"],
+    "Decode slots of --sampler=engine over all devices (0: as many as --forward_memory_budget holds, at most a "
+    "quarter of the completions and at least 64).")
 
 # STAGE 2: THE METHOD AND ITS LOSS
 flags.DEFINE_enum("algo", _D["algo"], _choices("algo"),

@@ -127,6 +127,30 @@ def prompts_per_chunk(num_prompts: int, prompt_bytes: float, budget_bytes: float
   return max([d for d in sizes if d <= fit] or [min(sizes)])
 
 
+def engine_bytes(config: ModelConfig, num_prompts: int, prompt_len: int, max_new_tokens: int) -> tuple[int, int]:
+  """An estimate of what `rollout_engine.generate` holds: (bytes of its B prompts, bytes of one slot).
+
+  The prompts: their keys and values (2·layers·K·D·P each), the prefill's activations (`forward_row_bytes` at P)
+  and their last hidden states. A slot: its own cache (2·layers·K·D·(T - 1)), one layer's gathered prefix (2·K·D·P)
+  and a step's float32 logits, filtered, noised and normalised (3·V).
+  """
+  c = config
+  act = jnp.dtype(c.dtype).itemsize
+  kv = 2 * c.num_key_value_heads * c.head_dim * act
+  prompts = num_prompts * (c.num_hidden_layers * kv * prompt_len + forward_row_bytes(c, prompt_len)
+                           + c.hidden_size * act)
+  slot = c.num_hidden_layers * kv * max(max_new_tokens - 1, 1) + kv * prompt_len + 3 * c.vocab_size * 4
+  return int(prompts), int(slot)
+
+
+def slots_that_fit(num_completions: int, prompts_bytes: float, slot_bytes: float, budget_bytes: float, *,
+                   most: int, shards: int = 1) -> int:
+  """The engine's slots over `shards` shards (each holding 1 / shards of the prompts and of the slots): `most`,
+  or fewer when they would not fit `budget_bytes` per shard beside the prompts; at least one a shard."""
+  fit = int((budget_bytes - prompts_bytes / shards) // max(slot_bytes, 1)) * shards
+  return max(min(most, num_completions, fit), shards)
+
+
 def default_budget_bytes(device: jax.Device | None = None) -> int:
   """The activation budget per device when none is given: DEVICE_BUDGET_FRACTION of an accelerator's memory
   (`memory_stats()["bytes_limit"]`, else TPU_MEMORY_GIB by its kind); CPU_BUDGET_BYTES on a CPU or where

@@ -133,8 +133,8 @@ def _place_cache(cache):
   return placed
 
 
-def _sample_impl(params, prompt_tokens, prompt_mask, key, temperature, *, num_samples: int, prompt_chunk: int = 0,
-                 shard_axes: tuple[str, ...] = (), num_shards: int = 1, **static):
+def _sample_impl(params, prompt_tokens, prompt_mask, key, temperature, caps=None, *, num_samples: int,
+                 prompt_chunk: int = 0, shard_axes: tuple[str, ...] = (), num_shards: int = 1, **static):
   """The sampler; with `shard_axes`, one shard's rows inside `shard_map` (`num_shards` shards of the batch).
 
   With 0 < `prompt_chunk` < the prompts (a divisor), `prompt_chunk` prompts and their G samples at a time, in a
@@ -146,7 +146,7 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, temperature, *, num_sa
   n = n_prompts * num_samples
   first, total = (jax.lax.axis_index(shard_axes) * n, n * num_shards) if shard_axes else (0, n)
   if not 0 < prompt_chunk < n_prompts:
-    return _sample_rows(params, prompt_tokens, prompt_mask, key, temperature, num_samples=num_samples,
+    return _sample_rows(params, prompt_tokens, prompt_mask, key, temperature, caps, num_samples=num_samples,
                         rows=(first, total) if shard_axes else None, **static)
   if n_prompts % prompt_chunk:
     raise ValueError(f"sample: prompt_chunk={prompt_chunk} must divide the {n_prompts} prompts (of each shard)")
@@ -154,19 +154,21 @@ def _sample_impl(params, prompt_tokens, prompt_mask, key, temperature, *, num_sa
   split = lambda x: x.reshape(chunks, prompt_chunk, *x.shape[1:])
 
   def chunk(xs):
-    c, tokens, mask = xs
-    return _sample_rows(params, tokens, mask, key, temperature, num_samples=num_samples,
+    c, tokens, mask, caps = xs
+    return _sample_rows(params, tokens, mask, key, temperature, caps, num_samples=num_samples,
                         rows=(first + c * prompt_chunk * num_samples, total), **static)
 
-  out = jax.lax.map(chunk, (jnp.arange(chunks), split(prompt_tokens), split(prompt_mask)))
+  caps = None if caps is None else caps.reshape(chunks, prompt_chunk * num_samples)
+  out = jax.lax.map(chunk, (jnp.arange(chunks), split(prompt_tokens), split(prompt_mask), caps))
   return jax.tree.map(lambda x: x.reshape(n, *x.shape[2:]), out)
 
 
-def _sample_rows(params, prompt_tokens, prompt_mask, key, temperature, *, config: ModelConfig, num_samples: int,
-                 max_new_tokens: int, top_k: int, top_p: float, greedy: bool, stop_ids: tuple[int, ...],
-                 pad_id: int, logprobs_at_temperature: bool = False, cache_segments: int = 1, rows=None):
+def _sample_rows(params, prompt_tokens, prompt_mask, key, temperature, caps=None, *, config: ModelConfig,
+                 num_samples: int, max_new_tokens: int, top_k: int, top_p: float, greedy: bool,
+                 stop_ids: tuple[int, ...], pad_id: int, logprobs_at_temperature: bool = False,
+                 cache_segments: int = 1, rows=None):
   """The sampler on these prompts; `rows` = (first, total): they are rows first ... of a batch of `total` rows
-  whose noise they draw (`_choose`)."""
+  whose noise they draw (`_choose`); `caps`: [N] each row's own cap, or None."""
   n_prompts, prompt_len = prompt_tokens.shape
   n, steps = n_prompts * num_samples, max_new_tokens
   choose = functools.partial(_choose, top_k=top_k, top_p=top_p, greedy=greedy, rows=rows)
@@ -196,7 +198,8 @@ def _sample_rows(params, prompt_tokens, prompt_mask, key, temperature, *, config
     tok = jnp.where(alive, tok, pad_id)
     tokens = jax.lax.dynamic_update_slice(tokens, tok[:, None], (0, t))
     logprobs = jax.lax.dynamic_update_slice(logprobs, jnp.where(alive, logp, 0.0)[:, None], (0, t))
-    done = done | (alive & jnp.isin(tok, stop_ids))
+    ended = jnp.isin(tok, stop_ids) if caps is None else jnp.isin(tok, stop_ids) | (t + 1 >= caps)
+    done = done | (alive & ended)
     return tok, done, tokens, logprobs, lengths + alive.astype(jnp.int32)
 
   done = jnp.zeros((n,), bool)
@@ -241,6 +244,9 @@ def _sample_rows(params, prompt_tokens, prompt_mask, key, temperature, *, config
     carry, _ = jax.lax.while_loop(lambda c: cond(end)(c[0]), fn, (carry, rope))
   _, _, _, done, tokens, logprobs, lengths = carry
   mask = jnp.arange(steps)[None, :] < lengths[:, None]
+  if caps is not None:  # a row stopped by its cap is truncated too: it ended without an end token
+    last = jnp.take_along_axis(tokens, jnp.maximum(lengths - 1, 0)[:, None], axis=-1)[:, 0]
+    done = jnp.isin(last, stop_ids)
   return SampleOutput(prompt_tokens=prompt_tokens, prompt_mask=prompt_mask, tokens=tokens, logprobs=logprobs,
                       mask=mask, lengths=lengths, truncated=~done)
 
@@ -249,8 +255,9 @@ _sample = jax.jit(_sample_impl, static_argnames=_STATIC)
 
 
 @functools.lru_cache(maxsize=64)
-def _sharded_sampler(mesh: Mesh, frozen_rules: tuple, prompt_shape: tuple[int, int], **static):
-  """`_sample` jitted with explicit in/out shardings: params by the rules, rows over the data axes.
+def _sharded_sampler(mesh: Mesh, frozen_rules: tuple, prompt_shape: tuple[int, int], capped: bool = False, **static):
+  """`_sample` jitted with explicit in/out shardings: params by the rules, rows over the data axes; `capped`: a
+  sixth argument, each row's cap [N] (`max_lengths`), split like the rows.
 
   When the params are whole on every device and the prompts and the samples split over the same mesh axes
   (data parallelism), each shard runs the sampler on its own rows in `shard_map`: its decode loop stops when
@@ -264,19 +271,21 @@ def _sharded_sampler(mesh: Mesh, frozen_rules: tuple, prompt_shape: tuple[int, i
   n, t = b * static["num_samples"], static["max_new_tokens"]
   out = SampleOutput(prompt_tokens=rows(n, p), prompt_mask=rows(n, p), tokens=rows(n, t), logprobs=rows(n, t),
                      mask=rows(n, t), lengths=rows(n), truncated=rows(n))
-  in_shardings = (params, rows(b, p), rows(b, p), sharding.replicated(mesh), sharding.replicated(mesh))
+  in_shardings = (params, rows(b, p), rows(b, p), sharding.replicated(mesh), sharding.replicated(mesh)) + (
+      (rows(n),) if capped else ())
   axes = per_shard_axes(mesh, rules, config, b, static["num_samples"])
   if axes:
     shards = int(np.prod([mesh.shape[a] for a in axes]))
     body = functools.partial(_sample_impl, **static, shard_axes=axes, num_shards=shards)
     split, whole = PartitionSpec(axes), PartitionSpec()
-    mapped = jax.shard_map(body, mesh=mesh, in_specs=(whole, split, split, whole, whole),
+    specs = (whole, split, split, whole, whole) + ((split,) if capped else ())
+    mapped = jax.shard_map(body, mesh=mesh, in_specs=specs,
                            out_specs=SampleOutput(*(split,) * len(SampleOutput._fields)), check_vma=False)
     fn = jax.jit(mapped, in_shardings=in_shardings, out_shardings=out)
   else:
     fn = sharding.jit_with_rules(functools.partial(_sample_impl, **static), mesh, rules,
                                  in_shardings=in_shardings, out_shardings=out)
-  return fn, (params, rows(b, p), sharding.replicated(mesh))
+  return fn, (params, rows(b, p), sharding.replicated(mesh), rows(n))
 
 
 def per_shard_axes(mesh: Mesh, rules: Mapping, config: ModelConfig, num_prompts: int,
@@ -304,7 +313,7 @@ def sample(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: j
            top_p: float = 1.0, greedy: bool = False, eos_token_ids: Sequence[int] | None = None,
            stop_token_ids: Sequence[int] = (), pad_id: int | None = None, mesh: Mesh | None = None,
            rules: Mapping | None = None, logprobs_at_temperature: bool = False,
-           cache_segments: int = 1, prompt_chunk: int = 0) -> SampleOutput:
+           cache_segments: int = 1, prompt_chunk: int = 0, max_lengths: jax.Array | None = None) -> SampleOutput:
   """Samples `num_samples` completions for each left-padded prompt.
 
   Compiles once per (shapes, config, num_samples, max_new_tokens, top_k, top_p,
@@ -345,6 +354,8 @@ def sample(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: j
     prompt_chunk: sample this many prompts (a divisor of B, or of each shard's prompts) at a time, inside the
       program, when the KV cache of all B prompts would not fit; 0: all at once. The same tokens; the
       log-probs equal up to float rounding.
+    max_lengths: [B * G] int, each row's own cap (<= max_new_tokens; a row that reaches it is truncated), as in
+      `rollout_engine.generate` (per-request limits; benchmarks' length schedules). None: max_new_tokens.
 
   The G samples of a prompt share its prefilled keys and values (`transformer.KVPrefix`): the
   cache holds B * P + N * (T - 1) slots instead of N * (P + T), and each step reads the prompts'
@@ -364,17 +375,22 @@ def sample(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: j
                         prompt_chunk=prompt_chunk)
   if (mesh is None) != (rules is None):
     raise ValueError("sample: pass both mesh and rules, or neither")
+  if max_lengths is not None:
+    max_lengths = np.asarray(max_lengths, np.int32)
+    chex.assert_shape(max_lengths, (prompt_tokens.shape[0] * num_samples,))
   if mesh is None:
     return _sample(params, jnp.asarray(prompt_tokens, jnp.int32), jnp.asarray(prompt_mask, bool), key,
-                   jnp.asarray(temperature, jnp.float32), **static)
-  fn, (param_sh, row_sh, scalar_sh) = _sharded_sampler(mesh, sharding.freeze_rules(rules),
-                                                       tuple(prompt_tokens.shape), **static)
+                   jnp.asarray(temperature, jnp.float32), max_lengths, **static)
+  capped = max_lengths is not None
+  fn, (param_sh, row_sh, scalar_sh, cap_sh) = _sharded_sampler(mesh, sharding.freeze_rules(rules),
+                                                               tuple(prompt_tokens.shape), capped, **static)
   as_int = lambda x: x if getattr(x, "dtype", None) == jnp.int32 else np.asarray(x, np.int32)
   as_bool = lambda x: x if getattr(x, "dtype", None) == bool else np.asarray(x, bool)
-  params, prompt_tokens, prompt_mask, key, temperature = sharding.put(
-      (params, as_int(prompt_tokens), as_bool(prompt_mask), key, np.float32(temperature)),
-      (param_sh, row_sh, row_sh, scalar_sh, scalar_sh))
-  return fn(params, prompt_tokens, prompt_mask, key, temperature)
+  args = (params, as_int(prompt_tokens), as_bool(prompt_mask), key, np.float32(temperature))
+  shardings = (param_sh, row_sh, row_sh, scalar_sh, scalar_sh)
+  if capped:
+    args, shardings = args + (max_lengths,), shardings + (cap_sh,)
+  return fn(*sharding.put(args, shardings))
 
 
 def _static_args(config: ModelConfig, *, num_samples, max_new_tokens, top_k, top_p, greedy, eos_token_ids,

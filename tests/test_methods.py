@@ -327,3 +327,26 @@ def test_batches_keep_the_columns_up_to_the_longest_completion(sft_policy, short
   for name in set(metrics_t) & {"pg_loss", "kl", "value_loss"}:
     np.testing.assert_allclose(metrics_t[name], metrics_f[name], rtol=1e-5, atol=1e-6, err_msg=name)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-6), grad_t, grad_f)
+
+
+def test_the_engine_and_the_static_sampler_roll_out_alike(sft_policy):
+  """`--sampler=engine` (3 slots for 5 prompts x 4 samples, so slots refill as the SFT policy's completions end
+  at their own lengths) and `--sampler=static`: the same completions, rewards and held-out metrics."""
+  from experiments.runner import evaluation as evaluation_lib
+  from experiments.runner import placement as placement_lib
+  got = {}
+  for sampler in ("engine", "static"):
+    method, params, _ = _method("grpo", sft_policy, f"--sampler={sampler}", "--num_slots=3", "--eval_samples=4")
+    examples = [method.task.train_example(i) for i in range(5)]
+    scored = method.rollouts.sample(params, examples, jax.random.key(3), 4)
+    metrics = evaluation_lib.evaluate(params, method.config, method.task, method.cfg, jax.random.key(4),
+                                      placement_lib.Placement())
+    got[sampler] = scored, metrics
+  (engine, engine_metrics), (static, static_metrics) = got["engine"], got["static"]
+  lengths = np.asarray(static.samples.lengths)
+  assert lengths.min() < lengths.max() and not bool(np.all(static.samples.truncated))  # end tokens, unequal lengths
+  for name in ("tokens", "lengths", "truncated", "mask"):
+    np.testing.assert_array_equal(getattr(engine.samples, name), getattr(static.samples, name))
+  np.testing.assert_allclose(engine.samples.logprobs, static.samples.logprobs, atol=1e-5)
+  np.testing.assert_array_equal(engine.rewards, static.rewards)
+  assert engine_metrics == static_metrics and "maj@4" in engine_metrics

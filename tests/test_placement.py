@@ -153,13 +153,22 @@ def test_other_methods_train_on_a_mesh(single, tmp_path, algo, layout):
 
 @pytest.mark.parametrize("args,message", [
     (["--mesh=data:3"], "mesh"),
-    (["--mesh=data:8"], "--batch_size = 4 must be a multiple of the mesh's data-parallel size 8"),
+    (["--mesh=data:8", "--sampler=static"], "--batch_size = 4 must be a multiple of the mesh's data-parallel size 8"),
 ])
 def test_bad_mesh_is_one_clear_line(single, tmp_path, args, message):
   policy, _ = single
   result = _cli(tmp_path / "bad", policy, *args, devices=8)
   assert result.returncode != 0 and message in result.stderr, result.stderr[-2000:]
   assert "Traceback" not in result.stderr
+
+
+def test_the_engine_samples_any_batch_on_a_mesh(single, tmp_path):
+  """--batch_size=4 and --eval_batch_size=8 prompts on 16 data shards (the static sampler refuses them, above):
+  the engine pads each batch with one-token completions, and the run is one device's."""
+  policy, one = single
+  result = _cli(tmp_path / "sixteen", policy, "--mesh=data:16", devices=16)
+  assert result.returncode == 0, result.stderr[-3000:]
+  _assert_same_run(one, tmp_path / "sixteen")
 
 
 def test_row_chunks_of_the_forwards_and_the_sampler():

@@ -11,6 +11,7 @@ from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import losses
 from grpo_jax import reward_models
 from grpo_jax import rewards as rewards_lib
+from grpo_jax import rollout_engine
 from grpo_jax import sampling
 from grpo_jax import training
 from experiments.runner import config as config_lib
@@ -78,10 +79,7 @@ class Rollouts:
     task, tok, rollout = self.task, self.task.tokenizer, self.cfg.rollout
     tokens, mask, cut = training.encode_prompts(tok, [task.prompt(e) for e in examples], self.cfg.task.max_prompt_len)
     self.prompts_truncated += cut
-    tokens, mask = self.placement.rows((tokens, mask))  # each process provides its own prompts
-    samples = sampling.sample(params, self.config, tokens, mask, key, num_samples=num_samples,
-                              temperature=rollout.temperature, **self.sampler_options(len(tokens), num_samples),
-                              **self.placement.sample_kwargs(len(tokens)))
+    samples = self.generate(params, tokens, mask, key, num_samples)
     samples, host = self.placement.sampled(samples)  # every process scores every sample (host code is cheap)
     t0 = time.time()
     texts = evaluation.decode(tok, host)
@@ -96,17 +94,32 @@ class Rollouts:
                                                             rollout.overlong_buffer))
     return Scored(samples, rewards, correct, time.time() - t0, host)
 
+  def generate(self, params, tokens, mask, key, num_samples: int) -> sampling.SampleOutput:
+    """`num_samples` completions of each prompt (host arrays [B, P]) with the run's sampler (`--sampler`)."""
+    engine = self.cfg.rollout.sampler == "engine"
+    kwargs = self.sampler_options(len(tokens), num_samples) | self.placement.sample_kwargs(len(tokens),
+                                                                                            any_count=engine)
+    if not engine or jax.process_count() > 1:  # each process provides its own rows of the prompts
+      tokens, mask = self.placement.rows((tokens, mask))
+    fn = rollout_engine.generate if engine else sampling.sample
+    return fn(params, self.config, tokens, mask, key, num_samples=num_samples,
+              temperature=self.cfg.rollout.temperature, **kwargs)
+
   def sampler_options(self, num_prompts: int | None = None, num_samples: int | None = None) -> dict:
-    """The sampler's compile-time options of the rollouts (`sampling.sample` / `sampling.jit_sample` keywords; the
-    temperature is a traced argument) for `num_prompts` x `num_samples` (default batch_size x group_size): with
+    """The sampler's compile-time options of the rollouts (`sampling.sample` / `rollout_engine.generate` keywords
+    and their `jit_*`; the temperature is a traced argument) for `num_prompts` x `num_samples` (default
+    batch_size x group_size): the engine's `num_slots` (`Placement.engine_slots`), or the static sampler's
     `prompt_chunk`, the prompts that fit the placement's memory budget at a time (`Placement.sampler_chunk`). The
     sampler's log-probs are those of the policy trained, softmax(logits / temperature), as the trainer's are, so the
     two compare (`losses.mismatch_metrics`); at temperature 1 they are the values the sampler gives without it."""
     rollout = self.cfg.rollout
-    chunk = self.placement.sampler_chunk(self.config, num_prompts or rollout.batch_size, self.cfg.task.max_prompt_len,
-                                         num_samples or rollout.group_size, rollout.max_new_tokens)
-    return dict(max_new_tokens=rollout.max_new_tokens, top_k=rollout.top_k, top_p=rollout.top_p, prompt_chunk=chunk,
-                logprobs_at_temperature=True)
+    shapes = (self.config, num_prompts or rollout.batch_size, self.cfg.task.max_prompt_len,
+              num_samples or rollout.group_size, rollout.max_new_tokens)
+    options = dict(max_new_tokens=rollout.max_new_tokens, top_k=rollout.top_k, top_p=rollout.top_p,
+                   logprobs_at_temperature=True)
+    if rollout.sampler == "engine":
+      return options | dict(num_slots=self.placement.engine_slots(*shapes, num_slots=rollout.num_slots))
+    return options | dict(prompt_chunk=self.placement.sampler_chunk(*shapes))
 
   def old_logprobs(self, params, samples: sampling.SampleOutput, logprobs=None):
     """π_old of the sampled tokens `[N, T]`: the sampler's own log-probs at T = 1, else recomputed with

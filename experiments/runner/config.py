@@ -78,6 +78,11 @@ class RolloutConfig:
   # The training batch's completion columns: the step's longest completion rounded up to a multiple of this (0: all
   # max_new_tokens). Each new width compiles the scoring and update programs once.
   completion_pad_multiple: int = 4
+  # The rollouts' and evaluation's sampler: "engine" (`grpo_jax.rollout_engine`, continuous batching over
+  # num_slots decode slots; 0: as many as the forward memory budget holds, at most `default_slots`) or "static"
+  # (`grpo_jax.sampling`, every row decoded until the longest ends). The same tokens for the same key.
+  sampler: str = "engine"
+  num_slots: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,7 +220,7 @@ MAY_CHANGE = frozenset({
     "compilation_cache_dir", "profile_steps",
     "eval_every", "eval_batch_size", "eval_samples", "eval_temperature",
     "mesh", "sharding_rules", "coordinator_address", "num_processes", "process_id", "cpu_devices",
-    "forward_rows", "forward_memory_budget", "attention",
+    "forward_rows", "forward_memory_budget", "attention", "sampler", "num_slots",
     "lora_export_peft",
 })
 
@@ -311,7 +316,7 @@ _POSITIVE = ("tiny_layers", "sft_batch_size", "num_train", "num_test", "max_prom
 _NON_NEGATIVE = ("cpu_devices", "steps", "sft_steps", "sft_examples", "eval_every", "save_every", "minibatch_size",
                  "overlong_buffer", "eval_samples", "stop_after", "top_k", "max_grad_norm", "advantage_eps",
                  "steps_per_iteration", "memory_budget", "beta", "completion_pad_multiple", "forward_rows",
-                 "forward_memory_budget", "dpo_nll_coef")
+                 "forward_memory_budget", "dpo_nll_coef", "num_slots")
 CHOICES = {  # the allowed values of the enum fields (and flags)
     "dtype": ("float32", "bfloat16"), "remat_policy": ("full", "dots_no_batch", "dots"),
     "task": ("synthetic", "gsm8k", "math"), "prompt_template": ("auto", "plain", "chat"),
@@ -321,7 +326,7 @@ CHOICES = {  # the allowed values of the enum fields (and flags)
     "importance": ("token", "sequence"), "lr_schedule": ("constant", "cosine"),
     "rollout_correction": ("none", "token_tis", "seq_tis", "token_mis", "seq_mis"),
     "supervision": ("outcome", "process"), "sharding_rules": ("dp", "fsdp", "fsdp_tp"),
-    "attention": ("auto", "einsum", "xla", "cudnn", "pallas"),
+    "attention": ("auto", "einsum", "xla", "cudnn", "pallas"), "sampler": ("engine", "static"),
 }
 STEP_REWARDS = ("prm", "exact_steps")  # the `reward` values that score every step
 TINY_HEADS = 4  # attention heads of the embedded tiny model (`grpo_jax.models.tiny_config`)

@@ -102,7 +102,10 @@ def check_divisible(config: config_lib.Config, data_parallel: int) -> None:
     return
   algo = config.algorithm
   minibatch = algo.minibatch_size or config.rows_per_step
-  sizes = {"--batch_size": config.rollout.batch_size, "--eval_batch_size": config.eval.eval_batch_size,
+  # The engine fills its slots from any number of prompts in one process (several provide their own rows).
+  prompts = {} if config.rollout.sampler == "engine" and jax.process_count() == 1 else {
+      "--batch_size": config.rollout.batch_size, "--eval_batch_size": config.eval.eval_batch_size}
+  sizes = {**prompts,
            "rows per micro-batch (minibatch / grad_accum_steps)": minibatch // algo.grad_accum_steps,
            "SFT rows per micro-batch (sft_batch_size / grad_accum_steps)":
                config.sft.sft_batch_size // algo.grad_accum_steps}

@@ -20,6 +20,7 @@ from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import models
 from grpo_jax.models import lora
 from grpo_jax import partitioning
+from grpo_jax import rollout_engine
 from grpo_jax import row_chunks
 from grpo_jax import sampling
 from grpo_jax import training
@@ -157,14 +158,29 @@ class Placement:
     return row_chunks.prompts_per_chunk(num_prompts, per_prompt / dp, self.forward_budget,
                                         multiple=dp // np.gcd(dp, num_samples))
 
-  def sample_kwargs(self, num_prompts: int) -> dict:
-    """`sampling.sample`'s mesh arguments for `num_prompts` prompts: the run's mesh; without one, the CPU
-    sampler mesh when it divides the prompts (else one device)."""
+  def sample_kwargs(self, num_prompts: int, any_count: bool = False) -> dict:
+    """`sampling.sample`'s (or `rollout_engine.generate`'s) mesh arguments for `num_prompts` prompts: the run's
+    mesh; without one, the CPU sampler mesh when it divides the prompts or `any_count` (the engine pads them),
+    else one device."""
     if self.mesh is not None:
       return {"mesh": self.mesh, "rules": self.rules}
-    if self.sampler_mesh is not None and num_prompts % self.sampler_mesh.size == 0:
+    if self.sampler_mesh is not None and (any_count or num_prompts % self.sampler_mesh.size == 0):
       return {"mesh": self.sampler_mesh, "rules": partitioning.get_rules("dp")}
     return {}
+
+  def engine_slots(self, config, num_prompts: int, prompt_len: int, num_samples: int, max_new_tokens: int,
+                   num_slots: int = 0) -> int:
+    """`rollout_engine.generate`'s `num_slots` for these shapes: `num_slots` when given, else
+    `rollout_engine.default_slots`, or fewer where the budget (`forward_budget` per device) would not hold them
+    beside the prompts (`row_chunks.engine_bytes`)."""
+    n = num_prompts * num_samples
+    if num_slots:
+      return min(num_slots, n)
+    placed = self.sample_kwargs(num_prompts, any_count=True)
+    shards = partitioning.data_parallel_size(placed["mesh"], placed["rules"]) if placed else 1
+    prompts, slot = row_chunks.engine_bytes(config, num_prompts, prompt_len, max_new_tokens)
+    return row_chunks.slots_that_fit(n, prompts, slot, self.forward_budget, shards=shards,
+                                     most=rollout_engine.default_slots(n, max_new_tokens))
 
   def sampled(self, samples):
     """`(device, host)`: the sampler's output where the rest of the run works on it, and its whole host copy (`host`;

@@ -45,6 +45,7 @@ from experiments.runner import loop
 from experiments.runner import placement as placement_lib
 from grpo_jax import models
 from grpo_jax import partitioning
+from grpo_jax import rollout_engine
 from grpo_jax import sampling
 from grpo_jax import training
 from grpo_jax.models import lora
@@ -166,17 +167,33 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
   temperature = jax.ShapeDtypeStruct((), jnp.float32, sharding=scalar)
   out = {}
 
+  engine = rollout.sampler == "engine"
+  dp = placement.data_parallel
+
   def sampler(prompts: int, samples: int, **options):
-    return sampling.jit_sample(method.config, (prompts, p), mesh=mesh, rules=rules, num_samples=samples, **options)
+    """(the program, its arguments, the most trips of its decode loop) for `prompts` (padded to a multiple of
+    the data shards by the engine) x `samples`: the engine's (`rollout_engine.jit_generate`, its caps a sixth
+    argument; at most ceil(N / slots) completions a slot, each up to T tokens) or the static sampler's."""
+    if not engine:
+      return (sampling.jit_sample(method.config, (prompts, p), mesh=mesh, rules=rules, num_samples=samples,
+                                  **options), (params, rows(jnp.int32, prompts, p), rows(jnp.bool_, prompts, p), key,
+                                               temperature), t - 1)
+    prompts += -prompts % dp
+    caps = jax.ShapeDtypeStruct((prompts * samples,), jnp.int32, sharding=rows_sharding)
+    fn = rollout_engine.jit_generate(method.config, (prompts, p), mesh=mesh, rules=rules, num_samples=samples,
+                                     **options)
+    trips = -(-prompts * samples // min(options["num_slots"], prompts * samples)) * t
+    return fn, (params, rows(jnp.int32, prompts, p), rows(jnp.bool_, prompts, p), key, temperature, caps), trips
 
   rounds = rollout.dynamic_sampling_max_rounds if rollout.dynamic_sampling else 1
   options = method.rollouts.sampler_options()
-  out["sampler"] = Program(sampler(b, g, **options),
-                           (params, rows(jnp.int32, b, p), rows(jnp.bool_, b, p), key, temperature),
+  fn, args, trips = sampler(b, g, **options)
+  out["sampler"] = Program(fn, args,
                            f"rollouts: {b} prompts x {g} samples of up to {t} tokens"
                            + (f", {options['prompt_chunk']} prompts at a time" if options.get("prompt_chunk") else "")
+                           + (f", {options['num_slots']} decode slots (continuous batching)" if engine else "")
                            + (f" (1 to {rounds} rounds a step, --dynamic_sampling)" if rounds > 1 else ""),
-                           per_step=1, loop_trips=t - 1)
+                           per_step=1, loop_trips=trips)
   if reward is not None:
     reward_params = _reward_params(reward, placement)
     chunk = learned_reward.scorer_options(placement, reward.config, n, length)  # as `LearnedReward` calls it
@@ -242,13 +259,14 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
   options = evaluation.generate_options(config, held_out, placement)
   e = options["batch_size"]
   calls = -(-held_out // e)
-  prompts = (params, rows(jnp.int32, e, p), rows(jnp.bool_, e, p), key, temperature)
-  out["eval_greedy"] = Program(sampler(e, 1, max_new_tokens=t, greedy=True), prompts,
-                               f"evaluation: greedy completions of {e} held-out prompts a call", per_step=0,
-                               per_eval=calls, loop_trips=t - 1)
+  slots = lambda k: dict(num_slots=placement.engine_slots(method.config, e, p, k, t, rollout.num_slots)) if engine \
+      else {}
+  fn, args, trips = sampler(e, 1, max_new_tokens=t, greedy=True, **slots(1))
+  out["eval_greedy"] = Program(fn, args, f"evaluation: greedy completions of {e} held-out prompts a call",
+                               per_step=0, per_eval=calls, loop_trips=trips)
   if config.eval.eval_samples:
     k = config.eval.eval_samples
-    out["eval_samples"] = Program(sampler(e, k, max_new_tokens=t), prompts,
-                                  f"evaluation: {k} samples of {e} held-out prompts a call (maj@k, pass@k)",
-                                  per_step=0, per_eval=calls, loop_trips=t - 1)
+    fn, args, trips = sampler(e, k, max_new_tokens=t, **slots(k))
+    out["eval_samples"] = Program(fn, args, f"evaluation: {k} samples of {e} held-out prompts a call (maj@k, pass@k)",
+                                  per_step=0, per_eval=calls, loop_trips=trips)
   return out

@@ -60,16 +60,22 @@ assert set(_POLICIES) == set(REMAT_POLICIES)
 
 
 class KVPrefix(NamedTuple):
-  """Keys and values of a prefix shared by groups of G consecutive cache rows (a prompt's G samples).
+  """Keys and values of prefixes (prompts) that cache rows read before their own slots, stored once each.
+
+  Without `rows`, groups of G consecutive cache rows share a prefix row (a prompt's G samples, `sampling`):
+  B' = B / G. With `rows`, cache row b reads prefix row rows[b], any of the B' (a rollout engine's slot pointing
+  at its completion's prompt, `rollout_engine`).
 
   Attributes:
-    k: per layer, keys [B / G, kv_heads, head_dim, P]; stacked [L, B / G, ...] with `config.scan_layers`.
-    v: per layer, values [B / G, kv_heads, P, head_dim]; stacked likewise.
-    mask: [B / G, P] bool, True at the prefix's real tokens.
+    k: per layer, keys [B', kv_heads, head_dim, P]; stacked [L, B', ...] with `config.scan_layers`.
+    v: per layer, values [B', kv_heads, P, head_dim]; stacked likewise.
+    mask: [B', P] bool, True at the prefix's real tokens.
+    rows: [B] int32, the prefix row of each cache row; None: groups of consecutive rows.
   """
   k: tuple[jax.Array, ...] | jax.Array
   v: tuple[jax.Array, ...] | jax.Array
   mask: jax.Array
+  rows: jax.Array | None = None
 
 
 class KVCache(NamedTuple):
@@ -80,7 +86,9 @@ class KVCache(NamedTuple):
       `config.scan_layers`, one array [L, B, kv_heads, head_dim, S].
     v: per layer, values [B, kv_heads, S, head_dim]; stacked likewise.
     mask: [B, S] bool, True where the slot holds a real (non-padding) token.
-    index: [] int32, the next slot to write (the same for every row).
+    index: [] int32, the next slot to write (the same for every row); or [B] int32, each row's own next slot
+      (one-token steps only: rows at different points of their sequences, as a rollout engine's slots are;
+      a write at an index >= S is dropped).
     prefix: a `KVPrefix` that every row attends to before its own S slots (rows g * G ... g * G + G - 1 share
       prefix row g), stored once per group instead of G times; None: no prefix. Read-only: new tokens go into
       the S slots. One-token steps only (decoding).
@@ -105,11 +113,12 @@ def init_cache(config: ModelConfig, batch_size: int, max_length: int, prefix: KV
                  v=tuple(jnp.zeros(v_shape, config.dtype) for _ in layers), mask=mask, index=index, prefix=prefix)
 
 
-def as_prefix(cache: KVCache) -> KVPrefix:
-  """A filled cache's slots as a `KVPrefix` (e.g. prompts prefilled once, for their G samples to share)."""
+def as_prefix(cache: KVCache, rows: jax.Array | None = None) -> KVPrefix:
+  """A filled cache's slots as a `KVPrefix` (e.g. prompts prefilled once, for their G samples to share); `rows`:
+  the prefix row each cache row reads (`KVPrefix.rows`)."""
   if cache.prefix is not None:
     raise ValueError("as_prefix: the cache already has a prefix")
-  return KVPrefix(k=cache.k, v=cache.v, mask=cache.mask)
+  return KVPrefix(k=cache.k, v=cache.v, mask=cache.mask, rows=rows)
 
 
 def cache_batch_axis(x: jax.Array) -> int:
@@ -316,8 +325,16 @@ class Attention(nnx.Module):
       kv, prefix = kv[:2], kv[2:] or None
       if prefix is not None and l != 1:
         raise ValueError(f"a cache with a shared prefix takes one token per row, got {l}")
-      write = lambda cache, x, axes, at: jax.lax.dynamic_update_slice(cache, x.transpose(axes).astype(cache.dtype), at)
-      kv = (write(kv[0], k, (0, 2, 3, 1), (0, 0, 0, index)), write(kv[1], v, (0, 2, 1, 3), (0, 0, index, 0)))
+      if jnp.ndim(index):  # each row its own slot (one token a row): a scatter of B columns of keys, rows of values
+        if l != 1:
+          raise ValueError(f"a cache with per-row indices takes one token per row, got {l}")
+        rows = jnp.arange(b)
+        kv = (kv[0].at[rows, :, :, index].set(k[:, 0].astype(kv[0].dtype), mode="drop"),
+              kv[1].at[rows, :, index, :].set(v[:, 0].astype(kv[1].dtype), mode="drop"))
+      else:
+        write = lambda cache, x, axes, at: jax.lax.dynamic_update_slice(cache, x.transpose(axes).astype(cache.dtype),
+                                                                        at)
+        kv = (write(kv[0], k, (0, 2, 3, 1), (0, 0, 0, index)), write(kv[1], v, (0, 2, 1, 3), (0, 0, index, 0)))
       if l == 1:
         out = _decode_attention(q, *kv, allowed, self.head_dim ** -0.5, prefix)
         return self.o_proj(constrain(out.reshape(b, l, -1, self.head_dim), ("batch", "length", "heads", None))), kv
@@ -413,10 +430,15 @@ def _call_layer(layer, *args):
 
 
 def _prefix_layer(prefix: KVPrefix | None, i) -> tuple[jax.Array, ...]:
-  """Layer i's (prefix keys, values, mask), or () without a prefix."""
+  """Layer i's (prefix keys, values, mask), or () without a prefix; with `prefix.rows`, each cache row's own
+  prefix row, gathered (the XLA form of a paged read: a decode kernel that reads the rows in place can replace
+  it behind `_decode_attention`)."""
   if prefix is None:
     return ()
-  return (constrain(prefix.k[i], CACHE_K_AXES), constrain(prefix.v[i], CACHE_V_AXES), prefix.mask)
+  k, v, mask = prefix.k[i], prefix.v[i], prefix.mask
+  if prefix.rows is not None:
+    k, v, mask = (jnp.take(x, prefix.rows, axis=0) for x in (k, v, mask))
+  return (constrain(k, CACHE_K_AXES), constrain(v, CACHE_V_AXES), mask)
 
 
 def _stacked_layer(config: ModelConfig, rngs: nnx.Rngs) -> DecoderLayer:
@@ -461,21 +483,28 @@ class Decoder(nnx.Module):
     if cache is None:
       index = None
       key_mask = mask
-      causal = jnp.tril(jnp.ones((l, l), bool))
+      causal = jnp.tril(jnp.ones((l, l), bool))[None]
       offset = jnp.zeros((b, 1), jnp.int32)
     else:
       index = cache.index
-      key_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, index))
-      q_slot = index + jnp.arange(l)
-      causal = jnp.arange(key_mask.shape[1])[None, :] <= q_slot[:, None]
+      if jnp.ndim(index):  # per-row slots (one token a row): row b's query sits at its own slot index[b]
+        key_mask = cache.mask.at[jnp.arange(b), index].set(mask[:, 0], mode="drop")
+        causal = (jnp.arange(key_mask.shape[1])[None, :] <= index[:, None])[:, None]  # [B, 1, S]
+      else:
+        key_mask = jax.lax.dynamic_update_slice(cache.mask, mask, (0, index))
+        q_slot = index + jnp.arange(l)
+        causal = (jnp.arange(key_mask.shape[1])[None, :] <= q_slot[:, None])[None]  # [1, L, S]
       offset = jnp.sum(cache.mask, axis=-1, keepdims=True, dtype=jnp.int32)
       if cache.prefix is not None:
         filled = jnp.sum(cache.prefix.mask, axis=-1, keepdims=True, dtype=jnp.int32)
-        offset = offset + jnp.repeat(filled, b // filled.shape[0], axis=0)
+        if cache.prefix.rows is not None:
+          offset = offset + jnp.take(filled, cache.prefix.rows, axis=0)
+        else:
+          offset = offset + jnp.repeat(filled, b // filled.shape[0], axis=0)
     if rope is None:
       rope = rope_tables(c, jnp.maximum(offset + steps, 0) if positions is None else positions)
     cos, sin = rope
-    allowed = key_mask[:, None, :] & causal[None]
+    allowed = key_mask[:, None, :] & causal
 
     x = constrain(self.embed(tokens).astype(c.dtype), _BTE)
     if c.scan_layers:

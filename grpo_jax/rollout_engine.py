@@ -1,0 +1,251 @@
+"""A rollout engine: continuous batching over a fixed number of decode slots, in one compiled loop.
+
+`sampling.sample` decodes every row of a batch together until the last one ends, so each row pays for the
+longest. Here S slots decode one completion each; when a slot's completion ends (an end token, or its cap) the
+slot takes the next pending completion in the same `lax.while_loop` step, and the loop ends when every
+completion is done. A long tail of lengths then costs about its tokens, not rows x the longest (the static
+batching vs continuous batching of Orca, Yu et al. OSDI 2022; vLLM, JetStream).
+
+Each prompt is prefilled once; its keys and values are the read-only `KVPrefix` that every slot working on one of
+its samples points at (`KVPrefix.rows`, gathered per step, never copied into a slot). A slot's own cache holds
+its completion, token j in slot j (`KVCache` with per-row indices), and is cleared when the slot takes a new
+completion. Completion c is sample c % G of prompt c // G (prompt-major, like `SampleOutput`).
+
+The draws are the static sampler's: completion c's token t uses row c of the Gumbel noise of
+`fold_in(key, t)` over all N completions (`gumbel_rows`), so with the same key the tokens equal
+`sampling.sample`'s, and the log-probs too up to float rounding (the attention's sums run over other shapes).
+"""
+
+import functools
+from collections.abc import Mapping, Sequence
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec
+
+from grpo_jax import partitioning as sharding
+from grpo_jax import sampling
+from grpo_jax.gumbel_rows import gumbel_rows
+from grpo_jax.models import transformer
+from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.logical_axes import constrain
+from grpo_jax.sampling import SampleOutput
+
+_STATIC = ("config", "num_samples", "max_new_tokens", "top_k", "top_p", "greedy", "stop_ids", "pad_id",
+           "logprobs_at_temperature", "num_slots")
+
+
+def default_slots(num_completions: int, max_new_tokens: int) -> int:
+  """Slots when none are given: every completion (no refills) up to 64, else a quarter of them, at least 64.
+
+  A slot count trades the loop's steps (about the tokens / S, plus the longest completion's tail) against each
+  step's width; with a long tail of lengths a few times fewer slots than completions keeps most slots busy.
+  """
+  del max_new_tokens
+  return num_completions if num_completions <= 64 else max(64, num_completions // 4)
+
+
+def _choose(logits, keys, temperature, rows, total, *, top_k, top_p, greedy):
+  """Each slot's next token [S] from float32 logits [S, V]: argmax, or the Gumbel-max draw with its completion's
+  noise row `rows[s]` of a [total, V] draw under its own step's key `keys[s]` (`sampling._choose`'s draw)."""
+  if greedy:
+    return sampling.argmax_last(logits)
+  z = sampling.filter_logits(logits / temperature, top_k=top_k, top_p=top_p)
+  noise = jax.vmap(lambda k, r: gumbel_rows(k, r, 1, (total, z.shape[-1]), z.dtype)[0])(keys, rows)
+  return sampling.argmax_last(z + noise)
+
+
+def _engine_impl(params, prompt_tokens, prompt_mask, key, temperature, caps, *, num_samples: int,
+                 shard_axes: tuple[str, ...] = (), num_shards: int = 1, **static):
+  """The engine on these prompts; with `shard_axes`, one shard's prompts inside `shard_map` (its completions'
+  noise rows offset by the shard's first row, so the draws are those of the whole batch)."""
+  n = prompt_tokens.shape[0] * num_samples
+  first = jax.lax.axis_index(shard_axes) * n if shard_axes else 0
+  return _engine(params, prompt_tokens, prompt_mask, key, temperature, caps, num_samples=num_samples,
+                 first=first, total=n * num_shards, **static)
+
+
+def _engine(params, prompt_tokens, prompt_mask, key, temperature, caps, *, config: ModelConfig, num_samples: int,
+            max_new_tokens: int, top_k: int, top_p: float, greedy: bool, stop_ids: tuple[int, ...], pad_id: int,
+            logprobs_at_temperature: bool, num_slots: int, first, total: int) -> SampleOutput:
+  """The engine's loop over `num_slots` slots for N = B * G completions (see the module docstring)."""
+  n_prompts, prompt_len = prompt_tokens.shape
+  g, steps = num_samples, max_new_tokens
+  n = n_prompts * g
+  slots = min(num_slots, n)
+  stop_ids = jnp.asarray(stop_ids, jnp.int32)
+  choose = functools.partial(_choose, top_k=top_k, top_p=top_p, greedy=greedy, total=total)
+  row_axes = lambda x: constrain(x, ("batch",) + (None,) * (x.ndim - 1))
+
+  # PREFILL: every prompt once. Its keys and values are the prefix its samples' slots point at; its last hidden
+  # state gives a new completion's first token (through the same unembedding as the slots' steps).
+  place = sampling._place_cache  # pylint: disable=protected-access
+  prompt_cache = place(transformer.init_cache(config, n_prompts, prompt_len))
+  hidden, prompt_cache = transformer.hidden_states(params, config, prompt_tokens, attention_mask=prompt_mask,
+                                                   cache=prompt_cache)
+  prompt_hidden = hidden[:, -1]  # [B, E]
+  n_prompt_tokens = jnp.sum(prompt_mask, axis=-1, dtype=jnp.int32)
+  prefix = transformer.as_prefix(prompt_cache)
+  own = max(steps - 1, 1)  # a completion's first T - 1 tokens are fed back; its last is not
+  cache = transformer.init_cache(config, slots, own)
+  prompt_of = lambda c: jnp.minimum(c, n - 1) // g
+
+  def step(carry):
+    k, v, own_mask, comp, t, hidden, next_comp, tokens, logprobs, lengths = carry
+    live = comp < n
+    c = jnp.minimum(comp, n - 1)
+    # Choose each live slot's token t of its completion, and write it down.
+    logits = transformer.logits_from_hidden(params, config, hidden)  # [S, V] float32
+    keys = jax.vmap(jax.random.fold_in, (None, 0))(key, t)
+    tok = choose(logits, keys, temperature, first + c)
+    scored = logits / temperature if logprobs_at_temperature else logits
+    logp = jnp.take_along_axis(jax.nn.log_softmax(scored, axis=-1), tok[:, None], axis=-1)[:, 0]
+    tok = jnp.where(live, tok, pad_id)
+    ends = live & (jnp.isin(tok, stop_ids) | (t + 1 >= jnp.take(caps, c)))
+    at = jnp.where(live, comp, n)  # idle slots write to row n: dropped
+    tokens = tokens.at[at, t].set(tok, mode="drop")
+    logprobs = logprobs.at[at, t].set(logp, mode="drop")
+    lengths = lengths.at[at].set(t + 1, mode="drop")
+    # Feed it back: one token a slot, written at the slot's own index t, attending to its prompt's prefix.
+    positions = jnp.take(n_prompt_tokens, prompt_of(comp)) + t
+    step_cache = transformer.KVCache(k=k, v=v, mask=own_mask, index=t, prefix=prefix._replace(rows=prompt_of(comp)))
+    out, step_cache = transformer.hidden_states(params, config, tok[:, None], attention_mask=(live & ~ends)[:, None],
+                                                cache=step_cache,
+                                                rope=transformer.rope_tables(config, positions[:, None]))
+    # Refill: a slot whose completion ended takes the next pending one (in order), with a cleared cache and its
+    # prompt's last hidden state in place of the step's.
+    fresh = next_comp + jnp.cumsum(ends, dtype=jnp.int32) - 1
+    comp = jnp.where(ends, jnp.minimum(fresh, n), comp)
+    next_comp = jnp.minimum(next_comp + jnp.sum(ends, dtype=jnp.int32), n)
+    t = jnp.where(ends | ~live, 0, t + 1)
+    own_mask = step_cache.mask & ~ends[:, None]
+    hidden = jnp.where(ends[:, None], jnp.take(prompt_hidden, prompt_of(comp), axis=0), out[:, 0])
+    k, v = (jax.tree.map(row_axes, x) for x in (step_cache.k, step_cache.v))
+    return (k, v, row_axes(own_mask), row_axes(comp), row_axes(t), row_axes(hidden), next_comp, tokens, logprobs,
+            lengths)
+
+  comp = jnp.arange(slots, dtype=jnp.int32)
+  carry = (cache.k, cache.v, cache.mask, comp, jnp.zeros((slots,), jnp.int32),
+           jnp.take(prompt_hidden, prompt_of(comp), axis=0), jnp.asarray(slots, jnp.int32),
+           jnp.full((n, steps), pad_id, jnp.int32), jnp.zeros((n, steps), jnp.float32), jnp.zeros((n,), jnp.int32))
+  carry = jax.lax.while_loop(lambda c: jnp.any(c[3] < n), step, carry)
+  tokens, logprobs, lengths = carry[-3:]
+  last = jnp.take_along_axis(tokens, jnp.maximum(lengths - 1, 0)[:, None], axis=-1)[:, 0]
+  repeat = lambda x: jnp.repeat(x, g, axis=0)
+  return SampleOutput(prompt_tokens=repeat(prompt_tokens), prompt_mask=repeat(prompt_mask), tokens=tokens,
+                      logprobs=logprobs, mask=jnp.arange(steps)[None, :] < lengths[:, None], lengths=lengths,
+                      truncated=~jnp.isin(last, stop_ids))
+
+
+_generate = jax.jit(_engine_impl, static_argnames=_STATIC)
+
+
+@functools.lru_cache(maxsize=64)
+def _sharded_engine(mesh: Mesh, frozen_rules: tuple, prompt_shape: tuple[int, int], **static):
+  """`_engine_impl` jitted with explicit shardings: params by the rules, prompts and completions over the data
+  axes. With params whole on every device (data parallelism) each shard runs its own engine on its own prompts
+  (`shard_map`), so no slot waits on another shard's; else one engine whose slots GSPMD splits over the data axes."""
+  rules, config = dict(frozen_rules), static["config"]
+  params = sharding.param_shardings(mesh, rules, jax.eval_shape(transformer.init_params, config, jax.random.key(0)))
+  rows = lambda n, *rest: sharding.logical_sharding(mesh, rules, ("batch",) + (None,) * len(rest), (n, *rest))
+  b, p = prompt_shape
+  n, t = b * static["num_samples"], static["max_new_tokens"]
+  out = SampleOutput(prompt_tokens=rows(n, p), prompt_mask=rows(n, p), tokens=rows(n, t), logprobs=rows(n, t),
+                     mask=rows(n, t), lengths=rows(n), truncated=rows(n))
+  scalar = sharding.replicated(mesh)
+  in_shardings = (params, rows(b, p), rows(b, p), scalar, scalar, rows(n))
+  axes = sampling.per_shard_axes(mesh, rules, config, b, static["num_samples"])
+  if axes:
+    shards = int(np.prod([mesh.shape[a] for a in axes]))
+    local = dict(static, num_slots=max(static["num_slots"] // shards, 1))
+    body = functools.partial(_engine_impl, **local, shard_axes=axes, num_shards=shards)
+    split, whole = PartitionSpec(axes), PartitionSpec()
+    mapped = jax.shard_map(body, mesh=mesh, in_specs=(whole, split, split, whole, whole, split),
+                           out_specs=SampleOutput(*(split,) * len(SampleOutput._fields)), check_vma=False)
+    fn = jax.jit(mapped, in_shardings=in_shardings, out_shardings=out)
+  else:
+    fn = sharding.jit_with_rules(functools.partial(_engine_impl, **static), mesh, rules,
+                                 in_shardings=in_shardings, out_shardings=out)
+  return fn, (params, rows(b, p), scalar, rows(n))
+
+
+def _static_args(config: ModelConfig, *, num_slots: int, num_prompts: int, **kw) -> dict:
+  static = sampling._static_args(config, **kw)  # pylint: disable=protected-access
+  for name in ("cache_segments", "prompt_chunk"):
+    static.pop(name)
+  n = num_prompts * static["num_samples"]
+  num_slots = int(num_slots) or default_slots(n, static["max_new_tokens"])
+  if num_slots < 1:
+    raise ValueError(f"num_slots must be >= 1 (or 0 for the default), got {num_slots}")
+  return dict(static, num_slots=min(num_slots, n))
+
+
+def generate(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: jax.Array, key: jax.Array, *,
+             num_samples: int = 1, max_new_tokens: int = 64, temperature: float = 1.0, top_k: int = 0,
+             top_p: float = 1.0, greedy: bool = False, eos_token_ids: Sequence[int] | None = None,
+             stop_token_ids: Sequence[int] = (), pad_id: int | None = None, logprobs_at_temperature: bool = False,
+             num_slots: int = 0, max_lengths: jax.Array | None = None, mesh: Mesh | None = None,
+             rules: Mapping | None = None) -> SampleOutput:
+  """Samples `num_samples` completions for each left-padded prompt with continuous batching over slots.
+
+  The arguments and the result are those of `sampling.sample` (same keys, same tokens), plus:
+    num_slots: completions decoded at once (0: `default_slots`); with a mesh, over all its data shards.
+    max_lengths: [B * G] int, each completion's own cap (<= `max_new_tokens`; a completion that reaches it is
+      truncated); None: `max_new_tokens` for all. Per-request limits, and the length schedules of benchmarks.
+
+  Compiles once per (shapes, config, static options, slots); `temperature` and `key` are traced. With `mesh`,
+  a batch of any number of prompts: it is padded to a multiple of the data shards with one-token completions
+  that are dropped from the result.
+  """
+  chex.assert_rank([prompt_tokens, prompt_mask], 2)
+  chex.assert_equal_shape([prompt_tokens, prompt_mask])
+  if not greedy and not temperature > 0:
+    raise ValueError(f"temperature must be > 0 (use greedy=True for argmax), got {temperature}")
+  if (mesh is None) != (rules is None):
+    raise ValueError("generate: pass both mesh and rules, or neither")
+  b = prompt_tokens.shape[0]
+  static = _static_args(config, num_slots=num_slots, num_prompts=b, num_samples=num_samples,
+                        max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p, greedy=greedy,
+                        eos_token_ids=eos_token_ids, stop_token_ids=stop_token_ids, pad_id=pad_id,
+                        logprobs_at_temperature=logprobs_at_temperature)
+  n = b * static["num_samples"]
+  caps = np.full((n,), max_new_tokens, np.int32) if max_lengths is None else np.asarray(max_lengths, np.int32)
+  if caps.shape != (n,) or caps.min() < 1 or caps.max() > max_new_tokens:
+    raise ValueError(f"max_lengths must be [{n}] ints in [1, {max_new_tokens}], got shape {caps.shape}")
+  if mesh is None:
+    return _generate(params, jnp.asarray(prompt_tokens, jnp.int32), jnp.asarray(prompt_mask, bool), key,
+                     jnp.asarray(temperature, jnp.float32), jnp.asarray(caps), **static)
+  shards = sharding.data_parallel_size(mesh, rules)
+  pad = -b % shards
+  as_int = lambda x: x if getattr(x, "dtype", None) == jnp.int32 else np.asarray(x, np.int32)
+  as_bool = lambda x: x if getattr(x, "dtype", None) == bool else np.asarray(x, bool)
+  tokens, mask = as_int(prompt_tokens), as_bool(prompt_mask)  # global arrays stay as they are
+  if pad:  # copies of the first prompt, one token each, dropped below (host arrays of one process)
+    tokens, mask = (np.concatenate([x, np.repeat(x[:1], pad, axis=0)]) for x in (np.asarray(tokens),
+                                                                                 np.asarray(mask)))
+    caps = np.concatenate([caps, np.ones((pad * static["num_samples"],), np.int32)])
+    static["num_slots"] = min(static["num_slots"], len(caps))
+  fn, (param_sh, row_sh, scalar_sh, cap_sh) = _sharded_engine(mesh, sharding.freeze_rules(rules), tokens.shape,
+                                                              **static)
+  params, tokens, mask, key, temperature, caps = sharding.put(
+      (params, tokens, mask, key, np.float32(temperature), caps), (param_sh, row_sh, row_sh, scalar_sh, scalar_sh,
+                                                                  cap_sh))
+  out = fn(params, tokens, mask, key, temperature, caps)
+  return jax.tree.map(lambda x: x[:n], out) if pad else out
+
+
+def jit_generate(config: ModelConfig, prompt_shape: tuple[int, int], *, mesh: Mesh, rules: Mapping,
+                 num_samples: int = 1, max_new_tokens: int = 64, top_k: int = 0, top_p: float = 1.0,
+                 greedy: bool = False, eos_token_ids: Sequence[int] | None = None,
+                 stop_token_ids: Sequence[int] = (), pad_id: int | None = None,
+                 logprobs_at_temperature: bool = False, num_slots: int = 0):
+  """The jitted program that `generate(..., mesh=mesh, rules=rules)` runs for prompts of `prompt_shape` (a
+  multiple of the data shards): `fn(params, prompt_tokens, prompt_mask, key, temperature, max_lengths)`; for
+  compiling ahead of time with `jax.ShapeDtypeStruct` arguments."""
+  static = _static_args(config, num_slots=num_slots, num_prompts=prompt_shape[0], num_samples=num_samples,
+                        max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p, greedy=greedy,
+                        eos_token_ids=eos_token_ids, stop_token_ids=stop_token_ids, pad_id=pad_id,
+                        logprobs_at_temperature=logprobs_at_temperature)
+  return _sharded_engine(mesh, sharding.freeze_rules(rules), tuple(prompt_shape), **static)[0]

@@ -1,0 +1,175 @@
+"""The continuous-batching rollout engine (rollout_engine.py) against the static sampler and a plain forward."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec
+
+from grpo_jax import models, rollout_engine, row_chunks, sampling
+
+CONFIG = models.tiny_config(hidden_size=64, intermediate_size=128)
+T = 10
+G = 3
+PROMPTS = jnp.array([[10, 11, 12, 13, 14, 15], [0, 0, 0, 40, 41, 42], [0, 0, 0, 0, 0, 70], [0, 0, 20, 21, 22, 23]],
+                    jnp.int32)
+MASK = PROMPTS != 0
+_FIELDS = ("tokens", "mask", "lengths", "truncated", "prompt_tokens", "prompt_mask")
+_forward = jax.jit(models.apply, static_argnums=1)
+
+
+@pytest.fixture(scope="module")
+def params():
+  p = models.init_params(CONFIG, jax.random.key(0))
+  return jax.tree.map(lambda x: 4.0 * x if x.ndim > 1 else x, p)  # Peaked, non-uniform distributions.
+
+
+@pytest.fixture(scope="module")
+def caps():
+  """Each completion's own cap, 1 to T: lengths differ, so slots finish at different steps and refill."""
+  return np.random.default_rng(0).integers(1, T + 1, size=len(PROMPTS) * G).astype(np.int32)
+
+
+def _assert_same(out, expected, atol=1e-5):
+  for name in _FIELDS:
+    np.testing.assert_array_equal(getattr(out, name), getattr(expected, name), err_msg=name)
+  np.testing.assert_allclose(out.logprobs, expected.logprobs, atol=atol)
+
+
+OPTIONS = {
+    "greedy": dict(greedy=True),
+    "sampled": dict(temperature=0.7, top_p=0.9),
+    "top_k": dict(temperature=1.3, top_k=5),
+    "at_temperature": dict(temperature=0.6, logprobs_at_temperature=True),
+}
+
+
+@pytest.mark.parametrize("slots", [1, 5, 12])
+@pytest.mark.parametrize("option", sorted(OPTIONS))
+def test_equals_the_static_sampler(params, caps, option, slots):
+  """With the same key, the same completions as `sampling.sample` (which decodes all 12 rows at once), whether
+  one slot decodes the 12 completions one after the other, 5 slots refill as theirs end, or 12 never refill."""
+  kwargs = dict(num_samples=G, max_new_tokens=T, eos_token_ids=(), max_lengths=caps, **OPTIONS[option])
+  expected = sampling.sample(params, CONFIG, PROMPTS, MASK, jax.random.key(3), **kwargs)
+  np.testing.assert_array_equal(expected.lengths, caps)
+  out = rollout_engine.generate(params, CONFIG, PROMPTS, MASK, jax.random.key(3), num_slots=slots, **kwargs)
+  _assert_same(out, expected)
+  assert bool(out.truncated.all())  # every completion ended at its cap, none with an end token
+  if not OPTIONS[option].get("greedy"):
+    assert bool((out.tokens[0] != out.tokens[1]).any())  # really sampled
+
+
+@pytest.mark.parametrize("slots", [2, 12])
+def test_end_tokens_end_completions(params, slots):
+  """End tokens (drawn from the policy's own samples, so completions end early, at different steps) end a
+  completion, pad it and free its slot: the static sampler's rows exactly."""
+  free = sampling.sample(params, CONFIG, PROMPTS, MASK, jax.random.key(1), num_samples=G, max_new_tokens=T,
+                         temperature=1.0, eos_token_ids=())
+  stops = tuple(int(t) for t in np.asarray(free.tokens[:, 1:3]).ravel()[:3])
+  kwargs = dict(num_samples=G, max_new_tokens=T, temperature=1.0, eos_token_ids=(), stop_token_ids=stops, pad_id=99)
+  expected = sampling.sample(params, CONFIG, PROMPTS, MASK, jax.random.key(1), **kwargs)
+  lengths = np.asarray(expected.lengths)
+  assert lengths.min() < T and lengths.max() == T and not bool(expected.truncated.all())
+  out = rollout_engine.generate(params, CONFIG, PROMPTS, MASK, jax.random.key(1), num_slots=slots, **kwargs)
+  _assert_same(out, expected)
+  tokens = np.asarray(out.tokens)
+  for row, n in enumerate(lengths):
+    np.testing.assert_array_equal(tokens[row, n:], 99)
+    assert (tokens[row, n - 1] in stops) != bool(out.truncated[row])
+
+
+def test_logprobs_equal_an_uncached_forward(params, caps):
+  """Each completion's tokens and log-probs re-scored by one full forward over prompt + completion (no cache):
+  the engine's prefix pointers, per-slot cache indices and refills attend to exactly the right keys."""
+  out = rollout_engine.generate(params, CONFIG, PROMPTS, MASK, jax.random.key(2), num_samples=G, max_new_tokens=T,
+                                greedy=True, eos_token_ids=(), max_lengths=caps, num_slots=4)
+  tokens = jnp.concatenate([out.prompt_tokens, out.tokens], axis=1)
+  mask = jnp.concatenate([out.prompt_mask, out.mask], axis=1)
+  logits, _ = _forward(params, CONFIG, tokens, attention_mask=mask)
+  predicted = logits[:, PROMPTS.shape[1] - 1:-1]  # position P - 1 + t predicts completion token t
+  logp = jnp.take_along_axis(jax.nn.log_softmax(predicted), out.tokens[..., None], axis=-1)[..., 0]
+  m = np.asarray(out.mask)
+  np.testing.assert_array_equal(np.asarray(jnp.argmax(predicted, -1))[m], np.asarray(out.tokens)[m])
+  np.testing.assert_allclose(np.asarray(out.logprobs)[m], np.asarray(logp)[m], atol=1e-5)
+  np.testing.assert_array_equal(np.asarray(out.logprobs)[~m], 0.0)
+
+
+def test_scanned_layers(params, caps):
+  """`scan_layers` (one stacked cache, the prefix gathered inside the scan): the unrolled layers' completions."""
+  config = dataclasses.replace(CONFIG, scan_layers=True)
+  kwargs = dict(num_samples=G, max_new_tokens=T, temperature=0.8, eos_token_ids=(), max_lengths=caps, num_slots=5)
+  expected = rollout_engine.generate(params, CONFIG, PROMPTS, MASK, jax.random.key(5), **kwargs)
+  out = rollout_engine.generate(models.stack_layers(params, CONFIG), config, PROMPTS, MASK, jax.random.key(5),
+                                **kwargs)
+  _assert_same(out, expected)
+
+
+def test_lora_adapters(params, caps):
+  """With LoRA adapters in the params (merged by the model), the static sampler's completions."""
+  from grpo_jax.models import lora
+  config = lora.lora_config(CONFIG, rank=2, alpha=4.0, targets=("q", "v", "up"))
+  adapters = jax.tree.map(lambda x: x + 0.3, lora.init_adapters(config, jax.random.key(7)))  # B != 0
+  adapted = lora.join(params, adapters)
+  kwargs = dict(num_samples=G, max_new_tokens=T, temperature=1.0, eos_token_ids=(), max_lengths=caps)
+  expected = sampling.sample(adapted, config, PROMPTS, MASK, jax.random.key(6), **kwargs)
+  base = sampling.sample(params, CONFIG, PROMPTS, MASK, jax.random.key(6), **kwargs)
+  assert not np.array_equal(expected.tokens, base.tokens)
+  _assert_same(rollout_engine.generate(adapted, config, PROMPTS, MASK, jax.random.key(6), num_slots=5, **kwargs),
+               expected)
+
+
+def test_argument_checks(params):
+  with pytest.raises(ValueError, match=r"max_lengths must be \[12\] ints in \[1, 10\]"):
+    rollout_engine.generate(params, CONFIG, PROMPTS, MASK, jax.random.key(0), num_samples=G, max_new_tokens=T,
+                            max_lengths=np.full(12, T + 1))
+  with pytest.raises(ValueError, match=r"max_lengths must be \[12\]"):
+    rollout_engine.generate(params, CONFIG, PROMPTS, MASK, jax.random.key(0), num_samples=G, max_new_tokens=T,
+                            max_lengths=np.full(11, T))
+  with pytest.raises(ValueError, match="num_slots must be >= 1"):
+    rollout_engine.generate(params, CONFIG, PROMPTS, MASK, jax.random.key(0), num_slots=-1)
+  with pytest.raises(ValueError, match="temperature must be > 0"):
+    rollout_engine.generate(params, CONFIG, PROMPTS, MASK, jax.random.key(0), temperature=0.0)
+
+
+def test_default_slots_and_the_budget():
+  assert rollout_engine.default_slots(40, 64) == 40  # few completions: one slot each
+  assert rollout_engine.default_slots(1024, 512) == 256 and rollout_engine.default_slots(100, 8) == 64
+  # 1 GiB of prompts split over 2 shards beside slots of 1 MiB each in 1.5 GiB a shard: 1024 a shard, 2048 in all.
+  gib, mib = row_chunks.GiB, 2 ** 20
+  assert row_chunks.slots_that_fit(10_000, gib, mib, 1.5 * gib, most=4096, shards=2) == 2048
+  assert row_chunks.slots_that_fit(10_000, gib, mib, 1.5 * gib, most=300, shards=2) == 300
+  assert row_chunks.slots_that_fit(100, gib, mib, 1.5 * gib, most=300, shards=2) == 100
+  assert row_chunks.slots_that_fit(100, 4 * gib, mib, gib, most=300, shards=2) == 2  # nothing fits: one a shard
+  c = CONFIG  # hand count: 2 layers x 2 (k, v) x K x D x 4 bytes per cached token
+  prompts, slot = row_chunks.engine_bytes(c, 3, 6, 10)
+  kv = 2 * c.num_key_value_heads * c.head_dim * 4
+  assert slot == c.num_hidden_layers * kv * 9 + kv * 6 + 3 * c.vocab_size * 4
+  assert prompts == 3 * (c.num_hidden_layers * kv * 6 + row_chunks.forward_row_bytes(c, 6) + c.hidden_size * 4)
+
+
+@pytest.mark.devices(8)
+def test_sharded_engine_equals_one_device(params, caps):
+  """On a 2 x 2 x 2 mesh: one engine per data shard (weights whole, `dp`) or one GSPMD engine whose slots are split
+  (weights split, `fsdp_tp`): the one-device completions; and 3 prompts, not a multiple of the 4 data shards."""
+  from grpo_jax import partitioning
+  kwargs = dict(num_samples=G, max_new_tokens=T, temperature=0.7, eos_token_ids=(), max_lengths=caps)
+  expected = rollout_engine.generate(params, CONFIG, PROMPTS, MASK, jax.random.key(4), num_slots=6, **kwargs)
+  three = dict(kwargs, max_lengths=caps[:9])
+  expected3 = rollout_engine.generate(params, CONFIG, PROMPTS[:3], MASK[:3], jax.random.key(4), num_slots=6, **three)
+  for rules_name in ("dp", "fsdp_tp"):
+    mesh, rules = partitioning.make_mesh("data:2,fsdp:2,tensor:2"), partitioning.get_rules(rules_name)
+    placed = partitioning.put(params, partitioning.param_shardings(mesh, rules, params))
+    out = rollout_engine.generate(placed, CONFIG, PROMPTS, MASK, jax.random.key(4), num_slots=8, mesh=mesh,
+                                  rules=rules, **kwargs)
+    _assert_same(out, expected)
+    assert out.tokens.sharding.spec == PartitionSpec(("data", "fsdp"), None)
+    out3 = rollout_engine.generate(placed, CONFIG, PROMPTS[:3], MASK[:3], jax.random.key(4), num_slots=8, mesh=mesh,
+                                   rules=rules, **three)
+    _assert_same(out3, expected3)
+    # Ahead of time: the program `generate` runs (a multiple of the data shards), for aot_compile.
+    fn = rollout_engine.jit_generate(CONFIG, PROMPTS.shape, mesh=mesh, rules=rules, num_samples=G, max_new_tokens=T,
+                                     eos_token_ids=(), num_slots=8)
+    hlo = fn.lower(placed, PROMPTS, MASK, jax.random.key(4), jnp.float32(0.7), jnp.asarray(caps)).compile().as_text()
+    assert ("all-reduce" in hlo) == (rules_name == "fsdp_tp")  # one engine per shard: no cross-device step
