@@ -80,6 +80,9 @@ flags.DEFINE_string("train_file", _D["train_file"],
 flags.DEFINE_string("test_file", _D["test_file"], "Held-out problems, in the forms --train_file takes (split 'test').")
 flags.DEFINE_integer("num_train", _D["num_train"], "Synthetic task: training problems in the pool.")
 flags.DEFINE_integer("num_test", _D["num_test"], "Held-out problems to evaluate on (all of test_file if larger).")
+flags.DEFINE_integer("num_validation", _D["num_validation"],
+    "> 0: hold N problems of the RL pool (drawn by the seed) out of training and evaluate the final policy on them "
+    "too (summary final_val_accuracy): a validation split for choosing hyperparameters without the test set.")
 flags.DEFINE_integer("synthetic_min_steps", _D["synthetic_min_steps"], "Synthetic task: fewest operations per problem.")
 flags.DEFINE_integer("synthetic_max_steps", _D["synthetic_max_steps"], "Synthetic task: most operations per problem.")
 flags.DEFINE_integer("synthetic_digits", _D["synthetic_digits"], "Synthetic task: digits of + and - operands.")
@@ -131,13 +134,15 @@ flags.DEFINE_enum("sampler", _D["sampler"], _choices("sampler"),
     "completion's slot takes the next one, so a long tail of lengths costs its tokens) or static (every row decodes "
     "until the batch's longest ends). The same tokens for the same seed.")
 flags.DEFINE_integer("num_slots", _D["num_slots"],
-    "Decode slots of --sampler=engine over all devices (0: as many as --forward_memory_budget holds, at most a "
-    "quarter of the completions and at least 64).")
+    "Decode slots of --sampler=engine over all devices (0: 4096 / --max_new_tokens a device on a CPU, at least 8; "
+    "a quarter of the completions, at least 64, on an accelerator; fewer where --forward_memory_budget would not "
+    "hold them).")
 
 # STAGE 2: THE METHOD AND ITS LOSS
 flags.DEFINE_enum("algo", _D["algo"], _choices("algo"),
     "Stage-2 method: grpo, ppo (with a critic), online_rft, rft, dpo (offline from the start policy), sft (human "
-    "solutions) or flow_grpo (the multi-turn planner with tools; experiments.flow_grpo sets its defaults).")
+    "solutions), flow_grpo (the multi-turn planner with tools; experiments.flow_grpo sets its defaults) or distill "
+    "(on-policy distillation from --teacher_checkpoint).")
 flags.DEFINE_float("beta", _D["beta"], "KL coefficient β (0 removes the KL term and the reference forward).")
 flags.DEFINE_float("epsilon", _D["epsilon"], "Clip range ε (lower side).")
 flags.DEFINE_float("epsilon_high", _D["epsilon_high"], "Upper clip range (DAPO clip-higher, e.g. 0.28); default ε.")
@@ -151,6 +156,21 @@ flags.DEFINE_enum("advantage_scale", _D["advantage_scale"], _choices("advantage_
     "Advantage normalisation: group std (GRPO), batch std, or none (Dr. GRPO).")
 flags.DEFINE_float("advantage_eps", _D["advantage_eps"], "Added to the std of the advantage normalisation.")
 flags.DEFINE_enum("importance", _D["importance"], _choices("importance"), "Importance ratio level (sequence: GSPO).")
+flags.DEFINE_enum("loss", _D["loss"], _choices("loss"),
+    "GRPO's policy term (docs/losses.md): clip (PPO's clipped surrogate: GRPO, DAPO, GSPO), cispo (MiniMax-M1: the "
+    "importance weight clipped to at most 1 + --epsilon_high (default --epsilon) under a stop-gradient, times Â log π, "
+    "so no token's gradient is dropped; no lower bound) or sapo (a sigmoid gate on the ratio in place of the clip, "
+    "temperatures --sapo_tau_pos / --sapo_tau_neg). The KL term and --loss_aggregation apply to all three.")
+flags.DEFINE_float("sapo_tau_pos", _D["sapo_tau_pos"], "--loss=sapo: the gate's temperature for tokens with Â > 0.")
+flags.DEFINE_float("sapo_tau_neg", _D["sapo_tau_neg"],
+    "--loss=sapo: the gate's temperature for tokens with Â <= 0 (the paper: above --sapo_tau_pos, so negative updates "
+    "fade sooner).")
+flags.DEFINE_float("entropy_coef", _D["entropy_coef"],
+    "GRPO: c of an entropy bonus, -c times the policy's token-mean entropy added to the loss (whatever "
+    "--loss_aggregation). 0: off.")
+flags.DEFINE_float("top_entropy_quantile", _D["top_entropy_quantile"],
+    "GRPO: ρ in (0, 1]: only the top ρ of each micro-batch's tokens by the policy's entropy keep their policy "
+    "gradient (\"Beyond the 80/20 rule\": 0.2); the KL term and the normaliser keep every token. 1: off.")
 flags.DEFINE_integer("num_epochs", _D["num_epochs"], "μ: passes over each step's samples.")
 flags.DEFINE_integer("minibatch_size", _D["minibatch_size"], "Sequences per optimiser step (0: all B·G of the step).")
 flags.DEFINE_integer("grad_accum_steps", _D["grad_accum_steps"], "Micro-batches per minibatch, accumulated exactly.")
@@ -190,8 +210,14 @@ flags.DEFINE_float("dpo_nll_coef", _D["dpo_nll_coef"],
     "DPO: α of the chosen output's length-normalised NLL added to the loss (Iterative RPO, arXiv 2404.19733, "
     "uses 1); 0 is plain DPO.")
 flags.DEFINE_integer("dpo_pairs_per_prompt", _D["dpo_pairs_per_prompt"], "DPO: most (correct, wrong) pairs per prompt.")
+flags.DEFINE_string("teacher_checkpoint", _D["teacher_checkpoint"],
+    "--algo=distill: the frozen teacher, an HF-format directory with the policy's tokenizer (a larger model, or e.g. "
+    "another run's final_policy); the student learns from the per-token reverse KL to it on its own samples.")
 flags.DEFINE_integer("offline_prompts", _D["offline_prompts"],
     "RFT/DPO: training prompts sampled once from the start policy (G samples each) to build the offline dataset.")
+flags.DEFINE_float("likelihood_temperature", _D["likelihood_temperature"],
+    "SFT/RFT/Online RFT: the temperature T of the likelihood log softmax(logits / T) they train (1: the model's "
+    "own); set it to --temperature to have every method train one likelihood (GRPO and PPO train --temperature's).")
 
 # OPTIMISER
 flags.DEFINE_integer("steps", _D["steps"], "Stage-2 steps (each: collect, then μ epochs of updates).")

@@ -106,10 +106,19 @@ class Job:
   directory: pathlib.Path
   argv: list[str]
   needs: list[str]  # names of the runs of the same seed it reads from
+  commit: str = ""  # a design profile's: the commit every run of the study comes from
+  after: list[tuple[str, int]] = dataclasses.field(default_factory=list)  # runs of other seeds it waits for
+  tuned: dict | None = None  # a tuned run: {"tune": spec.Tune, "grid": value -> the tuning seeds' grid jobs}
+  alias: bool = False  # a tuned run on a tuning seed: no process, the grid run at the chosen value
+  grid: bool = False  # one value of a tuned run's grid on a tuning seed
 
   @property
   def key(self) -> tuple[str, int]:
     return (self.run.name, self.seed)
+
+  @property
+  def waits_for(self) -> list[tuple[str, int]]:
+    return [(n, self.seed) for n in self.needs] + self.after
 
   @property
   def summary(self) -> pathlib.Path:
@@ -135,6 +144,80 @@ def load_study(name: str) -> spec.Study:
     except (OSError, ValueError, TypeError, KeyError) as err:
       raise StudyError(f"{path}: not a study spec ({type(err).__name__}: {err})") from None
   raise StudyError(f"no study {name!r}; known: {', '.join(studies_lib.STUDIES)} (or a .json spec file)")
+
+
+def head_commit(root: pathlib.Path = ROOT) -> str:
+  """The commit checked out at `root`, with "-dirty" when tracked files differ from it; "unknown" outside git."""
+  try:
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=30)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
+                           text=True, timeout=30)
+  except (OSError, subprocess.SubprocessError):
+    return "unknown"
+  if head.returncode:
+    return "unknown"
+  return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+
+
+def spec_files(study: spec.Study) -> list[str]:
+  """The files, relative to the repository, whose commits declare a study's design: its module (when it is a
+  registered study) and the verdict rule."""
+  files = ["experiments/studies/verdicts.py"]
+  for module in list(sys.modules.values()):
+    if getattr(module, "STUDY", None) is study and getattr(module, "__file__", None):
+      try:
+        files.insert(0, str(pathlib.Path(module.__file__).resolve().relative_to(ROOT)))
+      except ValueError:
+        pass
+  return files
+
+
+def declaration(study: spec.Study, commit: str, root: pathlib.Path = ROOT) -> dict:
+  """When a design was declared: the last commit at or before `commit` that changed its `spec_files`, and its
+  date (None where git cannot say)."""
+  try:
+    log = subprocess.run(["git", "log", "-1", "--format=%H %cI", commit.removesuffix("-dirty"), "--",
+                          *spec_files(study)], cwd=root, capture_output=True, text=True, timeout=30)
+  except (OSError, subprocess.SubprocessError):
+    log = None
+  parts = log.stdout.split() if log is not None and not log.returncode else []
+  return {"commit": parts[0] if parts else None, "date": parts[1] if len(parts) > 1 else None,
+          "files": spec_files(study)}
+
+
+def design_commit(study: spec.Study, profile: str, dry_run: bool = False) -> str:
+  """The commit a design profile runs from: HEAD, which must be clean (a dry run only warns)."""
+  commit = head_commit()
+  if (commit.endswith("-dirty") or commit == "unknown") and not dry_run:
+    raise StudyError(f"study {study.name}, profile {profile}: a design runs every arm from one commit, and {ROOT} "
+                     f"is {'not a git checkout' if commit == 'unknown' else 'changed since its last commit'}; "
+                     "commit, or run from a worktree pinned to a commit (git worktree add DIR COMMIT)")
+  return commit
+
+
+def check_one_commit(jobs: list[Job], commit: str) -> None:
+  """A design's table takes every finished run from `commit`: each run's record (what reproduce ran it from) and
+  its summary's `code_version` (what the runner ran) must both say so. Raises StudyError with one line."""
+  seen: dict[str, list[str]] = {}
+  for job in jobs:
+    if not job.summary.is_file():
+      continue
+    found = set()
+    for path, key in ((job.record, "commit"), (job.summary, "code_version")):
+      try:
+        value = json.loads(path.read_text()).get(key)
+      except (OSError, ValueError, AttributeError):
+        value = None
+      if value:
+        found.add(value)
+    for value in found or {"not recorded"}:
+      seen.setdefault(value, []).append(f"{job.run.name} seed {job.seed}")
+  others = {c: runs for c, runs in seen.items() if c != commit}
+  if others:
+    said = "; ".join(f"{c[:12] + c[40:]}: {len(r)} run{'s' if len(r) > 1 else ''} ({', '.join(r[:3])}"
+                     f"{', ...' if len(r) > 3 else ''})" for c, r in sorted(others.items()))
+    raise StudyError(f"a design's table takes every run from one commit, {commit[:12]}, and these are not from it: "
+                     f"{said}; remove them, or aggregate from a worktree pinned to their commit")
 
 
 def _flag_args(values: dict[str, Any]) -> list[str]:
@@ -220,20 +303,35 @@ def hashed_defaults(run: spec.Run, snapshot: dict[str, Any]) -> dict[str, Any]:
   return {"revision": snapshot["revision"], "changed": changed}
 
 
-def plan(study: spec.Study, profile: str, seeds: list[int], runs_dir: pathlib.Path) -> list[Job]:
+def plan(study: spec.Study, profile: str, seeds: list[int], runs_dir: pathlib.Path, commit: str = "") -> list[Job]:
   """The study's jobs, dependencies first, each in `runs_dir/<runner>-<hash>/seed<S>`.
 
   The hash covers the runner, the flags (before {run:..} and {seed} are filled in), the runner's defaults where
   they differ from the snapshot's (`hashed_defaults`) and, recursively, the runs they name, so equal
   configurations share a directory across studies, profiles never collide, runs made under other defaults are not
-  taken for this code's, and a new flag that keeps the old behaviour does not orphan finished runs.
+  taken for this code's, and a new flag that keeps the old behaviour does not orphan finished runs. With `commit`
+  (a design profile's) it covers the commit too: no run of other code is reused.
   """
   if profile != "full" and profile not in study.profiles:
     raise StudyError(f"study {study.name} has no profile {profile!r}; it has full"
                      + "".join(f", {p}" for p in study.profiles))
   runs = study.runs_in(profile)
   merged = {r.name: study.flags_for(r, profile) for r in runs}
-  for run in runs:
+  by_name = {r.name: r for r in runs}
+  grids: dict[str, list[tuple[Any, str]]] = {}  # tuned run -> (value, grid run name)
+  for run in [r for r in runs if r.tune]:
+    tune = run.tune
+    if merged[run.name].get("num_validation", 0) in (0, None) and not run.command:
+      raise StudyError(f"study {study.name}, run {run.name}: a tuned --{tune.flag} is chosen on a validation "
+                       "split: the run needs --num_validation")
+    grids[run.name] = []
+    for value in tune.values:
+      name = tune.grid_name(run.name, value)
+      by_name[name] = dataclasses.replace(run, name=name, label=f"{run.display}, --{tune.flag}={value}", tune=None)
+      merged[name] = {**merged[run.name], tune.flag: value}
+      grids[run.name].append((value, name))
+    merged[run.name] = {**merged[run.name], tune.flag: "{tuned}"}
+  for run in by_name.values():
     for flag in ("seed", run.output_flag):
       if flag in merged[run.name]:
         raise StudyError(f"study {study.name}, run {run.name}: --{flag} is set by reproduce, leave it out")
@@ -249,11 +347,16 @@ def plan(study: spec.Study, profile: str, seeds: list[int], runs_dir: pathlib.Pa
     if name in visiting:
       raise StudyError(f"study {study.name}: runs need each other in a cycle: {' -> '.join(visiting + (name,))}")
     if name not in hashes:
-      run = study.run(name)
+      run = by_name[name]
       blob = {"command": list(run.command) or [run.module], "out_flag": run.output_flag,
               "flags": {k: str(v) for k, v in sorted(merged[name].items())},
               "defaults": hashed_defaults(run, snapshot),
               "needs": {n: digest(n, visiting + (name,)) for n in _needs(merged[name])}}
+      if commit:
+        blob["commit"] = commit
+      if name in grids:  # the value comes from the grid: the grid's runs and the rule that chooses
+        blob["tune"] = {"grid": {str(v): digest(g, visiting + (name,)) for v, g in grids[name]},
+                        "seeds": run.tune.seeds, "by": run.tune.by}
       hashes[name] = hashlib.sha1(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:10]
     return hashes[name]
 
@@ -265,18 +368,23 @@ def plan(study: spec.Study, profile: str, seeds: list[int], runs_dir: pathlib.Pa
         visit(need)
       order.append(name)
 
-  for run in runs:
-    digest(run.name)
-    visit(run.name)
+  for name in by_name:
+    digest(name)
+    visit(name)
 
   jobs = []
-  for seed in seeds:
+  tuning_seeds = {s for r in runs if r.tune for s in range(r.tune.seeds)}
+  grid_of = {g: r for r, pairs in grids.items() for _, g in pairs}
+  for seed in sorted(set(seeds) | tuning_seeds):
     dirs: dict[str, pathlib.Path] = {}
     for name in order:
-      run = study.run(name)
+      run = by_name[name]
       slug = (run.module.rsplit(".", 1)[-1] if not run.command else name)
       directory = (runs_dir / f"{slug}-{hashes[name]}" / f"seed{seed}").resolve()
       dirs[name] = directory
+      tuner = by_name[grid_of[name]].tune if name in grid_of else run.tune
+      if name in grid_of and seed >= tuner.seeds:
+        continue  # a grid runs on the tuning seeds only (which always run, with what their grid needs)
 
       def fill(value, dirs=dirs, seed=seed):
         if not isinstance(value, str):
@@ -285,8 +393,54 @@ def plan(study: spec.Study, profile: str, seeds: list[int], runs_dir: pathlib.Pa
 
       values = {k: fill(v) for k, v in merged[name].items()}
       argv = _prefix(run) + _flag_args(values) + [f"--seed={seed}", f"--{run.output_flag}={directory}"]
-      jobs.append(Job(run, seed, directory, argv, _needs(merged[name])))
+      job = Job(run, seed, directory, argv, _needs(merged[name]), commit, grid=name in grid_of)
+      if name in grids:
+        job.after = [(g, s) for _, g in grids[name] for s in range(tuner.seeds)]
+        job.alias = seed < tuner.seeds
+        job.tuned = {"tune": tuner, "grid": {v: g for v, g in grids[name]}}
+      jobs.append(job)
+  by_key = {j.key: j for j in jobs}
+  for job in jobs:  # the grid's jobs themselves, for choosing
+    if job.tuned:
+      job.tuned["jobs"] = {v: [by_key[(g, s)] for s in range(job.tuned["tune"].seeds)]
+                           for v, g in job.tuned["grid"].items()}
   return jobs
+
+
+def choose(job: Job) -> tuple[Any, dict]:
+  """A tuned run's value: the grid value whose runs on the tuning seeds have the highest mean `by` (the validation
+  split's accuracy; ties: the first in the grid), or None while any of them has not finished. Also returns the
+  grid's table: value -> (mean, standard error, seeds)."""
+  tune, table, complete = job.tuned["tune"], {}, True
+  for value, grid_jobs in job.tuned["jobs"].items():
+    found = []
+    for g in grid_jobs:
+      try:
+        found.append(float(json.loads(g.summary.read_text())[tune.by]))
+      except (OSError, ValueError, KeyError, TypeError):
+        complete = False
+    if found:
+      mean, se = mean_se(found)
+      table[value] = {"mean": mean, "se": se, "n": len(found)}
+  if not complete or not table:
+    return None, table
+  return max(job.tuned["jobs"], key=lambda v: (table[v]["mean"], -list(job.tuned["jobs"]).index(v))), table
+
+
+def resolve_tuned(job: Job) -> bool:
+  """Fills in a tuned job's value (its argv's "{tuned}"; an alias takes the chosen grid run's directory).
+  Returns False while the grid has not finished."""
+  value, _ = choose(job)
+  if value is None:
+    return False
+  if job.alias:
+    grid = job.tuned["jobs"][value][job.seed]
+    job.tuned.setdefault("planned", job.directory)
+    job.directory, job.argv = grid.directory, grid.argv
+  else:
+    job.argv = [a.replace("{tuned}", str(value)) for a in job.argv]
+  job.tuned["value"] = value
+  return True
 
 
 # EXECUTE
@@ -333,7 +487,7 @@ def _run_one(job: Job, processes: dict, lock: threading.Lock) -> Outcome:
   env = dict(os.environ)
   env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
   record = {"argv": argv, "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "loadavg_start": _loadavg()}
+            "loadavg_start": _loadavg(), "commit": job.commit or None}
   t0 = time.time()
   with open(job.log, "w") as log:
     log.write("$ " + " ".join(argv) + "\n")
@@ -357,12 +511,18 @@ def execute(jobs: list[Job], parallel: int, echo=print) -> dict[tuple[str, int],
   """Runs the jobs whose summary.json is missing, `parallel` at once, each after the runs it needs."""
   outcomes: dict[tuple[str, int], Outcome] = {}
   pending = []
+  keys = {j.key for j in jobs}
+  by_key = {j.key: j for j in jobs}
   for job in jobs:
-    if job.summary.is_file():
+    missing = [k for k in job.waits_for if k not in keys]
+    if missing:
+      outcomes[job.key] = Outcome("blocked", f"needs {', '.join(f'{n} seed {s}' for n, s in missing)}, not planned")
+      continue
+    if job.summary.is_file() and not job.alias:
       outcomes[job.key] = Outcome("cached", wall_time_s=_recorded_time(job))
     else:
       pending.append(job)
-  total, started = len(pending), 0
+  total, started = sum(not j.alias for j in pending), 0
   processes: dict = {}
   lock = threading.Lock()
   running: dict[concurrent.futures.Future, Job] = {}
@@ -375,25 +535,44 @@ def execute(jobs: list[Job], parallel: int, echo=print) -> dict[tuple[str, int],
   with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
     try:
       while pending or running:
+        progressed = False
         for job in list(pending):
           if len(running) >= max(1, parallel):
             break
-          states = [outcomes.get((n, job.seed)) for n in job.needs]
+          states = [outcomes.get(k) for k in job.waits_for]
           if any(s is not None and s.status in ("failed", "blocked") for s in states):
-            bad = [n for n, s in zip(job.needs, states) if s is not None and s.status in ("failed", "blocked")]
+            bad = [f"{n}" + (f" seed {s_}" if s_ != job.seed else "")
+                   for (n, s_), s in zip(job.waits_for, states) if s is not None and s.status in ("failed", "blocked")]
             outcomes[job.key] = Outcome("blocked", f"needs {', '.join(bad)}, which did not finish")
             pending.remove(job)
+            progressed = True
             echo(f"[{job.run.name} seed {job.seed}] not started: {outcomes[job.key].message}")
             continue
           if all(s is not None for s in states):
             pending.remove(job)
+            progressed = True
+            if job.tuned and not resolve_tuned(job):
+              outcomes[job.key] = Outcome("blocked", "its grid's runs did not all write their validation accuracy")
+              continue
+            if job.alias:  # a tuning seed: the grid's run at the chosen value is this run's
+              outcomes[job.key] = Outcome("cached")
+              continue
+            for need in job.waits_for:  # a tuned run on a tuning seed is the grid's run at the chosen value
+              alias = by_key[need]
+              if alias.alias and alias.tuned.get("planned"):
+                job.argv = [a.replace(str(alias.tuned["planned"]), str(alias.directory)) for a in job.argv]
             if job.summary.is_file():  # finished meanwhile (another invocation, or by hand)
               outcomes[job.key] = Outcome("cached", wall_time_s=_recorded_time(job))
               continue
             started += 1
-            echo(f"[{started}/{total}] {job.run.name} seed {job.seed}: started ({job.directory})")
+            echo(f"[{started}/{total}] {job.run.name} seed {job.seed}: started ({job.directory})"
+                 + (f", --{job.tuned['tune'].flag}={job.tuned['value']} chosen" if job.tuned else ""))
             running[pool.submit(_run_one, job, processes, lock)] = job
         if not running:
+          if not progressed:  # nothing runs and nothing can start: the rest wait for runs that will not come
+            for job in pending:
+              outcomes[job.key] = Outcome("blocked", "waits for runs that did not finish")
+            pending = []
           continue
         done, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
         for future in done:
@@ -491,6 +670,8 @@ def collect(study: spec.Study, jobs: list[Job]) -> list[dict]:
           if metric.since_start and points:
             first = points[min(points)]
             points = {s: v - first for s, v in points.items()}
+          if metric.reduce == "mean" and points:
+            points = {None: math.fsum(points.values()) / len(points)}
         for step, v in points.items():
           cell = (job.run.name, name, step)
           values.setdefault(cell, {})[job.seed] = v
@@ -539,7 +720,7 @@ def tables(study: spec.Study, cells: list[dict]) -> list[str]:
   out = []
   scalars = []
   for metric in study.metrics:
-    if metric.source == "curve":
+    if metric.source == "curve" and not metric.reduce:
       steps = sorted({c["step"] for c in cells if c["metric"] == metric.name})
       rows = [r for r in runs if any((r.name, metric.name, s) in index for s in steps)]
       if not rows:
@@ -689,8 +870,23 @@ def draw(study: spec.Study, cells: list[dict], out_dir: pathlib.Path) -> list[pa
 
 def report(study: spec.Study, profile: str, seeds: list[int], jobs: list[Job],
            outcomes: dict[tuple[str, int], Outcome], out_dir: pathlib.Path, invocation: dict) -> dict:
-  """Writes results.json, results.md and the plots; returns the results."""
+  """Writes results.json, results.md and the plots; returns the results. A design profile's table takes every run
+  from one commit (`check_one_commit`)."""
+  if profile in study.designs:
+    check_one_commit(jobs, next((j.commit for j in jobs if j.commit), ""))
   out_dir.mkdir(parents=True, exist_ok=True)
+  tuning = {}
+  for job in jobs:
+    if job.tuned:
+      value, table = choose(job)
+      if job.alias and value is not None:
+        resolve_tuned(job)
+      tuning[job.run.name] = {"flag": job.tuned["tune"].flag, "by": job.tuned["tune"].by,
+                              "seeds": job.tuned["tune"].seeds, "chosen": value,
+                              "grid": [{"value": v, **table.get(v, {"mean": None, "se": None, "n": 0})}
+                                       for v in job.tuned["grid"]]}
+  grid_jobs = [j for j in jobs if j.grid]
+  jobs = [j for j in jobs if not j.grid and not (j.alias and j.tuned.get("value") is None)]
   cells = collect(study, jobs)
   plots = draw(study, cells, out_dir)
   runs = {}
@@ -714,6 +910,8 @@ def report(study: spec.Study, profile: str, seeds: list[int], jobs: list[Job],
   failures = [{"run": k[0], "seed": k[1], "status": o.status, "message": o.message}
               for k, o in sorted(outcomes.items()) if o.status in ("failed", "blocked")]
   compute = sum(t for r in runs.values() for t in r["wall_time_s"].values() if t is not None)
+  shown = {j.directory for j in jobs}  # a grid run that is also a tuned run's (its chosen value) counts once
+  compute += sum(_recorded_time(g) or 0.0 for g in grid_jobs if g.directory not in shown)
   history = []
   if (out_dir / "invocations.jsonl").is_file():
     for line in (out_dir / "invocations.jsonl").read_text().splitlines():
@@ -723,19 +921,30 @@ def report(study: spec.Study, profile: str, seeds: list[int], jobs: list[Job],
         continue
       if record.get("profile") == profile and record.get("ran"):
         history.append(record)
-  results = {"study": study.name, "title": study.title, "profile": profile, "seeds": seeds,
-             "verdicts": decide_claims(study, cells),
+  design = study.designs.get(profile)
+  rule = {"rule": "2se"}
+  if design is not None:
+    commit = next((j.commit for j in jobs if j.commit), "")
+    rule = {"rule": "t-holm", "commit": commit, "declared": declaration(study, commit),
+            "design": {"seeds": design.seeds, "alpha": design.alpha, "note": design.note,
+                       "claims": [dataclasses.asdict(c) for c in design.claims]}}
+  results = {"study": study.name, "title": study.title, "profile": profile, "seeds": seeds, **rule,
+             "verdicts": decide_claims(study, cells, profile),
              "profile_flags": {m: dict(f) for m, f in study.profiles.get(profile, {}).items()},
              "note": study.notes.get(profile, ""), "invocation": invocation, "invocations": history,
-             "compute_time_s": round(compute, 1), "runs": runs, "failures": failures, "cells": cells,
+             "compute_time_s": round(compute, 1), "runs": runs, "failures": failures, "tuning": tuning,
+             "cells": cells,
              "plots": [p.name for p in plots]}
   (out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
   (out_dir / "results.md").write_text(markdown(study, results, cells, plots))
   return results
 
 
-def decide_claims(study: spec.Study, cells: list[dict]) -> list[dict]:
-  """Each claim of the study against its cell at the last step it has (a summary metric's one cell)."""
+def decide_claims(study: spec.Study, cells: list[dict], profile: str | None = None) -> list[dict]:
+  """Each claim of the study against its cell at the last step it has (a summary metric's one cell): a profile
+  with a design by its rule (`decide_design`), any other by the rule of 2 standard errors (`verdicts.decide`)."""
+  if profile in study.designs:
+    return decide_design(study.designs[profile], cells)
   out = []
   for claim in study.claims:
     found = [c for c in cells if c["run"] == claim.run and c["metric"] == claim.metric]
@@ -748,6 +957,31 @@ def decide_claims(study: spec.Study, cells: list[dict]) -> list[dict]:
                         digits=1 if cell["percent"] else 3, margin=claim.margin)
     out.append({**entry, "cell": _fmt(cell), "step": cell["step"], "n": cell["n"], "verdict": v.word,
                 "detail": v.detail, "short": v.short, "z": v.z, "lo": v.lo, "hi": v.hi, "seeds_to_decide": v.seeds})
+  return out
+
+
+def decide_design(design: spec.Design, cells: list[dict]) -> list[dict]:
+  """A design's claims, one family (`verdicts.decide_family`), each cell read on the declared seeds only."""
+  entries, family = [], []
+  for claim in design.claims:
+    found = [c for c in cells if c["run"] == claim.run and c["metric"] == claim.metric]
+    entry = {"claim": claim.text, "run": claim.run, "metric": claim.metric, "expect": claim.expect,
+             "margin": claim.margin}
+    cell = max(found, key=lambda c: -1 if c["step"] is None else c["step"]) if found else None
+    scale, digits = (100.0, 1) if cell is None or cell["percent"] else (1.0, 3)
+    values = [v for seed, v in zip(cell["seeds"], cell["values"]) if seed < design.seeds] if cell else []
+    if len(values) < design.seeds:
+      family.append(verdicts.Cell(claim.expect, margin=claim.margin, scale=scale, digits=digits, have=len(values),
+                                  declared=design.seeds))
+      entries.append({**entry, "cell": None, "step": cell["step"] if cell else None, "n": len(values)})
+      continue
+    mean, se = mean_se(values)
+    family.append(verdicts.Cell(claim.expect, mean, se, len(values), claim.margin, scale, digits))
+    shown = {**cell, "mean": mean, "se": se, "n": len(values)}
+    entries.append({**entry, "cell": _fmt(shown), "step": cell["step"], "n": len(values)})
+  out = []
+  for entry, v in zip(entries, verdicts.decide_family(family, design.alpha)):
+    out.append({**entry, "verdict": v.word, "detail": v.detail, "short": v.short, "lo": v.lo, "hi": v.hi})
   return out
 
 
@@ -773,14 +1007,31 @@ def claims_table(pages: pathlib.Path = PAGES) -> str:
   def says(v, profile):
     return "-" if v is None else f"{profile}: {v['short']}"
 
-  lines = ["| the paper | quick profile (40 RL steps) | full profile (the runners' settings) | in short |",
-           "|---|---|---|---|"]
+  lines = ["| the paper (old rule: 2 s.e., no correction) | quick profile (40 RL steps) | full profile (the "
+           "runners' settings) | in short |", "|---|---|---|---|"]
   for name, study in studies_lib.STUDIES.items():
     quick, full = read(pages / name / "results.json"), read(pages / name / "full" / "results.json")
     for claim in study.claims:
       (q_text, q), (f_text, f) = column(study, quick, claim), column(study, full, claim)
       lines.append(f"| {claim.text} | {q_text} | {f_text} | {says(f, 'full') if f else says(q, 'quick')} |")
+  designed = [(name, study, profile) for name, study in studies_lib.STUDIES.items() for profile in study.designs]
+  if designed:
+    lines += ["", "| the paper (a declared design: t, Holm) | study, profile | value (seeds) | verdict |",
+              "|---|---|---|---|"]
+  for name, study, profile in designed:
+    page = read(pages / name / profile / "results.json")
+    decided = decide_claims(study, page["cells"], profile) if page else None
+    for i, claim in enumerate(study.designs[profile].claims):
+      v = decided[i] if decided else None
+      value = f"{v['cell'].rsplit(' (', 1)[0]} ({v['n']} seeds)" if v and v["cell"] else "not yet"
+      verdict = f"**{v['verdict']}**: {v['short']}" if v else "not yet run"
+      lines.append(f"| {claim.text} | {name}, {profile} | {value} | {verdict} |")
   return "\n".join(lines) + "\n"
+
+
+def page_dirs(pages: pathlib.Path, name: str, study: spec.Study) -> list[pathlib.Path]:
+  """Where a study's committed pages live: <name>/ (quick), <name>/full/, <name>/<profile>/ for each design."""
+  return [pages / name, pages / name / "full"] + [pages / name / p for p in study.designs if p != "full"]
 
 
 def redecide_pages(pages: pathlib.Path = PAGES) -> list[pathlib.Path]:
@@ -789,12 +1040,13 @@ def redecide_pages(pages: pathlib.Path = PAGES) -> list[pathlib.Path]:
   Returns the pages it changed."""
   changed = []
   for name, study in studies_lib.STUDIES.items():
-    for page_dir in (pages / name, pages / name / "full"):
+    for page_dir in page_dirs(pages, name, study):
       path, md = page_dir / "results.json", page_dir / "results.md"
       if not path.is_file():
         continue
       results = json.loads(path.read_text())
-      verdicts_now = json.loads(json.dumps(decide_claims(study, results["cells"]), default=str))
+      verdicts_now = json.loads(json.dumps(decide_claims(study, results["cells"], results.get("profile")),
+                                           default=str))
       lines = md.read_text().split("\n")
       if "## Verdicts" in lines:
         start = lines.index("## Verdicts")
@@ -804,7 +1056,7 @@ def redecide_pages(pages: pathlib.Path = PAGES) -> list[pathlib.Path]:
         end += 1  # the blank line after the table
       else:  # a page from before verdicts: the section goes before the first table
         start = end = next((i for i, line in enumerate(lines) if line.startswith(("**", "## Runs"))), len(lines))
-      section = _verdict_lines(verdicts_now)
+      section = _verdict_lines(verdicts_now, results.get("rule", "2se"))
       if verdicts_now == results.get("verdicts", []) and lines[start:end] == section:
         continue
       results["verdicts"] = verdicts_now
@@ -820,19 +1072,69 @@ def _shown(text: str) -> str:
   return text.replace(sys.executable, "python").replace(str(ROOT) + "/", "")
 
 
-def _verdict_lines(verdict_list: list[dict]) -> list[str]:
+def _verdict_lines(verdict_list: list[dict], rule: str = "2se") -> list[str]:
   """The page's "Verdicts" section: the rule, then each claim's cell and verdict."""
   if not verdict_list:
     return []
-  lines = ["## Verdicts", "",
-           f"Each of the paper's findings against its cell (mean ± s.e. (seeds), at the last step): with "
-           f"{verdicts.MIN_SEEDS} or more seeds, reproduced or contradicted when the {verdicts.Z:g}-standard-error "
-           "interval lies on one side of zero; equal when a claimed ordering's interval holds zero but lies inside "
-           "its margin; consistent when a claimed non-change stays inside its margin (or, with none, the interval "
-           "holds zero); else undecided.", "",
+  if rule == "t-holm":
+    said = ("Each of the paper's findings against its cell (mean ± s.e. (seeds) on the declared seeds, at the last "
+            "step), decided by the design's rule: Student-t p-values on the paired per-seed values, Holm-corrected "
+            "across the claims at the declared α; reproduced or contradicted when the test against zero rejects, "
+            "equal within the declared margin when the equivalence test (two one-sided t tests) rejects, else "
+            "undecided; pending until every claim has all its declared seeds "
+            "(`experiments/studies/verdicts.py`, `decide_family`).")
+  else:
+    said = (f"Decided by the rule these runs were made under, before the designs of issue 56 (labelled so: it is "
+            f"looser than it reads): each finding against its cell (mean ± s.e. (seeds), at the last step); with "
+            f"{verdicts.MIN_SEEDS} or more seeds, reproduced or contradicted when the {verdicts.Z:g}-standard-error "
+            "interval lies on one side of zero (an 82% interval at 3 seeds, 88% at 5), no correction across the "
+            "claims; equal when a claimed ordering's interval holds zero but lies inside its margin (a margin set "
+            "after the quick pages); consistent when a claimed non-change stays inside its margin (or, with none, "
+            "the interval holds zero); else undecided.")
+  lines = ["## Verdicts", "", said, "",
            "| the paper | cell | value | verdict |", "|---|---|---|---|"]
   lines += [f"| {v['claim']} | {v['run']}, {v['metric']} | {v.get('cell') or '-'} | **{v['verdict']}** "
             f"({v['detail']}) |" for v in verdict_list]
+  return lines + [""]
+
+
+def _design_lines(results: dict) -> list[str]:
+  """A design page's "Design" section: what was declared, in which commit, and the commit the runs come from."""
+  if results.get("rule") != "t-holm":
+    return []
+  design, declared, commit = results["design"], results["declared"], results["commit"]
+  when = (f"commit `{declared['commit'][:12]}` ({declared['date']}), the last commit at or before the runs' to "
+          f"change {', '.join(f'`{f}`' for f in declared['files'])}" if declared.get("commit")
+          else "a commit git could not name")
+  lines = ["## Design", "",
+           f"Declared before the runs in {when}. Every run on this page comes from commit `{commit[:12]}` "
+           f"(reproduce refuses a table that mixes commits). Seeds per arm: {design['seeds']} (seeds 0 to "
+           f"{design['seeds'] - 1}; more are left out of the verdicts); family-wise error rate α = "
+           f"{design['alpha']:g} over the claims below (Holm)." + (f" {design['note']}" if design["note"] else ""),
+           "", "| claim | cell | expected | margin |", "|---|---|---|---|"]
+  words = {">": "above zero", "<": "below zero", "=": "no change", "": "no ordering (reported)"}
+  for c in design["claims"]:
+    margin = f"±{100 * c['margin']:.1f} points" if c["margin"] else "-"
+    lines.append(f"| {c['text']} | {c['run']}, {c['metric']} | {words[c['expect']]} | {margin} |")
+  return lines + [""]
+
+
+def _tuning_lines(study: spec.Study, results: dict) -> list[str]:
+  """The "chosen on the validation split" section: each tuned run's grid, its validation means, the choice."""
+  tuning = results.get("tuning") or {}
+  if not tuning:
+    return []
+  lines = ["## Hyperparameters chosen on the validation split", "",
+           "Each tuned run was made at every value of its grid on the tuning seeds, with `--num_validation` "
+           "problems of the training pool held out; the value with the best mean validation accuracy is the run's "
+           "on every seed (the tuning seeds' runs at that value are its runs there). The test set chose nothing.",
+           "", "| run | flag | value: validation accuracy, mean ± s.e. (seeds) | chosen |", "|---|---|---|---|"]
+  label = {r.name: r.display for r in study.runs}
+  for name, t in tuning.items():
+    grid = "; ".join(f"{g['value']:g}: " + ("-" if g["mean"] is None else _fmt(
+        {"mean": g["mean"], "se": g["se"], "n": g["n"], "percent": True})) for g in t["grid"])
+    chosen = "not yet (the grid has not finished)" if t["chosen"] is None else f"**{t['chosen']:g}**"
+    lines.append(f"| {label.get(name, name)} | --{t['flag']} | {grid} | {chosen} |")
   return lines + [""]
 
 
@@ -849,7 +1151,9 @@ def markdown(study: spec.Study, results: dict, cells: list[dict], plots: list[pa
   for module, values in results["profile_flags"].items():
     lines.append(f"Flags it adds to every `{module}` run: `{' '.join(_flag_args(values))}`.")
   lines.append("")
-  lines += _verdict_lines(results["verdicts"])
+  lines += _design_lines(results)
+  lines += _verdict_lines(results["verdicts"], results.get("rule", "2se"))
+  lines += _tuning_lines(study, results)
   lines += tables(study, cells)
   for p in plots:
     lines += [f"![{p.stem}]({p.name})", ""]
@@ -901,23 +1205,30 @@ def _link_runs(jobs: list[Job], out_dir: pathlib.Path) -> None:
 
 def reproduce(study: spec.Study, *, profile: str, seeds: list[int], out_dir: pathlib.Path, runs_dir: pathlib.Path,
               parallel: int = 1, only: list[str] | None = None, dry_run: bool = False, aggregate_only: bool = False,
-              echo=print) -> dict | None:
-  """Plans, runs (what is missing) and reports a study; returns results.json's content (None on a dry run)."""
-  jobs = plan(study, profile, seeds, runs_dir)
+              echo=print, commit: str = "") -> dict | None:
+  """Plans, runs (what is missing) and reports a study; returns results.json's content (None on a dry run). A
+  design profile runs from one commit: `commit`, by default HEAD, which must then be clean."""
+  if profile in study.designs and not commit:
+    commit = design_commit(study, profile, dry_run)
+  jobs = plan(study, profile, seeds, runs_dir, commit if profile in study.designs else "")
   todo = jobs
   if only:
     unknown = set(only) - {r.name for r in study.runs}
     if unknown:
       raise StudyError(f"--only: no runs {sorted(unknown)} in study {study.name}")
-    wanted, stack = set(), list(only)
+    by_key = {j.key: j for j in jobs}
+    wanted, stack = set(), [j.key for j in jobs if j.run.name in only]
     while stack:
-      name = stack.pop()
-      if name not in wanted:
-        wanted.add(name)
-        stack += next(j for j in jobs if j.run.name == name).needs
-    todo = [j for j in jobs if j.run.name in wanted]
+      key = stack.pop()
+      if key not in wanted and key in by_key:
+        wanted.add(key)
+        stack += by_key[key].waits_for
+    todo = [j for j in jobs if j.key in wanted]
   if dry_run:
     for job in todo:
+      if job.alias:
+        echo(f"# {job.run.name} seed {job.seed}: the grid's run at the value chosen on the validation split")
+        continue
       state = "skip (summary.json exists)" if job.summary.is_file() else "run"
       echo(f"# {job.run.name} seed {job.seed}: {state}\n" + " ".join(job.argv))
     return None
@@ -928,6 +1239,9 @@ def reproduce(study: spec.Study, *, profile: str, seeds: list[int], out_dir: pat
   else:
     outcomes = execute(todo, parallel, echo)
   out_dir.mkdir(parents=True, exist_ok=True)
+  for job in jobs:
+    if job.alias:
+      resolve_tuned(job)  # a tuning seed's run is the grid's at the chosen value, once the grid has finished
   _link_runs(jobs, out_dir)
   invocation = {"started": started, "wall_time_s": round(time.time() - t0, 1), "profile": profile,
                 "seeds": len(seeds), "parallel": parallel, "only": list(only or []), "loadavg_start": load0,
@@ -952,7 +1266,9 @@ def _list() -> None:
     print(f"{study.name}: {study.title}")
     print(f"  profiles: full, {', '.join(study.profiles)}")
     for run in study.runs:
-      print(f"  - {run.name} ({run.module}): {' '.join(_flag_args(dict(run.flags)))}")
+      tuned = (f" (--{run.tune.flag} from {', '.join(f'{v:g}' for v in run.tune.values)} on a validation split)"
+               if run.tune else "")
+      print(f"  - {run.name} ({run.module}): {' '.join(_flag_args(dict(run.flags)))}{tuned}")
 
 
 def main(argv):
@@ -979,7 +1295,8 @@ def main(argv):
   try:
     study = load_study(FLAGS.study)
     out_dir = pathlib.Path(FLAGS.out_dir or f"runs/reproduce/{study.name}")
-    seeds = FLAGS.seeds if FLAGS["seeds"].present else study.seeds
+    design = study.designs.get(FLAGS.profile)
+    seeds = FLAGS.seeds if FLAGS["seeds"].present else design.seeds if design else study.seeds
     results = reproduce(study, profile=FLAGS.profile, seeds=list(range(seeds)), out_dir=out_dir,
                         runs_dir=pathlib.Path(FLAGS.runs_dir), parallel=FLAGS.parallel, only=FLAGS.only,
                         dry_run=FLAGS.dry_run, aggregate_only=FLAGS.aggregate_only)

@@ -37,13 +37,24 @@ _STATIC = ("config", "num_samples", "max_new_tokens", "top_k", "top_p", "greedy"
            "logprobs_at_temperature", "num_slots")
 
 
-def default_slots(num_completions: int, max_new_tokens: int) -> int:
-  """Slots when none are given: every completion (no refills) up to 64, else a quarter of them, at least 64.
+# On a CPU, slots x max_new_tokens per device: the cached tokens a decode step walks through (`default_slots`).
+CPU_CACHE_TOKENS_PER_DEVICE = 4096
+
+
+def default_slots(num_completions: int, max_new_tokens: int, devices: int = 1, platform: str | None = None) -> int:
+  """Slots when none are given, over `devices` data shards on `platform` (default: JAX's backend).
 
   A slot count trades the loop's steps (about the tokens / S, plus the longest completion's tail) against each
-  step's width; with a long tail of lengths a few times fewer slots than completions keeps most slots busy.
+  step's width. A decode step reads the weights once for all its slots and each slot's cache once. On a CPU a
+  few slots a device already use its matmul rate, and more grow the caches a step walks through: slots x
+  `max_new_tokens` = `CPU_CACHE_TOKENS_PER_DEVICE` a device, at least 8 (8 a device at 512 tokens, 21 at 192:
+  the fastest of 4 to 256 measured by `scripts/bench_rollout.py`, on long-tail and equal lengths). An accelerator
+  needs hundreds of rows a step to stop being bound by reading the weights: a quarter of the completions, at
+  least 64 (the runner takes no more than its memory budget holds: `Placement.engine_slots`).
   """
-  del max_new_tokens
+  platform = platform or jax.default_backend()
+  if platform == "cpu":
+    return min(num_completions, max(8, CPU_CACHE_TOKENS_PER_DEVICE // max(max_new_tokens, 1)) * devices)
   return num_completions if num_completions <= 64 else max(64, num_completions // 4)
 
 
@@ -171,12 +182,12 @@ def _sharded_engine(mesh: Mesh, frozen_rules: tuple, prompt_shape: tuple[int, in
   return fn, (params, rows(b, p), scalar, rows(n))
 
 
-def _static_args(config: ModelConfig, *, num_slots: int, num_prompts: int, **kw) -> dict:
+def _static_args(config: ModelConfig, *, num_slots: int, num_prompts: int, shards: int = 1, **kw) -> dict:
   static = sampling._static_args(config, **kw)  # pylint: disable=protected-access
   for name in ("cache_segments", "prompt_chunk"):
     static.pop(name)
   n = num_prompts * static["num_samples"]
-  num_slots = int(num_slots) or default_slots(n, static["max_new_tokens"])
+  num_slots = int(num_slots) or default_slots(n, static["max_new_tokens"], shards)
   if num_slots < 1:
     raise ValueError(f"num_slots must be >= 1 (or 0 for the default), got {num_slots}")
   return dict(static, num_slots=min(num_slots, n))
@@ -191,7 +202,8 @@ def generate(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask:
   """Samples `num_samples` completions for each left-padded prompt with continuous batching over slots.
 
   The arguments and the result are those of `sampling.sample` (same keys, same tokens), plus:
-    num_slots: completions decoded at once (0: `default_slots`); with a mesh, over all its data shards.
+    num_slots: completions decoded at once (0: `default_slots`); with a mesh, over all its data shards (each
+      shard's own engine takes num_slots / shards).
     max_lengths: [B * G] int, each completion's own cap (<= `max_new_tokens`; a completion that reaches it is
       truncated); None: `max_new_tokens` for all. Per-request limits, and the length schedules of benchmarks.
 
@@ -206,7 +218,8 @@ def generate(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask:
   if (mesh is None) != (rules is None):
     raise ValueError("generate: pass both mesh and rules, or neither")
   b = prompt_tokens.shape[0]
-  static = _static_args(config, num_slots=num_slots, num_prompts=b, num_samples=num_samples,
+  shards = 1 if mesh is None else sharding.data_parallel_size(mesh, rules)
+  static = _static_args(config, num_slots=num_slots, num_prompts=b, shards=shards, num_samples=num_samples,
                         max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p, greedy=greedy,
                         eos_token_ids=eos_token_ids, stop_token_ids=stop_token_ids, pad_id=pad_id,
                         logprobs_at_temperature=logprobs_at_temperature)
@@ -217,7 +230,6 @@ def generate(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask:
   if mesh is None:
     return _generate(params, jnp.asarray(prompt_tokens, jnp.int32), jnp.asarray(prompt_mask, bool), key,
                      jnp.asarray(temperature, jnp.float32), jnp.asarray(caps), **static)
-  shards = sharding.data_parallel_size(mesh, rules)
   pad = -b % shards
   as_int = lambda x: x if getattr(x, "dtype", None) == jnp.int32 else np.asarray(x, np.int32)
   as_bool = lambda x: x if getattr(x, "dtype", None) == bool else np.asarray(x, bool)
@@ -244,7 +256,8 @@ def jit_generate(config: ModelConfig, prompt_shape: tuple[int, int], *, mesh: Me
   """The jitted program that `generate(..., mesh=mesh, rules=rules)` runs for prompts of `prompt_shape` (a
   multiple of the data shards): `fn(params, prompt_tokens, prompt_mask, key, temperature, max_lengths)`; for
   compiling ahead of time with `jax.ShapeDtypeStruct` arguments."""
-  static = _static_args(config, num_slots=num_slots, num_prompts=prompt_shape[0], num_samples=num_samples,
+  static = _static_args(config, num_slots=num_slots, num_prompts=prompt_shape[0],
+                        shards=sharding.data_parallel_size(mesh, rules), num_samples=num_samples,
                         max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p, greedy=greedy,
                         eos_token_ids=eos_token_ids, stop_token_ids=stop_token_ids, pad_id=pad_id,
                         logprobs_at_temperature=logprobs_at_temperature)

@@ -31,11 +31,9 @@ import sys
 import tempfile
 import time
 
-if "--jax_devices" in " ".join(sys.argv):
-  _DEVICES = int(next(a.split("=")[1] for a in sys.argv if a.startswith("--jax_devices=")))
-else:
-  _DEVICES = os.cpu_count() or 1
-os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={_DEVICES}")
+_DEVICES = int(next((a.split("=")[1] for a in sys.argv if a.startswith("--jax_devices=")), os.cpu_count() or 1))
+if __name__ == "__main__":  # CPU devices before JAX starts (imported, e.g. by gpu_check, it changes nothing)
+  os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={_DEVICES}")
 
 import jax  # pylint: disable=wrong-import-position
 import jax.numpy as jnp  # pylint: disable=wrong-import-position
@@ -110,7 +108,10 @@ def ours(params, config, tokens, lengths, args, mesh):
 def peer(name, args, ckpt, workload) -> dict:
   python = args.vllm_python if name == "vllm" else sys.executable
   cmd = [python, str(HERE / "bench_rollout_peers.py"), f"--engine={name}", f"--model_dir={ckpt}",
-         f"--workload={workload}", f"--repeats={args.repeats}", f"--threads={os.cpu_count()}"]
+         f"--workload={workload}", f"--repeats={args.repeats}"]
+  # HF: the fastest of 1 and 2 torch threads; vLLM: its own thread binding (on 2 cores it keeps one for its
+  # scheduler: binding both measured ~10x slower).
+  cmd += ["--threads=1,2"] if name == "hf" else []
   out = subprocess.run(cmd, capture_output=True, text=True, check=False, env=dict(os.environ, JAX_PLATFORMS="cpu"))
   lines = [l for l in out.stdout.splitlines() if l.startswith("{")]
   if out.returncode or not lines:

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import models, sampling
+from grpo_jax import models, rollout_engine, sampling
 from grpo_jax.models import tiny
 
 QWEN = {  # Hugging Face configs' shapes (random weights: no hub here)
@@ -171,6 +171,39 @@ def sampler(args) -> dict:
                      "tokens_per_s": rows * new / jax_s, "speedup": hf_s / jax_s, "decode_limit_s": limit,
                      "roofline_fraction": limit / jax_s})
     print(rows_out[-1], flush=True)
+  return {"rows": rows_out}
+
+
+def engine(args) -> dict:
+  """The rollout engine beside the static sampler at the 0.5B step's shapes (16 prompts x 8 samples of up to 256
+  tokens, prompt 64), with every completion at the cap (equal) and with a long tail of lengths (log-normal, median
+  T/5, 5% at the cap; `bench_rollout.schedule`): seconds, useful tokens/s, and the equal case against the decode
+  limit; the engine at a few slot counts."""
+  sys.path.insert(0, str(pathlib.Path(__file__).parent))
+  import bench_rollout  # pylint: disable=import-outside-toplevel
+  config = config_for("0.5b", args.smoke)
+  params = models.init_params(config, jax.random.key(0))
+  roof = json.loads((pathlib.Path(args.out) / "roofline.json").read_text())
+  (prompts_n, group, new, prompt_len), slot_counts = ((2, 2, 8, 8), (2,)) if args.smoke else ((16, 8, 256, 64),
+                                                                                               (32, 64, 128))
+  prompts = jax.random.randint(jax.random.key(1), (prompts_n, prompt_len), 5, config.vocab_size - 1)
+  mask = jnp.ones_like(prompts, bool)
+  n = prompts_n * group
+  rows_out = []
+  for kind in ("equal", "tail"):
+    lengths = bench_rollout.schedule(kind, n, new, new / 5, 0.05)
+    common = dict(num_samples=group, max_new_tokens=new, eos_token_ids=(), max_lengths=lengths)
+    fns = {"static": lambda: sampling.sample(params, config, prompts, mask, jax.random.key(2), **common)}
+    for slots in slot_counts:
+      fns[f"engine {slots}"] = (lambda s: lambda: rollout_engine.generate(
+          params, config, prompts, mask, jax.random.key(2), num_slots=s, **common))(slots)
+    limit = decode_limit_s(config, n, prompt_len, new, roof["copy_bytes_per_s"])
+    for name, fn in fns.items():
+      seconds = _best(lambda: fn().tokens, 1 if args.smoke else 2)
+      rows_out.append({"workload": kind, "sampler": name, "seconds": seconds, "useful_tokens": int(lengths.sum()),
+                       "tokens_per_s": float(lengths.sum()) / seconds,
+                       "roofline_fraction": limit / seconds if kind == "equal" else None})
+      print(rows_out[-1], flush=True)
   return {"rows": rows_out}
 
 
@@ -356,6 +389,10 @@ def table(args) -> str:
     lines.append(f"| sampler {r['rows']} x {r['new_tokens']} (prompt {r['prompt']}) | {r['jax_s']:.3f} s, "
                  f"{r['tokens_per_s']:,.0f} tokens/s; HF generate {r['hf_s']:.3f} s ({r['speedup']:.1f}x) | "
                  f"{100 * r['roofline_fraction']:.0f}% of the decode limit (goal 40% at 256 x 256) |")
+  for r in (read("engine") or {}).get("rows", []):
+    frac = "-" if r["roofline_fraction"] is None else f"{100 * r['roofline_fraction']:.0f}% of the decode limit"
+    lines.append(f"| {r['sampler']}, {r['workload']} lengths ({r['useful_tokens']:,} useful tokens) | "
+                 f"{r['seconds']:.3f} s, {r['tokens_per_s']:,.0f} useful tokens/s | {frac} |")
   for r in (read("variants") or {}).get("rows", []):
     if "error" in r:
       lines.append(f"| GRPO step, {r['name']} | failed: {r['error']} | - |")
@@ -371,7 +408,8 @@ def table(args) -> str:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("part", choices=["roofline", "init", "sampler", "grpo", "variants", "fixture", "table"])
+  parser.add_argument("part", choices=["roofline", "init", "sampler", "engine", "grpo", "variants", "fixture",
+                                       "table"])
   parser.add_argument("--out", required=True, help="directory for <part>.json (and the trace)")
   parser.add_argument("--scratch", default="/tmp/gpu_check_scratch",
                       help="checkpoints and run directories (not under --out, which comes back small)")
@@ -387,8 +425,8 @@ def main():
     (out / "gpu_check.md").write_text(text + "\n")
     print(text)
     return
-  result = {"roofline": roofline, "init": init, "sampler": sampler, "grpo": grpo, "variants": variants,
-            "fixture": fixture}[args.part](args)
+  result = {"roofline": roofline, "init": init, "sampler": sampler, "engine": engine, "grpo": grpo,
+            "variants": variants, "fixture": fixture}[args.part](args)
   (out / f"{args.part}.json").write_text(json.dumps(result, indent=1) + "\n")
 
 

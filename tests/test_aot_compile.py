@@ -17,6 +17,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from experiments.runner import config as config_lib
@@ -201,6 +202,27 @@ def test_the_lora_programs_are_those_a_lora_run_compiles(tmp_path):
   _programs_match_a_run(config, ["sampler", "old_logprobs", "logprobs", "update", "eval_greedy"])
 
 
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_distill_programs_are_those_a_distill_run_compiles(tmp_path, lora):
+  # --algo=distill: π_old recomputed (base + adapters with LoRA), the teacher's forward over its own params (a wider
+  # model than the student's), no π_ref; a one-step run lowers the same; the teacher is resident in place of π_ref.
+  from experiments.runner import programs  # pylint: disable=import-outside-toplevel
+  from tests.test_distill_experiment import _teacher  # pylint: disable=import-outside-toplevel
+  teacher = _teacher(tmp_path / "teacher", hidden_size=64)
+  config = config_lib.Config().replace(
+      algo="distill", teacher_checkpoint=str(teacher), mesh="data:1", tiny_layers=1, batch_size=2, group_size=2,
+      max_new_tokens=6, completion_pad_multiple=0, temperature=0.7, recompute_old_logprobs=True, steps=1,
+      sft_steps=0, eval_every=0, num_test=2, eval_batch_size=2, save_every=0, tensorboard=False,
+      work_dir=str(tmp_path / "run"), **(dict(lora_rank=4, lora_alpha=8.0) if lora else {}))
+  listed, placement, model_config = _programs_match_a_run(
+      config, ["sampler", "old_logprobs" if lora else "logprobs", "teacher_logprobs", "update", "eval_greedy"])
+  teacher_params = listed["teacher_logprobs"].args[0]
+  assert teacher_params["embed"]["embedding"].shape == (model_config.vocab_size, 64)
+  resident = programs.resident(config, model_config, placement)
+  assert set(resident) == {"train state", "teacher"} | ({"base"} if lora else set())
+  assert jax.tree.map(lambda x: x.shape, resident["teacher"]) == jax.tree.map(lambda x: x.shape, teacher_params)
+
+
 def test_the_ppo_programs_are_those_a_ppo_run_compiles(tmp_path):
   # --algo=ppo: π_old (temperature 0.7) and π_ref through the rollouts' ungrouped forward, the value forward over
   # the train state's value model, the policy + value update over a PPO batch; a one-step run lowers the same.
@@ -264,6 +286,45 @@ def test_the_update_follows_the_run_config():
   assert _lowered(config, "update", temperature=0.5) != base
   assert _lowered(config, "update", epsilon=0.3) != base
   assert _lowered(config, "update", lr_schedule="constant") != base
+
+
+def test_the_update_follows_the_policy_loss():
+  # --loss, --entropy_coef and --top_entropy_quantile each change the compiled update (the objective is the method's).
+  config = config_lib.Config().replace(mesh="data:1", tiny_layers=1, batch_size=2, group_size=2,
+                                       max_prompt_len=4, max_new_tokens=4, eval_batch_size=2)
+  base = _lowered(config, "update")
+  variants = [_lowered(config, "update", **flags) for flags in (
+      dict(loss="cispo"), dict(loss="sapo"), dict(loss="sapo", sapo_tau_neg=2.0), dict(entropy_coef=0.01),
+      dict(top_entropy_quantile=0.2))]
+  assert base not in variants and len(set(variants)) == len(variants)
+
+
+@pytest.mark.devices(4)
+@pytest.mark.parametrize("flags,names,metrics", [
+    (dict(loss="cispo", epsilon_high=3.0, entropy_coef=0.01), ["sampler", "logprobs", "update", "eval_greedy"],
+     ("clip_frac_high", "entropy_loss")),
+    (dict(loss="sapo", top_entropy_quantile=0.5, lora_rank=4, lora_alpha=8.0),
+     ["sampler", "old_logprobs", "logprobs", "update", "eval_greedy"], ("sapo_gradient_scale", "entropy_mask_frac")),
+])
+def test_the_policy_losses_run_on_a_mesh_and_with_lora(tmp_path, flags, names, metrics):
+  # A one-step run on a 2 x 2 (data, fsdp) mesh with π_old recomputed (ratios off 1) logs the loss's metrics,
+  # finite; programs(config) lists the run's programs and each compiles.
+  from experiments.runner import loop  # pylint: disable=import-outside-toplevel
+  from experiments.runner import placement as placement_lib  # pylint: disable=import-outside-toplevel
+  from experiments.runner import programs  # pylint: disable=import-outside-toplevel
+  config = config_lib.Config().replace(
+      mesh="data:2,fsdp:2", tiny_layers=1, batch_size=4, group_size=2, max_new_tokens=6, completion_pad_multiple=0,
+      temperature=0.7, recompute_old_logprobs=True, steps=1, sft_steps=0, eval_every=0, num_test=4,
+      eval_batch_size=4, save_every=0, tensorboard=False, work_dir=str(tmp_path / "run"), **flags)
+  loop.run(config)
+  records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+  train = [r for r in records if "train/loss" in r][-1]
+  for name in metrics:
+    assert np.isfinite(train[f"train/{name}"]), name
+  listed = programs.programs(config, aot.policy_config(config.model), placement_lib.Placement.from_config(config.mesh))
+  assert list(listed) == names
+  for program in listed.values():
+    program.jitted.trace(*program.args, **program.kwargs).lower().compile()
 
 
 def test_bad_flags_are_one_line(tmp_path):

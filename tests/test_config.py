@@ -68,3 +68,29 @@ def test_choices_are_the_librarys():
 
 def test_may_change_fields_exist():
   assert config_lib.MAY_CHANGE <= set(config_lib.Config().flat())
+
+
+@pytest.mark.parametrize("fields,message", [
+    ({"loss": "ppo"}, "--loss must be one of clip, cispo, sapo, not 'ppo'"),
+    ({"loss": "sapo", "sapo_tau_neg": 0.0}, "--sapo_tau_neg must be > 0"),
+    ({"entropy_coef": -0.01}, "--entropy_coef must be >= 0"),
+    ({"top_entropy_quantile": 0.0}, "--top_entropy_quantile must be in (0, 1]"),
+    ({"top_entropy_quantile": 1.2}, "--top_entropy_quantile must be in (0, 1]"),
+    ({"algo": "ppo", "loss": "cispo"}, "--loss=cispo: GRPO's objective only; use --algo=grpo"),
+    ({"algo": "online_rft", "entropy_coef": 0.01, "top_entropy_quantile": 0.2},
+     "--entropy_coef, --top_entropy_quantile: GRPO's objective only"),
+    ({"loss": "cispo", "dual_clip": 3.0}, "--dual_clip is the clip loss's"),
+    ({"loss": "sapo", "epsilon_high": 0.28}, "--epsilon_high means nothing to --loss=sapo"),
+    ({"sapo_tau_pos": 2.0}, "--sapo_tau_pos and --sapo_tau_neg are SAPO's temperatures: they need --loss=sapo"),
+])
+def test_policy_loss_flags_are_checked(fields, message):
+  with pytest.raises(config_lib.ConfigError) as info:
+    config_lib.Config().replace(**fields)
+  assert message in str(info.value) and "\n" not in str(info.value)
+
+
+def test_policy_loss_choices_are_the_librarys():
+  assert config_lib.CHOICES["loss"] == losses.grpo.POLICY_LOSSES
+  config = config_lib.Config().replace(loss="sapo", sapo_tau_pos=0.5, sapo_tau_neg=2.0, entropy_coef=0.01,
+                                       top_entropy_quantile=0.2)
+  assert config.algorithm.loss == "sapo" and config.algorithm.top_entropy_quantile == 0.2

@@ -69,6 +69,12 @@ def test_smoke_parts_write_what_the_table_reads(tmp_path):
   assert init["rows"][0]["weight_bytes"] == gpu_check.weight_bytes(gpu_check.config_for("0.5b", smoke=True))
   (tmp_path / "init.json").write_text(json.dumps(init))
   assert "init_params smoke scanned" in gpu_check.table(args)
+  engine = gpu_check.engine(args)  # the static sampler and the engine, equal and long-tail lengths
+  assert [(r["workload"], r["sampler"]) for r in engine["rows"]] == [
+      ("equal", "static"), ("equal", "engine 2"), ("tail", "static"), ("tail", "engine 2")]
+  assert [r["useful_tokens"] for r in engine["rows"]][:2] == [32, 32] and engine["rows"][2]["useful_tokens"] < 32
+  (tmp_path / "engine.json").write_text(json.dumps(engine))
+  assert "| engine 2, tail lengths (" in gpu_check.table(args)
 
 
 def test_attention_check_passes_xla_and_catches_a_wrong_mask(monkeypatch):

@@ -96,3 +96,54 @@ def test_non_finite_values_at_padded_positions_do_not_leak():
   coefficient = losses.grpo_coefficient(adv, poisoned, poisoned_ref, 0.04)
   grad = jax.grad(lambda lp: losses.paradigm_loss(lp, coefficient, mask))(poisoned)
   assert bool(jnp.all(jnp.isfinite(grad)))
+
+
+@pytest.mark.parametrize("policy_loss", ["cispo", "sapo"])
+def test_policy_losses_share_the_clips_gradient_on_policy(policy_loss):
+  logp, ref_logp, adv, mask = _batch(jax.random.PRNGKey(5))
+
+  def loss_fn(name):
+    return lambda lp: losses.grpo_loss(lp, jax.lax.stop_gradient(lp), ref_logp, adv, mask, epsilon=0.2, beta=0.04,
+                                       policy_loss=name)[0]
+
+  np.testing.assert_allclose(jax.grad(loss_fn(policy_loss))(logp), jax.grad(loss_fn("clip"))(logp), atol=1e-7)
+
+
+def test_cispo_and_sapo_metrics():
+  logp, ref_logp, adv, mask = _batch(jax.random.PRNGKey(6))
+  old = logp + 0.5 * jax.random.normal(jax.random.PRNGKey(7), logp.shape)
+  _, cispo = losses.grpo_loss(logp, old, ref_logp, adv, mask, epsilon=0.2, epsilon_high=0.5, beta=0.0,
+                              policy_loss="cispo")
+  ratio = jnp.exp(logp - old)
+  np.testing.assert_allclose(cispo["clip_frac_high"], losses.masked_mean(ratio > 1.5, mask), rtol=1e-6)
+  assert float(cispo["clip_frac_low"]) == 0.0 and float(cispo["clip_frac_high"]) > 0
+  _, sapo = losses.grpo_loss(logp, old, ref_logp, adv, mask, epsilon=0.2, beta=0.0, policy_loss="sapo")
+  assert "clip_frac" not in sapo and 0 < float(sapo["sapo_gradient_scale"]) < 1
+  with pytest.raises(ValueError, match="policy loss 'ppo' is unknown"):
+    losses.grpo_loss(logp, old, ref_logp, adv, mask, epsilon=0.2, beta=0.0, policy_loss="ppo")
+
+
+def test_entropy_bonus_and_top_entropy_mask():
+  logp, ref_logp, adv, mask = _batch(jax.random.PRNGKey(8))
+  entropy = jax.random.uniform(jax.random.PRNGKey(9), logp.shape, maxval=2.0)
+  kw = dict(epsilon=0.2, beta=0.04, aggregation="token-mean")
+  base, _ = losses.grpo_loss(logp, logp - 0.1, ref_logp, adv, mask, **kw)
+  bonus, metrics = losses.grpo_loss(logp, logp - 0.1, ref_logp, adv, mask, entropy=entropy, entropy_coef=0.01, **kw)
+  np.testing.assert_allclose(bonus, base - 0.01 * losses.masked_mean(entropy, mask), rtol=1e-6)
+  np.testing.assert_allclose(metrics["entropy_loss"], bonus - base, rtol=1e-5)
+
+  def loss_fn(lp, beta, rho):
+    return losses.grpo_loss(lp, jax.lax.stop_gradient(lp), ref_logp, adv, mask, epsilon=0.2, beta=beta,
+                            entropy=entropy, top_entropy_quantile=rho)[0]
+
+  keep = losses.top_entropy_mask(entropy, mask, 0.2)
+  pg_grad = jax.grad(loss_fn)(logp, 0.0, 0.2)
+  np.testing.assert_allclose(pg_grad, jnp.where(keep, jax.grad(loss_fn)(logp, 0.0, 1.0), 0.0), atol=1e-7)
+  # the KL term keeps every token
+  kl_grad = jax.grad(loss_fn)(logp, 0.04, 0.2) - pg_grad
+  np.testing.assert_allclose(kl_grad, jax.grad(loss_fn)(logp, 0.04, 1.0) - jax.grad(loss_fn)(logp, 0.0, 1.0),
+                             atol=1e-7)
+  _, metrics = losses.grpo_loss(logp, logp, ref_logp, adv, mask, entropy=entropy, top_entropy_quantile=0.2, **kw)
+  np.testing.assert_allclose(metrics["entropy_mask_frac"], losses.masked_mean(keep, mask))
+  with pytest.raises(ValueError, match="need the per-token `entropy`"):
+    losses.grpo_loss(logp, logp, ref_logp, adv, mask, entropy_coef=0.01, **kw)

@@ -140,6 +140,70 @@ def test_online_rft_and_sft_batches_carry_their_coefficients(sft_policy, known_a
     assert row[np.asarray(batch.loss_mask)[i]].tolist() == target[:24]
 
 
+def test_table10_rft_samples_the_frozen_sft_policy_and_averages_over_every_row(sft_policy, known_answers):
+  """Table 10's RFT: the step's B x G rows are samples of π_ref (the SFT start), not of the params being trained;
+  GC = I(correct), and the loss is the mean over all B·G rows, wrong ones included: d loss / d log π(o_{i,t}) =
+  -GC_i / (N |o_i|) with N = 16, so a right row of 7 tokens gets -1/112 per token, a wrong row 0."""
+  method, params, reference = _method("rft_table10", sft_policy)
+  drifted = jax.tree.map(lambda x: x + 1.0, params)  # the policy being trained has moved away from the start
+  seen = []
+  sample = method.rollouts.sample
+  method.rollouts.sample = lambda p, *args: seen.append(p) or sample(p, *args)
+  batch, stats, position = method.collect(drifted, 0, jax.random.key(0))
+  assert len(seen) == 1 and seen[0] is reference and position == 4
+  m = np.asarray(batch.loss_mask)
+  gc = np.asarray(batch.advantages)
+  right = (gc * m).max(axis=1)
+  np.testing.assert_array_equal(right[0::4], 1.0)  # known answers: rows 0 mod 4 right, 1 mod 4 wrong
+  np.testing.assert_array_equal(right[1::4], 0.0)
+  np.testing.assert_array_equal(gc, np.where(m, right[:, None], 0.0))  # nothing deduplicated, every row kept
+  assert stats["prompts_per_step"] == 4 and stats["positive_rows"] == right.sum() >= 4
+  # the coefficients through the paradigm's loss, by hand on the first two rows' lengths
+  from grpo_jax import losses
+  logp = jnp.zeros(m.shape, jnp.float32)
+  grad = np.asarray(jax.grad(lambda lp: losses.paradigm_loss(lp, batch.advantages, batch.loss_mask))(logp))
+  lengths = m.sum(axis=1)
+  np.testing.assert_allclose(grad, np.where(m, -right[:, None] / (16 * lengths[:, None]), 0.0), rtol=1e-6)
+  tok, e = method.task.tokenizer, method.task.train_example(0)
+  assert lengths[0] == len(tok.encode(f"#### {e.answer}", add_special_tokens=False)) + 1  # and the end token
+  assert lengths[0] == 7  # a right row of 7 tokens: -1 / (16 x 7) on each
+  np.testing.assert_allclose(grad[0][m[0]], np.full(7, -1 / 112), rtol=1e-6)
+  assert not grad[1].any()
+
+
+def test_pooled_rft_and_sft_report_prompts_and_positive_rows(sft_policy, known_answers):
+  method, params, _ = _method("rft", sft_policy)
+  method.prepare(params, jax.random.key(0))
+  _, stats, _ = method.collect(params, 0, None)
+  # 16 rows of the deduplicated pool, all at GC = 1, from however many distinct prompts they came from
+  assert stats["positive_rows"] == 16 and 1 <= stats["prompts_per_step"] <= 16
+  assert stats["prompts_per_step"] == len(set(method.prompt_of_row[
+      [methods.rft.offline.epoch_order(len(method.data.tokens), i, 0) for i in range(16)]].tolist()))
+  method, _, _ = _method("sft", sft_policy)
+  _, stats, _ = method.collect(params, 0, None)
+  assert stats["prompts_per_step"] == stats["positive_rows"] == 16
+
+
+def test_likelihood_temperature_is_the_imitation_methods_likelihood(sft_policy, known_answers):
+  """--likelihood_temperature=0.7: Online RFT's loss is the paradigm loss of log softmax(logits / 0.7)."""
+  from grpo_jax import logprobs as logprobs_lib
+  from grpo_jax import losses
+  method, params, _ = _method("online_rft", sft_policy, "--likelihood_temperature=0.7")
+  batch, _, _ = method.collect(params, 0, jax.random.key(0))
+  totals = {"num_sequences": batch.tokens.shape[0], "num_tokens": jnp.sum(batch.loss_mask)}
+  loss, _ = method.objective()(params, batch, totals)
+  for t, same in ((0.7, True), (1.0, False)):
+    logp = logprobs_lib.token_logprobs(params, method.config, batch.tokens, batch.attention_mask, temperature=t)
+    want = losses.paradigm_loss(logp, batch.advantages, batch.loss_mask)
+    assert (abs(float(loss) - float(want)) < 1e-5) == same, t
+  _parse("--algo=grpo", "--likelihood_temperature=0.7")  # GRPO trains --temperature's (0.7): it may say so
+  assert cli.config_from_flags().algorithm.likelihood_temperature == 0.7
+  for algo, t in (("grpo", 0.5), ("dpo", 0.7)):  # not GRPO's own; DPO trains T = 1's
+    _parse(f"--algo={algo}", f"--likelihood_temperature={t}")
+    with pytest.raises(ValueError, match="--likelihood_temperature is the imitation methods'"):
+      cli.config_from_flags()
+
+
 def test_ppo_explained_variance():
   returns = np.array([[1.0, 2.0, 3.0, 0.0]])
   mask = np.array([[1, 1, 1, 0]], bool)
@@ -148,19 +212,24 @@ def test_ppo_explained_variance():
   assert ppo_lib.explained_variance(np.array([[1.0, 3.0, 2.0, 9.0]]), returns, mask) == pytest.approx(1 - 1.0)
 
 
-@pytest.mark.parametrize("algo", ["ppo", "online_rft", "rft", "dpo", "sft"])
+@pytest.mark.parametrize("algo", ["ppo", "online_rft", "rft", "rft_table10", "dpo", "sft"])
 def test_every_algo_runs_end_to_end(sft_policy, tmp_path, algo, known_answers):
+  validation = ["--num_validation=8"] if algo == "rft_table10" else []  # and a validation split, once
   _parse(f"--work_dir={tmp_path}", f"--init_checkpoint={sft_policy}", f"--algo={algo}", "--steps=2",
-         "--eval_every=0", "--learning_rate=1e-3", "--reward=correctness:1.0,format:0.5")
+         "--eval_every=0", "--learning_rate=1e-3", "--reward=correctness:1.0,format:0.5", *validation)
   summary = grpo_math.run()
   FLAGS.unparse_flags()
   assert summary["algo"] == algo and 0 <= summary["final_accuracy"] <= 1 and summary["peak_rss_mib"] > 0
+  if validation:
+    assert summary["num_validation_problems"] == 8 and 0 <= summary["final_val_accuracy"] <= 1
+  else:
+    assert "final_val_accuracy" not in summary
   records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in records if "train/loss" in r] == [1, 2]
   final, start = models.load_hf(tmp_path / "final_policy")[0], models.load_hf(sft_policy)[0]
   moved = not np.array_equal(final["embed"]["embedding"], start["embed"]["embedding"])
   assert moved  # known answers: some samples are right, so even online RFT (GC = I(correct)) has data
-  if algo in ("ppo", "online_rft"):
+  if algo in ("ppo", "online_rft", "rft_table10"):
     assert all(0.25 <= r["train/accuracy"] for r in records if "train/accuracy" in r)
   if algo in ("rft", "dpo"):
     data = [r for r in records if any(k.startswith("data/") for k in r)]

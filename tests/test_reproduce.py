@@ -1,5 +1,6 @@
 """experiments.reproduce: a study of two tiny runs end to end, skip on rerun, failures, mean ± s.e."""
 
+import dataclasses
 import json
 import math
 import pathlib
@@ -21,6 +22,7 @@ from experiments.runner import config as config_lib
 from experiments.runner import evaluation as runner_evaluation
 from experiments.runner import task as task_lib
 from experiments.studies import spec
+from experiments.studies import verdicts
 from grpo_jax import models
 from tests.conftest import HANG_GUARD_S
 
@@ -44,8 +46,11 @@ with open(work / "metrics.jsonl", "w") as f:
     for step in (0, 5, 10):
         f.write(json.dumps({"step": step, "eval/accuracy": start + level * step}) + "\n")
     f.write(json.dumps({"step": 10, "eval/accuracy": start + level * 10 + 0.01}) + "\n")  # a resumed step again
-(work / "summary.json").write_text(json.dumps({"start_accuracy": start, "final_accuracy": start + level * 10 + 0.01,
-                                               "num_eval_problems": 8, "maj@1": 0.1, "maj@2": 0.2}))
+summary = {"start_accuracy": start, "final_accuracy": start + level * 10 + 0.01, "num_eval_problems": 8,
+           "maj@1": 0.1, "maj@2": 0.2}
+if "num_validation" in args:  # a validation accuracy that peaks at --level=0.02
+    summary["final_val_accuracy"] = 0.5 - abs(level - 0.02) * 10 + 0.001 * seed
+(work / "summary.json").write_text(json.dumps(summary))
 """
 
 
@@ -299,7 +304,8 @@ def test_registered_studies_are_well_formed(tmp_path):
         assert set(panel.metrics) <= names, (study.name, plot.file, panel.metrics)
     for profile in ["full", *study.profiles]:
       jobs = reproduce.plan(study, profile, [0, 1], tmp_path)
-      assert len(jobs) == 2 * len(study.runs_in(profile))
+      runs = study.runs_in(profile)  # and a tuned run's grid on its tuning seeds (here 0 and 1)
+      assert len(jobs) == 2 * len(runs) + sum(len(r.tune.values) * r.tune.seeds for r in runs if r.tune)
       for job in jobs:
         assert (ROOT / (job.run.module.replace(".", "/") + ".py")).is_file(), job.run.module
 
@@ -310,7 +316,8 @@ def test_registered_study_flags_parse(tmp_path):
   commands = []
   for study in studies.STUDIES.values():
     for profile in ["full", *study.profiles]:
-      commands += [[job.run.module] + job.argv[3:] for job in reproduce.plan(study, profile, [0], tmp_path)]
+      commands += [[job.run.module] + [a.replace("{tuned}", "0.001") for a in job.argv[3:]]  # a tuned lr
+                   for job in reproduce.plan(study, profile, [0], tmp_path)]
   check = r"""
 import json, sys
 from absl import flags
@@ -448,7 +455,7 @@ def test_claims_table_reads_quick_and_full_pages(tmp_path):
   full[0].update(n=5, seeds=[0, 1, 2, 3, 4], values=[0.01, 0.03, 0.02, 0.04, 0.05], mean=0.03, se=0.007)
   (tmp_path / "paradigm" / "full" / "results.json").write_text(json.dumps({"cells": full}))
   q = {c["run"]: c for c in quick["cells"] if c["metric"] == "final" and c["step"] is None}
-  rows = {line.split(" | ")[0][2:]: line for line in reproduce.claims_table(tmp_path).splitlines()[2:]}
+  rows = {line.split(" | ")[0][2:]: line for line in reproduce.claims_table(tmp_path).split("\n\n")[0].splitlines()[2:]}
   m, s = 100 * q["grpo - rft"]["mean"], 100 * q["grpo - rft"]["se"]
   assert rows["Fig 5: GRPO+OS > RFT"] == (f"| Fig 5: GRPO+OS > RFT | {m:.1f} ± {s:.1f} (3 seeds): **contradicted** | "
                                          "3.0 ± 0.7 (5 seeds): **reproduced** | full: 4.3 s.e. |")
@@ -462,11 +469,11 @@ def test_claims_table_reads_quick_and_full_pages(tmp_path):
        "seeds": list(range(len(values))), "values": values, "mean": sum(values) / len(values),
        "se": reproduce.mean_se(values)[1]}]}
   (tmp_path / "majk_passk" / "full" / "results.json").write_text(json.dumps(page([0.010, 0.012, 0.011])))
-  rows = {line.split(" | ")[0][2:]: line for line in reproduce.claims_table(tmp_path).splitlines()[2:]}
+  rows = {line.split(" | ")[0][2:]: line for line in reproduce.claims_table(tmp_path).split("\n\n")[0].splitlines()[2:]}
   assert rows[flat] == (f"| {flat} | not yet | 1.1 ± 0.1 (3 seeds): **consistent** | full: [+1.0, +1.2] at 2 s.e., "
                         "inside ±3.0 |")
   (tmp_path / "majk_passk" / "full" / "results.json").write_text(json.dumps(page([0.010, 0.012])))
-  rows = {line.split(" | ")[0][2:]: line for line in reproduce.claims_table(tmp_path).splitlines()[2:]}
+  rows = {line.split(" | ")[0][2:]: line for line in reproduce.claims_table(tmp_path).split("\n\n")[0].splitlines()[2:]}
   assert rows[flat] == (f"| {flat} | not yet | 1.1 ± 0.1 (2 seeds): **undecided** | full: 2 seeds, too few to decide "
                         "(11.0 s.e.; [+0.9, +1.3] at 2 s.e.) |")
 
@@ -501,10 +508,11 @@ def test_redecide_rewrites_only_the_verdicts(tmp_path):
 def test_committed_pages_carry_todays_verdicts():
   """Each committed page's verdicts are its cells decided by today's claims and rules (`reproduce --redecide`)."""
   for name, study in studies.STUDIES.items():
-    for page_dir in (reproduce.PAGES / name, reproduce.PAGES / name / "full"):
+    for page_dir in reproduce.page_dirs(reproduce.PAGES, name, study):
       if (page_dir / "results.json").is_file():
         page = json.loads((page_dir / "results.json").read_text())
-        today = json.loads(json.dumps(reproduce.decide_claims(study, page["cells"]), default=str))
+        today = json.loads(json.dumps(reproduce.decide_claims(study, page["cells"], page.get("profile")),
+                                      default=str))
         assert page.get("verdicts", []) == today, f"{page_dir}: stale verdicts; run `reproduce --redecide`"
         for v in today:
           assert f"| **{v['verdict']}** ({v['detail']}) |" in (page_dir / "results.md").read_text(), page_dir
@@ -544,3 +552,141 @@ def test_sigterm_stops_reproduce_and_the_runs_in_flight_save(tmp_path):
                                           "continue when the same command runs again")
   assert [p.read_text() for p in tmp_path.glob("runs/*/seed0/saved")] == ["SIGTERM"]
   assert not list(tmp_path.glob("runs/*/seed1"))  # seed 1 never started
+
+
+def _designed_study() -> spec.Study:
+  """The fake runner's base and better under a design: better - base = level 0.02 vs 0.01 over 10 steps plus the
+  start (better starts where base ended): +0.21 points on every seed."""
+  study = _study()
+  claims = (spec.Claim("better beats base", "better - base", "final", margin=0.03),
+            spec.Claim("base rises", "base", "gain"))
+  return spec.Study("tiny", "Two tiny runs", study.runs[:2], study.metrics, (), profiles=study.profiles,
+                    contrasts=(spec.Contrast("better", "base", "final"),), claims=study.claims,
+                    designs={"quick": spec.Design(claims, seeds=8, note="a test")})
+
+
+def test_a_design_runs_from_one_commit_and_is_decided_by_its_rule(tmp_path, monkeypatch):
+  out, runs_dir = tmp_path / "out", tmp_path / "runs"
+  study = _designed_study()
+  lines = []
+  results = reproduce.reproduce(study, profile="quick", seeds=list(range(6)), out_dir=out, runs_dir=runs_dir,
+                                echo=lines.append, commit="a" * 40)
+  # 6 of the 8 declared seeds: no verdict yet, on any claim
+  assert [v["verdict"] for v in results["verdicts"]] == ["pending", "pending"]
+  assert results["rule"] == "t-holm" and results["commit"] == "a" * 40
+  assert results["design"]["seeds"] == 8 and results["design"]["claims"][0]["margin"] == 0.03
+  records = [json.loads(p.read_text()) for p in runs_dir.glob("*/seed0.run.json")]
+  assert len(records) == 2 and {r["commit"] for r in records} == {"a" * 40}
+  # the commit is in the runs' hash: the full profile's runs (no design) are other directories
+  assert {j.directory for j in reproduce.plan(study, "quick", [0], runs_dir, "a" * 40)}.isdisjoint(
+      {j.directory for j in reproduce.plan(study, "quick", [0], runs_dir)})
+  # 10 seeds: the verdicts read seeds 0-7 only (better - base = +0.21 and base gains +0.11 on every seed)
+  results = reproduce.reproduce(study, profile="quick", seeds=list(range(10)), out_dir=out, runs_dir=runs_dir,
+                                echo=lines.append, commit="a" * 40)
+  v = {x["claim"]: x for x in results["verdicts"]}
+  assert v["better beats base"]["n"] == 8 and v["better beats base"]["verdict"] == "reproduced"
+  assert v["base rises"]["verdict"] == "reproduced"
+  text = (out / "results.md").read_text()
+  assert "## Design" in text and "Every run on this page comes from commit `aaaaaaaaaaaa`" in text
+  assert "| better beats base | better - base, final | above zero | ±3.0 points |" in text
+  assert "decided by the design's rule: Student-t p-values" in text
+
+  # a run that reports another commit (its code changed under it): the table is refused, in one line
+  job = next(j for j in reproduce.plan(study, "quick", [3], runs_dir, "a" * 40) if j.run.name == "better")
+  summary = json.loads(job.summary.read_text())
+  job.summary.write_text(json.dumps({**summary, "code_version": "a" * 40 + "-dirty"}))
+  with pytest.raises(reproduce.StudyError, match=r"from one commit, aaaaaaaaaaaa, and these are not from it: "
+                                                 r"aaaaaaaaaaaa-dirty: 1 run \(better seed 3\)"):
+    reproduce.reproduce(study, profile="quick", seeds=list(range(8)), out_dir=out, runs_dir=runs_dir,
+                        echo=lines.append, commit="a" * 40, aggregate_only=True)
+
+  # HEAD with uncommitted changes: a design does not start
+  monkeypatch.setattr(reproduce, "head_commit", lambda root=None: "b" * 40 + "-dirty")
+  with pytest.raises(reproduce.StudyError, match="changed since its last commit; commit, or run from a worktree "
+                                                 "pinned to a commit"):
+    reproduce.reproduce(study, profile="quick", seeds=[0], out_dir=out, runs_dir=runs_dir, echo=lines.append)
+
+
+def test_declaration_names_the_commit_that_last_changed_the_spec():
+  study = reproduce.load_study("paradigm")
+  files = reproduce.spec_files(study)
+  assert files == ["experiments/studies/paradigm.py", "experiments/studies/verdicts.py"]
+  head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+  expected = subprocess.run(["git", "log", "-1", "--format=%H", head, "--", *files], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+  declared = reproduce.declaration(study, head)
+  assert declared["commit"] == expected and len(expected) == 40 and declared["date"].startswith("20")
+
+
+def test_a_tuned_flag_is_chosen_on_the_validation_split_of_the_tuning_seeds(tmp_path):
+  """base's --level over the grid 0.01, 0.02, 0.03 on tuning seeds 0 and 1, each with --num_validation: the fake's
+  validation accuracy peaks at 0.02 (0.4, 0.5, 0.4 plus 0.001 x seed), so 0.02 is base's level on seeds 2 and 3
+  (which wait for the whole grid), and the grid's 0.02 runs are base's on seeds 0 and 1; better, which starts
+  from base, runs from those."""
+  fake = (sys.executable, "-c", FAKE_RUNNER)
+  runs = (spec.Run("base", {"num_validation": 5}, command=fake, tune=spec.Tune((0.01, 0.02, 0.03), flag="level")),
+          spec.Run("better", {"level": 0.02, "start_from": "{run:base}"}, command=fake))
+  study = spec.Study("tuned", "A tuned run", runs, (spec.Metric("final", "final_accuracy"),),
+                     contrasts=(spec.Contrast("better", "base", "final"),))
+  out, runs_dir, lines = tmp_path / "out", tmp_path / "runs", []
+  jobs = reproduce.plan(study, "full", [0, 1, 2, 3], runs_dir)
+  assert sorted(j.run.name for j in jobs if j.grid) == sorted(["base@0.01", "base@0.02", "base@0.03"] * 2)
+  main = {j.seed: j for j in jobs if j.run.name == "base"}
+  assert main[0].alias and main[1].alias and not main[2].alias and "--level={tuned}" in main[2].argv
+  assert sorted(main[3].after) == sorted((f"base@{v}", s) for v in ("0.01", "0.02", "0.03") for s in (0, 1))
+  results = reproduce.reproduce(study, profile="full", seeds=[0, 1, 2, 3], out_dir=out, runs_dir=runs_dir,
+                                echo=lines.append)
+  assert results["invocation"]["ran"] == 6 + 2 + 4 and not results["failures"]  # grid, base 2-3, better 0-3
+  t = results["tuning"]["base"]
+  assert t["chosen"] == 0.02 and [g["n"] for g in t["grid"]] == [2, 2, 2]
+  assert [g["mean"] for g in t["grid"]] == pytest.approx([0.4005, 0.5005, 0.4005])  # 50.05 prints as 50.0
+  argv = json.loads(next(j for j in jobs if j.key == ("base", 3)).record.read_text())["argv"]
+  assert "--level=0.02" in argv
+  cells = _cells(results)
+  # base at 0.02 on every seed: 0.1 x seed + 0.2 + 0.01; seeds 0, 1 from the grid's runs, 2, 3 from its own
+  assert cells[("base", "final", None)]["values"] == pytest.approx([0.21, 0.31, 0.41, 0.51])
+  assert cells[("better - base", "final", None)]["values"] == pytest.approx([0.21] * 4)
+  grid_dir = next(j for j in jobs if j.key == ("base@0.02", 0)).directory
+  for again in (False, True):  # as run, and aggregated again by a later invocation that runs nothing
+    if again:
+      (out / "runs" / "base" / "seed0").unlink()
+      results = reproduce.reproduce(study, profile="full", seeds=[0, 1, 2, 3], out_dir=out, runs_dir=runs_dir,
+                                    echo=lines.append, aggregate_only=True)
+    assert (out / "runs" / "base" / "seed0").resolve() == grid_dir  # the tuning seed's run: the grid's at 0.02
+    assert "--level=0.02" in results["runs"]["base"]["command_seed0"], results["runs"]["base"]["command_seed0"]
+  text = (out / "results.md").read_text()
+  assert "| base | --level | 0.01: 40.1 ± 0.1 (2); 0.02: 50.0 ± 0.1 (2); 0.03: 40.1 ± 0.1 (2) | **0.02** |" in text
+  # no validation split: refused in one line
+  bad = spec.Study("t", "t", (spec.Run("base", {}, command=fake, tune=spec.Tune((1, 2), flag="level")),),
+                   (spec.Metric("final", "final_accuracy"),))
+  bad = dataclasses.replace(bad, runs=(dataclasses.replace(bad.runs[0], command=()),))
+  with pytest.raises(reproduce.StudyError, match="needs --num_validation"):
+    reproduce.plan(bad, "full", [0], runs_dir)
+
+
+def test_claims_table_reads_a_design_page(tmp_path):
+  """The README's second table: the fair design's claims against a committed <study>/fair page, decided by the
+  design's rule on its declared 8 seeds; a family with a claim short of its seeds is pending throughout."""
+  design = reproduce.load_study("paradigm").designs["fair"]
+
+  def cell(run, metric, values):
+    mean, se = reproduce.mean_se(values)
+    return {"run": run, "metric": metric, "step": None, "percent": True, "n": len(values),
+            "seeds": list(range(len(values))), "values": values, "mean": mean, "se": se}
+
+  big = [0.10, 0.12, 0.11, 0.13, 0.09, 0.10, 0.12, 0.11]  # +11.0 ± 0.5 points: far from zero
+  flat = [0.001, -0.002, 0.0, 0.002, -0.001, 0.001, 0.0, -0.001]  # +0.0 ± 0.0: inside ±3 points
+  cells = [cell(c.run, c.metric, flat if c.run == "fair_grpo_ps - fair_grpo" else big) for c in design.claims]
+  (tmp_path / "paradigm" / "fair").mkdir(parents=True)
+  (tmp_path / "paradigm" / "fair" / "results.json").write_text(json.dumps({"profile": "fair", "cells": cells}))
+  table = reproduce.claims_table(tmp_path).split("\n\n")[1]
+  rows = {line.split(" | ")[0][2:]: line for line in table.splitlines()[2:]}
+  assert rows["Fig 5: GRPO+OS > Online RFT"].startswith(
+      "| Fig 5: GRPO+OS > Online RFT | paradigm, fair | 11.0 ± 0.5 (8 seeds) | **reproduced**: [+9.9, +12.1] (95% t)")
+  assert f"| **{verdicts.EQUAL}**: " in rows["Fig 5: GRPO+PS > GRPO+OS"]
+  assert "| **reported**: no ordering claimed" in rows["Pooled RFT beside RFT (Table 10's)"]
+  cells[1] = cell(cells[1]["run"], "final", big[:7])  # one claim at 7 of its 8 seeds
+  (tmp_path / "paradigm" / "fair" / "results.json").write_text(json.dumps({"profile": "fair", "cells": cells}))
+  table = reproduce.claims_table(tmp_path).split("\n\n")[1]
+  words = [line.split("| **")[1].split("**")[0] for line in table.splitlines()[2:] if "| **" in line]
+  assert words == ["pending"] * 5 + ["reported"] * 3

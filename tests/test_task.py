@@ -1,6 +1,7 @@
 """The task's endless, per-epoch shuffled training order (`Task.train_example`)."""
 
 import numpy as np
+import pytest
 
 from experiments.runner import config as config_lib
 from experiments.runner import task as task_lib
@@ -45,3 +46,23 @@ def test_the_permutation_is_computed_once_per_epoch(monkeypatch):
   task.train_example(10**9)  # iterative RL's reward-model prompts: a far-off epoch, one more permutation
   task.train_example(3 * n - 1)  # ... and back to the RL order: still cached
   assert calls == [(3, 0), (3, 1), (3, 2), (3, 10**9 // n)]
+
+
+def test_num_validation_carves_the_rl_pool_not_the_test_set():
+  from experiments.runner import config as config_lib
+  from experiments.runner import task as task_lib
+  cfg = config_lib.TaskConfig(num_train=300, num_test=20, sft_examples=100, num_validation=50)
+  task = task_lib.Task(cfg, tokenizer=None, sft_lineage=True, seed=0)
+  plain = task_lib.Task(config_lib.TaskConfig(num_train=300, num_test=20, sft_examples=100), None, True, 0)
+  assert len(task.rl_pool) == 150 and len(task.validation) == 50 and task.test == plain.test
+  assert task.sft_pool == plain.sft_pool
+  # a seeded draw, not the pool's tail: the two parts are the plain pool, in its order, split by the draw
+  held = set(np.random.default_rng([0, 56]).permutation(200)[:50].tolist())
+  assert task.validation == [e for i, e in enumerate(plain.rl_pool) if i in held]
+  assert task.rl_pool == [e for i, e in enumerate(plain.rl_pool) if i not in held]
+  assert task.validation != plain.rl_pool[150:] and sorted(held) != list(range(150, 200))
+  assert not {e.question for e in task.validation} & {e.question for e in task.rl_pool + task.test}
+  view = task.validation_view()
+  assert view.test == task.validation and view.rl_pool == task.rl_pool and task.test == plain.test
+  with pytest.raises(config_lib.RunError, match="--num_validation=200 leaves no RL problems of 200"):
+    task_lib.Task(config_lib.TaskConfig(num_train=300, sft_examples=100, num_validation=200), None, True, 0)

@@ -55,6 +55,8 @@ class GRPO(base.Method):
                        beta=algo.beta if kl_in_loss else 0.0, kl=algo.kl or "k3",
                        aggregation=algo.loss_aggregation, importance=algo.importance,
                        dual_clip=algo.dual_clip, max_len=self.cfg.rollout.max_new_tokens)
+    loss_kwargs.update(policy_loss=algo.loss, sapo_tau_pos=algo.sapo_tau_pos, sapo_tau_neg=algo.sapo_tau_neg,
+                       entropy_coef=algo.entropy_coef, top_entropy_quantile=algo.top_entropy_quantile)
     # The policy trained is the sampling distribution π ∝ exp(logits / T): old, reference and new log-probs
     # all use T.
     grouped = dict(group_size=self.cfg.rollout.group_size, prompt_len=self.cfg.task.max_prompt_len
@@ -137,6 +139,8 @@ class GRPO(base.Method):
     stats = self.rollouts.stats(scored, g)
     stats.update(zero_variance_groups=float(np.mean(np.ptp(rewards.reshape(b, g), axis=1) == 0)),
                  sampling_rounds=float(len(rounds)), completion_width=float(samples.tokens.shape[1]),
+                 prompts_per_step=float(len(chosen)),  # and the rows with a positive advantage on some token
+                 positive_rows=float(np.sum(np.any(np.asarray(advantages).reshape(len(rewards), -1) > 0, axis=1))),
                  time_sampling=sample_time,
                  time_scoring=score_time + time.time() - t1)
     return batch, stats, position

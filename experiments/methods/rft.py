@@ -1,5 +1,11 @@
-"""Rejection-sampling fine-tuning: RFT (offline, samples of the SFT policy) and Online RFT (samples of
-the current policy), DeepSeekMath §5.2.1 and Table 10: GC(q, o, t) = 1 if o is correct, else 0."""
+"""Rejection-sampling fine-tuning, DeepSeekMath §5.2.1 and Table 10: GC(q, o, t) = 1 if o is correct, else 0.
+
+  rft_table10  each step: B prompts x G samples of the frozen SFT policy, every row, the wrong ones at GC = 0
+               (Table 10's RFT: it differs from Online RFT in the sampling policy alone)
+  online_rft   each step: B prompts x G samples of the current policy, the same coefficient and mean
+  rft          pooled: the SFT policy sampled once on --offline_prompts, the distinct correct completions kept
+               (deduplicated, as Yuan et al. 2023's RFT), each step B·G of them, all at GC = 1
+"""
 
 import time
 
@@ -24,9 +30,11 @@ def _batch(samples, correct) -> training.Batch:
 
 class _Paradigm(base.Method):
   def objective(self):
-    # The likelihood of the model itself (temperature 1): these methods imitate, they do not reweight.
+    # The likelihood of --likelihood_temperature (default 1, the model's own): these methods imitate, they do not
+    # reweight; at --temperature every method of a comparison trains the same likelihood.
     return update_lib.bind(objectives.paradigm_objective, config=self.config,
-                           aggregation=self.cfg.algorithm.loss_aggregation, chunk_size=self.cfg.model.logprob_chunk)
+                           aggregation=self.cfg.algorithm.loss_aggregation, chunk_size=self.cfg.model.logprob_chunk,
+                           temperature=self.cfg.algorithm.likelihood_temperature)
 
 
 class OnlineRFT(_Paradigm):
@@ -37,12 +45,28 @@ class OnlineRFT(_Paradigm):
     t0 = time.time()
     b, g = self.cfg.rollout.batch_size, self.cfg.rollout.group_size
     examples = [self.task.train_example(position + i) for i in range(b)]
-    scored = self.rollouts.sample(params, examples, key, g)
+    scored = self.rollouts.sample(self.sampling_params(params), examples, key, g)
     sample_time = time.time() - t0 - scored.score_time
     batch = _batch(self.rollouts.trim(scored.samples, scored.host.lengths), scored.correct)
     stats = self.rollouts.stats(scored)
-    stats.update(time_sampling=sample_time, time_scoring=scored.score_time)
+    stats.update(time_sampling=sample_time, time_scoring=scored.score_time, prompts_per_step=float(b),
+                 positive_rows=float(np.sum(scored.correct > 0)))
     return batch, stats, position + b
+
+  def sampling_params(self, params):
+    """The policy the step's samples come from: the current one."""
+    return params
+
+
+class Table10RFT(OnlineRFT):
+  """RFT as DeepSeekMath's Table 10 has it: each step samples B prompts x G completions from the frozen SFT policy
+  (the start policy, kept as π_ref), GC = 1 on the correct ones and 0 on the rest, the loss averaged over all B·G
+  rows, nothing deduplicated. With Online RFT it is one method with two data sources."""
+  name = "rft_table10"
+
+  def sampling_params(self, params):
+    del params
+    return self.reference
 
 
 class RFT(_Paradigm):
@@ -62,6 +86,7 @@ class RFT(_Paradigm):
     if not rows:
       raise ValueError("RFT: the start policy got no sampled problem right; nothing to fine-tune on")
     self.data = rollouts_lib.take_rows(s, np.asarray(rows))
+    self.prompt_of_row = np.asarray(prompt_of_row)[np.asarray(rows)]
     stats["rft_examples"] = float(len(rows))
     return stats
 
@@ -72,4 +97,6 @@ class RFT(_Paradigm):
                        for i in range(n)])
     samples = rollouts_lib.take_rows(self.data, rows)
     batch = _batch(samples, np.ones(n, np.float32))
-    return batch, {"response_length": float(np.mean(samples.lengths))}, position + n
+    return batch, {"response_length": float(np.mean(samples.lengths)),
+                   "prompts_per_step": float(len(set(self.prompt_of_row[rows].tolist()))),
+                   "positive_rows": float(n)}, position + n

@@ -35,6 +35,7 @@ class SFT(rft._Paradigm):
                                       self.cfg.rollout.max_new_tokens, tok.pad_token_id or 0)
     batch = batch._replace(advantages=batch.loss_mask.astype(jnp.float32))  # GC = 1
     lengths = np.asarray(batch.loss_mask).sum(-1)
-    return batch, {"response_length": float(lengths.mean())}, position + scanned
+    return batch, {"response_length": float(lengths.mean()), "prompts_per_step": float(n),
+                   "positive_rows": float(n)}, position + scanned
 
 

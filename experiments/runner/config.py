@@ -52,6 +52,9 @@ class TaskConfig:
   math_verify_time_limit: float = 2.0  # --reward=math_verify: seconds a check may take before its worker is killed
   math_verify_workers: int = 0  # --reward=math_verify: worker processes (0: half the cores, 1 to 8)
   sft_examples: int = 2000
+  # > 0: num_validation problems of the RL pool, drawn by the seed, are held out of training, and the run's end
+  # evaluates the policy on them too (summary "final_val_accuracy"): a split for choosing hyperparameters, not test
+  num_validation: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,7 +82,7 @@ class RolloutConfig:
   # max_new_tokens). Each new width compiles the scoring and update programs once.
   completion_pad_multiple: int = 4
   # The rollouts' and evaluation's sampler: "engine" (`grpo_jax.rollout_engine`, continuous batching over
-  # num_slots decode slots; 0: as many as the forward memory budget holds, at most `default_slots`) or "static"
+  # num_slots decode slots; 0: `default_slots`, fewer where the forward memory budget would not hold them) or "static"
   # (`grpo_jax.sampling`, every row decoded until the longest ends). The same tokens for the same key.
   sampler: str = "engine"
   num_slots: int = 0
@@ -99,6 +102,11 @@ class AlgorithmConfig:
   advantage_eps: float = 1e-4
   advantage_estimator: str = "group"
   importance: str = "token"
+  loss: str = "clip"  # GRPO's policy term: PPO's clip, CISPO or SAPO (grpo_jax.losses.grpo_loss's policy_loss)
+  sapo_tau_pos: float = 1.0
+  sapo_tau_neg: float = 1.05
+  entropy_coef: float = 0.0
+  top_entropy_quantile: float = 1.0
   num_epochs: int = 1
   minibatch_size: int = 0
   grad_accum_steps: int = 1
@@ -120,6 +128,10 @@ class AlgorithmConfig:
   dpo_nll_coef: float = 0.0
   dpo_pairs_per_prompt: int = 1
   offline_prompts: int = 2048
+  # The temperature of the likelihood the imitation methods (sft, rft, rft_table10, online_rft) train; GRPO and PPO
+  # train the sampling distribution's, --temperature. Equal to --temperature: every method trains one likelihood.
+  likelihood_temperature: float = 1.0
+  teacher_checkpoint: str = ""  # --algo=distill: the frozen teacher, an HF directory with the policy's tokenizer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,14 +328,15 @@ _POSITIVE = ("tiny_layers", "sft_batch_size", "num_train", "num_test", "max_prom
 _NON_NEGATIVE = ("cpu_devices", "steps", "sft_steps", "sft_examples", "eval_every", "save_every", "minibatch_size",
                  "overlong_buffer", "eval_samples", "stop_after", "top_k", "max_grad_norm", "advantage_eps",
                  "steps_per_iteration", "memory_budget", "beta", "completion_pad_multiple", "forward_rows",
-                 "forward_memory_budget", "dpo_nll_coef", "num_slots")
+                 "forward_memory_budget", "dpo_nll_coef", "num_slots", "num_validation")
 CHOICES = {  # the allowed values of the enum fields (and flags)
     "dtype": ("float32", "bfloat16"), "remat_policy": ("full", "dots_no_batch", "dots"),
     "task": ("synthetic", "gsm8k", "math"), "prompt_template": ("auto", "plain", "chat"),
-    "algo": ("grpo", "ppo", "online_rft", "rft", "dpo", "sft", "flow_grpo"), "kl": (None, "k1", "k2", "k3"),
+    "algo": ("grpo", "ppo", "online_rft", "rft", "rft_table10", "dpo", "sft", "flow_grpo", "distill"),
+    "kl": (None, "k1", "k2", "k3"),
     "loss_aggregation": ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum"),
     "advantage_scale": ("group", "batch", "none"), "advantage_estimator": ("group", "rloo", "reinforce_pp"),
-    "importance": ("token", "sequence"), "lr_schedule": ("constant", "cosine"),
+    "importance": ("token", "sequence"), "loss": ("clip", "cispo", "sapo"), "lr_schedule": ("constant", "cosine"),
     "rollout_correction": ("none", "token_tis", "seq_tis", "token_mis", "seq_mis"),
     "supervision": ("outcome", "process"), "sharding_rules": ("dp", "fsdp", "fsdp_tp"),
     "attention": ("auto", "einsum", "xla", "cudnn", "pallas"), "sampler": ("engine", "static"),
@@ -369,11 +382,11 @@ def check(config: Config) -> str | None:
     if v[name] not in choices:
       return f"--{name} must be one of {', '.join(str(c) for c in choices if c is not None)}, not {v[name]!r}"
   algo = v["algo"]
-  if v["group_size"] < (1 if algo == "ppo" else 2):
+  if v["group_size"] < (1 if algo in ("ppo", "distill") else 2):
     return ("--group_size must be >= 2 (GRPO compares samples within a group, RFT and DPO pick among them; "
-            "PPO accepts 1)")
+            "PPO and distill accept 1)")
   for name in ("epsilon", "temperature", "eval_temperature", "learning_rate", "sft_learning_rate",
-               "rm_update_learning_rate", "dpo_beta", "tool_time_limit"):
+               "rm_update_learning_rate", "dpo_beta", "tool_time_limit", "likelihood_temperature"):
     if v[name] <= 0:
       return f"--{name} must be > 0"
   for name in ("epsilon_high", "value_learning_rate"):
@@ -447,6 +460,13 @@ def check(config: Config) -> str | None:
             f"--algo=grpo and --supervision=outcome")
   if v["iterations"] > 1 and algo not in ("grpo", "ppo"):
     return "--iterations > 1 (iterative RL) needs an online RL method: --algo=grpo or ppo"
+  if (v["likelihood_temperature"] != 1.0 and algo not in ("sft", "rft", "rft_table10", "online_rft")
+      and not (algo in ("grpo", "ppo") and v["likelihood_temperature"] == v["temperature"])):
+    return ("--likelihood_temperature is the imitation methods' (sft, rft, rft_table10, online_rft); GRPO and PPO "
+            "train the likelihood of --temperature (it may equal that), the others T = 1's")
+  problem = _check_policy_loss(v) or _check_distill(v)
+  if problem:
+    return problem
   if algo == "dpo" and rows % 2:
     return "--algo=dpo needs an even batch_size*group_size (rows come in pairs)"
   if algo == "flow_grpo":
@@ -455,4 +475,44 @@ def check(config: Config) -> str | None:
         return f"--{name} is a GRPO option that Flow-GRPO does not use; leave it at its default"
     if reward in ("orm", "prm", "exact_steps"):
       return "--reward: Flow-GRPO scores the generator's answer with rule rewards, not a reward model"
+  return None
+
+
+def _check_policy_loss(v: dict) -> str | None:
+  """GRPO's policy term (--loss) and its entropy options."""
+  loss = v["loss"]
+  if not v["sapo_tau_pos"] > 0 or not v["sapo_tau_neg"] > 0:
+    return f"--{'sapo_tau_pos' if not v['sapo_tau_pos'] > 0 else 'sapo_tau_neg'} must be > 0"
+  if not v["entropy_coef"] >= 0:
+    return "--entropy_coef must be >= 0 (0: no entropy bonus)"
+  if not 0 < v["top_entropy_quantile"] <= 1:
+    return "--top_entropy_quantile must be in (0, 1] (1: every token keeps its policy gradient)"
+  uses = [f"--loss={loss}"] if loss != "clip" else []
+  uses += [f"--{n}" for n in ("entropy_coef", "top_entropy_quantile") if v[n] != default(n)]
+  if uses and v["algo"] != "grpo":
+    return f"{', '.join(uses)}: GRPO's objective only; use --algo=grpo"
+  if loss != "clip" and v["dual_clip"] is not None:
+    return f"--dual_clip is the clip loss's; --loss={loss} does not clip the update"
+  if loss == "sapo" and v["epsilon_high"] is not None:
+    return "--epsilon_high means nothing to --loss=sapo (its gate has --sapo_tau_pos and --sapo_tau_neg)"
+  if loss != "sapo" and (v["sapo_tau_pos"], v["sapo_tau_neg"]) != (default("sapo_tau_pos"), default("sapo_tau_neg")):
+    return "--sapo_tau_pos and --sapo_tau_neg are SAPO's temperatures: they need --loss=sapo"
+  return None
+
+
+# GRPO options that mean nothing to on-policy distillation, whose signal is the teacher's, not a reward's.
+DISTILL_UNUSED = ("dynamic_sampling", "overlong_buffer", "advantage_scale", "advantage_estimator", "supervision",
+                  "reward_model", "iterations")
+
+
+def _check_distill(v: dict) -> str | None:
+  """--algo=distill and its teacher."""
+  if (v["algo"] == "distill") != bool(v["teacher_checkpoint"]):
+    return "--algo=distill and --teacher_checkpoint=DIR (the frozen teacher, an HF directory) go together"
+  if v["algo"] == "distill":
+    for name in DISTILL_UNUSED:
+      if v[name] != default(name):
+        return f"--{name}: --algo=distill learns from its teacher, not a reward; leave it at its default"
+    if v["reward"] in ("orm", "prm", "exact_steps"):
+      return "--reward: --algo=distill only reports a rule reward; its signal is the teacher's"
   return None

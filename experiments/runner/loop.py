@@ -410,6 +410,15 @@ def _stages(cfg: config_lib.Config, method_cls, placement: placement_lib.Placeme
   t_final = time.time()
   final_eval = method.evaluate(policy, jax.random.PRNGKey(run_cfg.seed + 1))
   logger.log(cfg.optim.steps, final_eval, prefix="eval/")
+  validation = {}
+  if task.validation:  # --num_validation: the held-out training problems, for choosing hyperparameters
+    method.task = task.validation_view()
+    try:
+      validation = method.evaluate(policy, jax.random.PRNGKey(run_cfg.seed + 1))
+    finally:
+      method.task = task
+    validation = {"val_accuracy": validation["accuracy"], "num_validation_problems": len(task.validation)}
+    logger.log(cfg.optim.steps, {"val_accuracy": validation["val_accuracy"]}, prefix="eval/")
   if cfg.model.lora_export_peft:
     policy_lib.export_adapters(policy, policy_config, lora_base["path"], work_dir / "final_adapter")
   policy_lib.export(*lora.merge(policy, policy_config), source, work_dir / "final_policy")  # merged: a plain model
@@ -420,6 +429,7 @@ def _stages(cfg: config_lib.Config, method_cls, placement: placement_lib.Placeme
              "sft_time_s": t_rl - t_sft, "rl_time_s": t_final - t_rl, "peak_rss_mib": peak_mib,
              **{f"start_{k}": v for k, v in start_eval.items()},
              **{f"final_{k}": v for k, v in final_eval.items()},
+             **{("final_" if k == "val_accuracy" else "") + k: v for k, v in validation.items()},
              "code_version": code_version(), "config": resume_lib.record(cfg)}
   if main_process:
     training.atomic_write_text(work_dir / "summary.json", json.dumps(summary, indent=2))

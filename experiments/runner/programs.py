@@ -4,10 +4,10 @@ r"""The compiled programs of a run, built by the runner's own builders at abstra
   for name, p in programs(config, model_config, placement).items():
     p.jitted.trace(*p.args, **p.kwargs).lower().compile()   # nothing allocated: ShapeDtypeStruct args
 
-`programs` returns exactly the programs stage 2 of `loop.run(config)` runs (for --algo=grpo and online_rft, with
-or without LoRA, and --algo=ppo without; other configs are refused with one line), in the order a step runs them,
-each built by the code the runner calls (so a change there changes them here; tests/test_aot_compile.py checks
-them against a run's):
+`programs` returns exactly the programs stage 2 of `loop.run(config)` runs (for --algo=grpo, online_rft and
+distill, with or without LoRA, and --algo=ppo without; other configs are refused with one line), in the order a
+step runs them, each built by the code the runner calls (so a change there changes them here;
+tests/test_aot_compile.py checks them against a run's):
 
   sampler       the rollouts' sampler (`Rollouts.sampler_options`): B prompts of P tokens, G samples each
   reward        a learned reward's scorer (`learned_reward.OUTCOME_SCORES` or `STEP_SCORES`), with --reward=orm|prm
@@ -15,6 +15,8 @@ them against a run's):
                 at the rollout temperature, grouped when the method shares prompts), over [B·G, P + T] rows;
                 with LoRA π_ref is the base params alone (the adapters off), so with π_old as well its forward
                 over base + adapters is a second program, old_logprobs
+  teacher_logprobs  --algo=distill: the frozen teacher's forward over the same rows (`Distill.teacher_logprobs`),
+                its params abstract from its config.json
   values        PPO's value forward V_ψ over the [B·G, P + T] rows (`PPO.values`), its value model's params from
                 the train state
   update        the method's objective and optimiser schedule (`loop.update_plan`) through `Placement.train_step`,
@@ -50,7 +52,7 @@ from grpo_jax import sampling
 from grpo_jax import training
 from grpo_jax.models import lora
 
-ALGOS = ("grpo", "online_rft", "ppo")  # the methods whose programs are listed here
+ALGOS = ("grpo", "online_rft", "ppo", "distill")  # the methods whose programs are listed here
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +117,12 @@ def _setup(config: config_lib.Config, model_config: models.ModelConfig, placemen
   return method, params
 
 
+def _model_params(config: models.ModelConfig, placement: placement_lib.Placement):
+  """Abstract params of a frozen model of `config` (the distillation teacher), placed by the rules."""
+  shapes = jax.eval_shape(lambda k: models.init_params(config, k), jax.random.key(0))
+  return _abstract(shapes, partitioning.param_shardings(placement.mesh, placement.rules, shapes))
+
+
 def _reward_params(reward: RewardModel, placement: placement_lib.Placement):
   shapes = jax.eval_shape(lambda k: models.init_scalar_params(reward.config, k), jax.random.key(0))
   return _abstract(shapes, partitioning.param_shardings(placement.mesh, placement.rules, shapes))
@@ -145,6 +153,9 @@ def resident(config: config_lib.Config, model_config: models.ModelConfig, placem
     out = {"train state": state, "base": lora.disabled(params)}
   else:
     out = {"train state": state, "reference": params}
+  if config.algorithm.algo == "distill":  # no π_ref; the teacher
+    out.pop("reference", None)
+    out["teacher"] = _model_params(method.teacher_config, placement)
   if reward is not None:
     out["reward model"] = _reward_params(reward, placement)
   return out
@@ -215,13 +226,13 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
       forwards.append("π_old")
     if algo.beta > 0:
       forwards.append("π_ref")
-  if algo.algo == "grpo":
+  if algo.algo in ("grpo", "distill"):
     reinforce_pp = algo.advantage_estimator == "reinforce_pp"
     on_policy = method.on_policy() and not reinforce_pp
     if not on_policy and (rollout.temperature != 1.0 or algo.recompute_old_logprobs
                           or algo.rollout_correction != "none"):
       forwards.append("π_old")  # else the sampler's log-probs, or stop_gradient(π_θ) in the update
-    if algo.beta > 0:
+    if algo.beta > 0 and algo.algo == "grpo":
       forwards.append("π_ref")
   if forwards:
     logprobs = method.rollouts.logprobs if algo.algo == "ppo" else method.group_logprobs
@@ -241,6 +252,15 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
     else:
       out["logprobs"] = Program(fn(params), (params, rows(jnp.int32, n), rows(jnp.bool_, n)),
                                 f"the {' and '.join(forwards)} forward" + how, per_step=len(forwards))
+  if algo.algo == "distill":  # `Distill.collect`: the teacher's forward, grouped like π_ref's
+    teacher = _model_params(method.teacher_config, placement)
+    group = g if method.grouped() else 1
+    chunk = placement.forward_chunk(method.teacher_config, n, length, group=group,
+                                    logits_chunk=config.model.logprob_chunk, cached=group > 1)
+    out["teacher_logprobs"] = Program(
+        method.teacher_logprobs.jitted((n, length), teacher), (teacher, rows(jnp.int32, n), rows(jnp.bool_, n)),
+        f"the teacher's forward of the {n} rows, {chunk or n} at a time"
+        + (f", each prompt once per group of {g}" if group > 1 else ""), per_step=1)
   updates, minibatch, optimizer, state, state_shardings, frozen = _train_state(method, params, placement)
   if algo.algo == "ppo":
     out["values"] = Program(method.values.jitted, (state.params["value"], rows(jnp.int32, n), rows(jnp.bool_, n)),

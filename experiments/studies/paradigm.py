@@ -3,7 +3,7 @@
 import dataclasses
 
 from experiments.studies import common
-from experiments.studies.spec import Claim, Contrast, Panel, Plot, Study
+from experiments.studies.spec import GRPO_MATH, Claim, Contrast, Design, Metric, Panel, Plot, Run, Study, Tune
 
 RL_RUNS = ("rft", "online_rft", "grpo", "grpo_ps", "grpo_ps_centered", "ppo", "dpo", "dpo_nll")
 # The offline methods sample as many prompts as the online ones draw over the run (200 steps x 32), so RFT against
@@ -12,6 +12,56 @@ RL_RUNS = ("rft", "online_rft", "grpo", "grpo_ps", "grpo_ps_centered", "ppo", "d
 # 38.8% -> 24.6%). DPO also takes up to 4 (right, wrong) pairs per prompt: about 2-3 passes over its pairs.
 OFFLINE_PROMPTS = 200 * 32
 FIG5 = ("rft", "online_rft", "grpo", "grpo_ps")
+OLD = ("quick", "full")  # the profiles run and decided before issue 56's designs
+
+# THE FAIR PROFILE (issue 56): Fig 5 with equal comparisons, its statistics declared here before its runs.
+# Every method starts from the seed's SFT policy, samples 32 prompts x 8 at T = 0.7 per step for 200 steps and trains
+# the T = 0.7 likelihood (--likelihood_temperature, so the imitation methods train what GRPO trains); each method's
+# learning rate is chosen from FAIR_LRS on a validation split of 500 training problems (--num_validation, the RL
+# pool's tail, on seeds 0 and 1; the test set chooses nothing); Table 10's RFT (rft_table10: each step samples the
+# frozen SFT policy, GC = 1 if correct, mean over all rows) is the RFT of the claims, the pooled RFT (deduplicated
+# correct samples of 6,400 prompts) is reported beside it, and SFT continued on the RL pool's human solutions
+# (256 a step) is the control for "more supervised data".
+FAIR_LRS = (1e-4, 3e-4, 1e-3)
+FAIR_TUNE = Tune(FAIR_LRS, flag="learning_rate", seeds=2)
+FAIR_FLAGS = {"num_validation": 500, "likelihood_temperature": 0.7}
+FAIR_RUNS = ("fair_sft", "fair_rft_pooled", "fair_rft", "fair_online_rft", "fair_grpo", "fair_grpo_ps")
+FAIR_FIG5 = ("fair_rft", "fair_online_rft", "fair_grpo", "fair_grpo_ps")
+
+
+def _fair(name: str, label: str, **flags) -> Run:
+  return Run(name, {"init_checkpoint": "{run:sft}/sft_policy", **flags}, label=label, only_in=("fair",),
+             tune=FAIR_TUNE)
+
+
+FAIR = (
+    _fair("fair_sft", "SFT continued (human solutions)", algo="sft"),
+    _fair("fair_rft_pooled", "Pooled RFT (dedup, 6,400 prompts)", algo="rft", offline_prompts=OFFLINE_PROMPTS),
+    _fair("fair_rft", "RFT (Table 10: frozen SFT samples each step)", algo="rft_table10"),
+    _fair("fair_online_rft", "Online RFT", algo="online_rft"),
+    _fair("fair_grpo", "GRPO+OS (rule reward)"),
+    _fair("fair_grpo_ps", "GRPO+PS (exact step labels)", reward="exact_steps", supervision="process"),
+)
+FAIR_MARGIN = 0.03  # ±3 points: no ordering larger than that either way (the paper's Fig 5 gaps are a few points)
+FAIR_DESIGN = Design(
+    claims=(Claim("Fig 5: GRPO+PS > GRPO+OS", "fair_grpo_ps - fair_grpo", "final", margin=FAIR_MARGIN),
+            Claim("Fig 5: GRPO+OS > Online RFT", "fair_grpo - fair_online_rft", "final", margin=FAIR_MARGIN),
+            Claim("Fig 5: Online RFT > RFT (Table 10's)", "fair_online_rft - fair_rft", "final", margin=FAIR_MARGIN),
+            Claim("Fig 5: GRPO+OS > RFT (Table 10's)", "fair_grpo - fair_rft", "final", margin=FAIR_MARGIN),
+            Claim("GRPO+OS raises accuracy over its SFT start (fair)", "fair_grpo", "gain"),
+            Claim("RFT (Table 10's) beside SFT continued on human solutions", "fair_rft - fair_sft", "final", ""),
+            Claim("Pooled RFT beside RFT (Table 10's)", "fair_rft_pooled - fair_rft", "final", ""),
+            Claim("GRPO+OS beside SFT continued on human solutions", "fair_grpo - fair_sft", "final", "")),
+    seeds=8,
+    note=("Four orderings of Fig 5 with a ±3-point margin and GRPO's gain over its start: nine hypotheses (two per "
+          "ordering: against zero and inside the margin), Holm at 0.05; three contrasts reported without a "
+          "claim. Seeds 0 and 1 also choose each method's learning rate on the validation split."))
+PROMPTS = Metric("prompts", "train/prompts_per_step", source="curve", reduce="mean", percent=False,
+                 label="prompts per step", runs=FAIR_RUNS)
+POSITIVE = Metric("positive", "train/positive_rows", source="curve", reduce="mean", percent=False,
+                  label="rows with a positive coefficient per step", runs=FAIR_RUNS)
+VALIDATION = Metric("validation", "final_val_accuracy", label="validation accuracy (500 training problems)",
+                    runs=FAIR_RUNS)
 
 STUDY = Study(
     name="paradigm",
@@ -30,29 +80,33 @@ STUDY = Study(
         "GRPO+PS > GRPO+OS > Online RFT > RFT."),
     runs=(
         common.SFT,
-        common.rl("rft", "RFT", algo="rft", offline_prompts=OFFLINE_PROMPTS, quick={"offline_prompts": 512}),
-        common.rl("online_rft", "Online RFT", algo="online_rft"),
-        dataclasses.replace(common.GRPO, label="GRPO+OS (rule reward)"),
-        common.rl("grpo_ps", "GRPO+PS (exact step labels)", reward="exact_steps", supervision="process"),
-        # A diagnostic, not in the papers: the suffix sums of §4.1.3 do not average zero over tokens (after a first
-        # wrong step every later one is wrong, so most tokens get a negative advantage); centring them per group
-        # (`--process_center_tokens`) removes that drift and keeps the expected gradient.
-        common.rl("grpo_ps_centered", "GRPO+PS, token advantages centred", reward="exact_steps",
-                  supervision="process", process_center_tokens=True),
-        common.rl("ppo", "PPO (critic, G = 1)", algo="ppo", batch_size=256, group_size=1,
-                  quick={"batch_size": 8 * common.QUICK_RL["batch_size"]}),
-        common.rl("dpo", "DPO (lr 2e-5)", algo="dpo", learning_rate=2e-5, offline_prompts=OFFLINE_PROMPTS,
-                  dpo_pairs_per_prompt=4, quick={"offline_prompts": 2048, "dpo_pairs_per_prompt": 1}),
-        # A diagnostic, not in the papers: does DPO lose accuracy through likelihood displacement? Iterative RPO's
-        # NLL term on the chosen output (arXiv 2404.19733, α = 1) holds log π(o⁺) up.
-        common.rl("dpo_nll", "DPO + NLL (α = 1)", algo="dpo", learning_rate=2e-5, offline_prompts=OFFLINE_PROMPTS,
-                  dpo_pairs_per_prompt=4, dpo_nll_coef=1.0,
-                  quick={"offline_prompts": 2048, "dpo_pairs_per_prompt": 1}),
+        *(dataclasses.replace(r, only_in=OLD) for r in (
+            common.rl("rft", "RFT", algo="rft", offline_prompts=OFFLINE_PROMPTS, quick={"offline_prompts": 512}),
+            common.rl("online_rft", "Online RFT", algo="online_rft"),
+            dataclasses.replace(common.GRPO, label="GRPO+OS (rule reward)"),
+            common.rl("grpo_ps", "GRPO+PS (exact step labels)", reward="exact_steps", supervision="process"),
+            # A diagnostic, not in the papers: the suffix sums of §4.1.3 do not average zero over tokens (after a
+            # first wrong step every later one is wrong, so most tokens get a negative advantage); centring them per
+            # group (`--process_center_tokens`) removes that drift and keeps the expected gradient.
+            common.rl("grpo_ps_centered", "GRPO+PS, token advantages centred", reward="exact_steps",
+                      supervision="process", process_center_tokens=True),
+            common.rl("ppo", "PPO (critic, G = 1)", algo="ppo", batch_size=256, group_size=1,
+                      quick={"batch_size": 8 * common.QUICK_RL["batch_size"]}),
+            common.rl("dpo", "DPO (lr 2e-5)", algo="dpo", learning_rate=2e-5, offline_prompts=OFFLINE_PROMPTS,
+                      dpo_pairs_per_prompt=4, quick={"offline_prompts": 2048, "dpo_pairs_per_prompt": 1}),
+            # A diagnostic, not in the papers: does DPO lose accuracy through likelihood displacement? Iterative
+            # RPO's NLL term on the chosen output (arXiv 2404.19733, α = 1) holds log π(o⁺) up.
+            common.rl("dpo_nll", "DPO + NLL (α = 1)", algo="dpo", learning_rate=2e-5,
+                      offline_prompts=OFFLINE_PROMPTS, dpo_pairs_per_prompt=4, dpo_nll_coef=1.0,
+                      quick={"offline_prompts": 2048, "dpo_pairs_per_prompt": 1}),
+        )),
+        *FAIR,
     ),
     metrics=(
-        dataclasses.replace(common.ACCURACY, runs=RL_RUNS),
-        dataclasses.replace(common.CHANGE, runs=RL_RUNS),
-        *(dataclasses.replace(m, runs=RL_RUNS) for m in (common.START, common.FINAL, common.GAIN)),
+        dataclasses.replace(common.ACCURACY, runs=RL_RUNS + FAIR_RUNS),
+        dataclasses.replace(common.CHANGE, runs=RL_RUNS + FAIR_RUNS),
+        *(dataclasses.replace(m, runs=RL_RUNS + FAIR_RUNS) for m in (common.START, common.FINAL, common.GAIN)),
+        VALIDATION, PROMPTS, POSITIVE,
     ),
     plots=(
         Plot("fig5.png", (Panel("accuracy", FIG5, title="held-out greedy accuracy"),
@@ -64,11 +118,20 @@ STUDY = Study(
              title="Table 10's methods, PPO and DPO included", xlabel="RL step"),
         Plot("gain.png", (Panel("gain", RL_RUNS, title="gain over the SFT policy", ylabel="points"),), x="run",
              title="Held-out accuracy gain of each method over its SFT start"),
+        Plot("fig5_fair.png", (Panel("accuracy", FAIR_RUNS, title="held-out greedy accuracy"),
+                               Panel("change", FAIR_RUNS, title="change since the SFT start, paired by seed",
+                                     ylabel="points")),
+             title="Fig 5, equal comparisons (profile fair): each method at its validation-chosen lr",
+             xlabel="RL step"),
     ),
     contrasts=(Contrast("grpo_ps", "grpo", "final"), Contrast("grpo", "online_rft", "final"),
                Contrast("online_rft", "rft", "final"), Contrast("grpo", "rft", "final"),
                Contrast("ppo", "grpo", "final"), Contrast("dpo", "grpo", "final"),
-               Contrast("dpo_nll", "dpo", "final"), Contrast("grpo_ps_centered", "grpo_ps", "final")),
+               Contrast("dpo_nll", "dpo", "final"), Contrast("grpo_ps_centered", "grpo_ps", "final"),
+               *(Contrast(a, b, "final") for a, b in (
+                   ("fair_grpo_ps", "fair_grpo"), ("fair_grpo", "fair_online_rft"), ("fair_online_rft", "fair_rft"),
+                   ("fair_grpo", "fair_rft"), ("fair_rft", "fair_sft"), ("fair_rft_pooled", "fair_rft"),
+                   ("fair_grpo", "fair_sft")))),
     claims=(Claim("Fig 5: GRPO+PS > GRPO+OS", "grpo_ps - grpo", "final", margin=common.ORDERING_MARGIN),
             Claim("Fig 5: GRPO+OS > Online RFT", "grpo - online_rft", "final", margin=common.ORDERING_MARGIN),
             Claim("Fig 5: Online RFT > RFT", "online_rft - rft", "final", margin=common.ORDERING_MARGIN),
@@ -79,7 +142,12 @@ STUDY = Study(
             Claim("DPO + NLL beside DPO (Iterative RPO's fix; not in DeepSeekMath)", "dpo_nll - dpo", "final", ""),
             Claim("GRPO+PS with centred token advantages beside GRPO+PS (not in DeepSeekMath)",
                   "grpo_ps_centered - grpo_ps", "final", "")),
-    profiles={"quick": common.QUICK},
-    notes={"quick": common.QUICK_NOTE + " RFT samples 512 offline prompts x 8 (full: 2,048 x 8); PPO B·G prompts "
+    profiles={"quick": common.QUICK, "fair": {GRPO_MATH: FAIR_FLAGS}},
+    designs={"fair": FAIR_DESIGN},
+    notes={"fair": ("Fig 5 with equal comparisons (issue 56): every method 200 steps of 32 prompts x 8 samples at "
+                    "T = 0.7 from the seed's SFT policy, training the T = 0.7 likelihood; its learning rate chosen "
+                    "from 1e-4, 3e-4, 1e-3 on 500 held-out training problems (seeds 0-1); RFT is Table 10's, the "
+                    "pooled RFT and SFT continued on human solutions are reported beside it."),
+           "quick": common.QUICK_NOTE + " RFT samples 512 offline prompts x 8 (full: 2,048 x 8); PPO B·G prompts "
                                         "x 1 sample per step (full: 256 x 1)."},
 )

@@ -23,6 +23,35 @@ OUT_FLAGS = {TRAIN_REWARD_MODEL: "rm_dir"}
 
 
 @dataclasses.dataclass(frozen=True)
+class Tune:
+  """A flag of a run chosen on a validation split, never the test set (a learning rate, per method).
+
+  The run is first made at each value of the grid on the tuning seeds 0 .. seeds − 1, as the runs "<name>@<value>";
+  each needs `--num_validation` (the RL pool's tail held out of training, evaluated at the end: summary key `by`).
+  The value with the highest mean `by` over the tuning seeds (ties: the first in the grid) is then the run's own
+  on every other seed, and the tuning seeds' runs at that value are the run's runs there: they differ from the
+  others in nothing but the seed, and the choice read none of their test numbers.
+
+  Attributes:
+    values: the grid, in order.
+    flag: the flag chosen.
+    seeds: the tuning seeds, 0 .. seeds − 1.
+    by: the summary key that chooses (the final policy's accuracy on the validation split).
+  """
+  values: tuple[Any, ...]
+  flag: str = "learning_rate"
+  seeds: int = 2
+  by: str = "final_val_accuracy"
+
+  def __post_init__(self):
+    if len(self.values) < 2 or len(set(self.values)) != len(self.values) or self.seeds < 1:
+      raise ValueError(f"a tuned --{self.flag} needs two or more distinct values and one or more tuning seeds")
+
+  def grid_name(self, run: str, value) -> str:
+    return f"{run}@{value:g}" if isinstance(value, float) else f"{run}@{value}"
+
+
+@dataclasses.dataclass(frozen=True)
 class Run:
   """One configuration, run once per seed as its own process.
 
@@ -35,6 +64,7 @@ class Run:
     command: an argv prefix that replaces `python -m module` (tests use fake runners).
     out_flag: the flag that takes the run directory (default: by module, else work_dir).
     only_in: the profiles the run belongs to (default: all).
+    tune: a flag chosen per run on a validation split (`Tune`), or None.
   """
   name: str
   flags: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -44,6 +74,7 @@ class Run:
   command: tuple[str, ...] = ()
   out_flag: str = ""
   only_in: tuple[str, ...] = ()
+  tune: Tune | None = None
 
   @property
   def display(self) -> str:
@@ -71,6 +102,7 @@ class Metric:
     label: display name (default: name).
     since_start: (curves) subtract the seed's value at its first logged step: the change since the start,
       paired seed by seed, which does not carry the spread of the start policies over seeds.
+    reduce: (curves) "mean": one cell per run, the seed's mean over its logged steps (prompts per step, say).
   """
   name: str
   key: str
@@ -81,8 +113,11 @@ class Metric:
   percent: bool = True
   label: str = ""
   since_start: bool = False
+  reduce: str = ""
 
   def __post_init__(self):
+    if self.reduce not in ("", "mean") or (self.reduce and self.source != "curve"):
+      raise ValueError(f"metric {self.name}: reduce is '' or 'mean', and only for a curve")
     if self.source not in ("summary", "curve"):
       raise ValueError(f"metric {self.name}: source must be 'summary' or 'curve', not {self.source!r}")
     if self.ks and ("{k}" not in self.name or "{k}" not in self.key):
@@ -137,6 +172,41 @@ class Claim:
   metric: str
   expect: str = ">"
   margin: float = 0.0
+
+
+MIN_DESIGN_SEEDS = 8  # the fewest seeds per arm a design may declare (issue 56)
+
+
+@dataclasses.dataclass(frozen=True)
+class Design:
+  """A profile's statistics, declared in the study's spec before its runs (`verdicts.decide_family`).
+
+  The claims form one family: each is read on exactly seeds 0 .. seeds − 1 (a cell with more seeds is cut back to
+  them, one with fewer leaves every verdict "pending"), with Student-t p-values Holm-corrected across the family
+  at family-wise error rate `alpha`. Every run of the profile comes from one commit: reproduce puts the commit in
+  the runs' directory hash, refuses to start from a tree with uncommitted changes, and refuses to aggregate a
+  table whose runs report another commit. The page names the commit that last changed the study's spec (or the
+  rule) before the runs' commit: when the design was declared.
+
+  Attributes:
+    claims: the findings tested (`Claim`; a claim of no change, "=", needs a margin).
+    seeds: the seeds per arm, at least MIN_DESIGN_SEEDS.
+    alpha: the family-wise error rate.
+    note: why these claims, seeds and margins (printed with the design).
+  """
+  claims: tuple[Claim, ...]
+  seeds: int = MIN_DESIGN_SEEDS
+  alpha: float = 0.05
+  note: str = ""
+
+  def __post_init__(self):
+    if self.seeds < MIN_DESIGN_SEEDS:
+      raise ValueError(f"a design declares at least {MIN_DESIGN_SEEDS} seeds per arm, not {self.seeds}")
+    if not 0 < self.alpha < 1:
+      raise ValueError(f"a design's alpha must be in (0, 1), not {self.alpha}")
+    for c in self.claims:
+      if c.expect == "=" and c.margin <= 0:
+        raise ValueError(f"claim {c.text!r}: a claim of no change needs its margin declared (> 0)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,7 +271,9 @@ class Study:
     description: what the study shows and how to read it (printed above the table).
     seeds: the number of seeds when --seeds is not given (default 3).
     contrasts: paired differences between runs (a table of their own).
-    claims: the paper's findings it tests, each decided from a run's or a contrast's cell (a table of verdicts).
+    claims: the paper's findings it tests, each decided from a run's or a contrast's cell (a table of verdicts),
+      in the profiles without a design, by the rule of 2 standard errors (`verdicts.decide`).
+    designs: profile name -> its `Design` (claims, seeds, α declared before the runs; the t-and-Holm rule).
   """
   name: str
   title: str
@@ -214,6 +286,7 @@ class Study:
   seeds: int = 3
   contrasts: tuple[Contrast, ...] = ()
   claims: tuple[Claim, ...] = ()
+  designs: Mapping[str, Design] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     names = [r.name for r in self.runs]
@@ -228,14 +301,21 @@ class Study:
         raise ValueError(f"study {self.name}, contrast {c.run}: unknown runs {sorted({c.a, c.b} - known)}")
     cells = known | {c.run for c in self.contrasts}
     metrics = {n for m in self.metrics for n, *_ in m.expand()}
-    for c in self.claims:
+    for c in self.claims + tuple(c for d in self.designs.values() for c in d.claims):
       if c.run not in cells or c.metric not in metrics or c.expect not in (">", "<", "=", ""):
         raise ValueError(f"study {self.name}, claim {c.text!r}: needs a run or contrast 'a - b' (not {c.run!r}), "
                          f"a metric (not {c.metric!r}) and expect one of >, <, =, '' (not {c.expect!r})")
+    for profile in self.designs:
+      if profile != "full" and profile not in self.profiles:
+        raise ValueError(f"study {self.name}: a design for profile {profile!r}, which the study does not have")
     for p in self.plots:
       for panel in p.panels:
         if set(panel.runs) - known:
           raise ValueError(f"study {self.name}, plot {p.file}: unknown runs {sorted(set(panel.runs) - known)}")
+
+  def claims_in(self, profile: str | None) -> tuple[Claim, ...]:
+    """The claims a profile's page decides: its design's, else the study's own."""
+    return self.designs[profile].claims if profile in self.designs else self.claims
 
   def run(self, name: str) -> Run:
     return next(r for r in self.runs if r.name == name)
@@ -254,7 +334,8 @@ class Study:
 def from_dict(d: Mapping[str, Any]) -> Study:
   """A Study from plain data (a parsed JSON file): the same fields, nested as lists and objects."""
   d = dict(d)
-  runs = tuple(Run(**{**r, "command": tuple(r.get("command", ())), "only_in": tuple(r.get("only_in", ()))})
+  runs = tuple(Run(**{**r, "command": tuple(r.get("command", ())), "only_in": tuple(r.get("only_in", ())),
+                      "tune": Tune(**{**r["tune"], "values": tuple(r["tune"]["values"])}) if r.get("tune") else None})
                for r in d.pop("runs"))
   metrics = tuple(Metric(**{**m, "runs": tuple(m.get("runs", ())), "ks": tuple(m.get("ks", ()))})
                   for m in d.pop("metrics"))
@@ -265,4 +346,7 @@ def from_dict(d: Mapping[str, Any]) -> Study:
     plots.append(Plot(**{**p, "panels": panels}))
   contrasts = tuple(Contrast(**c) for c in d.pop("contrasts", ()))
   claims = tuple(Claim(**c) for c in d.pop("claims", ()))
-  return Study(runs=runs, metrics=metrics, plots=tuple(plots), contrasts=contrasts, claims=claims, **d)
+  designs = {p: Design(**{**x, "claims": tuple(Claim(**c) for c in x["claims"])})
+             for p, x in d.pop("designs", {}).items()}
+  return Study(runs=runs, metrics=metrics, plots=tuple(plots), contrasts=contrasts, claims=claims, designs=designs,
+               **d)

@@ -97,3 +97,154 @@ def decide(mean: float, se: float | None, n: int, expect: str, scale: float = 1.
   lean = {"the paper's direction": "the paper's way"}.get(side, side)
   return Verdict("undecided", f"{distance}, {side}; {interval}{more}", f"{distance}, {lean}{short_more}",
                  seeds=seeds, **fields)
+
+
+# THE DESIGN RULE (issue 56): Student-t on the declared seeds, Holm across the study's claims.
+#
+# A profile with a `spec.Design` is decided by `decide_family`, not `decide`: its claims form one family, each
+# claim's cell is read on exactly the declared seeds, and every verdict controls the family-wise error rate at α
+# (0.05). Each claim brings one or two hypotheses, each with an exact p-value from the t distribution with n − 1
+# degrees of freedom (the cell is a mean of n paired, per-seed values, s.e. = s / √n):
+#   ">" and "<": H_zero: μ = 0, two-sided, p = 2 P(T ≥ |m| / s);
+#                with a margin δ, also H_wide: |μ| ≥ δ, two one-sided tests (TOST), p = P(T ≥ (δ − |m|) / s);
+#   "=":         H_wide as above, and H_narrow: |μ| ≤ δ, p = 2 P(T ≥ (|m| − δ) / s).
+# Holm's step-down over all the family's hypotheses (m of them) rejects those whose adjusted p-value
+# p̃_(k) = max_{j ≤ k} min(1, (m − j + 1) p_(j)) is at most α. Then:
+#   ">": H_zero rejected: "reproduced" if m > 0, else "contradicted"; else H_wide rejected: "equal within the
+#        declared margin" (no ordering larger than δ either way); else "undecided". "<": the mirror image.
+#   "=": H_wide rejected: "equal within the declared margin" (the paper's "no change"); else H_narrow rejected:
+#        "contradicted" (a change larger than δ); else "undecided".
+#   "": "reported" with its 95% t interval, outside the family.
+# Alone (m = 1), H_zero is rejected exactly when the 95% t interval m ± t_{0.975, n−1} s excludes zero, and H_wide
+# when the 90% one lies inside ±δ (TOST at α); Holm asks the claim ranked k-th of m for the interval at
+# 1 − α / (m − k + 1) instead. Until every claim has all its declared seeds, no claim is decided ("pending"):
+# the rule reads each cell once, at the size declared before the runs.
+
+ALPHA = 0.05
+PENDING = "pending"
+EQUAL = "equal within the declared margin"
+
+
+def t_interval(mean: float, se: float, n: int, level: float = 0.95) -> tuple[float, float]:
+  """The two-sided Student-t interval m ± t_{(1+level)/2, n−1} s of a mean of n values with standard error s."""
+  from scipy import stats
+  q = float(stats.t.ppf(0.5 + level / 2, n - 1))
+  return mean - q * se, mean + q * se
+
+
+def _sf(x: float, n: int) -> float:
+  """P(T ≥ x) for T ~ t with n − 1 degrees of freedom; ±inf (a zero standard error) give 0 and 1."""
+  from scipy import stats
+  if math.isinf(x) or math.isnan(x):
+    return 0.0 if x > 0 else 1.0
+  return float(stats.t.sf(x, n - 1))
+
+
+def _ratio(x: float, se: float) -> float:
+  return x / se if se > 0 else (math.inf if x > 0 else -math.inf if x < 0 else math.nan)
+
+
+def p_zero(mean: float, se: float, n: int) -> float:
+  """Two-sided p-value of H: μ = 0."""
+  return min(1.0, 2.0 * _sf(_ratio(abs(mean), se), n))
+
+
+def p_wide(mean: float, se: float, n: int, margin: float) -> float:
+  """TOST p-value of H: |μ| ≥ δ (rejected: the mean lies inside ±δ)."""
+  return _sf(_ratio(margin - abs(mean), se), n)
+
+
+def p_narrow(mean: float, se: float, n: int, margin: float) -> float:
+  """p-value of H: |μ| ≤ δ (rejected: the mean lies outside ±δ), two-sided in the side the data picked."""
+  return min(1.0, 2.0 * _sf(_ratio(abs(mean) - margin, se), n))
+
+
+def holm(pvalues: list[float]) -> list[float]:
+  """Holm's step-down adjusted p-values, in the input's order: p̃_(k) = max_{j ≤ k} min(1, (m − j + 1) p_(j)) over
+  the p-values sorted ascending; reject where p̃ ≤ α (Holm 1979, Scand. J. Statist. 6:65-70)."""
+  m = len(pvalues)
+  adjusted, running = [0.0] * m, 0.0
+  for rank, i in enumerate(sorted(range(m), key=lambda i: pvalues[i])):
+    running = max(running, min(1.0, (m - rank) * pvalues[i]))
+    adjusted[i] = running
+  return adjusted
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+  """A claim's cell for `decide_family`: mean and standard error over n seeds (None: pending, with `have` of
+  `declared` seeds), the claim's expectation and margin, and how its numbers print."""
+  expect: str
+  mean: float | None = None
+  se: float | None = None
+  n: int = 0
+  margin: float = 0.0
+  scale: float = 1.0
+  digits: int = 1
+  have: int = 0
+  declared: int = 0
+
+
+def decide_family(cells: list[Cell], alpha: float = ALPHA) -> list[Verdict]:
+  """The verdicts of a design's claims, one family (the rule above); `Verdict.lo, hi`: the 95% t interval."""
+  for c in cells:
+    if c.expect not in EXPECT:
+      raise ValueError(f"expect must be one of {EXPECT}, not {c.expect!r}")
+    if c.expect == "=" and c.margin <= 0:
+      raise ValueError("a claim of no change ('=') needs a margin > 0 under the design rule")
+  pending = [c for c in cells if c.mean is None or c.se is None or c.n < 2]
+  out: list[Verdict | None] = [None] * len(cells)
+  hypotheses = []  # (cell index, kind, p)
+  for i, c in enumerate(cells):
+    if c.mean is None or c.se is None or c.n < 2:
+      why = f"{c.have} of {c.declared} declared seeds"
+      out[i] = Verdict(PENDING if c.expect else "reported", f"{why}; no verdict before all have finished", why)
+      continue
+    if not c.expect or pending:
+      continue
+    if c.expect in (">", "<"):
+      hypotheses.append((i, "zero", p_zero(c.mean, c.se, c.n)))
+    if c.margin > 0:
+      hypotheses.append((i, "wide", p_wide(c.mean, c.se, c.n, c.margin)))
+    if c.expect == "=":
+      hypotheses.append((i, "narrow", p_narrow(c.mean, c.se, c.n, c.margin)))
+  adjusted = holm([p for _, _, p in hypotheses])
+  p_of: dict[int, dict[str, float]] = {}
+  for (i, kind, _), p in zip(hypotheses, adjusted):
+    p_of.setdefault(i, {})[kind] = p
+  m = len(hypotheses)
+  for i, c in enumerate(cells):
+    if out[i] is not None:
+      continue
+    num = lambda x, c=c: f"{c.scale * x:+.{c.digits}f}"  # noqa: E731
+    lo, hi = t_interval(c.mean, c.se, c.n)
+    bracket = f"[{num(lo)}, {num(hi)}]"
+    interval = f"95% t interval {bracket} on {c.n} seeds"
+    fields = dict(z=abs(c.mean) / c.se if c.se > 0 else (math.inf if c.mean else 0.0), lo=c.scale * lo,
+                  hi=c.scale * hi)
+    if not c.expect:
+      out[i] = Verdict("reported", interval, f"no ordering claimed; {bracket} (95% t)", **fields)
+      continue
+    if pending:
+      short = ", ".join(f"{p.have} of {p.declared}" for p in pending[:1])
+      out[i] = Verdict(PENDING, f"{interval}; the family waits for every claim's declared seeds ({short} seeds "
+                                "in one)", f"{bracket} (95% t); waiting for the family's declared seeds", **fields)
+      continue
+    ps = p_of[i]
+    bound = f"±{c.scale * c.margin:.{c.digits}f}"
+    said = "; ".join(f"{name} {ps[key]:.3g}" for key, name in (("zero", "against zero"), ("wide", f"inside {bound}"),
+                                                              ("narrow", f"outside {bound}")) if key in ps)
+    detail = f"{interval}; Holm-adjusted p ({m} hypotheses, α = {alpha:g}): {said}"
+    if c.expect in (">", "<"):
+      sign = 1.0 if c.expect == ">" else -1.0
+      if ps["zero"] <= alpha:
+        word = "reproduced" if sign * c.mean > 0 else "contradicted"
+      elif ps.get("wide", 1.0) <= alpha:
+        word = EQUAL
+      else:
+        word = "undecided"
+    else:
+      word = EQUAL if ps["wide"] <= alpha else "contradicted" if ps["narrow"] <= alpha else "undecided"
+    best = min(ps.values())
+    out[i] = Verdict(word, detail, f"{bracket} (95% t), Holm p {best:.2g}", **fields)
+  return out  # type: ignore[return-value]

@@ -16,7 +16,13 @@ from grpo_jax.losses.advantages import whiten
 from grpo_jax.losses.aggregation import aggregate
 from grpo_jax.losses.aggregation import aggregation_weights
 from grpo_jax.losses.aggregation import masked_mean
+from grpo_jax.losses.cispo import cispo_surrogate
+from grpo_jax.losses.cispo import cispo_truncation
+from grpo_jax.losses.distill import distill_loss
+from grpo_jax.losses.distill import reverse_kl_rewards
 from grpo_jax.losses.dpo import dpo_loss
+from grpo_jax.losses.entropy import entropy_bonus
+from grpo_jax.losses.entropy_mask import top_entropy_mask
 from grpo_jax.losses.flow_grpo import broadcast_outcome_advantages
 from grpo_jax.losses.flow_grpo import flow_grpo_loss
 from grpo_jax.losses.flow_grpo import flow_grpo_weights
@@ -46,6 +52,9 @@ from grpo_jax.losses.rollout_correction import mismatch_metrics
 from grpo_jax.losses.rollout_correction import rollout_correction_weights
 from grpo_jax.losses.rollout_correction import truncated_is_weights
 from grpo_jax.losses.rollout_correction import weight_metrics
+from grpo_jax.losses.sapo import sapo_gate
+from grpo_jax.losses.sapo import sapo_gradient_scale
+from grpo_jax.losses.sapo import sapo_surrogate
 from grpo_jax.losses.shaping import overlong_penalty
 from grpo_jax.losses.surrogate import clip_fractions
 from grpo_jax.losses.surrogate import clipped_surrogate
@@ -56,11 +65,15 @@ __all__ = (
     "aggregate",
     "aggregation_weights",
     "broadcast_outcome_advantages",
+    "cispo_surrogate",
+    "cispo_truncation",
     "clip_fractions",
     "clipped_surrogate",
     "discounted_returns",
+    "distill_loss",
     "dpo_coefficient",
     "dpo_loss",
+    "entropy_bonus",
     "exact_kl",
     "flow_grpo_loss",
     "flow_grpo_weights",
@@ -86,11 +99,16 @@ __all__ = (
     "ppo_loss",
     "process_advantages",
     "reinforce_pp_advantages",
+    "reverse_kl_rewards",
     "rft_coefficient",
     "rloo_advantages",
     "rollout_correction_weights",
+    "sapo_gate",
+    "sapo_gradient_scale",
+    "sapo_surrogate",
     "sft_coefficient",
     "step_bce_loss",
+    "top_entropy_mask",
     "truncated_is_weights",
     "value_loss",
     "weight_metrics",

@@ -6,7 +6,7 @@ from grpo_jax.training.checkpointing import Checkpointer
 from grpo_jax.training.logger import MetricsLogger, end_progress_line
 from grpo_jax.training.optimizer import make_optimizer
 from grpo_jax.training.batch import Batch, PPOBatch, batch_from_samples, encode_prompts, pad_left, supervised_batch
-from grpo_jax.training.update import grpo_objective, make_train_step, sft_objective
+from grpo_jax.training.update import distill_objective, grpo_objective, make_train_step, sft_objective
 from grpo_jax.training import wandb_run
 
 __all__ = (
@@ -20,6 +20,7 @@ __all__ = (
     "batch_from_samples",
     "encode_prompts",
     "end_progress_line",
+    "distill_objective",
     "grpo_objective",
     "init_train_state",
     "make_optimizer",

@@ -25,7 +25,7 @@ from grpo_jax.train_state import TrainState
 Params = Any
 Objective = Callable[[Params, Any, dict], tuple[jax.Array, dict]]
 # Metrics that are sums over micro-batches (the losses, with global normalisers); others are averaged.
-_ADDITIVE = ("loss", "pg_loss", "kl_loss")
+_ADDITIVE = ("loss", "pg_loss", "kl_loss", "entropy_loss")
 
 
 # optax >= 0.2.5 has optax.tree.norm; global_norm is its deprecated older name.
@@ -183,13 +183,14 @@ def rollout_correction(logp: jax.Array, old_logp: jax.Array, batch, *, correctio
 def grpo_objective(params: Params, batch, totals: dict, *, config: ModelConfig, loss_kwargs: dict,
                    use_reference: bool, chunk_size: int = 128, temperature: float = 1.0, group_size: int = 1,
                    prompt_len: int | None = None, on_policy: bool = False, correction_kwargs: dict | None = None):
-  """The GRPO loss (`losses.grpo_loss`) of a `Batch`, plus the policy's mean token entropy.
+  """The GRPO loss (`losses.grpo_loss`, given the policy's per-token entropy for its entropy options) of a `Batch`,
+  plus the policy's mean token entropy.
 
   The policy is π(·) ∝ exp(logits / temperature), the distribution the rollouts were sampled from, so
   `batch.old_logp`, `batch.ref_logp` and `batch.sampler_logp` must be log-probs at the same temperature.
 
   Rollout-trainer mismatch (`rollout_correction`, with `correction_kwargs`): logged when the batch carries the
-  sampler's log-probs; with a correction its weights multiply the clipped term.
+  sampler's log-probs; with a correction its weights multiply the policy term.
 
   Speed options (same loss up to float rounding):
     group_size, prompt_len: rows in groups of G samples of one prompt of P columns (the sampler's
@@ -204,9 +205,25 @@ def grpo_objective(params: Params, batch, totals: dict, *, config: ModelConfig, 
   weights, mismatch = rollout_correction(logp, old_logp, batch, **(correction_kwargs or {}))
   loss, metrics = losses.grpo_loss(
       logp, old_logp, batch.ref_logp if use_reference else None, batch.advantages, batch.loss_mask,
-      num_sequences=totals["num_sequences"], num_tokens=totals["num_tokens"], rollout_weights=weights, **loss_kwargs)
+      num_sequences=totals["num_sequences"], num_tokens=totals["num_tokens"], entropy=entropy,
+      rollout_weights=weights, **loss_kwargs)
   metrics["entropy"] = jax.lax.stop_gradient(losses.masked_mean(entropy, batch.loss_mask))
   return loss, {**metrics, **mismatch}
+
+
+def distill_objective(params: Params, batch, totals: dict, *, config: ModelConfig, loss_kwargs: dict,
+                      chunk_size: int = 128, temperature: float = 1.0, group_size: int = 1,
+                      prompt_len: int | None = None, on_policy: bool = False):
+  """On-policy distillation's loss (`losses.distill_loss`) of a `Batch` whose `ref_logp` holds the frozen teacher's
+  log-probs of the sampled tokens, plus the policy's mean token entropy; the options are `grpo_objective`'s."""
+  logp, entropy = policy_logprobs(params, batch, config=config, chunk_size=chunk_size, temperature=temperature,
+                                  group_size=group_size, prompt_len=prompt_len)
+  old_logp = jax.lax.stop_gradient(logp) if on_policy else batch.old_logp
+  loss, metrics = losses.distill_loss(logp, old_logp, batch.ref_logp, batch.loss_mask,
+                                      num_sequences=totals["num_sequences"], num_tokens=totals["num_tokens"],
+                                      **loss_kwargs)
+  metrics["entropy"] = jax.lax.stop_gradient(losses.masked_mean(entropy, batch.loss_mask))
+  return loss, metrics
 
 
 def bind(objective: Callable, **kwargs) -> Objective:

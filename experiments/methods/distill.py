@@ -1,0 +1,105 @@
+"""On-policy distillation: the student (the policy) samples, a frozen teacher scores the same tokens, and the
+per-token reverse KL to the teacher is the signal (`losses.distill_loss`; GKD's on-policy setting, Thinking
+Machines' "On-Policy Distillation"). No reward enters the loss: the rule reward is only reported.
+
+The teacher is an HF checkpoint (`--teacher_checkpoint`) with the policy's tokenizer, held on the device(s) beside
+the policy as π_ref is (placed by the same rules, never trained); its forward over a step's rows is one more
+scoring forward, grouped by prompt like π_ref's. Teacher and student log-probs are both at the rollout
+temperature, so the student is drawn to the teacher's logits up to a constant, whatever the temperature.
+"""
+
+import time
+
+import jax
+import jax.numpy as jnp
+
+from experiments.methods import grpo
+from experiments.methods import rollouts as rollouts_lib
+from experiments.runner import config as config_lib
+from experiments.runner import policy as policy_lib
+from grpo_jax import logprobs as logprobs_lib
+from grpo_jax import models
+from grpo_jax import training
+from grpo_jax.training import update as update_lib
+
+
+class Distill(grpo.GRPO):
+  """GRPO's rollouts, prompt sharing and on-policy shortcut; the teacher's log-probs in the batch's `ref_logp`."""
+
+  name = "distill"
+
+  def __init__(self, cfg, config, task, rollouts, reference):
+    super().__init__(cfg, config, task, rollouts, reference)
+    path = cfg.algorithm.teacher_checkpoint
+    # the policy's runtime options and attention implementation; the weights: `teacher`
+    self.teacher_config = models.read_config(path, **policy_lib.runtime(cfg.model)).replace(attention=config.attention)
+    if self.teacher_config.vocab_size != config.vocab_size:
+      raise config_lib.RunError(f"--teacher_checkpoint={path}: vocabulary of {self.teacher_config.vocab_size} "
+                                f"tokens, the policy's has {config.vocab_size}; a teacher must share the policy's "
+                                f"tokenizer")
+    self._teacher = None
+    grouped = dict(group_size=cfg.rollout.group_size, prompt_len=cfg.task.max_prompt_len) if self.grouped() else {}
+    self.teacher_logprobs = rollouts.placement.logprobs(self.teacher_config, chunk_size=cfg.model.logprob_chunk,
+                                                        temperature=cfg.rollout.temperature, **grouped)
+
+  @property
+  def teacher(self):
+    """The teacher's params, on the device(s) by the placement's rules; loaded at the first step's scoring."""
+    if self._teacher is None:
+      self._teacher, _ = self.rollouts.placement.load_hf(self.cfg.algorithm.teacher_checkpoint,
+                                                         **policy_lib.runtime(self.cfg.model))
+    return self._teacher
+
+  @property
+  def reference(self):
+    """None: distillation has no π_ref (the teacher takes its place), so the loop's copy is not kept."""
+    return None
+
+  @reference.setter
+  def reference(self, value):
+    del value
+
+  def objective(self):
+    algo = self.cfg.algorithm
+    loss_kwargs = dict(epsilon=algo.epsilon, epsilon_high=algo.epsilon_high, aggregation=algo.loss_aggregation,
+                       max_len=self.cfg.rollout.max_new_tokens)
+    grouped = dict(group_size=self.cfg.rollout.group_size, prompt_len=self.cfg.task.max_prompt_len
+                   ) if self.grouped() else {}
+    return update_lib.bind(training.distill_objective, config=self.config, loss_kwargs=loss_kwargs,
+                           chunk_size=self.cfg.model.logprob_chunk, temperature=self.cfg.rollout.temperature,
+                           on_policy=self.on_policy(), **grouped)
+
+  def collect(self, params, position: int, key):
+    rollout = self.cfg.rollout
+    b, g = rollout.batch_size, rollout.group_size
+    t0 = time.time()
+    examples = [self.task.train_example(position + i) for i in range(b)]
+    scored = self.rollouts.sample(params, examples, key, g)
+    samples = self.rollouts.trim(scored.samples, scored.host.lengths)
+    sample_time = time.time() - t0 - scored.score_time
+
+    # SCORE: the teacher's log-probs of the student's tokens (and π_old when the update is not on-policy)
+    t1 = time.time()
+    loss_mask = jnp.asarray(samples.mask)
+    if rollout.mask_truncated:
+      loss_mask &= ~jnp.asarray(samples.truncated)[:, None]
+    if self.on_policy():
+      old_logp = jnp.zeros(samples.tokens.shape, jnp.float32)  # not read: the objective uses sg(π_θ)
+    else:
+      old_logp = self.rollouts.old_logprobs(params, samples, self.group_logprobs)
+    sequences = logprobs_lib.sequences_from_samples(samples)
+    teacher_logp = self.rollouts.completion(self.teacher_logprobs(self.teacher, *sequences), samples)
+    batch = training.batch_from_samples(samples, loss_mask, old_logp, teacher_logp,
+                                        jnp.zeros(samples.tokens.shape[:1], jnp.float32))
+    jax.block_until_ready(batch)
+    stats = self.rollouts.stats(rollouts_lib.Scored(samples, scored.rewards, scored.correct, scored.score_time,
+                                                    scored.host), g)
+    stats.update(completion_width=float(samples.tokens.shape[1]), time_sampling=sample_time,
+                 time_scoring=scored.score_time + time.time() - t1)
+    return batch, stats, position + b
+
+  def summary_rows(self, start: dict, final: dict) -> list[tuple[str, str]]:
+    return [(f"format rate, after {self.name}", f"{100 * final['format_rate']:.1f}%"),
+            ("teacher", self.cfg.algorithm.teacher_checkpoint)]
+
+
