@@ -177,6 +177,16 @@ flags.DEFINE_integer("grad_accum_steps", _D["grad_accum_steps"], "Micro-batches 
 flags.DEFINE_bool("recompute_old_logprobs", _D["recompute_old_logprobs"],
     "Recompute π_old with a forward pass instead of taking it exactly as stop_gradient(π_θ) (GRPO with one epoch "
     "over one minibatch: the default) or from the sampler's log-probs (at temperature 1).")
+flags.DEFINE_enum("rollout_correction", _D["rollout_correction"], _choices("rollout_correction"),
+    "GRPO/PPO: correct the policy gradient for the gap between the sampler's and the trainer's log-probs of the "
+    "sampled tokens (always logged as train/mismatch_*), with ratio ρ = π_trainer/π_sampler: token_tis / seq_tis "
+    "weigh each token by min(ρ, --rollout_correction_upper), of the token or of its whole sequence (truncated IS); "
+    "token_mis / seq_mis weigh it by ρ inside [--rollout_correction_lower, --rollout_correction_upper] and drop it "
+    "outside (masked IS). With temperature 1, π_old is then recomputed by a forward instead of taken from the sampler.")
+flags.DEFINE_float("rollout_correction_lower", _D["rollout_correction_lower"],
+    "--rollout_correction=token_mis|seq_mis: the lowest ratio kept, in [0, 1] (0: bounded from above only).")
+flags.DEFINE_float("rollout_correction_upper", _D["rollout_correction_upper"],
+    "--rollout_correction: C of truncated IS (token_tis, seq_tis), the highest ratio kept by masked IS; >= 1.")
 flags.DEFINE_enum("advantage_estimator", _D["advantage_estimator"], _choices("advantage_estimator"),
     "GRPO's advantages: group (normalised within the G samples of a prompt, --advantage_scale), rloo (r_i minus the"
     " mean of the other G-1 rewards, unscaled), or reinforce_pp (REINFORCE++: the KL penalty β·--kl (default k1) in"

@@ -45,6 +45,10 @@ def test_replace_flat_and_from_flat_round_trip():
     ({"forward_rows": 12}, "--forward_rows must be a multiple of --group_size"),
     ({"forward_memory_budget": -1.0}, "--forward_memory_budget must be >= 0"),
     ({"attention": "flash"}, "--attention must be one of auto, einsum, xla, cudnn, pallas"),
+    ({"rollout_correction": "tis"}, "--rollout_correction must be one of none, token_tis, seq_tis, token_mis"),
+    ({"rollout_correction_upper": 0.9}, "--rollout_correction_upper must be >= 1"),
+    ({"rollout_correction_lower": 1.5}, "--rollout_correction_lower must be in [0, 1]"),
+    ({"rollout_correction": "seq_mis", "algo": "online_rft"}, "--rollout_correction=seq_mis weights GRPO's and PPO's"),
 ])
 def test_bad_values_are_one_line_naming_the_flag(fields, message):
   with pytest.raises(config_lib.ConfigError) as info:
@@ -59,6 +63,7 @@ def test_choices_are_the_librarys():
   assert set(choices["sharding_rules"]) == set(partitioning.RULES)
   assert choices["attention"] == models.attention.CHOICES
   assert config_lib.TINY_HEADS == models.tiny_config().num_attention_heads
+  assert choices["rollout_correction"] == ("none", *losses.rollout_correction.CORRECTIONS)
 
 
 def test_may_change_fields_exist():

@@ -68,6 +68,37 @@ def test_combine_keeps_extremes():
   assert loop.combine("loss", [1.0, 2.0]) == 1.5
 
 
+def test_mismatch_metrics_come_from_the_first_minibatch_and_show_when_large():
+  assert loop.combine("mismatch_logp_diff_max", [0.1, 0.7]) == 0.1 and loop.combine("mismatch_kl", [2.0, 1.0]) == 2.0
+  small = {"train/loss": 0.5, "train/mismatch_kl": 1e-6, "train/mismatch_ratio_outside": 0.0}
+  assert "mismatch" not in loop._progress_line(small)  # pylint: disable=protected-access
+  large = {**small, "train/mismatch_kl": 2e-3}
+  assert loop._progress_line(large).endswith("mismatch kl 2.0e-03 out 0.00%")  # pylint: disable=protected-access
+  outside = {**small, "train/mismatch_ratio_outside": 0.004}
+  assert loop._progress_line(outside).endswith("mismatch kl 1.0e-06 out 0.40%")  # pylint: disable=protected-access
+
+
+def test_a_bfloat16_run_logs_a_mismatch_that_the_correction_weights_follow(tmp_path):
+  """In bfloat16 the sampler's decode and the trainer's forward round differently: every step logs a nonzero
+  mismatch, and token-TIS weights are e^Δ of the same tokens (on-policy GRPO: π_old is the update's forward), so
+  their extremes are those of the logged |Δ| (the cap C = 100 is far)."""
+  config = config_lib.Config().replace(**TINY, dtype="bfloat16", rollout_correction="token_tis",
+                                       rollout_correction_upper=100.0, work_dir=str(tmp_path))
+  loop.run(config)
+  records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  train = [r for r in records if "train/loss" in r]
+  assert len(train) == 2
+  for r in train:
+    assert 0 < r["train/mismatch_logp_diff_mean"] <= r["train/mismatch_logp_diff_max"] < np.log(100.0)
+    assert r["train/mismatch_kl"] > 0
+    assert (r["train/mismatch_ratio_outside"] > 0) == (r["train/mismatch_logp_diff_max"] > np.log(2.0))
+    # max_t |Δ_t| = max(log max_t w_t, −log min_t w_t) with w_t = e^{Δ_t}
+    extreme = max(np.log(r["train/rollout_is_weight_max"]), -np.log(r["train/rollout_is_weight_min"]))
+    np.testing.assert_allclose(extreme, r["train/mismatch_logp_diff_max"], rtol=1e-4, atol=1e-6)
+    assert r["train/rollout_is_weight_min"] < 1 < r["train/rollout_is_weight_max"]
+    assert r["train/rollout_is_dropped_frac"] == 0.0
+
+
 def test_resume_keeps_the_count_of_truncated_prompts(tmp_path):
   """`train/prompts_truncated` counts since the start of the run: a resumed run goes on from the checkpoint's
   count instead of from 0. Every prompt is longer than 4 tokens, so after step s it is s·B."""

@@ -277,6 +277,45 @@ def test_grpo_skips_the_old_policy_forward_only_when_exact(sft_policy, args, on_
     assert np.all(old <= 0) and np.any(old < 0)  # the log-probs of the sampled tokens
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_batches_carry_the_samplers_logprobs_at_the_policys_temperature(sft_policy, temperature):
+  """The sampler's log-probs in the batch are the trained policy's, softmax(logits / T): they equal the recomputed
+  π_old up to float rounding (not the T = 1 values); at T = 1 without a correction they are π_old itself, and a
+  correction recomputes π_old with a forward instead (one call of the π_old program, none without)."""
+  for correction in ("none", "seq_mis"):
+    method, params, _ = _method("grpo", sft_policy, f"--temperature={temperature}", "--num_epochs=2", "--beta=0",
+                                f"--rollout_correction={correction}")
+    calls = []
+    forward = method.group_logprobs
+    method.group_logprobs = lambda *a, **k: calls.append(1) or forward(*a, **k)  # noqa: E731
+    batch, _, _ = method.collect(params, 0, jax.random.key(0))
+    m = np.asarray(batch.loss_mask)
+    sampler, old = np.asarray(batch.sampler_logp)[m], np.asarray(batch.old_logp)[m]
+    assert np.all(sampler <= 0) and np.any(sampler < -0.01)
+    np.testing.assert_allclose(sampler, old, atol=1e-4)
+    if temperature == 1.0 and correction == "none":
+      assert not calls and np.array_equal(sampler, old)  # π_old is the sampler's log-probs
+    else:
+      assert len(calls) == 1
+    assert method.objective().keywords["correction_kwargs"]["correction"] == correction
+
+
+@pytest.mark.parametrize("algo, correction", [("ppo", "seq_tis"), ("grpo", "token_mis")])
+def test_rollout_corrections_run_end_to_end(sft_policy, tmp_path, algo, correction):
+  """The policy's own samples (no `known_answers`: its injected tokens carry a made-up sampler log-prob, log ½)."""
+  _parse(f"--work_dir={tmp_path}", f"--init_checkpoint={sft_policy}", f"--algo={algo}", "--steps=2",
+         "--eval_every=0", f"--rollout_correction={correction}", "--temperature=1.0", "--num_test=4")
+  grpo_math.run()
+  FLAGS.unparse_flags()
+  train = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()
+           if "train/loss" in line]
+  assert len(train) == 2
+  for r in train:  # float32: the sampler and the trainer agree to float rounding, so the weights are 1
+    assert 0 <= r["train/mismatch_logp_diff_max"] < 1e-3 and r["train/mismatch_ratio_outside"] == 0
+    assert r["train/rollout_is_weight_min"] == pytest.approx(1, abs=1e-3) == r["train/rollout_is_weight_max"]
+    assert r["train/rollout_is_dropped_frac"] == 0
+
+
 def test_shared_prompt_forwards_match_the_full_ones(sft_policy, known_answers):
   """GRPO with `shared_prompt_forward` (each prompt once per group): the same π_ref, loss and gradient as the
   full forwards on the same samples, up to float rounding; minibatches keep whole groups."""

@@ -79,6 +79,28 @@ def test_ppo_objective_at_ratio_one_hand_computed(model):
   assert float(metrics["value_clip_frac"]) == 0.0
 
 
+def test_ppo_objective_rollout_correction_weights_the_policy_term_only(model):
+  """Masked IS on a hand-made mismatch: tokens whose sampler ratio lies outside [0.5, 2] leave the surrogate
+  (at ρ = 1 it is −A per kept token, weighted by e^Δ), the value loss is unchanged, and the mismatch is logged."""
+  policy, value, config = model
+  batch = _ppo_batch(policy, value, config)
+  m = np.asarray(batch.loss_mask, np.float32)
+  rng = np.random.default_rng(3)
+  delta = rng.choice([-1.0, 0.0, 0.5], size=m.shape).astype(np.float32) * m  # ratios e^−1 (dropped), 1, e^.5
+  batch = batch._replace(sampler_logp=batch.old_logp - jnp.asarray(delta))
+  objective = functools.partial(objectives.ppo_objective, config=config, value_clip=0.2, value_coef=0.5,
+                                loss_kwargs=dict(epsilon=0.2, aggregation="token-mean"),
+                                correction_kwargs=dict(correction="token_mis", lower=0.5, upper=2.0))
+  _, metrics = objective({"policy": policy, "value": value}, batch, _totals(batch.loss_mask))
+  w = np.where(delta == -1.0, 0.0, np.exp(delta)) * m
+  pg = -np.sum(np.asarray(batch.advantages) * w) / m.sum()
+  np.testing.assert_allclose(metrics["pg_loss"], pg, rtol=1e-4, atol=1e-6)
+  vf = np.sum(0.5 * (np.asarray(batch.old_values) - np.asarray(batch.returns)) ** 2 * m) / m.sum()
+  np.testing.assert_allclose(metrics["value_loss"], vf, rtol=1e-4)
+  np.testing.assert_allclose(metrics["rollout_is_dropped_frac"], np.mean(delta[m > 0] == -1.0), atol=1e-6)
+  np.testing.assert_allclose(metrics["mismatch_logp_diff_max"], 1.0, atol=1e-5)
+
+
 def test_ppo_gradients_split_by_role(model):
   """The policy's gradient comes only from the surrogate and the critic's only from the value loss."""
   policy, value, config = model

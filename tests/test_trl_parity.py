@@ -52,17 +52,22 @@ def _trainer(**options):
   return stub
 
 
-def _trl_loss(batch, **options):
-  """TRL's loss and its gradients with respect to the log-probs and the entropies."""
+def _trl_loss(batch, importance_sampling_ratio=None, **options):
+  """TRL's loss and its gradients with respect to the log-probs and the entropies; with `importance_sampling_ratio`,
+  its vLLM importance-sampling correction on, with those weights."""
   logp, old, ref, adv, mask, entropy = (torch.tensor(np.asarray(x)) for x in batch)
   logp.requires_grad_(True)
   entropy.requires_grad_(True)
   stub = _trainer(**options)
+  if importance_sampling_ratio is not None:
+    stub.use_vllm = stub.vllm_importance_sampling_correction = True
   stub._get_per_token_logps_and_entropies = lambda *a, **k: (logp, entropy, None)  # pylint: disable=protected-access
   mask = mask.long()
   inputs = dict(prompt_ids=torch.zeros((B, 1), dtype=torch.long), prompt_mask=torch.ones((B, 1), dtype=torch.long),
                 completion_ids=torch.zeros((B, T), dtype=torch.long), completion_mask=mask, advantages=adv,
                 old_per_token_logps=old, ref_per_token_logps=ref, num_items_in_batch=mask.sum())
+  if importance_sampling_ratio is not None:
+    inputs["importance_sampling_ratio"] = torch.tensor(np.asarray(importance_sampling_ratio))
   loss = trl.GRPOTrainer._compute_loss(stub, None, inputs)  # pylint: disable=protected-access
   loss.backward()
   entropy_grad = np.zeros((B, T)) if entropy.grad is None else entropy.grad.numpy()
@@ -144,3 +149,21 @@ def test_top_entropy_mask_equals_trls(rho):
   theirs = _trainer().get_high_entropy_mask(torch.tensor(np.asarray(entropy)), torch.tensor(np.asarray(mask)).long(),
                                             1 - rho)
   np.testing.assert_array_equal(losses.top_entropy_mask(entropy, mask, rho), theirs.numpy())
+
+
+@pytest.mark.parametrize("correction", ["token_tis", "seq_mis"])
+@pytest.mark.parametrize("case", ["grpo", "dapo", "cispo", "sapo"])
+def test_rollout_correction_weights_enter_the_loss_as_trls(case, correction):
+  """`grpo_loss(rollout_weights=w)` against TRL's `_compute_loss` with its vLLM importance-sampling correction given
+  the same weights (`importance_sampling_ratio`): w multiplies each token's policy term, not the KL term."""
+  theirs, ours = CASES[case]
+  batch = _batch(5)
+  logp, old, mask = batch[0], batch[1], batch[4]
+  sampler = old + 0.3 * jax.random.normal(jax.random.PRNGKey(9), old.shape)
+  w = losses.rollout_correction_weights(sampler, old, mask, correction, lower=0.3, upper=2.0)
+  assert 0 < float(jnp.sum(w != 1.0)) and float(jnp.max(w)) > 1.0  # weights that change the loss
+  trl_out = _trl_loss(batch, beta=0.04, importance_sampling_ratio=w, **theirs)
+  our_out = _ours(batch, beta=0.04, rollout_weights=w, **ours)
+  np.testing.assert_allclose(our_out[0], trl_out[0], rtol=1e-5)
+  np.testing.assert_allclose(our_out[1], trl_out[1], rtol=1e-4, atol=1e-7)
+  assert abs(our_out[0] - _ours(batch, beta=0.04, **ours)[0]) > 1e-4

@@ -198,3 +198,72 @@ def test_on_policy_objective_equals_old_logp_of_the_same_params(model):
   np.testing.assert_allclose(on_loss, loss, rtol=1e-6, atol=1e-7)
   assert float(on_metrics["ratio_mean"]) == 1.0 and float(on_metrics["clip_frac"]) == 0.0
   jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-7), on_grads, grads)
+
+
+def _own_logprobs(params, config, batch):
+  from grpo_jax import logprobs  # pylint: disable=import-outside-toplevel
+  logp = jax.jit(functools.partial(logprobs.token_logprobs, config=config))(params, tokens=batch.tokens,
+                                                                           attention_mask=batch.attention_mask)
+  return logp * batch.loss_mask
+
+
+@pytest.mark.parametrize("correction", ["token_tis", "seq_tis", "token_mis", "seq_mis"])
+@pytest.mark.parametrize("on_policy", [False, True])
+def test_rollout_correction_of_agreeing_logprobs_leaves_the_loss_and_gradient_as_they_are(model, correction,
+                                                                                          on_policy):
+  """The sampler's log-probs equal the trainer's: the mismatch metrics are 0, the weights 1, and the loss and its
+  gradient those of no correction."""
+  params, config = model
+  batch = _batch(config)
+  own = _own_logprobs(params, config, batch)
+  batch = batch._replace(old_logp=own, sampler_logp=own)
+  kw = dict(config=config, loss_kwargs=dict(epsilon=0.2, beta=0.04), use_reference=True, chunk_size=5,
+            on_policy=on_policy)
+  totals = update_lib._totals(batch.loss_mask)  # pylint: disable=protected-access
+
+  def grad(**more):
+    objective = functools.partial(training.grpo_objective, **kw, **more)
+    return jax.jit(jax.value_and_grad(objective, has_aux=True))(params, batch, totals)
+
+  (loss, metrics), g = grad(correction_kwargs=dict(correction=correction))
+  (plain_loss, plain), plain_g = grad()
+  for name in ("mismatch_logp_diff_mean", "mismatch_logp_diff_max", "mismatch_kl", "mismatch_ratio_outside"):
+    assert float(metrics[name]) < 1e-5 and float(plain[name]) < 1e-5, name
+  for name in ("rollout_is_weight_mean", "rollout_is_weight_min", "rollout_is_weight_max"):
+    np.testing.assert_allclose(metrics[name], 1.0, atol=1e-5, err_msg=name)
+  assert float(metrics["rollout_is_dropped_frac"]) == 0.0 and "rollout_is_weight_mean" not in plain
+  np.testing.assert_allclose(loss, plain_loss, rtol=1e-5)
+  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-4, atol=1e-7), g, plain_g)
+
+
+def test_rollout_correction_weights_a_hand_made_mismatch(model):
+  """The sampler's log-probs are the trainer's minus a known Δ per token: the metrics and the token-TIS weights are
+  what the formulas give for that Δ, and the loss is `grpo_loss` with those weights."""
+  from grpo_jax import losses  # pylint: disable=import-outside-toplevel
+  params, config = model
+  batch = _batch(config)
+  own = _own_logprobs(params, config, batch)
+  rng = np.random.default_rng(1)
+  delta = (rng.choice([-1.0, -0.25, 0.0, 0.25, 1.0], size=own.shape) * batch.loss_mask).astype(np.float32)
+  batch = batch._replace(old_logp=own, sampler_logp=own - delta)
+  totals = update_lib._totals(batch.loss_mask)  # pylint: disable=protected-access
+  kw = dict(config=config, loss_kwargs=dict(epsilon=0.2, beta=0.0), use_reference=False, chunk_size=5,
+            on_policy=True)
+  loss, metrics = jax.jit(functools.partial(training.grpo_objective, correction_kwargs=dict(
+      correction="token_tis", upper=2.0), **kw))(params, batch, totals)
+  m = np.asarray(batch.loss_mask)
+  d = delta[m]
+  np.testing.assert_allclose(metrics["mismatch_logp_diff_mean"], np.mean(np.abs(d)), atol=1e-5)
+  np.testing.assert_allclose(metrics["mismatch_logp_diff_max"], 1.0, atol=1e-5)
+  np.testing.assert_allclose(metrics["mismatch_kl"], np.mean(np.exp(d) - d - 1), rtol=1e-4)
+  np.testing.assert_allclose(metrics["mismatch_ratio_outside"], np.mean(np.abs(d) == 1.0), atol=1e-6)
+  weights = np.minimum(np.exp(delta), 2.0) * m  # token TIS, C = 2: e^Δ, capped at 2 where Δ = 1
+  np.testing.assert_allclose(metrics["rollout_is_weight_mean"], weights[m].mean(), rtol=1e-5)
+  np.testing.assert_allclose(metrics["rollout_is_weight_max"], 2.0, rtol=1e-6)
+  np.testing.assert_allclose(metrics["rollout_is_weight_min"], np.exp(-1.0), rtol=1e-5)
+  expected, _ = losses.grpo_loss(own, own, None, batch.advantages, batch.loss_mask, epsilon=0.2, beta=0.0,
+                                 rollout_weights=jnp.asarray(weights), num_sequences=totals["num_sequences"],
+                                 num_tokens=totals["num_tokens"])
+  np.testing.assert_allclose(loss, expected, rtol=1e-5, atol=1e-7)
+  unweighted, _ = jax.jit(functools.partial(training.grpo_objective, **kw))(params, batch, totals)
+  assert abs(float(unweighted) - float(loss)) > 1e-4  # the weights changed it

@@ -86,6 +86,12 @@ class Method(abc.ABC):
     return [(f"format rate, after {self.name}", f"{100 * final['format_rate']:.1f}%")]
 
 
+def correction_kwargs(algo: config_lib.AlgorithmConfig) -> dict:
+  """The objectives' rollout-correction arguments (`training.update.rollout_correction`) of the flags."""
+  return dict(correction=algo.rollout_correction, lower=algo.rollout_correction_lower,
+              upper=algo.rollout_correction_upper)
+
+
 def take(batch, rows):
   """The rows `rows` of every array of a batch pytree (a device gather; sharded arrays stay sharded)."""
   return jax.tree.map(lambda x: x[rows], batch)

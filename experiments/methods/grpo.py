@@ -63,7 +63,8 @@ class GRPO(base.Method):
                    ) if self.grouped() else {}
     return update_lib.bind(training.grpo_objective, config=self.config, loss_kwargs=loss_kwargs,
                            use_reference=algo.beta > 0 and kl_in_loss, chunk_size=self.cfg.model.logprob_chunk,
-                           temperature=self.cfg.rollout.temperature, on_policy=self.on_policy(), **grouped)
+                           temperature=self.cfg.rollout.temperature, on_policy=self.on_policy(),
+                           correction_kwargs=base.correction_kwargs(algo), **grouped)
 
   def collect(self, params, position: int, key):
     cfg, algo, rollout = self.cfg, self.cfg.algorithm, self.cfg.rollout

@@ -86,7 +86,8 @@ class PPO(base.Method):
                        aggregation=algo.loss_aggregation, max_len=self.cfg.rollout.max_new_tokens)
     return update_lib.bind(objectives.ppo_objective, config=self.config, loss_kwargs=loss_kwargs,
                            value_clip=algo.value_clip or None, value_coef=algo.value_coef,
-                           chunk_size=self.cfg.model.logprob_chunk, temperature=self.cfg.rollout.temperature)
+                           chunk_size=self.cfg.model.logprob_chunk, temperature=self.cfg.rollout.temperature,
+                           correction_kwargs=base.correction_kwargs(algo))
 
   def collect(self, params, position: int, key):
     algo, rollout = self.cfg.algorithm, self.cfg.rollout
@@ -116,7 +117,7 @@ class PPO(base.Method):
     batch = training.batch_from_samples(samples, mask, old_logp, ref_logp, advantages)
     zeros = jnp.zeros(samples.prompt_tokens.shape, jnp.float32)
     full = lambda x: jnp.concatenate([zeros, jnp.where(mask, x, 0.0)], axis=1)  # noqa: E731
-    batch = training.PPOBatch(*batch, old_values=full(old_values), returns=full(returns))
+    batch = training.PPOBatch(**batch._asdict(), old_values=full(old_values), returns=full(returns))
     jax.block_until_ready(batch)
 
     # The statistics, in one transfer.

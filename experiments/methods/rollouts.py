@@ -109,19 +109,24 @@ class Rollouts:
     """The sampler's compile-time options of the rollouts (`sampling.sample` / `rollout_engine.generate` keywords
     and their `jit_*`; the temperature is a traced argument) for `num_prompts` x `num_samples` (default
     batch_size x group_size): the engine's `num_slots` (`Placement.engine_slots`), or the static sampler's
-    `prompt_chunk`, the prompts that fit the placement's memory budget at a time (`Placement.sampler_chunk`)."""
+    `prompt_chunk`, the prompts that fit the placement's memory budget at a time (`Placement.sampler_chunk`). The
+    sampler's log-probs are those of the policy trained, softmax(logits / temperature), as the trainer's are, so the
+    two compare (`losses.mismatch_metrics`); at temperature 1 they are the values the sampler gives without it."""
     rollout = self.cfg.rollout
     shapes = (self.config, num_prompts or rollout.batch_size, self.cfg.task.max_prompt_len,
               num_samples or rollout.group_size, rollout.max_new_tokens)
-    options = dict(max_new_tokens=rollout.max_new_tokens, top_k=rollout.top_k, top_p=rollout.top_p)
+    options = dict(max_new_tokens=rollout.max_new_tokens, top_k=rollout.top_k, top_p=rollout.top_p,
+                   logprobs_at_temperature=True)
     if rollout.sampler == "engine":
       return options | dict(num_slots=self.placement.engine_slots(*shapes, num_slots=rollout.num_slots))
     return options | dict(prompt_chunk=self.placement.sampler_chunk(*shapes))
 
   def old_logprobs(self, params, samples: sampling.SampleOutput, logprobs=None):
     """π_old of the sampled tokens `[N, T]`: the sampler's own log-probs at T = 1, else recomputed with
-    `logprobs` (default `self.logprobs`; GRPO passes its shared-prompt one)."""
-    if self.cfg.rollout.temperature == 1.0 and not self.cfg.algorithm.recompute_old_logprobs:
+    `logprobs` (default `self.logprobs`; GRPO passes its shared-prompt one). A rollout correction compares the
+    sampler's log-probs with the trainer's π_old, so it recomputes π_old."""
+    algo = self.cfg.algorithm
+    if self.cfg.rollout.temperature == 1.0 and not algo.recompute_old_logprobs and algo.rollout_correction == "none":
       return jax.numpy.asarray(samples.logprobs)
     return self.completion((logprobs or self.logprobs)(params, *logprobs_lib.sequences_from_samples(samples)),
                            samples)

@@ -111,6 +111,11 @@ class AlgorithmConfig:
   minibatch_size: int = 0
   grad_accum_steps: int = 1
   recompute_old_logprobs: bool = False
+  # The rollout-trainer log-prob mismatch's correction (losses.rollout_correction): none, token_tis, seq_tis,
+  # token_mis or seq_mis; TIS truncates the ratio at rollout_correction_upper, MIS keeps it in [lower, upper].
+  rollout_correction: str = "none"
+  rollout_correction_lower: float = 0.5
+  rollout_correction_upper: float = 2.0
   shared_prompt_forward: bool = True
   gamma: float = 1.0
   gae_lambda: float = 0.95
@@ -332,6 +337,7 @@ CHOICES = {  # the allowed values of the enum fields (and flags)
     "loss_aggregation": ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum"),
     "advantage_scale": ("group", "batch", "none"), "advantage_estimator": ("group", "rloo", "reinforce_pp"),
     "importance": ("token", "sequence"), "loss": ("clip", "cispo", "sapo"), "lr_schedule": ("constant", "cosine"),
+    "rollout_correction": ("none", "token_tis", "seq_tis", "token_mis", "seq_mis"),
     "supervision": ("outcome", "process"), "sharding_rules": ("dp", "fsdp", "fsdp_tp"),
     "attention": ("auto", "einsum", "xla", "cudnn", "pallas"), "sampler": ("engine", "static"),
 }
@@ -394,6 +400,13 @@ def check(config: Config) -> str | None:
     return f"--{'gamma' if not 0 <= v['gamma'] <= 1 else 'gae_lambda'} must be in [0, 1]"
   if v["value_clip"] < 0:
     return "--value_clip must be >= 0"
+  if not v["rollout_correction_upper"] >= 1:
+    return "--rollout_correction_upper must be >= 1 (the importance ratio of identical policies is 1)"
+  if not 0 <= v["rollout_correction_lower"] <= 1:
+    return "--rollout_correction_lower must be in [0, 1] (the importance ratio of identical policies is 1)"
+  if v["rollout_correction"] != "none" and algo not in ("grpo", "ppo"):
+    return (f"--rollout_correction={v['rollout_correction']} weights GRPO's and PPO's policy-gradient loss: it needs "
+            f"--algo=grpo or ppo")
   if not 0 <= v["replay_fraction"] < 1:
     return "--replay_fraction must be in [0, 1)"
   if not v["math_verify_time_limit"] > 0:

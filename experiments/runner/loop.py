@@ -56,8 +56,19 @@ def note(line: str) -> None:
   print(line, file=sys.stderr)
 
 
+# The rollout-trainer mismatch (`training.update.rollout_correction`) compares the sampler's log-probs with the
+# update forward's π_θ: on a step's first minibatch that is the policy that sampled, so it is taken from that one.
+MISMATCH_PREFIX = "mismatch_"
+# The progress line shows the mismatch from this k3 KL(π_sampler ‖ π_trainer) per token, or when any ratio
+# π_trainer / π_sampler of the step lies outside [0.5, 2].
+MISMATCH_SHOWN_KL = 1e-3
+
+
 def combine(name: str, values: list[float]) -> float:
-  """One metric over a step's minibatches (separate optimiser steps): min/max for extremes, else the mean."""
+  """One metric over a step's minibatches (separate optimiser steps): min/max for extremes, else the mean; the
+  mismatch metrics are the first minibatch's."""
+  if name.startswith(MISMATCH_PREFIX):
+    return values[0]
   if name.endswith("_min"):
     return min(values)
   if name.endswith("_max"):
@@ -281,8 +292,12 @@ def _progress_line(values: dict) -> str:
            ("kl", "train/kl", ".4f"), ("kl", "train/kl_reward", ".3f"), ("vf", "train/value_loss", ".4f"),
            ("len", "train/response_length", ".1f"), ("turns", "train/mean_turns", ".2f"),
            ("tool err", "train/tool_error_rate", ".3f"), ("rm_auc", "train/reward_group_auc", ".2f")]
-  return " ".join(f"{name} {values[k]:{fmt}}" for name, k, fmt in parts
+  line = " ".join(f"{name} {values[k]:{fmt}}" for name, k, fmt in parts
                   if isinstance(values.get(k), (int, float)) and math.isfinite(values[k]))
+  kl, outside = values.get("train/mismatch_kl"), values.get("train/mismatch_ratio_outside")
+  if isinstance(kl, float) and isinstance(outside, float) and (kl >= MISMATCH_SHOWN_KL or outside > 0):
+    line += f" mismatch kl {kl:.1e} out {100 * outside:.2f}%"
+  return line
 
 
 # THE RUN

@@ -222,14 +222,15 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
                               f"{chunk['rows_per_chunk'] or n} at a time", per_step=1, kwargs=chunk)
   forwards = []
   if algo.algo == "ppo":  # `PPO.collect`: the rollouts' ungrouped forward
-    if rollout.temperature != 1.0 or algo.recompute_old_logprobs:
+    if rollout.temperature != 1.0 or algo.recompute_old_logprobs or algo.rollout_correction != "none":
       forwards.append("π_old")
     if algo.beta > 0:
       forwards.append("π_ref")
   if algo.algo in ("grpo", "distill"):
     reinforce_pp = algo.advantage_estimator == "reinforce_pp"
     on_policy = method.on_policy() and not reinforce_pp
-    if not on_policy and (rollout.temperature != 1.0 or algo.recompute_old_logprobs):
+    if not on_policy and (rollout.temperature != 1.0 or algo.recompute_old_logprobs
+                          or algo.rollout_correction != "none"):
       forwards.append("π_old")  # else the sampler's log-probs, or stop_gradient(π_θ) in the update
     if algo.beta > 0 and algo.algo == "grpo":
       forwards.append("π_ref")
@@ -267,9 +268,9 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
   step = placement.train_step(state_shardings, optimizer, method.objective(), algo.grad_accum_steps, frozen=frozen)
   f32, bool_ = (lambda: rows(jnp.float32, minibatch)), (lambda: rows(jnp.bool_, minibatch))
   batch = training.Batch(tokens=rows(jnp.int32, minibatch), attention_mask=bool_(), loss_mask=bool_(),
-                         old_logp=f32(), ref_logp=f32(), advantages=f32())
+                         old_logp=f32(), ref_logp=f32(), advantages=f32(), sampler_logp=f32())
   if algo.algo == "ppo":
-    batch = training.PPOBatch(*batch, old_values=f32(), returns=f32())
+    batch = training.PPOBatch(**batch._asdict(), old_values=f32(), returns=f32())
   out["update"] = Program(step.jitted, (state, batch) if frozen is None else (state, batch, frozen),
                           f"{method.name}: one optimiser step over {minibatch} rows in {algo.grad_accum_steps} "
                           f"micro-batches" + ("" if frozen is None else " (LoRA: the adapters; the base frozen)"),

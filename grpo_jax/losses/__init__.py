@@ -47,6 +47,11 @@ from grpo_jax.losses.reward import outcome_bce_loss
 from grpo_jax.losses.reward import pairwise_reward_loss
 from grpo_jax.losses.reward import step_bce_loss
 from grpo_jax.losses.reward import within_problem_pairwise_loss
+from grpo_jax.losses.rollout_correction import masked_is_weights
+from grpo_jax.losses.rollout_correction import mismatch_metrics
+from grpo_jax.losses.rollout_correction import rollout_correction_weights
+from grpo_jax.losses.rollout_correction import truncated_is_weights
+from grpo_jax.losses.rollout_correction import weight_metrics
 from grpo_jax.losses.sapo import sapo_gate
 from grpo_jax.losses.sapo import sapo_gradient_scale
 from grpo_jax.losses.sapo import sapo_surrogate
@@ -80,7 +85,9 @@ __all__ = (
     "kl_penalized_rewards",
     "last_token_mask",
     "log_importance_ratios",
+    "masked_is_weights",
     "masked_mean",
+    "mismatch_metrics",
     "noisy_and_logits",
     "noisy_and_outcome_loss",
     "online_rft_coefficient",
@@ -95,13 +102,16 @@ __all__ = (
     "reverse_kl_rewards",
     "rft_coefficient",
     "rloo_advantages",
+    "rollout_correction_weights",
     "sapo_gate",
     "sapo_gradient_scale",
     "sapo_surrogate",
     "sft_coefficient",
     "step_bce_loss",
     "top_entropy_mask",
+    "truncated_is_weights",
     "value_loss",
+    "weight_metrics",
     "whiten",
     "within_problem_pairwise_loss",
 )

@@ -42,6 +42,7 @@ def grpo_loss(
     entropy: chex.Array | None = None,
     entropy_coef: float = 0.0,
     top_entropy_quantile: float = 1.0,
+    rollout_weights: chex.Array | None = None,
 ) -> tuple[chex.Array, dict[str, chex.Array]]:
   """GRPO loss, the negated objective of DeepSeekMath eq. 3 (arXiv 2402.03300).
 
@@ -51,7 +52,9 @@ def grpo_loss(
   log π_θ(o_t) is −w_t (Â_t + β(π_ref/π_θ − 1)): the GRPO gradient coefficient of §5.2.1,
   w the aggregation weights. The variants are arguments: `epsilon_high` (DAPO clip-higher),
   `aggregation` ("token-mean": DAPO; "seq-mean-token-sum-norm": Dr. GRPO), `importance=
-  "sequence"` (GSPO), `dual_clip`, `beta=0` or `ref_logp=None` (no KL term).
+  "sequence"` (GSPO), `dual_clip`, `beta=0` or `ref_logp=None` (no KL term), `rollout_weights`
+  (the rollout-trainer mismatch's correction, `rollout_correction_weights`: w_t multiplies the
+  policy term of token t, not the KL).
 
   `policy_loss` swaps the clipped surrogate for CISPO's (`cispo_surrogate`: the weight clipped to at most
   1 + `epsilon_high`, no lower bound, as MiniMax-M1) or SAPO's soft gate (`sapo_surrogate`); the KL term and
@@ -83,6 +86,7 @@ def grpo_loss(
     entropy: `[B, T]` per-token entropy of π_θ (differentiated); needed by the two options below.
     entropy_coef: c of the entropy bonus (0: none).
     top_entropy_quantile: ρ, the share of tokens (by entropy) that keep their policy gradient (1: all).
+    rollout_weights: optional `[B, T]` importance weights (stop-gradient) of the policy term.
 
   Returns:
     `(loss, metrics)`: the scalar loss to minimise, and float32 scalars "loss",
@@ -109,6 +113,9 @@ def grpo_loss(
         sapo.sapo_gradient_scale(logp, old_logp, advantages, mask, sapo_tau_pos, sapo_tau_neg, importance), mask)
   else:
     raise ValueError(f"policy loss {policy_loss!r} is unknown; expected one of {', '.join(POLICY_LOSSES)}")
+  if rollout_weights is not None:
+    chex.assert_equal_shape([rollout_weights, mask])
+    pg = pg * jax.lax.stop_gradient(rollout_weights.astype(jnp.float32))
   if (entropy_coef or top_entropy_quantile < 1.0) and entropy is None:
     raise ValueError("grpo_loss: entropy_coef and top_entropy_quantile need the per-token `entropy`")
   if top_entropy_quantile < 1.0:

@@ -65,15 +65,17 @@ def ppo_loss(
     max_len: int | None = None,
     num_sequences: chex.Numeric | None = None,
     num_tokens: chex.Numeric | None = None,
+    rollout_weights: chex.Array | None = None,
 ) -> tuple[chex.Array, dict[str, chex.Array]]:
   """PPO actor loss, the negated objective of DeepSeekMath eq. 1:
 
     J = E[(1/|o|) Σ_t min(ρ_t A_t, clip(ρ_t, 1−ε, 1+ε) A_t)],
 
   A_t from `gae` over `kl_penalized_rewards`; the KL lives in the reward, not here. The
-  critic's loss is `value_loss`. Returns `(loss, metrics)` as `grpo_loss` does.
+  critic's loss is `value_loss`. `rollout_weights` (`rollout_correction_weights`) multiply the
+  per-token term. Returns `(loss, metrics)` as `grpo_loss` does.
   """
   return grpo.grpo_loss(
       logp, old_logp, None, advantages, mask, epsilon=epsilon, epsilon_high=epsilon_high, beta=0.0,
       aggregation=aggregation, dual_clip=dual_clip, max_len=max_len, num_sequences=num_sequences,
-      num_tokens=num_tokens)
+      num_tokens=num_tokens, rollout_weights=rollout_weights)

@@ -13,7 +13,9 @@ class Batch(NamedTuple):
   """A training batch, every array `[N, L]` over prompt + completion (left-padded prompt).
 
   `loss_mask` marks the tokens the loss trains on (completion tokens); `advantages` is
-  per token (outcome-supervision advantages are broadcast over the completion).
+  per token (outcome-supervision advantages are broadcast over the completion). `sampler_logp`
+  holds the sampler's own log-probs of the tokens (`SampleOutput.logprobs`), which the trainer's
+  are checked against (`losses.mismatch_metrics`); None in batches not built from samples.
   """
   tokens: jax.Array
   attention_mask: jax.Array
@@ -21,6 +23,7 @@ class Batch(NamedTuple):
   old_logp: jax.Array
   ref_logp: jax.Array
   advantages: jax.Array
+  sampler_logp: jax.Array | None = None
 
 
 def pad_left(sequences: Sequence[Sequence[int]], length: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
@@ -50,7 +53,8 @@ def batch_from_samples(samples: SampleOutput, loss_mask: jax.Array, old_logp: ja
                        advantages: jax.Array) -> Batch:
   """Assembles a `Batch` from sampler output and per-completion-token arrays `[N, T]`.
 
-  `advantages` may be `[N]` (broadcast over the completion) or `[N, T]`.
+  `advantages` may be `[N]` (broadcast over the completion) or `[N, T]`. `sampler_logp` is the
+  sampler's `samples.logprobs`.
   """
   prompt_zeros = jnp.zeros(samples.prompt_tokens.shape, jnp.float32)
   if advantages.ndim == 1:
@@ -63,7 +67,8 @@ def batch_from_samples(samples: SampleOutput, loss_mask: jax.Array, old_logp: ja
       tokens=jnp.concatenate([samples.prompt_tokens, samples.tokens], axis=1),
       attention_mask=jnp.concatenate([samples.prompt_mask, samples.mask], axis=1),
       loss_mask=jnp.concatenate([jnp.zeros(samples.prompt_mask.shape, bool), loss_mask.astype(bool)], axis=1),
-      old_logp=full(old_logp), ref_logp=full(ref_logp), advantages=full(advantages * loss_mask))
+      old_logp=full(old_logp), ref_logp=full(ref_logp), advantages=full(advantages * loss_mask),
+      sampler_logp=full(jnp.asarray(samples.logprobs)))
 
 
 def supervised_batch(prompt_ids: Sequence[Sequence[int]], target_ids: Sequence[Sequence[int]], prompt_len: int,
@@ -91,7 +96,7 @@ class PPOBatch(NamedTuple):
 
   `advantages` are GAE advantages per token, `old_values` V_ψ at sampling time (aligned with
   the token they precede: the value of the state the token is generated from), `returns` the
-  GAE returns R_t = A_t + V_t.
+  GAE returns R_t = A_t + V_t. `sampler_logp` as in `Batch`.
   """
   tokens: jax.Array
   attention_mask: jax.Array
@@ -101,3 +106,4 @@ class PPOBatch(NamedTuple):
   advantages: jax.Array
   old_values: jax.Array
   returns: jax.Array
+  sampler_logp: jax.Array | None = None

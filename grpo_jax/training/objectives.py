@@ -14,6 +14,7 @@ from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import losses
 from grpo_jax.models import ModelConfig
 from grpo_jax.models import heads
+from grpo_jax.training import update as update_lib
 
 Params = Any
 
@@ -30,20 +31,23 @@ def token_values(value_params: Params, config: ModelConfig, tokens: jax.Array, a
 
 def ppo_objective(params: Params, batch, totals: dict, *, config: ModelConfig, loss_kwargs: dict,
                   value_clip: float | None = 0.2, value_coef: float = 1.0, chunk_size: int = 128,
-                  temperature: float = 1.0):
+                  temperature: float = 1.0, correction_kwargs: dict | None = None):
   """PPO's actor and critic losses (DeepSeekMath eq. 1; arXiv 2402.03300 §4.1, 1707.06347).
 
     L = −J_PPO(θ) + c_v · token-mean ½ max((V_ψ − R)², (clip(V_ψ, V_old ± ε_v) − R)²)
 
   `params` is `{"policy": ..., "value": ...}`: two pytrees, each receiving only its own term's
   gradient. The KL to the reference lives in the rewards (`losses.kl_penalized_rewards`), not here.
-  `batch` is a `PPOBatch`; `loss_kwargs` go to `losses.ppo_loss`.
+  `batch` is a `PPOBatch`; `loss_kwargs` go to `losses.ppo_loss`. The rollout-trainer mismatch and its correction
+  (`correction_kwargs`) as in `update.grpo_objective`.
   """
   logp, entropy = logprobs_lib.token_logprobs(params["policy"], config, batch.tokens, batch.attention_mask,
                                               chunk_size=chunk_size, return_entropy=True, temperature=temperature)
+  weights, mismatch = update_lib.rollout_correction(logp, batch.old_logp, batch, **(correction_kwargs or {}))
   pg_loss, metrics = losses.ppo_loss(logp, batch.old_logp, batch.advantages, batch.loss_mask,
                                      num_sequences=totals["num_sequences"], num_tokens=totals["num_tokens"],
-                                     **loss_kwargs)
+                                     rollout_weights=weights, **loss_kwargs)
+  metrics.update(mismatch)
   values = token_values(params["value"], config, batch.tokens, batch.attention_mask)
   per_token = losses.value_loss(values, batch.old_values, batch.returns, batch.loss_mask, clip=value_clip)
   vf_loss = losses.aggregate(per_token, batch.loss_mask, "token-mean", num_tokens=totals["num_tokens"])

@@ -159,14 +159,38 @@ def policy_logprobs(params: Params, batch, *, config: ModelConfig, chunk_size: i
   return jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (p, 0))), out)
 
 
+def rollout_correction(logp: jax.Array, old_logp: jax.Array, batch, *, correction: str = "none",
+                       lower: float = 0.5, upper: float = 2.0) -> tuple[jax.Array | None, dict]:
+  """The rollout-trainer mismatch of a batch that carries the sampler's log-probs (`batch.sampler_logp`), and the
+  weights that correct for it: `(weights or None, metrics)`.
+
+  The mismatch metrics (`losses.mismatch_metrics`) compare the sampler's log-probs with `logp`, this forward's π_θ,
+  which is the trainer's π_old on a step's first update (the loop logs them from that one). The weights of
+  `correction` ("token_tis", "seq_tis", "token_mis", "seq_mis"; "none": no weights) compare them with `old_logp`,
+  the trainer's π_old. A batch without `sampler_logp` gives (None, {}).
+  """
+  if batch.sampler_logp is None:
+    return None, {}
+  sg = jax.lax.stop_gradient
+  metrics = losses.mismatch_metrics(batch.sampler_logp, sg(logp), batch.loss_mask)
+  if correction == "none":
+    return None, metrics
+  weights = losses.rollout_correction_weights(batch.sampler_logp, sg(old_logp), batch.loss_mask, correction,
+                                              lower=lower, upper=upper)
+  return weights, {**metrics, **losses.weight_metrics(weights, batch.loss_mask)}
+
+
 def grpo_objective(params: Params, batch, totals: dict, *, config: ModelConfig, loss_kwargs: dict,
                    use_reference: bool, chunk_size: int = 128, temperature: float = 1.0, group_size: int = 1,
-                   prompt_len: int | None = None, on_policy: bool = False):
+                   prompt_len: int | None = None, on_policy: bool = False, correction_kwargs: dict | None = None):
   """The GRPO loss (`losses.grpo_loss`, given the policy's per-token entropy for its entropy options) of a `Batch`,
   plus the policy's mean token entropy.
 
   The policy is π(·) ∝ exp(logits / temperature), the distribution the rollouts were sampled from, so
-  `batch.old_logp` and `batch.ref_logp` must be log-probs at the same temperature.
+  `batch.old_logp`, `batch.ref_logp` and `batch.sampler_logp` must be log-probs at the same temperature.
+
+  Rollout-trainer mismatch (`rollout_correction`, with `correction_kwargs`): logged when the batch carries the
+  sampler's log-probs; with a correction its weights multiply the policy term.
 
   Speed options (same loss up to float rounding):
     group_size, prompt_len: rows in groups of G samples of one prompt of P columns (the sampler's
@@ -178,11 +202,13 @@ def grpo_objective(params: Params, batch, totals: dict, *, config: ModelConfig, 
   logp, entropy = policy_logprobs(params, batch, config=config, chunk_size=chunk_size, temperature=temperature,
                                   group_size=group_size, prompt_len=prompt_len)
   old_logp = jax.lax.stop_gradient(logp) if on_policy else batch.old_logp
+  weights, mismatch = rollout_correction(logp, old_logp, batch, **(correction_kwargs or {}))
   loss, metrics = losses.grpo_loss(
       logp, old_logp, batch.ref_logp if use_reference else None, batch.advantages, batch.loss_mask,
-      num_sequences=totals["num_sequences"], num_tokens=totals["num_tokens"], entropy=entropy, **loss_kwargs)
+      num_sequences=totals["num_sequences"], num_tokens=totals["num_tokens"], entropy=entropy,
+      rollout_weights=weights, **loss_kwargs)
   metrics["entropy"] = jax.lax.stop_gradient(losses.masked_mean(entropy, batch.loss_mask))
-  return loss, metrics
+  return loss, {**metrics, **mismatch}
 
 
 def distill_objective(params: Params, batch, totals: dict, *, config: ModelConfig, loss_kwargs: dict,
