@@ -34,19 +34,19 @@ def inject_completions(monkeypatch, text_of_row):
   """Every `Rollouts.sample` call (online steps and the offline datasets of RFT/DPO) returns, in row r, the
   completion `text_of_row(r, example)` (None: the policy's own), scored by the real rewards. Row r belongs to
   prompt r // num_samples."""
-  real_sample = rollouts_lib.sampling.sample
+  real_generate = rollouts_lib.Rollouts.generate  # the sampler call of `Rollouts.sample`, either sampler
   real_method = rollouts_lib.Rollouts.sample
 
   def sample(self, params, examples, key, num_samples):
     def injected(*args, **kwargs):
-      out = real_sample(*args, **kwargs)
+      out = real_generate(self, *args, **kwargs)
       texts = [text_of_row(row, examples[row // num_samples]) for row in range(len(out.tokens))]
       return _inject_texts(out, texts, self.task.tokenizer)
-    monkeypatch.setattr(rollouts_lib.sampling, "sample", injected)
+    self.generate = injected  # this call's rollouts only
     try:
       return real_method(self, params, examples, key, num_samples)
     finally:
-      monkeypatch.setattr(rollouts_lib.sampling, "sample", real_sample)
+      del self.generate
 
   monkeypatch.setattr(rollouts_lib.Rollouts, "sample", sample)
 
