@@ -270,6 +270,8 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.Stop
   eval_examples = task.test[:rmc.rm_eval_prompts]
   if held and not run_cfg.resume:  # --rm_overwrite: start over
     shutil.rmtree(ckpt_dir)
+  if run_cfg.wandb_project and run_cfg.resume and jax.process_index() == 0:
+    training.wandb_run.stored_run_id(out_dir)  # a damaged id file is named before anything is written
   out_dir.mkdir(parents=True, exist_ok=True)
   (out_dir / "config.json").write_text(json.dumps({**cfg.flat(), **dataclasses.asdict(rmc)}, indent=2,
                                                   default=str))
@@ -310,7 +312,7 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.Stop
 
   # TRAIN
   wandb = training.wandb_run.start(out_dir, run_cfg.wandb_project, {**cfg.flat(), **dataclasses.asdict(rmc)},
-                                   mode=run_cfg.wandb_mode, entity=run_cfg.wandb_entity, name=run_cfg.wandb_run_name
+                                   resume=run_cfg.resume, mode=run_cfg.wandb_mode, entity=run_cfg.wandb_entity, name=run_cfg.wandb_run_name
                                    ) if run_cfg.wandb_project and jax.process_index() == 0 else None
   logger = training.MetricsLogger(out_dir, rmc.rm_steps, tensorboard=run_cfg.tensorboard, wandb_run=wandb)
   warmup = min(cfg.optim.warmup_steps, rmc.rm_steps // 10)
@@ -436,7 +438,7 @@ def config_from_flags() -> tuple[config_lib.Config, RewardModelConfig]:
 def _job(config: config_lib.Config) -> dict:
   """The command line's run: `--rm_dir` locked while it runs (`work_dir_lock`), SIGTERM / SIGINT noted."""
   rmc = config_from_flags()[1]
-  with work_dir_lock.WorkDirLock(rmc.rm_dir), preemption.StopSignals() as signals:
+  with work_dir_lock.WorkDirLock(rmc.rm_dir, flag="--rm_dir"), preemption.StopSignals() as signals:
     return run(config, rmc, signals)
 
 
