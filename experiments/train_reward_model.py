@@ -381,6 +381,9 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.Stop
       if interrupted:
         logger.newline()
         raise preemption.Interrupted(signals.signum, done, "reward-model training", ckpt_dir)
+  except BaseException:
+    logger.close()  # an interrupted or failed run closes its logs and finishes its W&B run, as the loop's does
+    raise
   finally:
     ckpt.close()
   logger.newline()
