@@ -2,6 +2,7 @@
 the merged export equal to the adapted model, PEFT loading our adapters in torch with the same logits."""
 
 import json
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -39,10 +40,26 @@ def _logits(params, config):
 
 
 def _perturbed(params):
-  """Adapters with nonzero B, so that the adapted model differs from the base."""
+  """Adapters with nonzero B, so that the adapted model differs from the base; each adapter seeded by its own path
+  (a hash of it), so that no two are alike and an export or merge that swaps two (k and v, two layers) shows."""
   return jax.tree_util.tree_map_with_path(
-      lambda p, x: 0.05 * jax.random.normal(jax.random.PRNGKey(len(str(p))), x.shape) if lora.is_adapter(p) else x,
-      params)
+      lambda p, x: 0.05 * jax.random.normal(jax.random.PRNGKey(zlib.crc32(jax.tree_util.keystr(p).encode())),
+                                            x.shape) if lora.is_adapter(p) else x, params)
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_perturbed_adapters_all_differ(scan_layers):
+  """The merge and PEFT tests below tell swapped adapters apart only if no two of the same shape are equal (issue
+  55: seeded by the length of their path, k's and v's, and layers_0's and layers_1's, were bit-identical)."""
+  base, config = _base(scan_layers)
+  params = _perturbed(lora.add_adapters(base, lora.lora_config(config, rank=4, alpha=8.0, targets=ALL),
+                                        jax.random.PRNGKey(1)))
+  leaves = [np.asarray(x) for _, x in jax.tree_util.tree_flatten_with_path(lora.adapters(params))[0]]
+  if scan_layers:  # the stacked layers: one slice per layer
+    leaves = [x[i] for x in leaves for i in range(x.shape[0])]
+  for i, a in enumerate(leaves):
+    for b in leaves[i + 1:]:
+      assert a.shape != b.shape or not np.array_equal(a, b)
 
 
 @pytest.mark.parametrize("scan_layers", [False, True])
@@ -158,13 +175,13 @@ def test_peft_loads_the_exported_adapters_with_the_same_logits(tmp_path, scan_la
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
   base, config = _base(scan_layers)
-  config_r = lora.lora_config(config, rank=4, alpha=12.0, targets=("q", "k", "o", "up", "down"))
+  config_r = lora.lora_config(config, rank=4, alpha=12.0, targets=("q", "k", "v", "o", "up", "down"))
   params = _perturbed(lora.add_adapters(base, config_r, jax.random.PRNGKey(1)))
   models.save_hf(base, config, tmp_path / "base")
   lora.save_peft(params, config_r, tmp_path / "adapter", base_model_name_or_path=str(tmp_path / "base"))
   saved = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
   assert saved["r"] == 4 and saved["lora_alpha"] == 12.0
-  assert saved["target_modules"] == ["down_proj", "k_proj", "o_proj", "q_proj", "up_proj"]
+  assert saved["target_modules"] == ["down_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
   model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base", torch_dtype=torch.float32)
   model = peft.PeftModel.from_pretrained(model, tmp_path / "adapter").eval()
   tokens, mask = (np.asarray(x) for x in _batch())

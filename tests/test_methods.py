@@ -28,12 +28,14 @@ from tests.known_answers import known_answers  # noqa: F401  (a fixture)
 FLAGS = flags.FLAGS
 TINY = ["--max_prompt_len=16", "--max_new_tokens=24", "--num_train=400", "--num_test=16", "--batch_size=4",
         "--group_size=4", "--eval_batch_size=16", "--tensorboard=false", "--sft_examples=200", "--tiny_layers=2",
-        "--tiny_hidden_size=64", "--offline_prompts=32"]
+        "--tiny_hidden_size=64"]
+OFFLINE = ["--offline_prompts=32"]  # RFT's and DPO's dataset (the other methods refuse the flag)
 
 
 def _parse(*args):
   FLAGS.unparse_flags()
-  FLAGS(["grpo_math", *TINY, *args])
+  offline = OFFLINE if any(a in ("--algo=rft", "--algo=dpo") for a in args) else []
+  FLAGS(["grpo_math", *TINY, *offline, *args])
 
 
 @pytest.fixture(scope="module")
@@ -259,7 +261,7 @@ def test_batches_keep_the_columns_up_to_the_longest_completion(sft_policy, short
   """`--completion_pad_multiple=4`: rows of at most 9 tokens give batches of at most 12 completion columns instead
   of 24, the same tokens, masks and log-probs as the full batch's first columns, and the same loss and gradient. Known
   answers (`#### <answer>` and EOS, at most 9 tokens) make rows right and wrong: non-zero advantages and GC."""
-  args = ("--beta=0.1", "--temperature=0.7")
+  args = ("--temperature=0.7",) + (("--beta=0.1",) if algo != "online_rft" else ())  # Online RFT has no KL term
   trimmed, params, reference = _method(algo, sft_policy, *args, "--completion_pad_multiple=4")
   full, _, _ = _method(algo, sft_policy, *args, "--completion_pad_multiple=0")
   for method in (trimmed, full):
