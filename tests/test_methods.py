@@ -290,3 +290,47 @@ def test_batches_keep_the_columns_up_to_the_longest_completion(sft_policy, short
   for name in set(metrics_t) & {"pg_loss", "kl", "value_loss"}:
     np.testing.assert_allclose(metrics_t[name], metrics_f[name], rtol=1e-5, atol=1e-6, err_msg=name)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-6), grad_t, grad_f)
+
+
+# Rewards of each sampling round's 4 groups of 4 (1: varied within the group, 0: all equal).
+_VARIED = {0: [1, 0, 0, 1], 1: [0, 1, 0, 0], 2: [0, 0, 0, 0], 3: [0, 0, 1, 1]}
+
+
+@pytest.mark.parametrize("max_rounds", [2, 4])
+def test_dynamic_sampling_keeps_varied_groups_and_refills(sft_policy, monkeypatch, max_rounds):
+  """DAPO dynamic sampling (issue 55): the step's batch holds the groups whose rewards vary, in the order sampled,
+  from as many rounds as it takes (at most --dynamic_sampling_max_rounds); short of B, the first zero-variance
+  groups fill it, left out of the loss. Rewards are set per group: round 0 keeps groups 0 and 3, round 1 group 1,
+  round 2 none, round 3 groups 2 and 3 (of which one is needed)."""
+  method, params, _ = _method("grpo", sft_policy, "--dynamic_sampling",
+                              f"--dynamic_sampling_max_rounds={max_rounds}")
+  b, g = method.cfg.rollout.batch_size, method.cfg.rollout.group_size
+  rounds = []
+  real_sample = method.rollouts.sample
+
+  def sample(params, examples, key, group_size):
+    scored = real_sample(params, examples, key, group_size)
+    varied = np.repeat(_VARIED[len(rounds)], g).astype(bool)
+    rewards = np.where(varied & (np.arange(b * g) % g == 0), 1.0, 0.0).astype(np.float32)  # one right per group
+    rounds.append((examples, np.asarray(scored.host.tokens)))
+    return scored._replace(rewards=rewards)
+
+  monkeypatch.setattr(method.rollouts, "sample", sample)
+  batch, stats, position = method.collect(params, 0, jax.random.key(0))
+  if max_rounds == 2:  # groups (0,0), (0,3), (1,1), then the first zero-variance one, (0,1), masked out
+    picked, in_loss = [(0, 0), (0, 3), (1, 1), (0, 1)], [True, True, True, False]
+  else:
+    picked, in_loss = [(0, 0), (0, 3), (1, 1), (3, 2)], [True] * 4
+  assert len(rounds) == stats["sampling_rounds"] == {2: 2, 4: 4}[max_rounds]
+  assert position == b * len(rounds)  # every round draws B new prompts
+  assert [e.question for e in rounds[0][0]] != [e.question for e in rounds[1][0]]
+  p = method.cfg.task.max_prompt_len
+  tokens, mask = np.asarray(batch.tokens), np.asarray(batch.loss_mask)
+  for slot, ((r, group), kept) in enumerate(zip(picked, in_loss)):
+    expected = rounds[r][1][group * g:(group + 1) * g]  # the completions, as sampled
+    width = tokens.shape[1] - p
+    np.testing.assert_array_equal(tokens[slot * g:(slot + 1) * g, p:], expected[:, :width])
+    assert mask[slot * g:(slot + 1) * g].any() == kept
+  adv = np.abs(np.asarray(batch.advantages) * mask).reshape(b, -1)
+  assert (adv[np.asarray(in_loss)].max(1) > 0).all()  # every kept group has a non-zero advantage
+  assert stats["zero_variance_groups"] == pytest.approx(1 - np.mean(in_loss))
