@@ -382,3 +382,35 @@ def test_iterative_rl_with_lora_resumes_exactly(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, straight, resumed)
   assert np.abs(straight["layers_0"]["mlp"]["up_proj"]["kernel"] - params["layers_0"]["mlp"]["up_proj"]["kernel"]
                 ).max() > 1e-4
+
+
+def test_the_reference_under_lora_is_the_base_model(tmp_path, known_answers, monkeypatch):
+  """π_ref under LoRA is the base model, the adapters off (issue 55: only a program-shape comparison noticed a π_ref
+  computed with them on): the k3 KL's π_ref log-probs of the last step's batch, after the adapters have moved,
+  are the base checkpoint's log-probs of those tokens, and not the trained policy's."""
+  from experiments.methods import grpo
+  from experiments.runner import config as config_lib
+  from experiments.runner import loop
+  from grpo_jax import logprobs as logprobs_lib
+  batches = []
+  collect = grpo.GRPO.collect
+
+  def recording(self, params, position, key):
+    batch, stats, position = collect(self, params, position, key)
+    batches.append(jax.tree.map(np.asarray, batch))
+    return batch, stats, position
+
+  monkeypatch.setattr(grpo.GRPO, "collect", recording)
+  cfg = config_lib.Config().replace(**{**_TINY_RUN, "steps": 3, "lora_export_peft": False}, work_dir=str(tmp_path))
+  loop.run(cfg)
+  base, config = models.load_hf(tmp_path / "base_model")
+  final, _ = models.load_hf(tmp_path / "final_policy")
+  last = batches[-1]
+  mask = last.loss_mask
+  assert mask.sum() > 0
+  t = cfg.rollout.temperature
+  base_logp, final_logp = (np.asarray(logprobs_lib.token_logprobs(p, config, jnp.asarray(last.tokens),
+                                                                  jnp.asarray(last.attention_mask), temperature=t))
+                           for p in (base, final))
+  assert np.abs(final_logp - base_logp)[mask].max() > 1e-2  # the adapters moved the policy
+  np.testing.assert_allclose(last.ref_logp[mask], base_logp[mask], atol=1e-4)
