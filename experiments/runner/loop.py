@@ -297,6 +297,7 @@ def run(config: config_lib.Config) -> dict:
   ckpt_dir, sft_ckpt_dir = work_dir / "checkpoints", work_dir / warm_start.CHECKPOINTS
   work_dir_lock.check_free(work_dir)  # a live run is named first, whatever else its directory holds
   policy_lib.check_start(cfg.model)  # the checkpoint's config.json, --lora_rank against its width
+  task_lib.check_files(cfg.task)
   for directory in (ckpt_dir, sft_ckpt_dir):
     if not run_cfg.resume and _holds_checkpoints(directory):
       raise RunError(f"{directory} already holds checkpoints; pass --resume to continue, or choose another "
