@@ -59,6 +59,7 @@ def test_replace_flat_and_from_flat_round_trip():
     ({"dynamic_sampling": True, "algo": "online_rft"}, "--dynamic_sampling is read only by --algo=grpo; "
                                                        "--algo=online_rft does not use it"),
     ({"process_center_tokens": True}, "--process_center_tokens centres process advantages: it needs"),
+    ({"num_train": 10**12}, "--num_train + --num_test of the synthetic task must be at most 10,000,000"),
 ])
 def test_bad_values_are_one_line_naming_the_flag(fields, message):
   with pytest.raises(config_lib.ConfigError) as info:

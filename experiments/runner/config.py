@@ -291,6 +291,16 @@ def from_flat(values: dict[str, Any], base: Config | None = None) -> Config:
   return Config(**sections)
 
 
+def refuse_unread(config: Config, names, runner: str, instead: str = "") -> None:
+  """Raises ConfigError naming the first of the shared flags `names`, which the entry module `runner` does not
+  read, set to anything but its default (`instead`: what to use, e.g. "--rm_dir")."""
+  base, now = Config().flat(), config.flat()
+  for name in names:
+    if now[name] != base[name]:
+      raise ConfigError(f"--{name}: {runner} does not read it{f' (use {instead})' if instead else ''}; leave it at its "
+                        "default")
+
+
 def default(name: str) -> Any:
   """The default of the field `name` (what the flag of that name defaults to)."""
   section = section_of(name)
@@ -345,6 +355,7 @@ READ_BY = {
 }
 MAX_FORWARD_MEMORY_BUDGET = 1 << 20  # GiB: --forward_memory_budget above a PiB per device is a typo
 MAX_TIME_LIMIT = 86400.0  # seconds: --math_verify_time_limit and --tool_time_limit
+MAX_SYNTHETIC = 10_000_000  # problems of the synthetic task, all generated up front (tens of seconds per million)
 
 
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")  # grpo_jax.models.config.LORA_TARGETS
@@ -406,6 +417,8 @@ def check(config: Config) -> str | None:
   for name in ("math_verify_time_limit", "tool_time_limit"):
     if not 0 < v[name] <= MAX_TIME_LIMIT:
       return f"--{name} must be in (0, {MAX_TIME_LIMIT:g}] seconds, not {v[name]}"
+  if v["task"] == "synthetic" and v["num_train"] + v["num_test"] > MAX_SYNTHETIC:
+    return f"--num_train + --num_test of the synthetic task must be at most {MAX_SYNTHETIC:,} (generated up front)"
   if v["forward_memory_budget"] > MAX_FORWARD_MEMORY_BUDGET:
     return f"--forward_memory_budget must be at most {MAX_FORWARD_MEMORY_BUDGET} GiB, not {v['forward_memory_budget']}"
   if v["math_verify_workers"] < 0:
