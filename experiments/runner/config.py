@@ -294,7 +294,8 @@ def from_flat(values: dict[str, Any], base: Config | None = None) -> Config:
 def refuse_unread(config: Config, names, runner: str, instead: str = "") -> None:
   """Raises ConfigError naming the first of the shared flags `names`, which the entry module `runner` does not
   read, set to anything but its default (`instead`: what to use, e.g. "--rm_dir")."""
-  base, now = Config().flat(), config.flat()
+  base, now = Config(algorithm=AlgorithmConfig(algo=config.algorithm.algo)).flat(), config.flat()  # group_size's
+  base["algo"] = default("algo")
   for name in names:
     if now[name] != base[name]:
       raise ConfigError(f"--{name}: {runner} does not read it{f' (use {instead})' if instead else ''}; leave it at its "
