@@ -1000,7 +1000,7 @@ def main(argv):
     results = reproduce(study, profile=FLAGS.profile, seeds=list(range(seeds)), out_dir=out_dir,
                         runs_dir=pathlib.Path(FLAGS.runs_dir), parallel=FLAGS.parallel, only=FLAGS.only,
                         dry_run=FLAGS.dry_run, aggregate_only=FLAGS.aggregate_only)
-  except (StudyError, ValueError) as err:
+  except (StudyError, ValueError, OSError) as err:  # OSError: an --out_dir or --runs_dir it cannot write
     sys.exit(f"reproduce: error: {err}")
   except Stopped as err:
     print(f"reproduce: {err}", file=sys.stderr)

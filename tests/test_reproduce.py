@@ -603,3 +603,12 @@ def test_comments_name_only_what_exists():
           if name not in defined and not name.startswith(("WANDB_", "JAX_", "XLA_")):
             unknown.add(f"{path.relative_to(ROOT)}: {name}")
   assert not unknown
+
+
+def test_an_out_dir_it_cannot_write_is_one_line(tmp_path, main_in_process):
+  """Issue 55's sweep: `--aggregate_only --out_dir=<a directory that cannot be made>` ended in a traceback."""
+  blocked = tmp_path / "file"
+  blocked.write_text("")  # a file where the directory's parent should be
+  error = main_in_process(reproduce.main, ["reproduce", "--study=paradigm", "--aggregate_only",
+                                           f"--runs_dir={tmp_path / 'runs'}", f"--out_dir={blocked / 'out'}"])
+  assert error.startswith("reproduce: error: ") and str(blocked / "out") in error and "\n" not in error, error
