@@ -1,6 +1,7 @@
 """The run's typed config (`experiments/runner/config.py`): defaults, resolution, flat records, checks."""
 
 import dataclasses
+import re
 
 import pytest
 
@@ -102,7 +103,7 @@ _OTHER_VALUE = {
     "whiten_advantages": False, "value_init": "some/dir", "dpo_beta": 0.2, "dpo_nll_coef": 1.0,
     "dpo_pairs_per_prompt": 2, "offline_prompts": 64, "max_turns": 2, "memory_budget": 30, "planner_prompt_len": 60,
     "action_tokens": 10, "tools": "calc", "tool_time_limit": 2.0, "tool_header": True, "answer_from_memory": False,
-    "min_bucket": 4,
+    "min_bucket": 4, "temperature": 1.0, "top_p": 0.9, "top_k": 5,
 }
 
 
@@ -133,3 +134,23 @@ def test_read_by_names_methods_and_fields():
   fields = set(config_lib.Config().flat())
   for name, readers in config_lib.READ_BY.items():
     assert name in fields and set(readers) <= set(config_lib.CHOICES["algo"]), name
+
+
+@pytest.mark.parametrize("fields, needs", [
+    ({"dynamic_sampling_max_rounds": 2}, "--dynamic_sampling"),
+    ({"remat_policy": "dots"}, "--remat"),
+    ({"eval_temperature": 1.0}, "--eval_samples > 0"),
+    ({"lora_alpha": 8.0}, "--lora_rank > 0"),
+    ({"lora_targets": "q,v"}, "--lora_rank > 0"),
+    ({"math_verify_time_limit": 5.0}, "--reward=math_verify:..."),
+    ({"math_verify_workers": 2}, "--reward=math_verify:..."),
+])
+def test_an_option_without_its_feature_is_refused(fields, needs):
+  """Issue 55's sweep: options that only matter when another turns their feature on did nothing without it."""
+  name = next(iter(fields))
+  with pytest.raises(config_lib.ConfigError, match=rf"^--{name} is read only with {re.escape(needs)}; leave it"):
+    config_lib.Config().replace(**fields)
+  on = {"--dynamic_sampling": {"dynamic_sampling": True}, "--remat": {"remat": True},
+        "--eval_samples > 0": {"eval_samples": 4}, "--lora_rank > 0": {"lora_rank": 4},
+        "--reward=math_verify:...": {"reward": "math_verify:1.0"}}[needs]
+  config_lib.Config().replace(**fields, **on)  # with it: accepted

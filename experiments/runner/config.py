@@ -351,9 +351,20 @@ READ_BY = {
                                    "whiten_advantages", "value_init")},
     **{name: ("dpo",) for name in ("dpo_beta", "dpo_nll_coef", "dpo_pairs_per_prompt")},
     "offline_prompts": ("rft", "dpo"),
+    **{name: ("grpo", "ppo", "online_rft", "rft", "dpo", "flow_grpo") for name in ("temperature", "top_p", "top_k")},
     **{name: ("flow_grpo",) for name in ("max_turns", "memory_budget", "planner_prompt_len", "action_tokens", "tools",
                                          "tool_time_limit", "tool_header", "answer_from_memory", "min_bucket")},
 }
+# Options read only when another option turns their feature on: (option, the condition, what it needs).
+READ_WITH = (
+    ("dynamic_sampling_max_rounds", lambda v: v["dynamic_sampling"], "--dynamic_sampling"),
+    ("remat_policy", lambda v: v["remat"], "--remat"),
+    ("eval_temperature", lambda v: v["eval_samples"] > 0, "--eval_samples > 0"),
+    ("lora_alpha", lambda v: v["lora_rank"] > 0, "--lora_rank > 0"),
+    ("lora_targets", lambda v: v["lora_rank"] > 0, "--lora_rank > 0"),
+    ("math_verify_time_limit", lambda v: "math_verify" in v["reward"], "--reward=math_verify:..."),
+    ("math_verify_workers", lambda v: "math_verify" in v["reward"], "--reward=math_verify:..."),
+)
 MAX_FORWARD_MEMORY_BUDGET = 1 << 20  # GiB: --forward_memory_budget above a PiB per device is a typo
 MAX_TIME_LIMIT = 86400.0  # seconds: --math_verify_time_limit and --tool_time_limit
 MAX_SYNTHETIC = 10_000_000  # problems of the synthetic task, all generated up front (tens of seconds per million)
@@ -486,6 +497,9 @@ def check(config: Config) -> str | None:
     if algo not in readers and v[name] != default(name):
       return (f"--{name} is read only by --algo={'|'.join(readers)}; --algo={algo} does not use it: leave it at its "
               f"default")
+  for name, used, needs in READ_WITH:
+    if v[name] != default(name) and not used(v):
+      return f"--{name} is read only with {needs}; leave it at its default"
   if v["process_center_tokens"] and v["supervision"] != "process":
     return "--process_center_tokens centres process advantages: it needs --supervision=process"
   return None
