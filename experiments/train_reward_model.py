@@ -327,9 +327,11 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.Stop
         f"right and wrong samples ({collect_time:.0f} s)", file=sys.stderr)
 
   # TRAIN
-  wandb = training.wandb_run.start(out_dir, run_cfg.wandb_project, {**cfg.flat(), **dataclasses.asdict(rmc)},
-                                   resume=run_cfg.resume, mode=run_cfg.wandb_mode, entity=run_cfg.wandb_entity,
-                                   name=run_cfg.wandb_run_name) if run_cfg.wandb_project and jax.process_index() == 0 else None
+  wandb = None
+  if run_cfg.wandb_project and jax.process_index() == 0:  # resumed: the same W&B run (REVIEW B1)
+    wandb = training.wandb_run.start(out_dir, run_cfg.wandb_project, {**cfg.flat(), **dataclasses.asdict(rmc)},
+                                     resume=run_cfg.resume, mode=run_cfg.wandb_mode, entity=run_cfg.wandb_entity,
+                                     name=run_cfg.wandb_run_name)
   logger = training.MetricsLogger(out_dir, rmc.rm_steps, tensorboard=run_cfg.tensorboard, wandb_run=wandb)
   warmup = min(cfg.optim.warmup_steps, rmc.rm_steps // 10)
   optimizer = training.make_optimizer(
