@@ -91,6 +91,8 @@ def _cli(*args, cwd):
     (["--model=/does/not/exist"], "--model: checkpoint directory does not exist: /does/not/exist"),
     (["--init_checkpoint=nope"], "--init_checkpoint: checkpoint directory does not exist: nope"),
     (["--task=gsm8k", "--train_file=nope.jsonl", "--test_file=nope.jsonl"], "--train_file: nope.jsonl does not exist"),
+    (["--reward=orm", "--reward_model=nope"], "--reward_model: nope is not a directory"),
+    (["--algo=ppo", "--group_size=1", "--value_init=nope"], "--value_init: checkpoint directory does not exist: nope"),
     # issue 55: numbers as numbers, and flags the method does not read
     (["--lora_rank=1000000000000"], "--lora_rank=1000000000000 exceeds the embedded model's width"),
     (["--lora_rank=4", "--lora_alpha=nan"], "--lora_alpha must be a finite number, not nan"),

@@ -296,7 +296,7 @@ def run(config: config_lib.Config) -> dict:
   work_dir = pathlib.Path(run_cfg.work_dir)
   ckpt_dir, sft_ckpt_dir = work_dir / "checkpoints", work_dir / warm_start.CHECKPOINTS
   work_dir_lock.check_free(work_dir)  # a live run is named first, whatever else its directory holds
-  policy_lib.check_start(cfg.model)  # the checkpoint's config.json, --lora_rank against its width
+  policy_lib.check_inputs(cfg)  # the checkpoints' config.json, --lora_rank against the width
   task_lib.check_files(cfg.task)
   for directory in (ckpt_dir, sft_ckpt_dir):
     if not run_cfg.resume and _holds_checkpoints(directory):

@@ -70,6 +70,21 @@ def check_start(config: config_lib.ModelConfig) -> None:
                               f"a rank-r adapter needs r <= the hidden size")
 
 
+def check_inputs(config: config_lib.Config) -> None:
+  """`check_start`, and the other checkpoints a run reads: `--value_init` (PPO, a directory) and `--reward_model`,
+  each named with its flag when missing, before the run writes anything."""
+  check_start(config.model)
+  value_init = config.algorithm.value_init
+  if config.algorithm.algo == "ppo" and value_init != "policy":
+    try:
+      models.read_config(value_init)
+    except models.CheckpointError as err:
+      raise models.CheckpointError(f"--value_init: {err}") from None
+  if config.reward_model.reward_model and not pathlib.Path(config.reward_model.reward_model).is_dir():
+    raise config_lib.RunError(f"--reward_model: {config.reward_model.reward_model} is not a directory (one written "
+                              "by experiments.train_reward_model)")
+
+
 def load(config: config_lib.Config, placement: placement_lib.Placement, marker_name: str = SFT_MARKER):
   """`(params, model_config, tokenizer, needs_sft, path)` of the starting policy, placed by `placement`'s rules.
 
