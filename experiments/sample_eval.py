@@ -33,7 +33,8 @@ from grpo_jax import models
 
 
 
-# The shared flags (`experiments/cli.py`) this entry point does not read: refused unless at their defaults.
+# The shared flags (`experiments/cli.py`) this entry point does not read: refused unless at their defaults
+# (--notensorboard is accepted: it writes no event files either way).
 UNREAD = ("model", "tiny_layers", "tiny_hidden_size", "remat", "remat_policy", "scan_layers", "logprob_chunk",
           "attention", "lora_rank", "lora_alpha", "lora_targets", "lora_export_peft", "sft_steps", "sft_batch_size",
           "sft_learning_rate", "batch_size", "group_size", "temperature", "top_p", "top_k",
@@ -43,7 +44,7 @@ UNREAD = ("model", "tiny_layers", "tiny_hidden_size", "remat", "remat_policy", "
           *(f.name for f in dataclasses.fields(config_lib.OptimConfig)),
           *(f.name for f in dataclasses.fields(config_lib.RewardModelConfig)),
           *(f.name for f in dataclasses.fields(config_lib.AgentConfig)), "eval_every", "save_every",
-          "keep_checkpoints", "resume", "stop_after", "tensorboard", "wandb_project", "wandb_mode", "wandb_entity",
+          "keep_checkpoints", "resume", "stop_after", "wandb_project", "wandb_mode", "wandb_entity",
           "wandb_run_name", "profile_steps", "mesh", "sharding_rules", "coordinator_address", "num_processes",
           "process_id", "forward_rows", "forward_memory_budget")
 INSTEAD = {"model": "--init_checkpoint", "temperature": "--eval_temperature", "batch_size": "--eval_batch_size",
