@@ -423,6 +423,13 @@ def main_for(name: str, job=None, **overrides):
     except ERRORS as err:
       logger_lib.end_progress_line()
       sys.exit(f"{name}: error: {err}")
+    except jax.errors.JaxRuntimeError as err:
+      if "RESOURCE_EXHAUSTED" not in str(err):
+        raise
+      logger_lib.end_progress_line()  # a size no device holds (a model width, a batch, a completion budget)
+      first = str(err).strip().splitlines()[0].rstrip(".")
+      sys.exit(f"{name}: error: out of memory: {first}; lower the sizes the flags set (--batch_size, --group_size, "
+               "--max_new_tokens, the model's), or --forward_memory_budget")
     except BaseException:
       logger_lib.end_progress_line()
       raise

@@ -82,6 +82,17 @@ class StudyError(Exception):
   """A problem with a study spec or the command line, reported as one line."""
 
 
+def read_json(path: pathlib.Path, what: str = "a JSON object", need: tuple[str, ...] = ()) -> dict:
+  """The JSON object in `path` (with the keys `need`), or StudyError naming the file (cut short, not an object)."""
+  try:
+    value = json.loads(path.read_text())
+  except (OSError, ValueError) as err:
+    raise StudyError(f"{path}: cannot read {what} ({err})") from None
+  if not isinstance(value, dict) or any(k not in value for k in need):
+    raise StudyError(f"{path}: not {what}" + (f" (needs {', '.join(need)})" if need else ""))
+  return value
+
+
 class Stopped(Exception):
   """SIGTERM or SIGINT reached reproduce: the runs in flight were asked to stop (each saves its step and exits)."""
 
@@ -245,7 +256,7 @@ def _prefix(run: spec.Run) -> list[str]:
 # The runners' defaults as they were when run directories last moved on purpose: a run's hash covers only the
 # defaults that differ from these (and the revision), so a flag added with a default that keeps the old behaviour
 # leaves finished runs where they are, while a changed default still moves them. Numerics that change without a
-# flag (a kernel, an initialiser) bump DEFAULTS_REVISION by rewriting the file:
+# flag (a kernel, an initialiser) bump the snapshot's "revision" by rewriting the file:
 #   python -m experiments.reproduce --write_defaults_snapshot
 DEFAULTS_SNAPSHOT = pathlib.Path(__file__).resolve().parent / "studies" / "runner_defaults.json"
 
@@ -653,7 +664,7 @@ def collect(study: spec.Study, jobs: list[Job]) -> list[dict]:
   for job in jobs:
     if not job.summary.is_file():
       continue
-    summary = json.loads(job.summary.read_text())
+    summary = read_json(job.summary, "a run's summary")
     curves = None
     for metric in study.metrics:
       if metric.runs and job.run.name not in metric.runs:
@@ -896,7 +907,7 @@ def report(study: spec.Study, profile: str, seeds: list[int], jobs: list[Job],
     held_out, versions = set(), {}
     for j in own:
       if j.summary.is_file():
-        summary = json.loads(j.summary.read_text())
+        summary = read_json(j.summary, "a run's summary")
         if summary.get("num_eval_problems") is not None:
           held_out.add(summary["num_eval_problems"])
         versions[j.seed] = summary.get("code_version", "not recorded")
@@ -993,7 +1004,7 @@ def claims_table(pages: pathlib.Path = PAGES) -> str:
   decided again from the pages' cells): what the README's "What reproduces" shows."""
 
   def read(path: pathlib.Path):
-    return json.loads(path.read_text()) if path.is_file() else None
+    return read_json(path, "a study's results page", need=("cells",)) if path.is_file() else None
 
   def column(study, page, claim):
     if page is None:
@@ -1039,12 +1050,15 @@ def redecide_pages(pages: pathlib.Path = PAGES) -> list[pathlib.Path]:
   own cells under today's claims and rules; the runs need not exist, and the rest of the page stays as it ran.
   Returns the pages it changed."""
   changed = []
+  read = {path: read_json(path, "a study's results page", need=("cells",))  # every page reads before any is written
+          for name in studies_lib.STUDIES for path in (pages / name / "results.json", pages / name / "full" /
+                                                       "results.json") if path.is_file()}
   for name, study in studies_lib.STUDIES.items():
     for page_dir in page_dirs(pages, name, study):
       path, md = page_dir / "results.json", page_dir / "results.md"
       if not path.is_file():
         continue
-      results = json.loads(path.read_text())
+      results = read[path]
       verdicts_now = json.loads(json.dumps(decide_claims(study, results["cells"], results.get("profile")),
                                            default=str))
       lines = md.read_text().split("\n")
@@ -1277,13 +1291,16 @@ def main(argv):
   if FLAGS.list:
     _list()
     return
-  if FLAGS.claims_table:
-    print(claims_table(), end="")
-    return
-  if FLAGS.redecide:
-    for page_dir in redecide_pages():
-      print(f"reproduce: new verdicts in {page_dir}/results.md")
-    return
+  try:
+    if FLAGS.claims_table:
+      print(claims_table(), end="")
+      return
+    if FLAGS.redecide:
+      for page_dir in redecide_pages():
+        print(f"reproduce: new verdicts in {page_dir}/results.md")
+      return
+  except StudyError as err:
+    sys.exit(f"reproduce: error: {err}")
   if FLAGS.write_defaults_snapshot:
     revision = write_defaults_snapshot()
     print(f"reproduce: {DEFAULTS_SNAPSHOT} now holds revision {revision} of the runners' defaults")
@@ -1300,7 +1317,7 @@ def main(argv):
     results = reproduce(study, profile=FLAGS.profile, seeds=list(range(seeds)), out_dir=out_dir,
                         runs_dir=pathlib.Path(FLAGS.runs_dir), parallel=FLAGS.parallel, only=FLAGS.only,
                         dry_run=FLAGS.dry_run, aggregate_only=FLAGS.aggregate_only)
-  except (StudyError, ValueError) as err:
+  except (StudyError, ValueError, OSError) as err:  # OSError: an --out_dir or --runs_dir it cannot write
     sys.exit(f"reproduce: error: {err}")
   except Stopped as err:
     print(f"reproduce: {err}", file=sys.stderr)

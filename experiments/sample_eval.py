@@ -14,6 +14,7 @@ evaluation of the same policy and seed. Writes `summary.json` (`accuracy`, `maj@
 `flags.txt` in --work_dir.
 """
 
+import dataclasses
 import json
 import pathlib
 import sys
@@ -32,9 +33,29 @@ from grpo_jax import models
 
 
 
+# The shared flags (`experiments/cli.py`) this entry point does not read: refused unless at their defaults
+# (--notensorboard is accepted: it writes no event files either way).
+UNREAD = ("model", "tiny_layers", "tiny_hidden_size", "remat", "remat_policy", "scan_layers", "logprob_chunk",
+          "attention", "lora_rank", "lora_alpha", "lora_targets", "lora_export_peft", "sft_steps", "sft_batch_size",
+          "sft_learning_rate", "batch_size", "group_size", "temperature", "top_p", "top_k",
+          *(f.name for f in dataclasses.fields(config_lib.RolloutConfig)
+            if f.name not in ("batch_size", "group_size", "temperature", "top_p", "top_k", "max_new_tokens")),
+          *(f.name for f in dataclasses.fields(config_lib.AlgorithmConfig)),
+          *(f.name for f in dataclasses.fields(config_lib.OptimConfig)),
+          *(f.name for f in dataclasses.fields(config_lib.RewardModelConfig)),
+          *(f.name for f in dataclasses.fields(config_lib.AgentConfig)), "eval_every", "save_every",
+          "keep_checkpoints", "resume", "stop_after", "wandb_project", "wandb_mode", "wandb_entity",
+          "wandb_run_name", "profile_steps", "mesh", "sharding_rules", "coordinator_address", "num_processes",
+          "process_id", "forward_rows", "forward_memory_budget")
+INSTEAD = {"model": "--init_checkpoint", "temperature": "--eval_temperature", "batch_size": "--eval_batch_size",
+           "group_size": "--eval_samples"}
+
+
 def run(config: config_lib.Config) -> dict:
   """Greedy accuracy and maj@k / pass@k of `init_checkpoint` on the held-out set; writes `summary.json`."""
   t_start = time.time()
+  for name in UNREAD:
+    config_lib.refuse_unread(config, (name,), "sample_eval", INSTEAD.get(name, ""))
   if not config.model.init_checkpoint:
     raise config_lib.RunError("--init_checkpoint is required: the HF directory of the policy to evaluate")
   k = config.eval.eval_samples

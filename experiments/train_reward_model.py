@@ -28,6 +28,7 @@ experiments.grpo_math (`experiments/cli.py`); the task, policy loading and place
 
 import dataclasses
 import json
+import math
 import os
 import pathlib
 import shutil
@@ -94,8 +95,8 @@ class RewardModelConfig:
     for name in ("rm_steps", "rm_eval_every"):
       if getattr(self, name) < 0:
         raise config_lib.ConfigError(f"--{name} must be >= 0")
-    if self.rm_learning_rate <= 0:
-      raise config_lib.ConfigError("--rm_learning_rate must be > 0")
+    if not (math.isfinite(self.rm_learning_rate) and self.rm_learning_rate > 0):
+      raise config_lib.ConfigError(f"--rm_learning_rate must be a finite number > 0, not {self.rm_learning_rate}")
     if self.rm_loss == "pairwise" and self.rm_kind not in rm.OUTCOME_KINDS:
       raise config_lib.ConfigError("--rm_loss=pairwise needs an outcome reward model (--rm_kind=orm or orm_steps)")
     if self.rm_score not in rm.SCORES:
@@ -105,6 +106,19 @@ class RewardModelConfig:
 
 
 _D = RewardModelConfig()
+# The shared flags (`experiments/cli.py`) this runner does not read: refused unless at their defaults.
+UNREAD = ("model", "init_checkpoint", "tiny_layers", "tiny_hidden_size", "remat_policy", "scan_layers",
+          "logprob_chunk", "attention", "lora_rank", "lora_alpha", "lora_targets", "lora_export_peft", "sft_steps",
+          "sft_batch_size", "sft_learning_rate", "batch_size", "group_size", "dynamic_sampling",
+          "dynamic_sampling_max_rounds", "overlong_buffer", "mask_truncated", "completion_pad_multiple",
+          *(f.name for f in dataclasses.fields(config_lib.AlgorithmConfig)), "steps", "learning_rate", "lr_schedule",
+          *(f.name for f in dataclasses.fields(config_lib.RewardModelConfig)),
+          *(f.name for f in dataclasses.fields(config_lib.AgentConfig)),
+          *(f.name for f in dataclasses.fields(config_lib.EvalConfig)), "work_dir", "stop_after", "profile_steps",
+          "forward_rows", "forward_memory_budget", "sharding_rules")
+INSTEAD = {"work_dir": "--rm_dir", "init_checkpoint": "--policy", "model": "--policy", "steps": "--rm_steps",
+           "learning_rate": "--rm_learning_rate", "batch_size": "--rm_batch_size",
+           "eval_every": "--rm_eval_every"}
 
 flags.DEFINE_string("policy", _D.policy, "HF-format directory of the policy that samples the training data (the SFT "
                     "model, e.g. <grpo_math work_dir>/sft_policy); the reward model starts from its backbone.")
@@ -235,6 +249,8 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.Stop
   that step and raises `preemption.Interrupted`.
   """
   t_start = time.time()
+  for name in UNREAD:
+    config_lib.refuse_unread(cfg, (name,), "train_reward_model", INSTEAD.get(name, ""))
   if cfg.mesh.mesh or cfg.mesh.coordinator_address or (cfg.mesh.num_processes or 1) > 1:
     raise RunError("train_reward_model runs on one device in one process; leave --mesh and the multi-process "
                    "flags empty")
@@ -270,6 +286,8 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.Stop
   eval_examples = task.test[:rmc.rm_eval_prompts]
   if held and not run_cfg.resume:  # --rm_overwrite: start over
     shutil.rmtree(ckpt_dir)
+  if run_cfg.wandb_project and run_cfg.resume and jax.process_index() == 0:
+    training.wandb_run.stored_run_id(out_dir)  # a damaged id file is named before anything is written
   out_dir.mkdir(parents=True, exist_ok=True)
   (out_dir / "config.json").write_text(json.dumps({**cfg.flat(), **dataclasses.asdict(rmc)}, indent=2,
                                                   default=str))
@@ -309,9 +327,11 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.Stop
         f"right and wrong samples ({collect_time:.0f} s)", file=sys.stderr)
 
   # TRAIN
-  wandb = training.wandb_run.start(out_dir, run_cfg.wandb_project, {**cfg.flat(), **dataclasses.asdict(rmc)},
-                                   mode=run_cfg.wandb_mode, entity=run_cfg.wandb_entity, name=run_cfg.wandb_run_name
-                                   ) if run_cfg.wandb_project and jax.process_index() == 0 else None
+  wandb = None
+  if run_cfg.wandb_project and jax.process_index() == 0:  # resumed: the same W&B run (REVIEW B1)
+    wandb = training.wandb_run.start(out_dir, run_cfg.wandb_project, {**cfg.flat(), **dataclasses.asdict(rmc)},
+                                     resume=run_cfg.resume, mode=run_cfg.wandb_mode, entity=run_cfg.wandb_entity,
+                                     name=run_cfg.wandb_run_name)
   logger = training.MetricsLogger(out_dir, rmc.rm_steps, tensorboard=run_cfg.tensorboard, wandb_run=wandb)
   warmup = min(cfg.optim.warmup_steps, rmc.rm_steps // 10)
   optimizer = training.make_optimizer(
@@ -379,6 +399,9 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.Stop
       if interrupted:
         logger.newline()
         raise preemption.Interrupted(signals.signum, done, "reward-model training", ckpt_dir)
+  except BaseException:
+    logger.close()  # an interrupted or failed run closes its logs and finishes its W&B run, as the loop's does
+    raise
   finally:
     ckpt.close()
   logger.newline()
@@ -436,7 +459,7 @@ def config_from_flags() -> tuple[config_lib.Config, RewardModelConfig]:
 def _job(config: config_lib.Config) -> dict:
   """The command line's run: `--rm_dir` locked while it runs (`work_dir_lock`), SIGTERM / SIGINT noted."""
   rmc = config_from_flags()[1]
-  with work_dir_lock.WorkDirLock(rmc.rm_dir), preemption.StopSignals() as signals:
+  with work_dir_lock.WorkDirLock(rmc.rm_dir, flag="--rm_dir"), preemption.StopSignals() as signals:
     return run(config, rmc, signals)
 
 

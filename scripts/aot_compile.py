@@ -404,6 +404,11 @@ def main(argv):
   f = flags.FLAGS
   jax.config.update("jax_platforms", "cpu")  # compile only: nothing runs, no accelerator is claimed
   log = lambda s: print(s, file=sys.stderr, flush=True)
+  if f.hbm_gib is not None and not (math.isfinite(f.hbm_gib) and f.hbm_gib > 0):
+    sys.exit(f"aot_compile: --hbm_gib must be a finite number of GiB > 0, not {f.hbm_gib}")
+  out_dir = os.path.dirname(os.path.abspath(f.json_out)) if f.json_out else ""
+  if f.json_out and not (os.path.isdir(out_dir) and os.access(out_dir, os.W_OK)):
+    sys.exit(f"aot_compile: --json_out: cannot write {f.json_out} (its directory {out_dir} is missing or read-only)")
   try:
     config = cli.config_from_flags()
     tgt = target(f.topology)

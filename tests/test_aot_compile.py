@@ -331,7 +331,14 @@ def test_bad_flags_are_one_line(tmp_path):
   for flags, message in ((["--topology=v9z:2x2"], "aot_compile: cannot describe TPU topology 'v9z:2x2'"),
                          (["--topology=cpu"], "aot_compile: --mesh is empty"),
                          (["--topology=cpu", "--mesh=data:1", "--tiny_hidden_size=36"],
-                          "aot_compile: --tiny_hidden_size must be a positive multiple of 8")):
+                          "aot_compile: --tiny_hidden_size must be a positive multiple of 8"),
+                         # issue 55's sweep: "fits ... within nan GiB", a traceback after compiling everything
+                         (["--topology=cpu", "--mesh=data:1", "--hbm_gib=nan"],
+                          "aot_compile: --hbm_gib must be a finite number of GiB > 0, not nan"),
+                         (["--topology=cpu", "--mesh=data:1", f"--json_out={tmp_path / 'none' / 'f.jsonl'}"],
+                          f"aot_compile: --json_out: cannot write {tmp_path / 'none' / 'f.jsonl'}"),
+                         (["--topology=cpu", "--mesh=data:1", "--lora_rank=100000"],
+                          "aot_compile: --lora_rank=100000 exceeds the embedded model's width")):
     result, _ = _run_script(tmp_path, "--programs=logprobs", *flags)
     assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1].startswith(message), result.stderr[-2000:]

@@ -209,3 +209,22 @@ def test_a_second_run_loads_its_programs_from_the_compilation_cache(tmp_path):
   assert sorted(p.name for p in cache.rglob("*") if p.is_file()) == entries
   drop = lambda r: {k: v for k, v in r.items() if "time" not in k and k != "train/tokens_per_s"}
   assert [drop(r) for r in first] == [drop(r) for r in second]
+
+
+def test_out_of_memory_is_one_line_and_other_runtime_errors_stay_tracebacks(tmp_path, main_in_process):
+  """Issue 55's sweep: a size no device holds (--tiny_hidden_size=1048576, --max_new_tokens=100000000) ended in a
+  RESOURCE_EXHAUSTED traceback; it is one line that says what to lower. Other runtime errors are bugs: raised."""
+
+  def job(message):
+    def run(config):
+      del config
+      raise jax.errors.JaxRuntimeError(message)
+    return run
+
+  error = main_in_process(cli.main_for("grpo_math", job("RESOURCE_EXHAUSTED: Out of memory allocating 9 bytes.\n"
+                                                         "more")), ["grpo_math", f"--work_dir={tmp_path}"])
+  assert error == ("grpo_math: error: out of memory: RESOURCE_EXHAUSTED: Out of memory allocating 9 bytes; lower the "
+                   "sizes the flags set (--batch_size, --group_size, --max_new_tokens, the model's), or "
+                   "--forward_memory_budget")
+  with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):
+    main_in_process(cli.main_for("grpo_math", job("INTERNAL: a bug")), ["grpo_math", f"--work_dir={tmp_path}"])

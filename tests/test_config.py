@@ -1,6 +1,7 @@
 """The run's typed config (`experiments/runner/config.py`): defaults, resolution, flat records, checks."""
 
 import dataclasses
+import re
 
 import pytest
 
@@ -49,6 +50,21 @@ def test_replace_flat_and_from_flat_round_trip():
     ({"rollout_correction_upper": 0.9}, "--rollout_correction_upper must be >= 1"),
     ({"rollout_correction_lower": 1.5}, "--rollout_correction_lower must be in [0, 1]"),
     ({"rollout_correction": "seq_mis", "algo": "online_rft"}, "--rollout_correction=seq_mis weights GRPO's and PPO's"),
+    # Numbers as numbers: NaN passes every comparison, inf overflows what it sizes (issue 55).
+    ({"lora_rank": 4, "lora_alpha": float("nan")}, "--lora_alpha must be a finite number, not nan"),
+    ({"math_verify_time_limit": float("inf")}, "--math_verify_time_limit must be a finite number, not inf"),
+    ({"forward_memory_budget": float("nan")}, "--forward_memory_budget must be a finite number, not nan"),
+    ({"forward_memory_budget": float("inf")}, "--forward_memory_budget must be a finite number, not inf"),
+    ({"forward_memory_budget": 1e300}, "--forward_memory_budget must be at most 1048576 GiB"),
+    ({"math_verify_time_limit": 1e12}, "--math_verify_time_limit must be in (0, 86400] seconds"),
+    ({"tool_time_limit": 0.0}, "--tool_time_limit must be in (0, 86400] seconds"),
+    ({"learning_rate": float("-inf")}, "--learning_rate must be a finite number, not -inf"),
+    ({"lora_rank": 10**12}, "--lora_rank=1000000000000 exceeds the embedded model's width (--tiny_hidden_size=128)"),
+    ({"lora_rank": 33, "tiny_hidden_size": 32}, "--lora_rank=33 exceeds the embedded model's width"),
+    ({"dynamic_sampling": True, "algo": "online_rft"}, "--dynamic_sampling is read only by --algo=grpo; "
+                                                       "--algo=online_rft does not use it"),
+    ({"process_center_tokens": True}, "--process_center_tokens centres process advantages: it needs"),
+    ({"num_train": 10**12}, "--num_train + --num_test of the synthetic task must be at most 10,000,000"),
 ])
 def test_bad_values_are_one_line_naming_the_flag(fields, message):
   with pytest.raises(config_lib.ConfigError) as info:
@@ -94,3 +110,76 @@ def test_policy_loss_choices_are_the_librarys():
   config = config_lib.Config().replace(loss="sapo", sapo_tau_pos=0.5, sapo_tau_neg=2.0, entropy_coef=0.01,
                                        top_entropy_quantile=0.2)
   assert config.algorithm.loss == "sapo" and config.algorithm.top_entropy_quantile == 0.2
+def test_every_float_field_is_checked_finite():
+  for name, value in config_lib.Config().flat().items():
+    if isinstance(value, float) or name in ("epsilon_high", "dual_clip", "value_learning_rate"):
+      with pytest.raises(config_lib.ConfigError, match=rf"^--{name} must be a finite number, not nan$"):
+        config_lib.Config().replace(**{name: float("nan")})
+
+
+def test_lora_rank_up_to_the_width_is_accepted():
+  assert config_lib.Config().replace(lora_rank=128).model.lora_rank == 128
+  assert config_lib.Config().replace(lora_rank=4096, model="some/hf/dir").model.lora_rank == 4096  # checked on load
+
+
+# A value other than the default for each option that only some methods read.
+_OTHER_VALUE = {
+    "dynamic_sampling": True, "dynamic_sampling_max_rounds": 2, "importance": "sequence",
+    "shared_prompt_forward": False, "advantage_scale": "none", "advantage_eps": 1e-3, "process_center_tokens": True,
+    "recompute_old_logprobs": True, "mask_truncated": True, "overlong_buffer": 4, "completion_pad_multiple": 8,
+    "beta": 0.1, "epsilon": 0.3, "epsilon_high": 0.28, "dual_clip": 3.0, "kl": "k1", "loss_aggregation": "token-mean",
+    "gamma": 0.9, "gae_lambda": 0.9, "value_learning_rate": 1e-4, "value_clip": 0.1, "value_coef": 0.5,
+    "whiten_advantages": False, "value_init": "some/dir", "dpo_beta": 0.2, "dpo_nll_coef": 1.0,
+    "dpo_pairs_per_prompt": 2, "offline_prompts": 64, "max_turns": 2, "memory_budget": 30, "planner_prompt_len": 60,
+    "action_tokens": 10, "tools": "calc", "tool_time_limit": 2.0, "tool_header": True, "answer_from_memory": False,
+    "min_bucket": 4, "temperature": 1.0, "top_p": 0.9, "top_k": 5,
+}
+
+
+@pytest.mark.parametrize("name", sorted(config_lib.READ_BY))
+def test_an_option_a_method_does_not_read_is_refused_for_that_method(name):
+  """Issue 55: `--dynamic_sampling --algo=online_rft` ran plain Online RFT without a word. Every method refuses
+  the options it does not read (at a value other than the default), in one line naming the option."""
+  value = _OTHER_VALUE[name]
+  assert value != config_lib.default(name)
+  for algo in config_lib.CHOICES["algo"]:
+    fields = {name: value, "algo": algo, "group_size": 2}
+    if algo in config_lib.READ_BY[name] or (algo == "flow_grpo" and name in config_lib.FLOW_UNSUPPORTED):
+      try:
+        config_lib.Config().replace(**fields)
+      except config_lib.ConfigError as err:  # refused for another reason (e.g. GRPO+PS is GRPO's), not this one
+        assert "is read only by" not in str(err), (algo, err)
+      continue
+    with pytest.raises(config_lib.ConfigError) as info:
+      config_lib.Config().replace(**fields)
+    if "is read only by" in str(info.value):
+      assert str(info.value) == (f"--{name} is read only by --algo={'|'.join(config_lib.READ_BY[name])}; "
+                                 f"--algo={algo} does not use it: leave it at its default")
+    else:  # Flow-GRPO's own line for the GRPO options it refuses
+      assert str(info.value).startswith(f"--{name} is a GRPO option that Flow-GRPO does not use"), info.value
+
+
+def test_read_by_names_methods_and_fields():
+  fields = set(config_lib.Config().flat())
+  for name, readers in config_lib.READ_BY.items():
+    assert name in fields and set(readers) <= set(config_lib.CHOICES["algo"]), name
+
+
+@pytest.mark.parametrize("fields, needs", [
+    ({"dynamic_sampling_max_rounds": 2}, "--dynamic_sampling"),
+    ({"remat_policy": "dots"}, "--remat"),
+    ({"eval_temperature": 1.0}, "--eval_samples > 0"),
+    ({"lora_alpha": 8.0}, "--lora_rank > 0"),
+    ({"lora_targets": "q,v"}, "--lora_rank > 0"),
+    ({"math_verify_time_limit": 5.0}, "--reward=math_verify:..."),
+    ({"math_verify_workers": 2}, "--reward=math_verify:..."),
+])
+def test_an_option_without_its_feature_is_refused(fields, needs):
+  """Issue 55's sweep: options that only matter when another turns their feature on did nothing without it."""
+  name = next(iter(fields))
+  with pytest.raises(config_lib.ConfigError, match=rf"^--{name} is read only with {re.escape(needs)}; leave it"):
+    config_lib.Config().replace(**fields)
+  on = {"--dynamic_sampling": {"dynamic_sampling": True}, "--remat": {"remat": True},
+        "--eval_samples > 0": {"eval_samples": 4}, "--lora_rank > 0": {"lora_rank": 4},
+        "--reward=math_verify:...": {"reward": "math_verify:1.0"}}[needs]
+  config_lib.Config().replace(**fields, **on)  # with it: accepted

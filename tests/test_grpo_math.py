@@ -88,13 +88,51 @@ def _cli(*args, cwd):
     (["--resume"], "--resume: no checkpoint in"),
     (["--profile_steps=3"], "--profile_steps must be FIRST:LAST with 1 <= FIRST <= LAST"),
     (["--steps=4", "--profile_steps=3:5"], "--profile_steps=3:5 ends after the run's last step (--steps=4)"),
-    (["--model=/does/not/exist"], "checkpoint directory does not exist: /does/not/exist"),
+    (["--model=/does/not/exist"], "--model: checkpoint directory does not exist: /does/not/exist"),
+    (["--init_checkpoint=nope"], "--init_checkpoint: checkpoint directory does not exist: nope"),
+    (["--task=gsm8k", "--train_file=nope.jsonl", "--test_file=nope.jsonl"], "--train_file: nope.jsonl does not exist"),
+    (["--reward=orm", "--reward_model=nope"], "--reward_model: nope is not a directory"),
+    (["--algo=ppo", "--group_size=1", "--value_init=nope"], "--value_init: checkpoint directory does not exist: nope"),
+    # issue 55: numbers as numbers, and flags the method does not read
+    (["--lora_rank=1000000000000"], "--lora_rank=1000000000000 exceeds the embedded model's width"),
+    (["--lora_rank=4", "--lora_alpha=nan"], "--lora_alpha must be a finite number, not nan"),
+    (["--reward=math_verify:1.0", "--math_verify_time_limit=inf"], "--math_verify_time_limit must be a finite"),
+    (["--forward_memory_budget=nan"], "--forward_memory_budget must be a finite number, not nan"),
+    (["--forward_memory_budget=inf"], "--forward_memory_budget must be a finite number, not inf"),
+    (["--dynamic_sampling", "--algo=online_rft"], "--dynamic_sampling is read only by --algo=grpo; "
+                                                  "--algo=online_rft does not use it"),
+    (["--algo=dpo", "--beta=0.1"], "--beta is read only by --algo=grpo|ppo|flow_grpo; --algo=dpo does not use it"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path, args, message, main_in_process, monkeypatch):
   monkeypatch.chdir(tmp_path)  # relative paths as in a child process started there
   error = main_in_process(cli.main_for("grpo_math"), ["grpo_math", f"--work_dir={tmp_path / 'run'}", *args])
   assert isinstance(error, str) and error.startswith("grpo_math: error: ") and "\n" not in error, error
   assert message in error, error
+  assert not (tmp_path / "run").exists()  # refused before the run writes anything
+
+
+def test_a_lora_rank_above_the_checkpoints_width_is_refused_before_anything_runs(tmp_path, main_in_process):
+  model = models.build_default_checkpoint(tmp_path / "model", num_hidden_layers=1, hidden_size=32,
+                                          intermediate_size=64)
+  error = main_in_process(cli.main_for("grpo_math"), ["grpo_math", f"--work_dir={tmp_path / 'run'}", f"--model={model}",
+                                                      "--lora_rank=33"])
+  assert error == (f"grpo_math: error: --lora_rank=33 exceeds the width of {model} (hidden size 32): a rank-r adapter "
+                   "needs r <= the hidden size")
+  assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("attention", ["cudnn", "pallas"])
+def test_an_attention_kernel_the_backend_lacks_falls_back_to_xla_with_one_warning(tmp_path, attention, capsys):
+  """Issue 55: --attention=cudnn or pallas on a CPU ended in a traceback in stage 1 and silently ran xla in stage 2
+  while config.json said otherwise. Now one warning line names the flag and what runs, and config.json records it."""
+  summary = _run(tmp_path, f"--attention={attention}", "--sft_steps=2", "--sft_batch_size=4", "--steps=1",
+                 "--eval_every=0", "--num_test=4", "--eval_batch_size=4")
+  warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("--attention")]
+  needs = "an NVIDIA GPU and --dtype=bfloat16" if attention == "cudnn" else "a TPU"
+  assert warnings == [f"--attention={attention}: its kernel needs {needs}, not cpu; running --attention=xla instead "
+                      "(config.json records xla)"]
+  assert json.loads((tmp_path / "config.json").read_text())["attention"] == "xla"
+  assert summary["config"]["attention"] == "xla"
 
 
 def test_malformed_jsonl_names_the_line(tmp_path):
@@ -154,3 +192,19 @@ def test_scanned_layers_train_and_export_hf(tmp_path):
   assert not config.scan_layers and "layers_0" in final
   base = _params(tmp_path / "base_model")
   assert not np.array_equal(base["embed"]["embedding"], final["embed"]["embedding"])
+
+
+def test_attention_that_runs_by_backend():
+  from experiments.runner import config as config_lib  # pylint: disable=import-outside-toplevel
+  from experiments.runner import policy  # pylint: disable=import-outside-toplevel
+  model = lambda attention, dtype="bfloat16": config_lib.ModelConfig(attention=attention, dtype=dtype)  # noqa: E731
+  assert policy.attention_that_runs(model("cudnn"), "gpu") == ("cudnn", "")
+  assert policy.attention_that_runs(model("pallas"), "tpu") == ("pallas", "")
+  for name in ("auto", "einsum", "xla"):
+    assert policy.attention_that_runs(model(name, "float32"), "cpu") == (name, "")
+  attention, warning = policy.attention_that_runs(model("cudnn", "float32"), "gpu")
+  assert attention == "xla" and warning == ("--attention=cudnn: its kernel needs an NVIDIA GPU and --dtype=bfloat16, "
+                                            "not gpu with --dtype=float32; running --attention=xla instead "
+                                            "(config.json records xla)")
+  assert policy.attention_that_runs(model("pallas"), "gpu")[0] == "xla"
+  assert policy.attention_that_runs(model("cudnn"), "tpu")[0] == "xla"

@@ -2,6 +2,7 @@
 the merged export equal to the adapted model, PEFT loading our adapters in torch with the same logits."""
 
 import json
+import zlib
 
 import jax
 import jax.numpy as jnp
@@ -39,10 +40,26 @@ def _logits(params, config):
 
 
 def _perturbed(params):
-  """Adapters with nonzero B, so that the adapted model differs from the base."""
+  """Adapters with nonzero B, so that the adapted model differs from the base; each adapter seeded by its own path
+  (a hash of it), so that no two are alike and an export or merge that swaps two (k and v, two layers) shows."""
   return jax.tree_util.tree_map_with_path(
-      lambda p, x: 0.05 * jax.random.normal(jax.random.PRNGKey(len(str(p))), x.shape) if lora.is_adapter(p) else x,
-      params)
+      lambda p, x: 0.05 * jax.random.normal(jax.random.PRNGKey(zlib.crc32(jax.tree_util.keystr(p).encode())),
+                                            x.shape) if lora.is_adapter(p) else x, params)
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_perturbed_adapters_all_differ(scan_layers):
+  """The merge and PEFT tests below tell swapped adapters apart only if no two of the same shape are equal (issue
+  55: seeded by the length of their path, k's and v's, and layers_0's and layers_1's, were bit-identical)."""
+  base, config = _base(scan_layers)
+  params = _perturbed(lora.add_adapters(base, lora.lora_config(config, rank=4, alpha=8.0, targets=ALL),
+                                        jax.random.PRNGKey(1)))
+  leaves = [np.asarray(x) for _, x in jax.tree_util.tree_flatten_with_path(lora.adapters(params))[0]]
+  if scan_layers:  # the stacked layers: one slice per layer
+    leaves = [x[i] for x in leaves for i in range(x.shape[0])]
+  for i, a in enumerate(leaves):
+    for b in leaves[i + 1:]:
+      assert a.shape != b.shape or not np.array_equal(a, b)
 
 
 @pytest.mark.parametrize("scan_layers", [False, True])
@@ -158,13 +175,13 @@ def test_peft_loads_the_exported_adapters_with_the_same_logits(tmp_path, scan_la
   torch = pytest.importorskip("torch")
   transformers = pytest.importorskip("transformers")
   base, config = _base(scan_layers)
-  config_r = lora.lora_config(config, rank=4, alpha=12.0, targets=("q", "k", "o", "up", "down"))
+  config_r = lora.lora_config(config, rank=4, alpha=12.0, targets=("q", "k", "v", "o", "up", "down"))
   params = _perturbed(lora.add_adapters(base, config_r, jax.random.PRNGKey(1)))
   models.save_hf(base, config, tmp_path / "base")
   lora.save_peft(params, config_r, tmp_path / "adapter", base_model_name_or_path=str(tmp_path / "base"))
   saved = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
   assert saved["r"] == 4 and saved["lora_alpha"] == 12.0
-  assert saved["target_modules"] == ["down_proj", "k_proj", "o_proj", "q_proj", "up_proj"]
+  assert saved["target_modules"] == ["down_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
   model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base", torch_dtype=torch.float32)
   model = peft.PeftModel.from_pretrained(model, tmp_path / "adapter").eval()
   tokens, mask = (np.asarray(x) for x in _batch())
@@ -365,3 +382,35 @@ def test_iterative_rl_with_lora_resumes_exactly(tmp_path):
   jax.tree.map(np.testing.assert_array_equal, straight, resumed)
   assert np.abs(straight["layers_0"]["mlp"]["up_proj"]["kernel"] - params["layers_0"]["mlp"]["up_proj"]["kernel"]
                 ).max() > 1e-4
+
+
+def test_the_reference_under_lora_is_the_base_model(tmp_path, known_answers, monkeypatch):
+  """π_ref under LoRA is the base model, the adapters off (issue 55: only a program-shape comparison noticed a π_ref
+  computed with them on): the k3 KL's π_ref log-probs of the last step's batch, after the adapters have moved,
+  are the base checkpoint's log-probs of those tokens, and not the trained policy's."""
+  from experiments.methods import grpo
+  from experiments.runner import config as config_lib
+  from experiments.runner import loop
+  from grpo_jax import logprobs as logprobs_lib
+  batches = []
+  collect = grpo.GRPO.collect
+
+  def recording(self, params, position, key):
+    batch, stats, position = collect(self, params, position, key)
+    batches.append(jax.tree.map(np.asarray, batch))
+    return batch, stats, position
+
+  monkeypatch.setattr(grpo.GRPO, "collect", recording)
+  cfg = config_lib.Config().replace(**{**_TINY_RUN, "steps": 3, "lora_export_peft": False}, work_dir=str(tmp_path))
+  loop.run(cfg)
+  base, config = models.load_hf(tmp_path / "base_model")
+  final, _ = models.load_hf(tmp_path / "final_policy")
+  last = batches[-1]
+  mask = last.loss_mask
+  assert mask.sum() > 0
+  t = cfg.rollout.temperature
+  base_logp, final_logp = (np.asarray(logprobs_lib.token_logprobs(p, config, jnp.asarray(last.tokens),
+                                                                  jnp.asarray(last.attention_mask), temperature=t))
+                           for p in (base, final))
+  assert np.abs(final_logp - base_logp)[mask].max() > 1e-2  # the adapters moved the policy
+  np.testing.assert_allclose(last.ref_logp[mask], base_logp[mask], atol=1e-4)

@@ -28,12 +28,14 @@ from tests.known_answers import known_answers  # noqa: F401  (a fixture)
 FLAGS = flags.FLAGS
 TINY = ["--max_prompt_len=16", "--max_new_tokens=24", "--num_train=400", "--num_test=16", "--batch_size=4",
         "--group_size=4", "--eval_batch_size=16", "--tensorboard=false", "--sft_examples=200", "--tiny_layers=2",
-        "--tiny_hidden_size=64", "--offline_prompts=32"]
+        "--tiny_hidden_size=64"]
+OFFLINE = ["--offline_prompts=32"]  # RFT's and DPO's dataset (the other methods refuse the flag)
 
 
 def _parse(*args):
   FLAGS.unparse_flags()
-  FLAGS(["grpo_math", *TINY, *args])
+  offline = OFFLINE if any(a in ("--algo=rft", "--algo=dpo") for a in args) else []
+  FLAGS(["grpo_math", *TINY, *offline, *args])
 
 
 @pytest.fixture(scope="module")
@@ -367,7 +369,7 @@ def test_batches_keep_the_columns_up_to_the_longest_completion(sft_policy, short
   """`--completion_pad_multiple=4`: rows of at most 9 tokens give batches of at most 12 completion columns instead
   of 24, the same tokens, masks and log-probs as the full batch's first columns, and the same loss and gradient. Known
   answers (`#### <answer>` and EOS, at most 9 tokens) make rows right and wrong: non-zero advantages and GC."""
-  args = ("--beta=0.1", "--temperature=0.7")
+  args = ("--temperature=0.7",) + (("--beta=0.1",) if algo != "online_rft" else ())  # Online RFT has no KL term
   trimmed, params, reference = _method(algo, sft_policy, *args, "--completion_pad_multiple=4")
   full, _, _ = _method(algo, sft_policy, *args, "--completion_pad_multiple=0")
   for method in (trimmed, full):
@@ -419,3 +421,47 @@ def test_the_engine_and_the_static_sampler_roll_out_alike(sft_policy):
   np.testing.assert_allclose(engine.samples.logprobs, static.samples.logprobs, atol=1e-5)
   np.testing.assert_array_equal(engine.rewards, static.rewards)
   assert engine_metrics == static_metrics and "maj@4" in engine_metrics
+
+
+# Rewards of each sampling round's 4 groups of 4 (1: varied within the group, 0: all equal).
+_VARIED = {0: [1, 0, 0, 1], 1: [0, 1, 0, 0], 2: [0, 0, 0, 0], 3: [0, 0, 1, 1]}
+
+
+@pytest.mark.parametrize("max_rounds", [2, 4])
+def test_dynamic_sampling_keeps_varied_groups_and_refills(sft_policy, monkeypatch, max_rounds):
+  """DAPO dynamic sampling (issue 55): the step's batch holds the groups whose rewards vary, in the order sampled,
+  from as many rounds as it takes (at most --dynamic_sampling_max_rounds); short of B, the first zero-variance
+  groups fill it, left out of the loss. Rewards are set per group: round 0 keeps groups 0 and 3, round 1 group 1,
+  round 2 none, round 3 groups 2 and 3 (of which one is needed)."""
+  method, params, _ = _method("grpo", sft_policy, "--dynamic_sampling",
+                              f"--dynamic_sampling_max_rounds={max_rounds}")
+  b, g = method.cfg.rollout.batch_size, method.cfg.rollout.group_size
+  rounds = []
+  real_sample = method.rollouts.sample
+
+  def sample(params, examples, key, group_size):
+    scored = real_sample(params, examples, key, group_size)
+    varied = np.repeat(_VARIED[len(rounds)], g).astype(bool)
+    rewards = np.where(varied & (np.arange(b * g) % g == 0), 1.0, 0.0).astype(np.float32)  # one right per group
+    rounds.append((examples, np.asarray(scored.host.tokens)))
+    return scored._replace(rewards=rewards)
+
+  monkeypatch.setattr(method.rollouts, "sample", sample)
+  batch, stats, position = method.collect(params, 0, jax.random.key(0))
+  if max_rounds == 2:  # groups (0,0), (0,3), (1,1), then the first zero-variance one, (0,1), masked out
+    picked, in_loss = [(0, 0), (0, 3), (1, 1), (0, 1)], [True, True, True, False]
+  else:
+    picked, in_loss = [(0, 0), (0, 3), (1, 1), (3, 2)], [True] * 4
+  assert len(rounds) == stats["sampling_rounds"] == {2: 2, 4: 4}[max_rounds]
+  assert position == b * len(rounds)  # every round draws B new prompts
+  assert [e.question for e in rounds[0][0]] != [e.question for e in rounds[1][0]]
+  p = method.cfg.task.max_prompt_len
+  tokens, mask = np.asarray(batch.tokens), np.asarray(batch.loss_mask)
+  for slot, ((r, group), kept) in enumerate(zip(picked, in_loss)):
+    expected = rounds[r][1][group * g:(group + 1) * g]  # the completions, as sampled
+    width = tokens.shape[1] - p
+    np.testing.assert_array_equal(tokens[slot * g:(slot + 1) * g, p:], expected[:, :width])
+    assert mask[slot * g:(slot + 1) * g].any() == kept
+  adv = np.abs(np.asarray(batch.advantages) * mask).reshape(b, -1)
+  assert (adv[np.asarray(in_loss)].max(1) > 0).all()  # every kept group has a non-zero advantage
+  assert stats["zero_variance_groups"] == pytest.approx(1 - np.mean(in_loss))

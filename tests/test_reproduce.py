@@ -4,6 +4,7 @@ import dataclasses
 import json
 import math
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -690,3 +691,70 @@ def test_claims_table_reads_a_design_page(tmp_path):
   table = reproduce.claims_table(tmp_path).split("\n\n")[1]
   words = [line.split("| **")[1].split("**")[0] for line in table.splitlines()[2:] if "| **" in line]
   assert words == ["pending"] * 5 + ["reported"] * 3
+
+
+def test_a_page_cut_short_is_named_and_nothing_is_rewritten(tmp_path, monkeypatch, main_in_process):
+  """Issue 55: `--redecide` and `--claims_table` over a results.json cut short ended in a JSONDecodeError traceback.
+  Now one line names the page, and `--redecide` rewrites no page (the stale one beside it included)."""
+  src = reproduce.PAGES / "paradigm" / "full"
+  (tmp_path / "paradigm" / "full").mkdir(parents=True)
+  page = json.loads((src / "results.json").read_text())
+  stale = [dict(v, verdict="reproduced", detail="a stale verdict") for v in page["verdicts"]]
+  (tmp_path / "paradigm" / "full" / "results.json").write_text(json.dumps({**page, "verdicts": stale}))
+  (tmp_path / "paradigm" / "full" / "results.md").write_text((src / "results.md").read_text())
+  cut = tmp_path / "paradigm" / "results.json"
+  text = (reproduce.PAGES / "paradigm" / "results.json").read_text()
+  for damaged, message in ((text[:len(text) // 2], "cannot read a study's results page"),
+                           ("[1, 2]", "not a study's results page"),
+                           ('{"runs": {}}', "not a study's results page (needs cells)")):
+    cut.write_text(damaged)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(reproduce.StudyError, match=rf"^{re.escape(str(cut))}: {re.escape(message)}"):
+      reproduce.redecide_pages(tmp_path)
+    with pytest.raises(reproduce.StudyError, match=rf"^{re.escape(str(cut))}: "):
+      reproduce.claims_table(tmp_path)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+  # the command line: one line, exit status 1
+  redecide = reproduce.redecide_pages
+  monkeypatch.setattr(reproduce, "redecide_pages", lambda: redecide(tmp_path))
+  error = main_in_process(reproduce.main, ["reproduce", "--redecide"])
+  assert error.startswith(f"reproduce: error: {cut}: ") and "\n" not in error, error
+
+
+def test_a_runs_summary_cut_short_is_named(tmp_path):
+  """A run's summary.json cut short: aggregation stops with one line naming it (was: the JSON error alone)."""
+  study = spec.Study("hand", "Hand-made", (spec.Run("grpo"),), (spec.Metric("final", "final_accuracy"),))
+  (job,) = reproduce.plan(study, "full", [0], tmp_path)
+  job.directory.mkdir(parents=True)
+  job.summary.write_text('{"final_accuracy": 0.4, "start_')
+  with pytest.raises(reproduce.StudyError, match=rf"^{re.escape(str(job.summary))}: cannot read a run's summary"):
+    reproduce.collect(study, [job])
+
+
+def test_comments_name_only_what_exists():
+  """REVIEW B3: a comment told the reader to bump DEFAULTS_REVISION, a name that never existed. Every CONSTANT_NAME
+  a comment under experiments/ mentions is defined (or imported) somewhere in the code, or is an environment
+  variable."""
+  code = [*ROOT.glob("experiments/**/*.py"), *ROOT.glob("grpo_jax/**/*.py"), *ROOT.glob("scripts/*.py")]
+  defined = set()
+  for path in code:
+    text = path.read_text()
+    defined |= set(re.findall(r"^\s*([A-Z][A-Z0-9_]+)\s*[:=]", text, re.M))
+    defined |= set(re.findall(r"import .*?\b([A-Z][A-Z0-9_]+)\b", text))
+  unknown = set()
+  for path in ROOT.glob("experiments/**/*.py"):
+    for line in path.read_text().splitlines():
+      if "#" in line:
+        for name in re.findall(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b", line.split("#", 1)[1]):
+          if name not in defined and not name.startswith(("WANDB_", "JAX_", "XLA_")):
+            unknown.add(f"{path.relative_to(ROOT)}: {name}")
+  assert not unknown
+
+
+def test_an_out_dir_it_cannot_write_is_one_line(tmp_path, main_in_process):
+  """Issue 55's sweep: `--aggregate_only --out_dir=<a directory that cannot be made>` ended in a traceback."""
+  blocked = tmp_path / "file"
+  blocked.write_text("")  # a file where the directory's parent should be
+  error = main_in_process(reproduce.main, ["reproduce", "--study=paradigm", "--aggregate_only",
+                                           f"--runs_dir={tmp_path / 'runs'}", f"--out_dir={blocked / 'out'}"])
+  assert error.startswith("reproduce: error: ") and str(blocked / "out") in error and "\n" not in error, error

@@ -156,7 +156,14 @@ def test_errors_are_one_line(tmp_path, main_in_process, monkeypatch):
   cases = [([f"--policy={tmp_path / 'none'}"], "checkpoint directory does not exist"),
            (["--rm_kind=prm", "--rm_loss=pairwise"], "--rm_loss=pairwise needs an outcome reward model"),
            (["--rm_kind=prm", "--rm_score=loglik"], "--rm_score=loglik needs an outcome reward model"),
-           (["--policy=p", "--mesh=data:1"], "train_reward_model runs on one device in one process")]
+           (["--policy=p", "--mesh=data:1"], "train_reward_model runs on one device in one process"),
+           (["--policy=p", "--rm_learning_rate=nan"], "--rm_learning_rate must be a finite number > 0, not nan"),
+           # issue 55: a shared flag this runner does not read is refused, with the one it reads instead
+           (["--policy=p", "--lora_rank=4"], "--lora_rank: train_reward_model does not read it; leave it at its "
+                                             "default"),
+           (["--policy=p", "--work_dir=w"], "--work_dir: train_reward_model does not read it (use --rm_dir)"),
+           (["--policy=p", "--steps=5"], "--steps: train_reward_model does not read it (use --rm_steps)"),
+           (["--policy=p", "--algo=ppo"], "--algo: train_reward_model does not read it")]
   for args, message in cases:
     error = main_in_process(train_reward_model.main, ["train_reward_model", f"--rm_dir={tmp_path / 'x'}", *args])
     assert isinstance(error, str) and error.startswith("train_reward_model: error: ") and message in error, error

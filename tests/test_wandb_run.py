@@ -12,7 +12,9 @@ import time
 from absl import flags
 import pytest
 
+from experiments import cli
 from experiments import train_reward_model
+from experiments.runner import preemption
 from grpo_jax import models
 from experiments.runner import config as config_lib
 from grpo_jax.training import MetricsLogger, wandb_run
@@ -191,3 +193,63 @@ def test_reward_model_runner_logs_to_wandb(tmp_path):
   _, config, history = read_offline_run(run_dir)
   assert config["rm_kind"] == "orm" and config["rm_steps"] == 2 and config["wandb_project"] == "grpo-test"
   assert history and _as_jsonl(history) == _jsonl(tmp_path / "rm")  # NaN AUCs (one class) included
+
+
+class _StopAfterFirstCheck:
+  """`preemption.StopSignals` as if SIGINT came during the first logged training step (not while sampling)."""
+  signum = 2
+
+  def __init__(self):
+    self.calls = 0
+
+  def stop_requested(self):
+    self.calls += 1
+    return self.calls > 1
+
+
+def test_reward_model_runner_resumed_continues_the_same_wandb_run(tmp_path):
+  """REVIEW B1: a resumed reward-model run logs to the W&B run it started (its id kept), not to a new one."""
+  policy = models.build_default_checkpoint(tmp_path / "policy", num_hidden_layers=1, hidden_size=32,
+                                           intermediate_size=64)
+  argv = ["train_reward_model", f"--policy={policy}", f"--rm_dir={tmp_path / 'rm'}", "--rm_kind=orm",
+          "--rm_steps=12", "--save_every=10", "--max_prompt_len=16", "--max_new_tokens=8", "--num_train=40",
+          "--num_test=8", "--sft_examples=0", "--tensorboard=false", "--rm_prompts=4", "--rm_eval_prompts=4",
+          "--rm_samples_per_prompt=2", "--rm_sample_batch=4", "--rm_batch_size=8", "--rm_eval_every=100",
+          "--wandb_project=grpo-test", "--wandb_mode=offline"]
+  flags.FLAGS.unparse_flags()
+  try:
+    flags.FLAGS(argv)
+    with pytest.raises(preemption.Interrupted):
+      train_reward_model.run(*train_reward_model.config_from_flags(), signals=_StopAfterFirstCheck())
+    first_id = (tmp_path / "rm" / wandb_run.RUN_ID_FILE).read_text().strip()
+    flags.FLAGS.unparse_flags()
+    flags.FLAGS([*argv, "--resume"])
+    train_reward_model.run(*train_reward_model.config_from_flags())
+  finally:
+    flags.FLAGS.unparse_flags()
+  assert (tmp_path / "rm" / wandb_run.RUN_ID_FILE).read_text().strip() == first_id
+  assert [read_offline_run(d)[0] for d in _offline_dirs(tmp_path / "rm")] == [first_id, first_id]
+
+
+def test_a_damaged_run_id_file_is_named_before_the_run_writes(tmp_path, main_in_process):
+  """A resumed run whose wandb_run_id holds no id stops with one line naming the file; config.json is untouched."""
+  assert _run(tmp_path, "--stop_after=1") == {}
+  config = (tmp_path / "config.json").read_bytes()
+  for damage in (b"\xff\xfe", b"id with spaces\n", b"a/b"):
+    (tmp_path / wandb_run.RUN_ID_FILE).write_bytes(damage)
+    error = main_in_process(cli.main_for("grpo_math"), ["grpo_math", f"--work_dir={tmp_path}", *TINY, "--resume"])
+    assert error.startswith(f"grpo_math: error: {tmp_path / wandb_run.RUN_ID_FILE}: "), error
+    assert "\n" not in error and (tmp_path / "config.json").read_bytes() == config
+  assert len(_offline_dirs(tmp_path)) == 1
+
+
+def test_stored_run_id(tmp_path):
+  assert wandb_run.stored_run_id(tmp_path) is None
+  (tmp_path / wandb_run.RUN_ID_FILE).write_text("\n")
+  assert wandb_run.stored_run_id(tmp_path) is None  # empty: a new run
+  (tmp_path / wandb_run.RUN_ID_FILE).write_text("ab12cd34\n")
+  assert wandb_run.stored_run_id(tmp_path) == "ab12cd34"
+  (tmp_path / wandb_run.RUN_ID_FILE).write_bytes(b"\xff")
+  with pytest.raises(ValueError, match="wandb_run_id: cannot read the W&B run id"):
+    wandb_run.run_id(tmp_path, True)
+  assert wandb_run.run_id(tmp_path, False, lambda: "fresh") == "fresh"  # a new run does not read it

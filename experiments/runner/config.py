@@ -11,6 +11,7 @@ never reads a flag. `Config.flat()` is the flag-name -> value dict a checkpoint 
 """
 
 import dataclasses
+import math
 import re
 from typing import Any
 
@@ -312,6 +313,17 @@ def from_flat(values: dict[str, Any], base: Config | None = None) -> Config:
   return Config(**sections)
 
 
+def refuse_unread(config: Config, names, runner: str, instead: str = "") -> None:
+  """Raises ConfigError naming the first of the shared flags `names`, which the entry module `runner` does not
+  read, set to anything but its default (`instead`: what to use, e.g. "--rm_dir")."""
+  base, now = Config(algorithm=AlgorithmConfig(algo=config.algorithm.algo)).flat(), config.flat()  # group_size's
+  base["algo"] = default("algo")
+  for name in names:
+    if now[name] != base[name]:
+      raise ConfigError(f"--{name}: {runner} does not read it{f' (use {instead})' if instead else ''}; leave it at its "
+                        "default")
+
+
 def default(name: str) -> Any:
   """The default of the field `name` (what the flag of that name defaults to)."""
   section = section_of(name)
@@ -349,6 +361,39 @@ FLOW_UNSUPPORTED = ("loss_aggregation", "importance", "dynamic_sampling", "overl
                     "steps_per_iteration", "advantage_estimator")
 
 
+# Options that only some methods read (beyond FLOW_UNSUPPORTED): any other method refuses them unless at their
+# defaults, so a flag never silently does nothing.
+READ_BY = {
+    "dynamic_sampling": ("grpo",), "dynamic_sampling_max_rounds": ("grpo",), "importance": ("grpo",),
+    "shared_prompt_forward": ("grpo",), "advantage_scale": ("grpo", "flow_grpo"),
+    "advantage_eps": ("grpo", "flow_grpo"), "process_center_tokens": ("grpo",),
+    "recompute_old_logprobs": ("grpo", "ppo"), "mask_truncated": ("grpo", "ppo"), "overlong_buffer": ("grpo", "ppo"),
+    "completion_pad_multiple": ("grpo", "ppo", "online_rft"),
+    **{name: ("grpo", "ppo", "flow_grpo") for name in ("beta", "epsilon", "epsilon_high", "dual_clip", "kl")},
+    "loss_aggregation": ("grpo", "ppo", "online_rft", "rft", "sft"),
+    **{name: ("ppo",) for name in ("gamma", "gae_lambda", "value_learning_rate", "value_clip", "value_coef",
+                                   "whiten_advantages", "value_init")},
+    **{name: ("dpo",) for name in ("dpo_beta", "dpo_nll_coef", "dpo_pairs_per_prompt")},
+    "offline_prompts": ("rft", "dpo"),
+    **{name: ("grpo", "ppo", "online_rft", "rft", "dpo", "flow_grpo") for name in ("temperature", "top_p", "top_k")},
+    **{name: ("flow_grpo",) for name in ("max_turns", "memory_budget", "planner_prompt_len", "action_tokens", "tools",
+                                         "tool_time_limit", "tool_header", "answer_from_memory", "min_bucket")},
+}
+# Options read only when another option turns their feature on: (option, the condition, what it needs).
+READ_WITH = (
+    ("dynamic_sampling_max_rounds", lambda v: v["dynamic_sampling"], "--dynamic_sampling"),
+    ("remat_policy", lambda v: v["remat"], "--remat"),
+    ("eval_temperature", lambda v: v["eval_samples"] > 0, "--eval_samples > 0"),
+    ("lora_alpha", lambda v: v["lora_rank"] > 0, "--lora_rank > 0"),
+    ("lora_targets", lambda v: v["lora_rank"] > 0, "--lora_rank > 0"),
+    ("math_verify_time_limit", lambda v: "math_verify" in v["reward"], "--reward=math_verify:..."),
+    ("math_verify_workers", lambda v: "math_verify" in v["reward"], "--reward=math_verify:..."),
+)
+MAX_FORWARD_MEMORY_BUDGET = 1 << 20  # GiB: --forward_memory_budget above a PiB per device is a typo
+MAX_TIME_LIMIT = 86400.0  # seconds: --math_verify_time_limit and --tool_time_limit
+MAX_SYNTHETIC = 10_000_000  # problems of the synthetic task, all generated up front (tens of seconds per million)
+
+
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")  # grpo_jax.models.config.LORA_TARGETS
 
 
@@ -372,6 +417,9 @@ def profile_window(spec: str) -> tuple[int, int] | None:
 def check(config: Config) -> str | None:
   """The first problem of `config` as one line, or None."""
   v = config.flat()
+  for name, value in v.items():  # NaN passes every comparison below, inf overflows whatever it sizes
+    if isinstance(value, float) and not math.isfinite(value):
+      return f"--{name} must be a finite number, not {value}"
   for name in _POSITIVE:
     if v[name] is None or v[name] < 1:
       return f"--{name} must be >= 1"
@@ -386,7 +434,7 @@ def check(config: Config) -> str | None:
     return ("--group_size must be >= 2 (GRPO compares samples within a group, RFT and DPO pick among them; "
             "PPO and distill accept 1)")
   for name in ("epsilon", "temperature", "eval_temperature", "learning_rate", "sft_learning_rate",
-               "rm_update_learning_rate", "dpo_beta", "tool_time_limit", "likelihood_temperature"):
+               "rm_update_learning_rate", "dpo_beta", "likelihood_temperature"):
     if v[name] <= 0:
       return f"--{name} must be > 0"
   for name in ("epsilon_high", "value_learning_rate"):
@@ -409,8 +457,13 @@ def check(config: Config) -> str | None:
             f"--algo=grpo or ppo")
   if not 0 <= v["replay_fraction"] < 1:
     return "--replay_fraction must be in [0, 1)"
-  if not v["math_verify_time_limit"] > 0:
-    return "--math_verify_time_limit must be > 0"
+  for name in ("math_verify_time_limit", "tool_time_limit"):
+    if not 0 < v[name] <= MAX_TIME_LIMIT:
+      return f"--{name} must be in (0, {MAX_TIME_LIMIT:g}] seconds, not {v[name]}"
+  if v["task"] == "synthetic" and v["num_train"] + v["num_test"] > MAX_SYNTHETIC:
+    return f"--num_train + --num_test of the synthetic task must be at most {MAX_SYNTHETIC:,} (generated up front)"
+  if v["forward_memory_budget"] > MAX_FORWARD_MEMORY_BUDGET:
+    return f"--forward_memory_budget must be at most {MAX_FORWARD_MEMORY_BUDGET} GiB, not {v['forward_memory_budget']}"
   if v["math_verify_workers"] < 0:
     return "--math_verify_workers must be >= 0"
   if v["wandb_mode"] not in ("", "online", "offline", "disabled"):
@@ -439,6 +492,9 @@ def check(config: Config) -> str | None:
             f"{TINY_HEADS} attention heads each need an even head size for RoPE)")
   if v["lora_rank"] < 0 or (v["lora_rank"] and v["lora_alpha"] <= 0):
     return "--lora_rank must be >= 0 (0: no LoRA) and, with LoRA, --lora_alpha > 0"
+  if v["lora_rank"] > v["tiny_hidden_size"] and not (v["model"] or v["init_checkpoint"]):
+    return (f"--lora_rank={v['lora_rank']} exceeds the embedded model's width (--tiny_hidden_size="
+            f"{v['tiny_hidden_size']}): a rank-r adapter needs r <= the hidden size")
   if v["lora_export_peft"] and not v["lora_rank"]:
     return "--lora_export_peft writes LoRA adapters: it needs --lora_rank > 0"
   if v["lora_rank"] and (not lora_targets(v["lora_targets"])
@@ -475,6 +531,15 @@ def check(config: Config) -> str | None:
         return f"--{name} is a GRPO option that Flow-GRPO does not use; leave it at its default"
     if reward in ("orm", "prm", "exact_steps"):
       return "--reward: Flow-GRPO scores the generator's answer with rule rewards, not a reward model"
+  for name, readers in READ_BY.items():
+    if algo not in readers and v[name] != default(name):
+      return (f"--{name} is read only by --algo={'|'.join(readers)}; --algo={algo} does not use it: leave it at its "
+              f"default")
+  for name, used, needs in READ_WITH:
+    if v[name] != default(name) and not used(v):
+      return f"--{name} is read only with {needs}; leave it at its default"
+  if v["process_center_tokens"] and v["supervision"] != "process":
+    return "--process_center_tokens centres process advantages: it needs --supervision=process"
   return None
 
 

@@ -313,6 +313,9 @@ def run(config: config_lib.Config) -> dict:
   method_cls = methods_lib.METHODS[cfg.algorithm.algo]
   work_dir = pathlib.Path(run_cfg.work_dir)
   ckpt_dir, sft_ckpt_dir = work_dir / "checkpoints", work_dir / warm_start.CHECKPOINTS
+  work_dir_lock.check_free(work_dir)  # a live run is named first, whatever else its directory holds
+  policy_lib.check_inputs(cfg)  # the checkpoints' config.json, --lora_rank against the width
+  task_lib.check_files(cfg.task)
   for directory in (ckpt_dir, sft_ckpt_dir):
     if not run_cfg.resume and _holds_checkpoints(directory):
       raise RunError(f"{directory} already holds checkpoints; pass --resume to continue, or choose another "
@@ -322,6 +325,10 @@ def run(config: config_lib.Config) -> dict:
     raise RunError(f"--resume: no checkpoint in {ckpt_dir}")
   placement = placement_lib.Placement.from_config(cfg.mesh)
   _check_placement(cfg, placement)
+  attention, warning = policy_lib.attention_that_runs(cfg.model)
+  if warning:  # the kernel asked for is not on this backend: what runs instead, in config.json too
+    note(warning)
+    cfg = cfg.replace(attention=attention)
   # One run per work dir; SIGTERM / SIGINT stop after the step in flight, with its checkpoint (`preemption`).
   with work_dir_lock.WorkDirLock(work_dir), preemption.StopSignals() as signals:
     return _stages(cfg, method_cls, placement, signals)
@@ -346,6 +353,8 @@ def _stages(cfg: config_lib.Config, method_cls, placement: placement_lib.Placeme
     training.wandb_run.check_installed()  # before the model loads
   t_start = time.time()
   work_dir.mkdir(parents=True, exist_ok=True)
+  if run_cfg.wandb_project and run_cfg.resume and main_process:
+    training.wandb_run.stored_run_id(work_dir)  # a damaged id file is named before anything is written
   if main_process:
     (work_dir / "config.json").write_text(json.dumps(resume_lib.record(cfg), indent=2))
   params, model_config, tokenizer, needs_sft, source = policy_lib.load(cfg, placement, method_cls.sft_marker)

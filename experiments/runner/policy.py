@@ -33,6 +33,58 @@ def runtime(config: config_lib.ModelConfig, platform: str | None = None) -> dict
               attention=attention.resolve(config.attention, platform or jax.default_backend(), config.dtype))
 
 
+# Kernels that exist only on some backends: --attention=NAME elsewhere runs xla, with one warning line.
+_KERNEL_NEEDS = {"cudnn": (("gpu", "cuda"), "an NVIDIA GPU and --dtype=bfloat16"), "pallas": (("tpu",), "a TPU")}
+
+
+def attention_that_runs(config: config_lib.ModelConfig, platform: str | None = None) -> tuple[str, str]:
+  """`(attention, warning)`: the `--attention` value this run can use on `platform` (default: JAX's backend), and
+  a one-line warning when that is not the value asked for (cudnn off an NVIDIA GPU or in float32, pallas off a
+  TPU: xla instead); "" when it is."""
+  platform = platform or jax.default_backend()
+  needs = _KERNEL_NEEDS.get(config.attention)
+  if needs is None:
+    return config.attention, ""
+  platforms, what = needs
+  if platform in platforms and (config.attention != "cudnn" or config.dtype == "bfloat16"):
+    return config.attention, ""
+  have = f"{platform} with --dtype={config.dtype}" if platform in platforms else platform
+  return "xla", (f"--attention={config.attention}: its kernel needs {what}, not {have}; running --attention=xla "
+                 f"instead (config.json records xla)")
+
+
+def check_start(config: config_lib.ModelConfig) -> None:
+  """Reads the config.json of the `--init_checkpoint` or `--model` checkpoint, before the run writes anything or
+  allocates a weight: raises `models.CheckpointError` naming a missing or unreadable one, and RunError when
+  `--lora_rank` exceeds its width (hidden size)."""
+  path = config.init_checkpoint or config.model
+  if not path:
+    return
+  flag = "--init_checkpoint" if config.init_checkpoint else "--model"
+  try:
+    hidden = models.read_config(path).hidden_size
+  except models.CheckpointError as err:
+    raise models.CheckpointError(f"{flag}: {err}") from None
+  if config.lora_rank > hidden:
+    raise config_lib.RunError(f"--lora_rank={config.lora_rank} exceeds the width of {path} (hidden size {hidden}): "
+                              f"a rank-r adapter needs r <= the hidden size")
+
+
+def check_inputs(config: config_lib.Config) -> None:
+  """`check_start`, and the other checkpoints a run reads: `--value_init` (PPO, a directory) and `--reward_model`,
+  each named with its flag when missing, before the run writes anything."""
+  check_start(config.model)
+  value_init = config.algorithm.value_init
+  if config.algorithm.algo == "ppo" and value_init != "policy":
+    try:
+      models.read_config(value_init)
+    except models.CheckpointError as err:
+      raise models.CheckpointError(f"--value_init: {err}") from None
+  if config.reward_model.reward_model and not pathlib.Path(config.reward_model.reward_model).is_dir():
+    raise config_lib.RunError(f"--reward_model: {config.reward_model.reward_model} is not a directory (one written "
+                              "by experiments.train_reward_model)")
+
+
 def load(config: config_lib.Config, placement: placement_lib.Placement, marker_name: str = SFT_MARKER):
   """`(params, model_config, tokenizer, needs_sft, path)` of the starting policy, placed by `placement`'s rules.
 

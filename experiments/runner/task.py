@@ -2,6 +2,8 @@
 
 import copy
 import functools
+import glob
+import os
 
 import numpy as np
 
@@ -9,6 +11,20 @@ from experiments.runner import config as config_lib
 from grpo_jax import data
 from grpo_jax import rewards as rewards_lib
 from grpo_jax.rewards import math_verify_reward
+
+
+def check_files(config: config_lib.TaskConfig) -> None:
+  """Raises RunError naming `--train_file` / `--test_file` when a dataset task lacks one or it matches no path, so
+  a run can refuse before it writes anything (`Task` reads them)."""
+  if config.task == "synthetic":
+    return
+  for name in ("train_file", "test_file"):
+    path = getattr(config, name)
+    if not path:
+      raise config_lib.RunError(f"--task={config.task} needs --{name} (a JSONL or parquet file, or a `datasets` "
+                                "save_to_disk folder)")
+    if not glob.glob(os.path.expanduser(path)):
+      raise config_lib.RunError(f"--{name}: {path} does not exist")
 
 
 class Task:

@@ -34,14 +34,40 @@ def holder(path: pathlib.Path) -> str:
   return text or "another process"
 
 
+def _busy_message(directory: pathlib.Path, who: str, flag: str) -> str:
+  return f"{directory} is in use by a running run ({who}); wait for it to end, stop it, or choose another {flag}"
+
+
+def check_free(work_dir, flag: str = "--work_dir") -> None:
+  """Raises `WorkDirBusy` when a live run holds `<work_dir>/run.lock`; creates and changes nothing (a check before
+  the run's other checks, so a busy directory is named as such; `WorkDirLock` then takes the lock). Process 0
+  looks; the others pass."""
+  path = pathlib.Path(work_dir) / LOCK_NAME
+  if jax.process_index() != 0:
+    return
+  try:
+    fd = os.open(path, os.O_RDONLY)
+  except OSError:
+    return  # no lock file (or none we may read): `WorkDirLock` decides
+  try:
+    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+  except OSError as err:
+    if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+      raise WorkDirBusy(_busy_message(path.parent, holder(path), flag)) from None
+  finally:
+    os.close(fd)
+
+
 class WorkDirLock:
-  """`with WorkDirLock(work_dir):` holds `<work_dir>/run.lock` (creating the directory) or raises `WorkDirBusy`.
+  """`with WorkDirLock(work_dir):` holds `<work_dir>/run.lock` (creating the directory) or raises `WorkDirBusy`,
+  whose line names `flag`, the runner's flag of that directory.
 
   Held by process 0 of a multi-process run; every process must enter it (they learn process 0's outcome).
   """
 
-  def __init__(self, work_dir):
+  def __init__(self, work_dir, flag: str = "--work_dir"):
     self.path = pathlib.Path(work_dir) / LOCK_NAME
+    self.flag = flag
     self._fd = None
 
   def __enter__(self) -> "WorkDirLock":
@@ -53,8 +79,7 @@ class WorkDirLock:
       if int(flag) and not busy:
         busy = "process 0 of this run"
     if busy:
-      raise WorkDirBusy(f"{self.path.parent} is in use by a running run ({busy}); wait for it to end, stop it, or "
-                        f"choose another --work_dir")
+      raise WorkDirBusy(_busy_message(self.path.parent, busy, self.flag))
     return self
 
   def _acquire(self) -> str:

@@ -9,6 +9,7 @@ wandb is an optional package (`pip install 'grpo_jax[wandb]'`), imported only he
 
 import os
 import pathlib
+import re
 import secrets
 import string
 from typing import Any, Mapping
@@ -36,13 +37,34 @@ def new_run_id() -> str:
   return "".join(secrets.choice(string.ascii_lowercase + string.digits) for _ in range(8))
 
 
-def run_id(work_dir: str | os.PathLike, resume: bool, new_id=new_run_id) -> str:
-  """The W&B run id of `work_dir`: the stored one when resuming and there is one, else `new_id()` (stored)."""
+def stored_run_id(work_dir: str | os.PathLike) -> str | None:
+  """The run id kept in `<work_dir>/wandb_run_id`, or None when there is none (no file, or an empty one).
+
+  Raises:
+    ValueError: in one line naming the file, when it holds anything but one id (letters, digits, `_`, `-`, `.`;
+      W&B's own ids are 8 of a-z0-9) or cannot be read.
+  """
   path = pathlib.Path(work_dir) / RUN_ID_FILE
-  if resume and path.is_file():
+  if not path.is_file():
+    return None
+  try:
     stored = path.read_text(encoding="utf-8").strip()
-    if stored:
-      return stored
+  except (OSError, UnicodeDecodeError) as err:
+    raise ValueError(f"{path}: cannot read the W&B run id ({err}); restore the file, or remove it to log to a new "
+                     "W&B run") from None
+  if stored and not re.fullmatch(r"[A-Za-z0-9_.-]{1,128}", stored):
+    raise ValueError(f"{path}: not a W&B run id ({stored[:40]!r}); restore the file, or remove it to log to a new "
+                     "W&B run")
+  return stored or None
+
+
+def run_id(work_dir: str | os.PathLike, resume: bool, new_id=new_run_id) -> str:
+  """The W&B run id of `work_dir`: the stored one when resuming and there is one (`stored_run_id`), else
+  `new_id()` (stored)."""
+  path = pathlib.Path(work_dir) / RUN_ID_FILE
+  stored = stored_run_id(work_dir) if resume else None
+  if stored:
+    return stored
   fresh = new_id()
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(fresh + "\n", encoding="utf-8")
