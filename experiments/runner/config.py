@@ -367,15 +367,21 @@ READ_BY = {
     "dynamic_sampling": ("grpo",), "dynamic_sampling_max_rounds": ("grpo",), "importance": ("grpo",),
     "shared_prompt_forward": ("grpo",), "advantage_scale": ("grpo", "flow_grpo"),
     "advantage_eps": ("grpo", "flow_grpo"), "process_center_tokens": ("grpo",),
-    "recompute_old_logprobs": ("grpo", "ppo"), "mask_truncated": ("grpo", "ppo"), "overlong_buffer": ("grpo", "ppo"),
-    "completion_pad_multiple": ("grpo", "ppo", "online_rft"),
-    **{name: ("grpo", "ppo", "flow_grpo") for name in ("beta", "epsilon", "epsilon_high", "dual_clip", "kl")},
-    "loss_aggregation": ("grpo", "ppo", "online_rft", "rft", "sft"),
+    "recompute_old_logprobs": ("grpo", "ppo"), "mask_truncated": ("grpo", "ppo", "distill"),
+    "overlong_buffer": ("grpo", "ppo"),
+    "completion_pad_multiple": ("grpo", "ppo", "online_rft", "rft_table10", "distill"),
+    **{name: ("grpo", "ppo", "flow_grpo") for name in ("beta", "dual_clip", "kl")},
+    **{name: ("grpo", "ppo", "flow_grpo", "distill") for name in ("epsilon", "epsilon_high")},
+    "loss_aggregation": ("grpo", "ppo", "online_rft", "rft_table10", "rft", "sft", "distill"),
     **{name: ("ppo",) for name in ("gamma", "gae_lambda", "value_learning_rate", "value_clip", "value_coef",
                                    "whiten_advantages", "value_init")},
     **{name: ("dpo",) for name in ("dpo_beta", "dpo_nll_coef", "dpo_pairs_per_prompt")},
     "offline_prompts": ("rft", "dpo"),
-    **{name: ("grpo", "ppo", "online_rft", "rft", "dpo", "flow_grpo") for name in ("temperature", "top_p", "top_k")},
+    **{name: ("grpo", "ppo", "online_rft", "rft_table10", "rft", "dpo", "flow_grpo", "distill")
+       for name in ("temperature", "top_p", "top_k")},
+    # Flow-GRPO's planner samples its actions with `sampling.sample` (one action a turn), not the rollouts' sampler.
+    **{name: ("grpo", "ppo", "online_rft", "rft_table10", "rft", "dpo", "sft", "distill")
+       for name in ("sampler", "num_slots")},
     **{name: ("flow_grpo",) for name in ("max_turns", "memory_budget", "planner_prompt_len", "action_tokens", "tools",
                                          "tool_time_limit", "tool_header", "answer_from_memory", "min_bucket")},
 }
