@@ -132,7 +132,7 @@ _OTHER_VALUE = {
     "whiten_advantages": False, "value_init": "some/dir", "dpo_beta": 0.2, "dpo_nll_coef": 1.0,
     "dpo_pairs_per_prompt": 2, "offline_prompts": 64, "max_turns": 2, "memory_budget": 30, "planner_prompt_len": 60,
     "action_tokens": 10, "tools": "calc", "tool_time_limit": 2.0, "tool_header": True, "answer_from_memory": False,
-    "min_bucket": 4, "temperature": 1.0, "top_p": 0.9, "top_k": 5,
+    "min_bucket": 4, "temperature": 1.0, "top_p": 0.9, "top_k": 5, "sampler": "static", "num_slots": 4,
 }
 
 
@@ -143,7 +143,8 @@ def test_an_option_a_method_does_not_read_is_refused_for_that_method(name):
   value = _OTHER_VALUE[name]
   assert value != config_lib.default(name)
   for algo in config_lib.CHOICES["algo"]:
-    fields = {name: value, "algo": algo, "group_size": 2}
+    fields = {name: value, "algo": algo, "group_size": 2} | (
+        {"teacher_checkpoint": "some/teacher"} if algo == "distill" else {})
     if algo in config_lib.READ_BY[name] or (algo == "flow_grpo" and name in config_lib.FLOW_UNSUPPORTED):
       try:
         config_lib.Config().replace(**fields)
@@ -155,6 +156,8 @@ def test_an_option_a_method_does_not_read_is_refused_for_that_method(name):
     if "is read only by" in str(info.value):
       assert str(info.value) == (f"--{name} is read only by --algo={'|'.join(config_lib.READ_BY[name])}; "
                                  f"--algo={algo} does not use it: leave it at its default")
+    elif algo == "distill":  # distillation's own line for the reward options it refuses
+      assert str(info.value).startswith(f"--{name}: --algo=distill learns from its teacher"), info.value
     else:  # Flow-GRPO's own line for the GRPO options it refuses
       assert str(info.value).startswith(f"--{name} is a GRPO option that Flow-GRPO does not use"), info.value
 
