@@ -124,6 +124,10 @@ flags.DEFINE_integer("completion_pad_multiple", _D["completion_pad_multiple"],
     "Training batches keep a step's completions up to the longest one, rounded up to a multiple of this (each new "
     "width compiles the scoring and update programs once; use 64-128 for long completions on an accelerator); 0 keeps "
     "all max_new_tokens columns.")
+flags.DEFINE_enum("completion_widths", _D["completion_widths"], _choices("completion_widths"),
+    "How --completion_pad_multiple rounds a step's longest completion: multiple (up to a multiple of it) or "
+    "doubling (up to the smallest multiple * 2^k: at most log2(max_new_tokens / multiple) + 2 compiled widths of "
+    "the scoring and update programs a run, for at most twice the columns).")
 flags.DEFINE_float("temperature", _D["temperature"],
     "Sampling temperature of the rollouts; the policy trained is softmax(logits / temperature), so old, reference "
     "and new log-probs all use it.")

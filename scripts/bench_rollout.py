@@ -124,9 +124,18 @@ RUNNER_TASK = ["--synthetic_min_steps=1", "--synthetic_max_steps=8", "--max_prom
                "--tensorboard=false"]
 
 
+RUNNER_VARIANTS = {  # name -> flags: the baseline first
+    "static sampler, widths multiple of 4": ["--sampler=static"],
+    "engine, widths multiple of 4": ["--sampler=engine"],
+    "engine, widths doubling": ["--sampler=engine", "--completion_widths=doubling"],
+}
+
+
 def runner(args) -> None:
   """The runner on the 1-8-operation synthetic task, where lengths vary by themselves: one SFT policy, then
-  `--runner_steps` GRPO steps from it with each sampler; the sampling seconds of each step (`train/time_sampling`)."""
+  `--runner_steps` GRPO steps from it for each variant (no persistent compilation cache): each step's sampling
+  seconds (`train/time_sampling`), the stage-2 seconds (the last step's record time less the start evaluation's,
+  compilation included) and the distinct training widths."""
   tmp = pathlib.Path(tempfile.mkdtemp())
   run = lambda work, *flags: subprocess.run([sys.executable, "-m", "experiments.grpo_math", f"--work_dir={work}",
                                              *RUNNER_TASK, *flags], check=True, capture_output=True, text=True)
@@ -134,23 +143,24 @@ def runner(args) -> None:
   run(tmp / "sft", "--steps=0", f"--sft_steps={args.runner_sft_steps}")
   print(f"runner: SFT policy in {time.perf_counter() - start:.0f} s; flags {' '.join(RUNNER_TASK)}")
   rows = {}
-  for sampler in ("static", "engine"):
-    work = tmp / sampler
-    run(work, f"--init_checkpoint={tmp / 'sft' / 'sft_policy'}", f"--steps={args.runner_steps}", f"--sampler={sampler}")
+  for i, (name, flags) in enumerate(RUNNER_VARIANTS.items()):
+    work = tmp / f"v{i}"
+    run(work, f"--init_checkpoint={tmp / 'sft' / 'sft_policy'}", f"--steps={args.runner_steps}", *flags)
     records = [json.loads(l) for l in (work / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "train/time_sampling" in r]
-    seconds = [r["train/time_sampling"] for r in train]
-    tokens = sum(r["train/generated_tokens"] for r in train) if "train/generated_tokens" in train[0] else float("nan")
-    rows[sampler] = dict(first=seconds[0], steady=seconds[1:], tokens=tokens,
-                         lengths=[r["train/response_length"] for r in train])
-  print("| sampler | first step, s (compiles) | a later step, s | all steps, s | mean completion |")
-  print("|---|---|---|---|---|")
+    stage2 = train[-1]["time"] - next(r["time"] for r in records if r["step"] == 0)
+    rows[name] = dict(first=train[0]["train/time_sampling"], steady=[r["train/time_sampling"] for r in train[1:]],
+                      stage2=stage2, widths=len({r["train/completion_width"] for r in train}),
+                      length=statistics.mean(r["train/response_length"] for r in train))
+  print("| variant | sampling, first step s (compiles) | sampling, a later step s | stage 2 s (12 steps, "
+        "compiles included) | widths compiled | mean completion |")
+  print("|---|---|---|---|---|---|")
+  base = next(iter(rows.values()))
   for name, r in rows.items():
     mean, se = mean_se(r["steady"])
-    print(f"| {name} | {r['first']:.2f} | {mean:.3f} ± {se:.3f} | {sum(r['steady']) + r['first']:.1f} | "
-          f"{statistics.mean(r['lengths']):.1f} |")
-  ratio, se = mean_se(s / e for s, e in zip(rows["static"]["steady"], rows["engine"]["steady"]))
-  print(f"engine's speed-up on the steady steps, paired step by step: {ratio:.2f} ± {se:.2f}x")
+    ratio, ratio_se = mean_se(b / e for b, e in zip(base["steady"], r["steady"]))
+    print(f"| {name} | {r['first']:.2f} | {mean:.3f} ± {se:.3f} ({ratio:.2f} ± {ratio_se:.2f}x) | {r['stage2']:.1f} "
+          f"({base['stage2'] / r['stage2']:.2f}x) | {r['widths']} | {r['length']:.1f} |")
 
 
 def main():

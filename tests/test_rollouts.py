@@ -18,6 +18,19 @@ def test_completion_width(lengths, multiple, width):
   assert rollouts_lib.completion_width(np.asarray(lengths), 40, multiple) == width
 
 
+@pytest.mark.parametrize("longest, width", [(1, 4), (4, 4), (5, 8), (9, 16), (33, 64), (65, 128), (129, 192),
+                                            (192, 192)])
+def test_doubling_widths(longest, width):
+  """`--completion_widths=doubling` with multiple 4 and 192 columns: 4, 8, 16, ..., 128, then the cap."""
+  assert rollouts_lib.completion_width(np.asarray([1, longest]), 192, 4, doubling=True) == width
+
+
+def test_doubling_compiles_a_few_widths():
+  """Over every longest length 1 ... 192: 7 widths doubling (4, 8, ..., 128, 192), 48 as multiples of 4."""
+  widths = lambda doubling: {rollouts_lib.completion_width(np.asarray([n]), 192, 4, doubling) for n in range(1, 193)}
+  assert sorted(widths(True)) == [4, 8, 16, 32, 64, 128, 192] and len(widths(False)) == 48
+
+
 def test_trim_keeps_the_first_columns_of_the_completion_fields():
   n, p, t = 3, 4, 10
   rng = np.random.default_rng(0)

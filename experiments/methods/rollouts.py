@@ -37,9 +37,13 @@ def take_rows(samples: sampling.SampleOutput, rows) -> sampling.SampleOutput:
   return sampling.SampleOutput(*[x[np.asarray(rows)] for x in samples])
 
 
-def completion_width(lengths: np.ndarray, max_width: int, multiple: int) -> int:
+def completion_width(lengths: np.ndarray, max_width: int, multiple: int, doubling: bool = False) -> int:
   """The completion columns a step's training batch keeps: the longest of `lengths` rounded up to a multiple of
-  `multiple`, at most `max_width` (all of them when `multiple` is 0).
+  `multiple` (`doubling`: to the smallest multiple·2^k, k >= 0, that holds it), at most `max_width` (all of them
+  when `multiple` is 0).
+
+  Each width compiles the scoring and update programs once. Multiples give up to max_width / multiple widths over
+  a run; doublings at most log2(max_width / multiple) + 2, for at most twice the columns the longest needs.
 
   Past every row's end there is only padding (mask False), which the losses, log-probs and advantages ignore, so
   the step's values are those of the full width up to float rounding (sums over fewer padded slots group
@@ -49,6 +53,11 @@ def completion_width(lengths: np.ndarray, max_width: int, multiple: int) -> int:
   if not multiple:
     return max_width
   longest = max(int(np.max(lengths, initial=0)), 1)
+  if doubling:
+    width = multiple
+    while width < longest:
+      width *= 2
+    return min(max_width, width)
   return min(max_width, -(-longest // multiple) * multiple)
 
 
@@ -133,8 +142,10 @@ class Rollouts:
 
   def trim(self, samples: sampling.SampleOutput, lengths: np.ndarray) -> sampling.SampleOutput:
     """`samples` with the completion columns that a training batch reads (`completion_width`)."""
+    rollout = self.cfg.rollout
     return trim_completions(samples, completion_width(lengths, samples.tokens.shape[1],
-                                                      self.cfg.rollout.completion_pad_multiple))
+                                                      rollout.completion_pad_multiple,
+                                                      rollout.completion_widths == "doubling"))
 
   @staticmethod
   def completion(full, samples: sampling.SampleOutput):

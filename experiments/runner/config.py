@@ -82,6 +82,9 @@ class RolloutConfig:
   # The training batch's completion columns: the step's longest completion rounded up to a multiple of this (0: all
   # max_new_tokens). Each new width compiles the scoring and update programs once.
   completion_pad_multiple: int = 4
+  # "multiple": the longest completion rounded up to a multiple of completion_pad_multiple; "doubling": to the
+  # smallest completion_pad_multiple * 2^k that holds it (a few compiled widths a run, at most 2x the columns).
+  completion_widths: str = "multiple"
   # The rollouts' and evaluation's sampler: "engine" (`grpo_jax.rollout_engine`, continuous batching over
   # num_slots decode slots; 0: `default_slots`, fewer where the forward memory budget would not hold them) or "static"
   # (`grpo_jax.sampling`, every row decoded until the longest ends). The same tokens for the same key.
@@ -352,6 +355,7 @@ CHOICES = {  # the allowed values of the enum fields (and flags)
     "rollout_correction": ("none", "token_tis", "seq_tis", "token_mis", "seq_mis"),
     "supervision": ("outcome", "process"), "sharding_rules": ("dp", "fsdp", "fsdp_tp"),
     "attention": ("auto", "einsum", "xla", "cudnn", "pallas"), "sampler": ("engine", "static"),
+    "completion_widths": ("multiple", "doubling"),
 }
 STEP_REWARDS = ("prm", "exact_steps")  # the `reward` values that score every step
 TINY_HEADS = 4  # attention heads of the embedded tiny model (`grpo_jax.models.tiny_config`)
@@ -369,7 +373,8 @@ READ_BY = {
     "advantage_eps": ("grpo", "flow_grpo"), "process_center_tokens": ("grpo",),
     "recompute_old_logprobs": ("grpo", "ppo"), "mask_truncated": ("grpo", "ppo", "distill"),
     "overlong_buffer": ("grpo", "ppo"),
-    "completion_pad_multiple": ("grpo", "ppo", "online_rft", "rft_table10", "distill"),
+    **{name: ("grpo", "ppo", "online_rft", "rft_table10", "distill")
+       for name in ("completion_pad_multiple", "completion_widths")},
     **{name: ("grpo", "ppo", "flow_grpo") for name in ("beta", "dual_clip", "kl")},
     **{name: ("grpo", "ppo", "flow_grpo", "distill") for name in ("epsilon", "epsilon_high")},
     "loss_aggregation": ("grpo", "ppo", "online_rft", "rft_table10", "rft", "sft", "distill"),
