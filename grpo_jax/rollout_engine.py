@@ -100,6 +100,9 @@ def _engine(params, prompt_tokens, prompt_mask, key, temperature, caps, *, confi
   n_prompt_tokens = jnp.sum(prompt_mask, axis=-1, dtype=jnp.int32)
   prefix = transformer.as_prefix(prompt_cache)
   own = max(steps - 1, 1)  # a completion's first T - 1 tokens are fed back; its last is not
+  # RoPE's cos and sin at every position a step can feed (0 ... P + T - 1), computed once before the loop: a step
+  # gathers its slots' rows (XLA would recompute them inside every layer's query and key fusions).
+  tables = tuple(x[0] for x in transformer.rope_tables(config, jnp.arange(prompt_len + steps)[None]))
   cache = transformer.init_cache(config, slots, own)
   prompt_of = lambda c: jnp.minimum(c, n - 1) // g
 
@@ -121,10 +124,10 @@ def _engine(params, prompt_tokens, prompt_mask, key, temperature, caps, *, confi
     lengths = lengths.at[at].set(t + 1, mode="drop")
     # Feed it back: one token a slot, written at the slot's own index t, attending to its prompt's prefix.
     positions = jnp.take(n_prompt_tokens, prompt_of(comp)) + t
+    rope = tuple(jnp.take(x, positions, axis=0)[:, None] for x in tables)  # [S, 1, D] rows of the tables
     step_cache = transformer.KVCache(k=k, v=v, mask=own_mask, index=t, prefix=prefix._replace(rows=prompt_of(comp)))
     out, step_cache = transformer.hidden_states(params, config, tok[:, None], attention_mask=(live & ~ends)[:, None],
-                                                cache=step_cache,
-                                                rope=transformer.rope_tables(config, positions[:, None]))
+                                                cache=step_cache, rope=rope)
     # Refill: a slot whose completion ended takes the next pending one (in order), with a cleared cache and its
     # prompt's last hidden state in place of the step's.
     fresh = next_comp + jnp.cumsum(ends, dtype=jnp.int32) - 1
