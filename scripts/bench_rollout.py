@@ -121,7 +121,7 @@ def peer(name, args, ckpt, workload) -> dict:
 
 RUNNER_TASK = ["--synthetic_min_steps=1", "--synthetic_max_steps=8", "--max_prompt_len=64", "--max_new_tokens=192",
                "--batch_size=16", "--group_size=8", "--num_test=64", "--eval_batch_size=64", "--eval_every=0",
-               "--tensorboard=false"]
+               "--tensorboard=false", "--compilation_cache_dir="]  # every variant compiles its own programs
 
 
 RUNNER_VARIANTS = {  # name -> flags: the baseline first
