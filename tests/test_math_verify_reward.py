@@ -87,6 +87,10 @@ def test_a_hostile_check_is_killed_at_the_bound_not_later(monkeypatch, time_limi
   v = mvr.MathVerifier(time_limit=time_limit, workers=workers)
   try:
     assert v.check_many([("$\\boxed{2}$", "2")] * workers) == [True] * workers  # workers started, real clock
+    while not all(w.ready for w in v._pool):  # pylint: disable=protected-access
+      # every worker started, so that the hostile checks go out together: one of them may have answered both
+      # above while the other was still importing, and under the clock a start is never awaited in real time
+      v.check_many([("$\\boxed{2}$", "2")])
     clock = _FakeClock(mvr.connection.wait)
     monkeypatch.setattr(mvr, "time", clock)
     monkeypatch.setattr(mvr.connection, "wait", clock.wait)

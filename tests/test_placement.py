@@ -91,7 +91,10 @@ def test_two_processes_match_one(single, tmp_path):
 def _records(work_dir):
   """metrics.jsonl without its timings."""
   lines = (pathlib.Path(work_dir) / "metrics.jsonl").read_text().splitlines()
-  return [{k: v for k, v in json.loads(l).items() if "time" not in k and k != "train/tokens_per_s"} for l in lines]
+  # The mismatch metrics measure the sampler's log-probs against the trainer's: float rounding, which depends on
+  # how the sampler's rows are split over devices (the same tokens, log-probs equal up to rounding).
+  return [{k: v for k, v in json.loads(l).items()
+           if "time" not in k and k != "train/tokens_per_s" and not k.startswith("train/mismatch_")} for l in lines]
 
 
 def test_sampler_over_two_cpu_devices_gives_the_same_run(single, tmp_path):

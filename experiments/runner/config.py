@@ -371,7 +371,7 @@ READ_BY = {
     "dynamic_sampling": ("grpo",), "dynamic_sampling_max_rounds": ("grpo",), "importance": ("grpo",),
     "shared_prompt_forward": ("grpo",), "advantage_scale": ("grpo", "flow_grpo"),
     "advantage_eps": ("grpo", "flow_grpo"), "process_center_tokens": ("grpo",),
-    "recompute_old_logprobs": ("grpo", "ppo"), "mask_truncated": ("grpo", "ppo", "distill"),
+    "recompute_old_logprobs": ("grpo", "ppo", "distill"), "mask_truncated": ("grpo", "ppo", "distill"),
     "overlong_buffer": ("grpo", "ppo"),
     **{name: ("grpo", "ppo", "online_rft", "rft_table10", "distill")
        for name in ("completion_pad_multiple", "completion_widths")},
