@@ -45,6 +45,7 @@ from absl import app
 from absl import flags
 
 from experiments import studies as studies_lib
+from experiments.runner.git_commit import head_commit
 from experiments.methods import flow_grpo as flow_grpo_method
 from experiments.runner import config as config_lib
 from experiments.studies import spec
@@ -155,19 +156,6 @@ def load_study(name: str) -> spec.Study:
     except (OSError, ValueError, TypeError, KeyError) as err:
       raise StudyError(f"{path}: not a study spec ({type(err).__name__}: {err})") from None
   raise StudyError(f"no study {name!r}; known: {', '.join(studies_lib.STUDIES)} (or a .json spec file)")
-
-
-def head_commit(root: pathlib.Path = ROOT) -> str:
-  """The commit checked out at `root`, with "-dirty" when tracked files differ from it; "unknown" outside git."""
-  try:
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=30)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
-                           text=True, timeout=30)
-  except (OSError, subprocess.SubprocessError):
-    return "unknown"
-  if head.returncode:
-    return "unknown"
-  return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
 def spec_files(study: spec.Study) -> list[str]:

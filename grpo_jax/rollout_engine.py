@@ -162,12 +162,10 @@ def _sharded_engine(mesh: Mesh, frozen_rules: tuple, prompt_shape: tuple[int, in
   axes. With params whole on every device (data parallelism) each shard runs its own engine on its own prompts
   (`shard_map`), so no slot waits on another shard's; else one engine whose slots GSPMD splits over the data axes."""
   rules, config = dict(frozen_rules), static["config"]
-  params = sharding.param_shardings(mesh, rules, jax.eval_shape(transformer.init_params, config, jax.random.key(0)))
-  rows = lambda n, *rest: sharding.logical_sharding(mesh, rules, ("batch",) + (None,) * len(rest), (n, *rest))
+  params, rows, out = sampling.placements(mesh, rules, config, prompt_shape, static["num_samples"],
+                                          static["max_new_tokens"])
   b, p = prompt_shape
-  n, t = b * static["num_samples"], static["max_new_tokens"]
-  out = SampleOutput(prompt_tokens=rows(n, p), prompt_mask=rows(n, p), tokens=rows(n, t), logprobs=rows(n, t),
-                     mask=rows(n, t), lengths=rows(n), truncated=rows(n))
+  n = b * static["num_samples"]
   scalar = sharding.replicated(mesh)
   in_shardings = (params, rows(b, p), rows(b, p), scalar, scalar, rows(n))
   axes = sampling.per_shard_axes(mesh, rules, config, b, static["num_samples"])

@@ -265,12 +265,9 @@ def _sharded_sampler(mesh: Mesh, frozen_rules: tuple, prompt_shape: tuple[int, i
   all of them every token). The draws are the whole batch's, so the tokens are the same either way.
   """
   rules, config = dict(frozen_rules), static["config"]
-  params = sharding.param_shardings(mesh, rules, jax.eval_shape(transformer.init_params, config, jax.random.key(0)))
-  rows = lambda n, *rest: sharding.logical_sharding(mesh, rules, ("batch",) + (None,) * len(rest), (n, *rest))
+  params, rows, out = placements(mesh, rules, config, prompt_shape, static["num_samples"], static["max_new_tokens"])
   b, p = prompt_shape
-  n, t = b * static["num_samples"], static["max_new_tokens"]
-  out = SampleOutput(prompt_tokens=rows(n, p), prompt_mask=rows(n, p), tokens=rows(n, t), logprobs=rows(n, t),
-                     mask=rows(n, t), lengths=rows(n), truncated=rows(n))
+  n = b * static["num_samples"]
   in_shardings = (params, rows(b, p), rows(b, p), sharding.replicated(mesh), sharding.replicated(mesh)) + (
       (rows(n),) if capped else ())
   axes = per_shard_axes(mesh, rules, config, b, static["num_samples"])
@@ -286,6 +283,18 @@ def _sharded_sampler(mesh: Mesh, frozen_rules: tuple, prompt_shape: tuple[int, i
     fn = sharding.jit_with_rules(functools.partial(_sample_impl, **static), mesh, rules,
                                  in_shardings=in_shardings, out_shardings=out)
   return fn, (params, rows(b, p), sharding.replicated(mesh), rows(n))
+
+
+def placements(mesh: Mesh, rules: Mapping, config: ModelConfig, prompt_shape: tuple[int, int], num_samples: int,
+               max_new_tokens: int):
+  """A sampler's shardings on `mesh`: (the params' by the rules, `rows(n, *rest)` an array's with its n rows
+  over the data axes, the `SampleOutput`'s), as `sample` and `rollout_engine.generate` place them."""
+  params = sharding.param_shardings(mesh, rules, jax.eval_shape(transformer.init_params, config, jax.random.key(0)))
+  rows = lambda n, *rest: sharding.logical_sharding(mesh, rules, ("batch",) + (None,) * len(rest), (n, *rest))
+  p, n, t = prompt_shape[1], prompt_shape[0] * num_samples, max_new_tokens
+  out = SampleOutput(prompt_tokens=rows(n, p), prompt_mask=rows(n, p), tokens=rows(n, t), logprobs=rows(n, t),
+                     mask=rows(n, t), lengths=rows(n), truncated=rows(n))
+  return params, rows, out
 
 
 def per_shard_axes(mesh: Mesh, rules: Mapping, config: ModelConfig, num_prompts: int,

@@ -12,6 +12,7 @@ import pytest
 from experiments import methods
 from experiments.methods import rft
 from experiments.runner import config as config_lib
+from experiments.runner import git_commit
 from experiments.runner import loop
 from grpo_jax import models
 from grpo_jax import training
@@ -60,7 +61,7 @@ def test_stop_after_returns_nothing_and_saves(tmp_path):
   resumed = loop.run(config.replace(stop_after=0, resume=True))
   assert resumed["algo"] == "grpo" and (tmp_path / "final_policy").is_dir()
   assert resumed["config"] == json.loads((tmp_path / "config.json").read_text())  # the summary names its config
-  assert resumed["code_version"] == loop.code_version() != ""  # and its code: a git commit here, or "unknown"
+  assert resumed["code_version"] == git_commit.head_commit() != ""  # and its code: a git commit here, or "unknown"
 
 
 def test_combine_keeps_extremes():

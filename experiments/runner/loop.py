@@ -24,7 +24,6 @@ import json
 import math
 import pathlib
 import resource
-import subprocess
 import sys
 import time
 
@@ -35,6 +34,7 @@ import numpy as np
 from experiments import methods as methods_lib
 from experiments.methods import learned_reward
 from experiments.runner import config as config_lib
+from experiments.runner import git_commit
 from experiments.runner import placement as placement_lib
 from experiments.runner import policy as policy_lib
 from experiments.runner import preemption
@@ -74,20 +74,6 @@ def combine(name: str, values: list[float]) -> float:
   if name.endswith("_max"):
     return max(values)
   return float(np.mean(values))
-
-
-def code_version() -> str:
-  """The git commit of the code that runs (with "-dirty" when tracked files differ from it), or "unknown"."""
-  root = pathlib.Path(__file__).resolve().parents[2]
-  try:
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=30)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
-                           text=True, timeout=30)
-  except (OSError, subprocess.SubprocessError):
-    return "unknown"
-  if commit.returncode:
-    return "unknown"
-  return commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
 
 
 def print_table(title: str, rows: list[tuple[str, str]]) -> None:
@@ -439,7 +425,7 @@ def _stages(cfg: config_lib.Config, method_cls, placement: placement_lib.Placeme
              **{f"start_{k}": v for k, v in start_eval.items()},
              **{f"final_{k}": v for k, v in final_eval.items()},
              **{("final_" if k == "val_accuracy" else "") + k: v for k, v in validation.items()},
-             "code_version": code_version(), "config": resume_lib.record(cfg)}
+             "code_version": git_commit.head_commit(), "config": resume_lib.record(cfg)}
   if main_process:
     training.atomic_write_text(work_dir / "summary.json", json.dumps(summary, indent=2))
   rows = [("held-out problems", f"{len(task.test)}"),
