@@ -58,6 +58,15 @@ def default_slots(num_completions: int, max_new_tokens: int, devices: int = 1, p
   return num_completions if num_completions <= 64 else max(64, num_completions // 4)
 
 
+def phase_widths(own_slots: int, phases: int = 4, narrowest: int = 16) -> tuple[int, ...]:
+  """The cache widths of the engine's phases: `own_slots` (T - 1) and its halves down to `narrowest`, at most
+  `phases` of them (each a compiled copy of the decode step)."""
+  widths = [own_slots]
+  while len(widths) < phases and widths[-1] // 2 >= narrowest:
+    widths.append(widths[-1] // 2)
+  return tuple(reversed(widths))
+
+
 def _choose(logits, keys, temperature, rows, total, *, top_k, top_p, greedy):
   """Each slot's next token [S] from float32 logits [S, V]: argmax, or the Gumbel-max draw with its completion's
   noise row `rows[s]` of a [total, V] draw under its own step's key `keys[s]` (`sampling._choose`'s draw)."""
@@ -140,11 +149,48 @@ def _engine(params, prompt_tokens, prompt_mask, key, temperature, caps, *, confi
     return (k, v, row_axes(own_mask), row_axes(comp), row_axes(t), row_axes(hidden), next_comp, tokens, logprobs,
             lengths)
 
+  # PHASES: the steps run with the caches cut to the narrowest of `widths` that holds every live slot's tokens
+  # (the longest live completion's), so a step attends over about the slots that can be filled, not T - 1; a phase
+  # ends when a live slot needs more room, or when all of them fit two widths down (no back-and-forth at a
+  # boundary). The cut caches go in and out once a phase. A slot's mask is False past its own length, so the
+  # columns a phase leaves out hold nothing a later, wider phase would read.
+  widths = phase_widths(own)
+  live_top = lambda c: jnp.max(jnp.where(c[3] < n, c[4], 0))  # the longest live completion's tokens so far
+
+  def phase(i):
+    width, last = widths[i], i == len(widths) - 1
+
+    def run(carry):
+      k, v, own_mask, *rest = carry
+      cut = lambda x, axis: jax.lax.slice_in_dim(x, 0, width, axis=axis % x.ndim)
+      narrow = (jax.tree.map(lambda x: cut(x, -1), k), jax.tree.map(lambda x: cut(x, -2), v), cut(own_mask, -1),
+                *rest)
+
+      def cond(c):
+        top = live_top(c)
+        going = jnp.any(c[3] < n)
+        if not last:
+          going &= top < width
+        if i >= 2:
+          going &= top >= width // 4
+        return going
+
+      k_w, v_w, mask_w, *rest = jax.lax.while_loop(cond, step, narrow)
+      put = lambda full, part: jax.lax.dynamic_update_slice(full, part, (0,) * full.ndim)
+      return (jax.tree.map(put, k, k_w), jax.tree.map(put, v, v_w), put(own_mask, mask_w), *rest)
+
+    return run
+
+  def next_phase(carry):
+    top = live_top(carry)
+    i = jnp.sum(jnp.asarray(widths[:-1]) <= top)  # the narrowest width above every live slot's tokens
+    return jax.lax.switch(i, [phase(j) for j in range(len(widths))], carry)
+
   comp = jnp.arange(slots, dtype=jnp.int32)
   carry = (cache.k, cache.v, cache.mask, comp, jnp.zeros((slots,), jnp.int32),
            jnp.take(prompt_hidden, prompt_of(comp), axis=0), jnp.asarray(slots, jnp.int32),
            jnp.full((n, steps), pad_id, jnp.int32), jnp.zeros((n, steps), jnp.float32), jnp.zeros((n,), jnp.int32))
-  carry = jax.lax.while_loop(lambda c: jnp.any(c[3] < n), step, carry)
+  carry = jax.lax.while_loop(lambda c: jnp.any(c[3] < n), next_phase, carry)
   tokens, logprobs, lengths = carry[-3:]
   last = jnp.take_along_axis(tokens, jnp.maximum(lengths - 1, 0)[:, None], axis=-1)[:, 0]
   repeat = lambda x: jnp.repeat(x, g, axis=0)

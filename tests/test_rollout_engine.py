@@ -177,3 +177,20 @@ def test_sharded_engine_equals_one_device(params, caps):
                                      eos_token_ids=(), num_slots=8)
     hlo = fn.lower(placed, PROMPTS, MASK, jax.random.key(4), jnp.float32(0.7), jnp.asarray(caps)).compile().as_text()
     assert ("all-reduce" in hlo) == (rules_name == "fsdp_tp")  # one engine per shard: no cross-device step
+
+
+def test_phase_widths_by_hand():
+  assert rollout_engine.phase_widths(511) == (63, 127, 255, 511)
+  assert rollout_engine.phase_widths(71) == (17, 35, 71) and rollout_engine.phase_widths(9) == (9,)
+  assert rollout_engine.phase_widths(1023, phases=2) == (511, 1023)
+
+
+@pytest.mark.parametrize("slots", [2, 5])
+def test_phases_of_narrower_caches(params, slots):
+  """T = 72: the caches cut to 17, 35 or 71 columns as the longest live completion grows and shrinks (caps from 1
+  to 72, so a long one ends while short ones run, and the phase narrows again): the static sampler's completions."""
+  caps = np.random.default_rng(1).choice([2, 5, 20, 40, 72], size=len(PROMPTS) * G).astype(np.int32)
+  kwargs = dict(num_samples=G, max_new_tokens=72, temperature=0.9, eos_token_ids=(), max_lengths=caps)
+  expected = sampling.sample(params, CONFIG, PROMPTS, MASK, jax.random.key(8), **kwargs)
+  out = rollout_engine.generate(params, CONFIG, PROMPTS, MASK, jax.random.key(8), num_slots=slots, **kwargs)
+  _assert_same(out, expected)
