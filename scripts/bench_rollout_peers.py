@@ -296,7 +296,7 @@ def main(argv=None):
       "engine": args.engine, "version": facts["version"], "threads": facts["threads"], "batching": facts["batching"],
       "completions": len(lengths), "prompts": len(workload["prompts"]), "samples_per_prompt": workload["group"],
       "useful_tokens": useful, "max_length": max(lengths), "lengths_checked": True,
-      "seconds": [round(s, 4) for s in seconds], "tok_per_s_mean": round(statistics.mean(rates), 1),
+      "seconds": [round(s, 6) for s in seconds], "tok_per_s_mean": round(statistics.mean(rates), 1),
       "tok_per_s_se": None if stderr is None else round(stderr, 1), "warmup_s": round(warmup, 3),
       "startup_s": facts.get("startup_s"), **({"threads_tried_s": facts["threads_tried_s"]}
                                               if "threads_tried_s" in facts else {}),
