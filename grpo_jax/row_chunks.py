@@ -131,15 +131,16 @@ def engine_bytes(config: ModelConfig, num_prompts: int, prompt_len: int, max_new
   """An estimate of what `rollout_engine.generate` holds: (bytes of its B prompts, bytes of one slot).
 
   The prompts: their keys and values (2·layers·K·D·P each), the prefill's activations (`forward_row_bytes` at P)
-  and their last hidden states. A slot: its own cache (2·layers·K·D·(T - 1)), one layer's gathered prefix (2·K·D·P)
-  and a step's float32 logits, filtered, noised and normalised (3·V).
+  and their last hidden states. A slot: its own cache twice (2·layers·K·D·(T - 1): the whole cache, and the copy
+  a phase cuts from it, `rollout_engine.phase_widths`), one layer's gathered prefix (2·K·D·P) and a step's float32
+  logits, filtered, noised and normalised (3·V).
   """
   c = config
   act = jnp.dtype(c.dtype).itemsize
   kv = 2 * c.num_key_value_heads * c.head_dim * act
   prompts = num_prompts * (c.num_hidden_layers * kv * prompt_len + forward_row_bytes(c, prompt_len)
                            + c.hidden_size * act)
-  slot = c.num_hidden_layers * kv * max(max_new_tokens - 1, 1) + kv * prompt_len + 3 * c.vocab_size * 4
+  slot = 2 * c.num_hidden_layers * kv * max(max_new_tokens - 1, 1) + kv * prompt_len + 3 * c.vocab_size * 4
   return int(prompts), int(slot)
 
 

@@ -139,9 +139,12 @@ def target(topology: str) -> Target:
 # FLOPS
 
 
-def matmul_flops(jaxpr, while_trips: int = 1) -> float:
+def matmul_flops(jaxpr, while_trips: int | tuple[int, ...] = 1) -> float:
   """2·M·N·K summed over the dot_generals of a jaxpr, each scan body times its length and each
-  while body times `while_trips` (nested programs, remat and custom-derivative bodies included)."""
+  while body times `while_trips` (nested programs, remat and custom-derivative bodies included); a tuple gives
+  the outermost while loops' trips, then those of the loops inside them (the last entry for any deeper): the
+  rollout engine's phases and their steps."""
+  trips = tuple(while_trips) if isinstance(while_trips, (tuple, list)) else (while_trips,)
   total = 0.0
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
@@ -151,14 +154,15 @@ def matmul_flops(jaxpr, while_trips: int = 1) -> float:
       total += 2.0 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in contract)
       continue
     if name == "cond":
-      total += max(matmul_flops(b.jaxpr, while_trips) for b in eqn.params["branches"])
+      total += max(matmul_flops(b.jaxpr, trips) for b in eqn.params["branches"])
       continue
-    times = eqn.params["length"] if name == "scan" else while_trips if name == "while" else 1
+    times = eqn.params["length"] if name == "scan" else trips[0] if name == "while" else 1
+    inner = (trips[1:] or trips) if name == "while" else trips
     for value in eqn.params.values():
       for sub in value if isinstance(value, (tuple, list)) else (value,):
         sub = getattr(sub, "jaxpr", sub)
         if hasattr(sub, "eqns"):
-          total += times * matmul_flops(sub, while_trips)
+          total += times * matmul_flops(sub, inner)
   return total
 
 

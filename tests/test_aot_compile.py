@@ -386,6 +386,14 @@ def test_matmul_flops_count_loops_at_their_trip_counts():
   one = 2 * 4 * 8 * 8
   assert aot.matmul_flops(jax.make_jaxpr(f)(w, x).jaxpr) == (5 + 3 + 1 + 2) * one
   assert aot.matmul_flops(jax.make_jaxpr(g)(w, x).jaxpr, while_trips=7) == 7 * one
+
+  def h(w, x):  # while loops nested in a while loop (the rollout engine's phases and steps)
+    step = lambda c: (c[0] @ w[0], c[1] + 1)
+    return jax.lax.while_loop(lambda c: c[1].sum() < 1e9,
+                              lambda c: jax.lax.while_loop(lambda d: d[1].sum() < 1e9, step, c), (x, x))[0]
+
+  assert aot.matmul_flops(jax.make_jaxpr(h)(w, x).jaxpr, while_trips=(1, 9)) == 9 * one
+  assert aot.matmul_flops(jax.make_jaxpr(h)(w, x).jaxpr, while_trips=3) == 9 * one  # an int: every level
   # Forward and backward: each matmul and its two transposes (the checkpointed matmul's recomputation is
   # dead code here: a matmul's transposes need its inputs, not its output).
   grad = jax.make_jaxpr(jax.grad(lambda w: f(w, x).sum()))(w).jaxpr

@@ -64,7 +64,8 @@ class Program:
   uses: str  # what the runner runs it for
   per_step: int  # calls per stage-2 step (0: not a step's program, e.g. evaluation)
   per_eval: int = 0  # calls per evaluation
-  loop_trips: int = 1  # trip count of its while loops (the sampler: its decode steps)
+  # Trip count of its while loops (the sampler: its decode steps); a tuple, of nested ones (outermost first).
+  loop_trips: int | tuple[int, ...] = 1
   kwargs: dict = dataclasses.field(default_factory=dict)  # static keyword arguments: `.trace(*args, **kwargs)`
   resident_args: tuple = (0,)  # the arguments that are (parts of) resident trees, not the program's own
 
@@ -193,7 +194,10 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
     caps = jax.ShapeDtypeStruct((prompts * samples,), jnp.int32, sharding=rows_sharding)
     fn = rollout_engine.jit_generate(method.config, (prompts, p), mesh=mesh, rules=rules, num_samples=samples,
                                      **options)
-    trips = -(-prompts * samples // min(options["num_slots"], prompts * samples)) * t
+    if options["num_slots"] >= prompts * samples:  # no refill: the static sampler's loop (`jit_generate`)
+      trips = t - 1
+    else:  # one loop of phases around the steps: at most every step in one phase
+      trips = (1, -(-prompts * samples // options["num_slots"]) * t)
     return fn, (params, rows(jnp.int32, prompts, p), rows(jnp.bool_, prompts, p), key, temperature, caps), trips
 
   rounds = rollout.dynamic_sampling_max_rounds if rollout.dynamic_sampling else 1
