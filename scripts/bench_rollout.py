@@ -65,6 +65,7 @@ def useful_flops(config, prompt_len: int, lengths: np.ndarray) -> float:
   e, h, k, d, m, v = (config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
                       config.head_dim, config.intermediate_size, config.vocab_size)
   matmul = config.num_hidden_layers * (2 * e * (h * d + 2 * k * d) + 2 * h * d * e + 6 * e * m) + 2 * e * v
+  lengths = np.asarray(lengths, np.float64)  # int32 lengths times a 0.5B model's FLOPs per token would overflow
   keys = prompt_len * lengths + lengths * (lengths - 1) / 2  # Σ_t (P + t)
   return float(np.sum(matmul * lengths + config.num_hidden_layers * 4 * h * d * keys))
 
