@@ -257,7 +257,12 @@ class Checkpointer:
                                 f"({space} there){kept}") from None
 
   def _remove_partial(self, step: int) -> None:
-    """Removes what a failed save of `step` left (its temporary directory; process 0)."""
+    """Removes what a failed save of `step` left (its temporary directory; process 0), once orbax's own threads
+    are done with it (one still writing could recreate what is removed)."""
+    try:
+      self._manager.wait_until_finished()
+    except Exception:  # pylint: disable=broad-except  (the failed save's error again: already reported)
+      pass
     if jax.process_index() == 0:
       for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
         shutil.rmtree(partial, ignore_errors=True)
