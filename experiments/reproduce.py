@@ -166,7 +166,7 @@ def spec_files(study: spec.Study) -> list[str]:
     if getattr(module, "STUDY", None) is study and getattr(module, "__file__", None):
       try:
         files.insert(0, str(pathlib.Path(module.__file__).resolve().relative_to(ROOT)))
-      except ValueError:
+      except ValueError:  # a study module outside the repository: no commit of ours declares it
         pass
   return files
 

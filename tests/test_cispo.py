@@ -4,12 +4,8 @@ import numpy as np
 
 from grpo_jax import losses
 
-# Four tokens: (A, ρ) = (1, 1.5), (1, 0.5), (-1, 1.5), (-1, 0.5), as in test_surrogate.py.
-RATIOS = jnp.array([[1.5, 0.5, 1.5, 0.5]])
-ADV = jnp.array([[1.0, 1.0, -1.0, -1.0]])
-OLD = jnp.array([[-1.0, -2.0, -0.5, -3.0]])
-LOGP = OLD + jnp.log(RATIOS)
-MASK = jnp.ones((1, 4), bool)
+# Four tokens: (A, ρ) = (1, 1.5), (1, 0.5), (-1, 1.5), (-1, 0.5): test_surrogate.py's.
+from tests.test_surrogate import ADV, LOGP, MASK, OLD  # noqa: E402  pylint: disable=wrong-import-position
 
 
 def test_hand_computed(variant):
