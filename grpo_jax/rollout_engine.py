@@ -47,8 +47,9 @@ def default_slots(num_completions: int, max_new_tokens: int, devices: int = 1, p
   A slot count trades the loop's steps (about the tokens / S, plus the longest completion's tail) against each
   step's width. A decode step reads the weights once for all its slots and each slot's cache once. On a CPU a
   few slots a device already use its matmul rate, and more grow the caches a step walks through: slots x
-  `max_new_tokens` = `CPU_CACHE_TOKENS_PER_DEVICE` a device, at least 8 (8 a device at 512 tokens, 21 at 192:
-  the fastest of 4 to 256 measured by `scripts/bench_rollout.py`, on long-tail and equal lengths). An accelerator
+  `max_new_tokens` = `CPU_CACHE_TOKENS_PER_DEVICE` a device, at least 8 (8 a device at 512 tokens, the fastest
+  of 2 to 128 a device that `scripts/bench_rollout.py` measured on a long tail; the rule keeps a step's caches
+  that size at other lengths). An accelerator
   needs hundreds of rows a step to stop being bound by reading the weights: a quarter of the completions, at
   least 64 (the runner takes no more than its memory budget holds: `Placement.engine_slots`).
   """
