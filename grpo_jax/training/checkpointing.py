@@ -33,6 +33,7 @@ import pathlib
 import re
 import shutil
 import sys
+import time
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +48,8 @@ from grpo_jax import partitioning
 
 
 HOST_TRANSFER_GB = 1  # a save's bound on the state it copies to host memory at once (GB)
+# A failed save's temporary directory: removed until two looks this far apart find nothing, for at most this long.
+REMOVE_QUIET_S, REMOVE_WAIT_S = 0.2, 10.0
 
 
 class CheckpointError(ValueError):
@@ -257,15 +260,24 @@ class Checkpointer:
                                 f"({space} there){kept}") from None
 
   def _remove_partial(self, step: int) -> None:
-    """Removes what a failed save of `step` left (its temporary directory; process 0), once orbax's own threads
-    are done with it (one still writing could recreate what is removed)."""
+    """Removes what a failed save of `step` left (its temporary directory; process 0).
+
+    The save's other write tasks (tensorstore's threads) may still be writing into it after the first one failed,
+    and recreate what was removed: it is removed again until two looks `REMOVE_QUIET_S` apart find nothing
+    (at most `REMOVE_WAIT_S`)."""
     try:
       self._manager.wait_until_finished()
     except Exception:  # pylint: disable=broad-except  (the failed save's error again: already reported)
       pass
     if jax.process_index() == 0:
-      for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
-        shutil.rmtree(partial, ignore_errors=True)
+      deadline, quiet = time.monotonic() + REMOVE_WAIT_S, 0
+      while quiet < 2 and time.monotonic() < deadline:
+        partials = list(self.directory.glob(f"{step}.orbax-checkpoint-tmp*"))
+        for partial in partials:
+          shutil.rmtree(partial, ignore_errors=True)
+        quiet = 0 if partials else quiet + 1
+        if quiet < 2:
+          time.sleep(REMOVE_QUIET_S)
     try:
       self._manager.reload()
     except Exception:  # pylint: disable=broad-except  (a vanished directory: nothing left to list)
