@@ -16,8 +16,8 @@ from absl import logging
 import jax
 
 from experiments.runner import config as config_lib
-from experiments.runner import loop
 from experiments.runner import preemption
+from experiments.trainer import loop
 from grpo_jax import data
 from grpo_jax import distributed
 from grpo_jax import host_memory

@@ -5,26 +5,26 @@ r"""Flow-GRPO: a multi-turn planner with tools and memory, trained on a broadcas
 
 AgentFlow (arXiv 2510.05592), as the method `flow_grpo` of the one training loop (`experiments/methods/
 flow_grpo.py` says how the planner, tools, memory and eq. 5 fit together). This entry point is
-`python -m experiments.grpo_math --algo=flow_grpo` with Flow-GRPO's own defaults (`methods.flow_grpo.DEFAULTS`:
+`python -m experiments.grpo_math --algo=flow_grpo` with Flow-GRPO's own defaults (`runner.config.PRESETS["flow_grpo"]`:
 a shorter SFT on teacher trajectories, 60 steps of 16 queries x 8 trajectories at lr 5e-5); the agent's flags
 (--max_turns, --tools, ...) and every shared flag are accepted, GRPO-only knobs that mean nothing for the per-turn
 objective are refused unless at their defaults. From Python:
 
-  from experiments.methods import flow_grpo
-  from experiments.runner import config, loop
-  loop.run(config.Config().replace(**flow_grpo.DEFAULTS))
+  from experiments.runner import config
+  from experiments.trainer import loop
+  loop.run(config.Config().replace(**config.PRESETS["flow_grpo"]))
 """
 
 from absl import app
 from absl import flags
 
 from experiments import cli
-from experiments.methods import flow_grpo
 from experiments.runner import config as config_lib
 
 FLAGS = flags.FLAGS
 RunError = config_lib.RunError
-DEFAULTS = {k: v for k, v in flow_grpo.DEFAULTS.items() if k != "algo"}  # flag defaults set when run as a program
+# The flag defaults set when run as a program.
+DEFAULTS = {k: v for k, v in config_lib.PRESETS["flow_grpo"].items() if k != "algo"}
 
 
 def run() -> dict:

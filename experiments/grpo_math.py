@@ -12,13 +12,14 @@ advantages; μ epochs of minibatch updates of the clipped surrogate with the k3 
 reference (the stage-1 policy) in the loss. Every knob of the later variants (DAPO, Dr. GRPO, GSPO) is
 a flag. `--algo` picks another method of DeepSeekMath's unified paradigm (§5.2.1, Table 10;
 `experiments/methods/`): each is a data source and a gradient coefficient over the same sampler,
-rewards, update step, evaluation, logging and checkpoints (`experiments/runner/loop.py`). Policy, value
+rewards, update step, evaluation, logging and checkpoints (`experiments/trainer/loop.py`). Policy, value
 model, reference and optimiser state are pytrees; checkpoints resume exactly.
 
 This module only turns flags into a `runner.config.Config` (`experiments/cli.py`) and calls
-`runner.loop.run(config)`; the same run from Python:
+`trainer.loop.run(config)`; the same run from Python:
 
-  from experiments.runner import config, loop
+  from experiments.runner import config
+  from experiments.trainer import loop
   loop.run(config.Config().replace(steps=50))
 """
 

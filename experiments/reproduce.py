@@ -46,7 +46,6 @@ from absl import flags
 
 from experiments import studies as studies_lib
 from experiments.runner.git_commit import head_commit
-from experiments.methods import flow_grpo as flow_grpo_method
 from experiments.runner import config as config_lib
 from experiments.studies import spec
 from experiments.studies import verdicts
@@ -257,7 +256,7 @@ def runner_defaults(run: spec.Run) -> dict[str, str]:
   where = ("work_dir", "compilation_cache_dir", "cpu_devices")  # where and how it runs, not what it computes
   values = {k: v for k, v in config_lib.Config().flat().items() if k not in where}
   if run.module == spec.FLOW_GRPO:
-    values.update({k: v for k, v in flow_grpo_method.DEFAULTS.items() if k != "algo"})
+    values.update({k: v for k, v in config_lib.PRESETS["flow_grpo"].items() if k != "algo"})
   return {k: str(v) for k, v in sorted(values.items())}
 
 

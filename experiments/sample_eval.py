@@ -26,8 +26,8 @@ import jax
 from experiments import cli
 from experiments.runner import config as config_lib
 from experiments.runner import evaluation
-from experiments.runner import loop
 from experiments.runner import placement as placement_lib
+from experiments.runner import report
 from experiments.runner import task as task_lib
 from grpo_jax import models
 
@@ -77,7 +77,7 @@ def run(config: config_lib.Config) -> dict:
   rows = [("held-out problems", f"{len(task.test)}"), ("greedy accuracy", f"{100 * summary['accuracy']:.1f}%")]
   rows += [(f"maj@{j} / pass@{j}", f"{100 * summary[f'maj@{j}']:.1f}% / {100 * summary[f'pass@{j}']:.1f}%")
            for j in ks]
-  loop.print_table(f"sampled evaluation of {path}", rows)
+  report.print_table(f"sampled evaluation of {path}", rows)
   return summary
 
 

@@ -43,9 +43,9 @@ import numpy as np
 
 from experiments import cli
 from experiments.runner import config as config_lib
-from experiments.runner import loop
 from experiments.runner import placement as placement_lib
 from experiments.runner import preemption
+from experiments.runner import report
 from experiments.runner import resume as resume_lib
 from experiments.runner import task as task_lib
 from experiments.runner import work_dir_lock
@@ -193,7 +193,7 @@ def _record(cfg: config_lib.Config, rmc: RewardModelConfig) -> dict:
 
 
 def _check_flags(recorded: dict | None, now: dict, step: int) -> None:
-  resume_lib.check_flags(recorded, now, step, loop.note, may_change=MAY_CHANGE, directory_flag="--rm_dir")
+  resume_lib.check_flags(recorded, now, step, report.note, may_change=MAY_CHANGE, directory_flag="--rm_dir")
 
 
 def _save_data(ckpt_dir: pathlib.Path, recorded: dict, train, held_out, hidden, collect_time: float,
@@ -444,7 +444,7 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.Stop
                "not learnt)"))
   rows.append(("wall time", f"{summary['time_total_s']:.0f} s (sampling and labels {collect_time:.0f} s, "
                f"training {train_time:.0f} s)"))
-  loop.print_table(f"reward model ({rmc.rm_kind})", rows)
+  report.print_table(f"reward model ({rmc.rm_kind})", rows)
   print(f"reward model: {model_dir}")
   return summary
 

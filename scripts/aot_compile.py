@@ -13,7 +13,7 @@ qwen2.5-7b, deepseek-math-7b: only the shapes matter, no weight is read) beside 
 config.json only; empty --model: the embedded tiny model). The script's own flags: --topology, --programs,
 --hbm_gib, --json_out, --isolate.
 
-The programs are the runner's own, from `experiments.runner.programs.programs(config)`: the update step, the
+The programs are the runner's own, from `experiments.trainer.programs.programs(config)`: the update step, the
 π_ref / π_old log-prob forward, PPO's value forward, the rollouts' sampler, a learned reward model's scorer and
 evaluation's samplers (with --lora_rank: the LoRA update, the frozen base its third argument, and π_ref the base),
 each with abstract arguments (`jax.ShapeDtypeStruct`s carrying their shardings) at the widest shapes the runner
@@ -47,7 +47,7 @@ from experiments.methods import learned_reward
 from experiments.runner import config as config_lib
 from experiments.runner import placement as placement_lib
 from experiments.runner import policy
-from experiments.runner import programs
+from experiments.trainer import programs
 from grpo_jax import models
 from grpo_jax import python_gc
 from grpo_jax.reward_models import io as rm_io

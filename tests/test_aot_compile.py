@@ -1,4 +1,4 @@
-"""Ahead-of-time compilation of a run's programs (scripts/aot_compile.py over experiments/runner/programs.py).
+"""Ahead-of-time compilation of a run's programs (scripts/aot_compile.py over experiments/trainer/programs.py).
 
 TPU: the tiny model's programs, as `programs(config)` lists them for the runner's flags, compile for a v5e:2x2
 topology (libtpu as the compiler, no TPU; in a child process whose environment is set before libtpu loads), and
@@ -126,7 +126,7 @@ def test_the_papers_flagfile_loads_and_names_the_runners_programs(tmp_path):
 def _lowered(config, name, **overrides):
   """The lowered text of one of `programs(config)`'s programs (tiny model, one CPU device as a mesh)."""
   from experiments.runner import placement as placement_lib  # pylint: disable=import-outside-toplevel
-  from experiments.runner import programs  # pylint: disable=import-outside-toplevel
+  from experiments.trainer import programs  # pylint: disable=import-outside-toplevel
   config = config.replace(**overrides)
   placement = placement_lib.Placement.from_config(config.mesh, jax.devices()[:1])
   program = programs.programs(config, aot.policy_config(config.model), placement)[name]
@@ -160,9 +160,9 @@ def _programs_match_a_run(config, names):
   """programs(config) lists `names`, in order; a one-step run of `config` lowers every one of them with the same
   names and argument shapes and types, and no other program of the model's (by name). Returns the listed programs,
   the placement and the model config."""
-  from experiments.runner import loop  # pylint: disable=import-outside-toplevel
+  from experiments.trainer import loop  # pylint: disable=import-outside-toplevel
   from experiments.runner import placement as placement_lib  # pylint: disable=import-outside-toplevel
-  from experiments.runner import programs  # pylint: disable=import-outside-toplevel
+  from experiments.trainer import programs  # pylint: disable=import-outside-toplevel
   jax.clear_caches()  # a program another test compiled (the same shapes) would not be lowered, nor logged, again
   with _Lowerings() as runner:
     loop.run(config)
@@ -206,7 +206,7 @@ def test_the_lora_programs_are_those_a_lora_run_compiles(tmp_path):
 def test_the_distill_programs_are_those_a_distill_run_compiles(tmp_path, lora):
   # --algo=distill: π_old recomputed (base + adapters with LoRA), the teacher's forward over its own params (a wider
   # model than the student's), no π_ref; a one-step run lowers the same; the teacher is resident in place of π_ref.
-  from experiments.runner import programs  # pylint: disable=import-outside-toplevel
+  from experiments.trainer import programs  # pylint: disable=import-outside-toplevel
   from tests.test_distill_experiment import _teacher  # pylint: disable=import-outside-toplevel
   teacher = _teacher(tmp_path / "teacher", hidden_size=64)
   config = config_lib.Config().replace(
@@ -226,7 +226,7 @@ def test_the_distill_programs_are_those_a_distill_run_compiles(tmp_path, lora):
 def test_the_ppo_programs_are_those_a_ppo_run_compiles(tmp_path):
   # --algo=ppo: π_old (temperature 0.7) and π_ref through the rollouts' ungrouped forward, the value forward over
   # the train state's value model, the policy + value update over a PPO batch; a one-step run lowers the same.
-  from experiments.runner import programs  # pylint: disable=import-outside-toplevel
+  from experiments.trainer import programs  # pylint: disable=import-outside-toplevel
   config = config_lib.Config().replace(
       algo="ppo", mesh="data:1", tiny_layers=1, batch_size=2, group_size=2, max_new_tokens=6,
       completion_pad_multiple=0, temperature=0.7, steps=1, sft_steps=0, eval_every=0, num_test=2, eval_batch_size=2,
@@ -247,7 +247,7 @@ def test_the_lora_update_and_resident_trees_hold_the_base_once():
   # the full train state is params + AdamW's two moments (+ the step count); LoRA's is the adapters + their two
   # moments, with the base a separate argument; π_ref is the base itself, so the base is resident once.
   from experiments.runner import placement as placement_lib  # pylint: disable=import-outside-toplevel
-  from experiments.runner import programs  # pylint: disable=import-outside-toplevel
+  from experiments.trainer import programs  # pylint: disable=import-outside-toplevel
   nbytes = lambda tree: aot._bytes_per_device(tree)  # pylint: disable=protected-access
   config = config_lib.Config().replace(mesh="data:1", tiny_layers=2, batch_size=2, group_size=2, max_prompt_len=4,
                                        max_new_tokens=4, eval_batch_size=2, num_test=2)
@@ -309,9 +309,9 @@ def test_the_update_follows_the_policy_loss():
 def test_the_policy_losses_run_on_a_mesh_and_with_lora(tmp_path, flags, names, metrics):
   # A one-step run on a 2 x 2 (data, fsdp) mesh with π_old recomputed (ratios off 1) logs the loss's metrics,
   # finite; programs(config) lists the run's programs and each compiles.
-  from experiments.runner import loop  # pylint: disable=import-outside-toplevel
+  from experiments.trainer import loop  # pylint: disable=import-outside-toplevel
   from experiments.runner import placement as placement_lib  # pylint: disable=import-outside-toplevel
-  from experiments.runner import programs  # pylint: disable=import-outside-toplevel
+  from experiments.trainer import programs  # pylint: disable=import-outside-toplevel
   config = config_lib.Config().replace(
       mesh="data:2,fsdp:2", tiny_layers=1, batch_size=4, group_size=2, max_new_tokens=6, completion_pad_multiple=0,
       temperature=0.7, recompute_old_logprobs=True, steps=1, sft_steps=0, eval_every=0, num_test=4,

@@ -1,6 +1,6 @@
 """The runners' command line (`experiments/cli.py`) and the runner layer's shape: flags are read only by the
 entry modules, every config field is a flag with the field's default, a flagfile and the Python config give the
-same run, and the runner packages import in layers."""
+same run (the packages' layers: tests/test_import_layers.py)."""
 
 import ast
 import json
@@ -16,7 +16,7 @@ import pytest
 
 from experiments import cli
 from experiments.runner import config as config_lib
-from experiments.runner import loop
+from experiments.trainer import loop
 from grpo_jax import models
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -51,30 +51,6 @@ def _imports(path: pathlib.Path) -> set[str]:
       names.add(node.module)
       names.update(f"{node.module}.{a.name}" for a in node.names)
   return names
-
-
-def test_runner_layers():
-  """runner (config, task, placement, ...) < methods < runner.loop and runner.programs (the programs the loop
-  runs, for scripts/aot_compile.py) < cli < entry modules; no runner imports another runner (entry modules import
-  cli, the layers below and the library only)."""
-  entries = {p.stem for p in (REPO / "experiments").glob("*.py")} - {"__init__", "cli"}
-  top = ("loop", "programs")
-  below_loop = [p for p in _modules("experiments/runner") if p.stem not in top]
-  for path in below_loop:
-    bad = {n for n in _imports(path) if n.startswith(("experiments.methods", "experiments.runner.loop",
-                                                       "experiments.runner.programs", "experiments.cli"))}
-    assert not bad, (path, bad)
-  for path in _modules("experiments/methods"):
-    bad = {n for n in _imports(path) if n.startswith(("experiments.runner.loop", "experiments.runner.programs",
-                                                       "experiments.cli"))}
-    assert not bad, (path, bad)
-  for stem in top:
-    bad = {n for n in _imports(REPO / "experiments" / "runner" / f"{stem}.py") if n.startswith("experiments.cli")}
-    assert not bad, (stem, bad)
-  assert not {n for n in _imports(REPO / "experiments/runner/loop.py") if n.startswith("experiments.runner.programs")}
-  for path in (REPO / "experiments").glob("*.py"):
-    bad = {n for n in _imports(path) for e in entries if n in (f"experiments.{e}",) and e != path.stem}
-    assert not bad, (path, bad)
 
 
 def test_every_field_is_a_flag_with_its_default():

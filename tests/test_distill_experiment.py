@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from experiments.runner import config as config_lib
-from experiments.runner import loop
+from experiments.trainer import loop
 from experiments.runner import policy
 from grpo_jax import models
 

@@ -1,6 +1,6 @@
-"""The package's imports form layers: no cycles, each module imports only its own layer or lower.
+"""The packages' imports form layers: no cycles, each module imports only its own layer or lower.
 
-Every `import` and `from ... import` of every grpo_jax module is read with `ast`, at
+Every `import` and `from ... import` of every grpo_jax (and experiments) module is read with `ast`, at
 top level and inside functions alike, relative imports resolved. An edge M -> X means
 that importing M may execute X: the imported module and each of its parent packages
 that is not already a parent of M (a parent of M is initialised before M runs).
@@ -8,6 +8,8 @@ that is not already a parent of M (a parent of M is initialised before M runs).
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -15,6 +17,7 @@ import grpo_jax
 
 PACKAGE = "grpo_jax"
 ROOT = pathlib.Path(grpo_jax.__file__).parent
+EXPERIMENTS = ROOT.parent / "experiments"
 
 # Module (or package prefix) -> layer; a module may import only its own layer or lower.
 # The longest matching prefix decides, so a module can sit below its package.
@@ -50,16 +53,34 @@ LAYERS = {
 # Imported names the library must never reach (runners and flag parsing live above it).
 FORBIDDEN = ("experiments", "absl.flags", "scripts", "tests")
 
+# The same for experiments/ (the library, grpo_jax, lies below all of it).
+EXPERIMENTS_LAYERS = {
+    # 0: below the methods: the config, task, placement, policy, evaluation, stage 1, resume, preemption, the
+    # lock, profiling, the report; and the studies (data: runs, metrics, claims).
+    "experiments.runner": 0,
+    "experiments.studies": 0,
+    # 1: the methods, each a data source and a gradient coefficient over the runner's pieces.
+    "experiments.methods": 1,
+    # 2: the trainer: the loop that runs a method, its update plan, a run's compiled programs.
+    "experiments.trainer": 2,
+    # 3: flags into a Config, process start.
+    "experiments.cli": 3,
+    # 4: the entry modules (`python -m experiments.<name>`) and the package itself.
+    "experiments": 4,
+}
+# The names experiments/ must never import: the scripts and tests use it, never the other way round.
+EXPERIMENTS_FORBIDDEN = ("scripts", "tests")
 
-def _module_name(path: pathlib.Path) -> str:
-  parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+
+def _module_name(path: pathlib.Path, root: pathlib.Path = ROOT) -> str:
+  parts = list(path.relative_to(root.parent).with_suffix("").parts)
   if parts[-1] == "__init__":
     parts.pop()
   return ".".join(parts)
 
 
-def _modules() -> dict[str, pathlib.Path]:
-  return {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+def _modules(root: pathlib.Path = ROOT) -> dict[str, pathlib.Path]:
+  return {_module_name(p, root): p for p in sorted(root.rglob("*.py"))}
 
 
 def _imported_names(module: str, is_package: bool, tree: ast.AST):
@@ -94,9 +115,9 @@ def _parents(name: str) -> list[str]:
   return [".".join(parts[:i]) for i in range(1, len(parts))]
 
 
-def import_graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
-  """(edges between package modules, every absolute name each module imports)."""
-  modules = _modules()
+def import_graph(root: pathlib.Path = ROOT) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+  """(edges between the modules of the package at `root`, every absolute name each module imports)."""
+  modules = _modules(root)
   edges, names = {}, {}
   for module, path in modules.items():
     tree = ast.parse(path.read_text(), filename=str(path))
@@ -209,3 +230,70 @@ def test_library_never_imports_runners_or_flags(forbidden):
   bad = sorted(m for m, imported in names.items()
                if any(n == forbidden or n.startswith(forbidden + ".") for n in imported))
   assert bad == [], f"{bad} import {forbidden}"
+
+
+# experiments/: runner and studies < methods < trainer < cli < the entry modules.
+
+
+def test_experiments_graph_covers_the_package():
+  edges, _ = import_graph(EXPERIMENTS)
+  assert "experiments.trainer.loop" in edges["experiments.cli"]
+  assert {"experiments.methods", "experiments.trainer.plan"} <= edges["experiments.trainer.loop"]
+  assert "experiments.runner.config" in edges["experiments.methods.base"]
+
+
+def test_experiments_has_no_import_cycle():
+  edges, _ = import_graph(EXPERIMENTS)
+  cycle = find_cycle(edges)
+  assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_every_experiments_module_has_a_layer():
+  edges, _ = import_graph(EXPERIMENTS)
+  assert [m for m in edges if layer_of(m, EXPERIMENTS_LAYERS) is None] == []
+
+
+def test_experiments_modules_import_only_their_layer_or_lower():
+  edges, _ = import_graph(EXPERIMENTS)
+  assert layer_violations(edges, EXPERIMENTS_LAYERS) == []
+
+
+def test_a_wrong_direction_import_is_found(tmp_path):
+  """The checker on a copy of experiments/ where the runner imports the trainer (and a method the cli): both are
+  named, and nothing else."""
+  copy = tmp_path / "experiments"
+  for path in EXPERIMENTS.rglob("*.py"):
+    (copy / path.relative_to(EXPERIMENTS)).parent.mkdir(parents=True, exist_ok=True)
+    (copy / path.relative_to(EXPERIMENTS)).write_text(path.read_text())
+  for name, line in (("runner/task.py", "from experiments.trainer import plan"),
+                     ("methods/sft.py", "from experiments import cli")):
+    (copy / name).write_text((copy / name).read_text() + f"\ndef _up():\n  {line}\n")
+  edges, _ = import_graph(copy)
+  assert layer_violations(edges, EXPERIMENTS_LAYERS) == [
+      "experiments.methods.sft (layer 1) imports experiments.cli (layer 3)",
+      "experiments.runner.task (layer 0) imports experiments.trainer (layer 2)",
+      "experiments.runner.task (layer 0) imports experiments.trainer.plan (layer 2)"]
+
+
+def test_entry_modules_do_not_import_each_other():
+  """An entry module (`python -m experiments.<name>`) imports cli and the layers below, never another entry."""
+  edges, _ = import_graph(EXPERIMENTS)
+  entries = {m for m in edges if m.count(".") == 1 and layer_of(m, EXPERIMENTS_LAYERS) == 4}
+  assert {"experiments.grpo_math", "experiments.train_reward_model"} <= entries
+  assert {m: sorted(edges[m] & entries) for m in entries if edges[m] & entries} == {}
+
+
+@pytest.mark.parametrize("forbidden", EXPERIMENTS_FORBIDDEN)
+def test_experiments_never_import_scripts_or_tests(forbidden):
+  _, names = import_graph(EXPERIMENTS)
+  bad = sorted(m for m, imported in names.items()
+               if any(n == forbidden or n.startswith(forbidden + ".") for n in imported))
+  assert bad == [], f"{bad} import {forbidden}"
+
+
+def test_reproduce_imports_no_jax():
+  """The study orchestrator reads the runners' defaults (Flow-GRPO's preset too) as data: no method, no JAX."""
+  code = ("import sys, experiments.reproduce; "
+          "print(sorted(m for m in sys.modules if m.split('.')[0] == 'jax' or m.startswith('experiments.methods')))")
+  out = subprocess.run([sys.executable, "-c", code], cwd=ROOT.parent, capture_output=True, text=True, check=True)
+  assert out.stdout.strip() == "[]"

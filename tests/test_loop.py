@@ -1,4 +1,4 @@
-"""The one training loop (`experiments/runner/loop.py`): a new method is one class plus its registration, and
+"""The one training loop (`experiments/trainer/loop.py`): a new method is one class plus its registration, and
 the loop runs it end to end from a Python config (the README's example)."""
 
 import gc
@@ -13,7 +13,7 @@ from experiments import methods
 from experiments.methods import rft
 from experiments.runner import config as config_lib
 from experiments.runner import git_commit
-from experiments.runner import loop
+from experiments.trainer import loop
 from grpo_jax import models
 from grpo_jax import training
 from tests.known_answers import known_answers  # noqa: F401  (a fixture)
@@ -62,21 +62,6 @@ def test_stop_after_returns_nothing_and_saves(tmp_path):
   assert resumed["algo"] == "grpo" and (tmp_path / "final_policy").is_dir()
   assert resumed["config"] == json.loads((tmp_path / "config.json").read_text())  # the summary names its config
   assert resumed["code_version"] == git_commit.head_commit() != ""  # and its code: a git commit here, or "unknown"
-
-
-def test_combine_keeps_extremes():
-  assert loop.combine("ratio_min", [0.5, 0.2]) == 0.2 and loop.combine("ratio_max", [0.5, 0.2]) == 0.5
-  assert loop.combine("loss", [1.0, 2.0]) == 1.5
-
-
-def test_mismatch_metrics_come_from_the_first_minibatch_and_show_when_large():
-  assert loop.combine("mismatch_logp_diff_max", [0.1, 0.7]) == 0.1 and loop.combine("mismatch_kl", [2.0, 1.0]) == 2.0
-  small = {"train/loss": 0.5, "train/mismatch_kl": 1e-6, "train/mismatch_ratio_outside": 0.0}
-  assert "mismatch" not in loop._progress_line(small)  # pylint: disable=protected-access
-  large = {**small, "train/mismatch_kl": 2e-3}
-  assert loop._progress_line(large).endswith("mismatch kl 2.0e-03 out 0.00%")  # pylint: disable=protected-access
-  outside = {**small, "train/mismatch_ratio_outside": 0.004}
-  assert loop._progress_line(outside).endswith("mismatch kl 1.0e-06 out 0.40%")  # pylint: disable=protected-access
 
 
 def test_a_bfloat16_run_logs_a_mismatch_that_the_correction_weights_follow(tmp_path):

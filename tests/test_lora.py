@@ -229,7 +229,7 @@ def _checkpoint_paths(step_dir):
 
 def test_grpo_with_lora_learns_and_resumes_exactly(tmp_path, known_answers):
   from experiments.runner import config as config_lib
-  from experiments.runner import loop
+  from experiments.trainer import loop
   from grpo_jax.training import checkpointing
   straight = tmp_path / "straight"
   summary = loop.run(config_lib.Config().replace(**_TINY_RUN, work_dir=str(straight)))
@@ -278,7 +278,7 @@ def test_grpo_with_lora_learns_and_resumes_exactly(tmp_path, known_answers):
 
 def test_resume_on_another_base_is_refused(tmp_path):
   from experiments.runner import config as config_lib
-  from experiments.runner import loop
+  from experiments.trainer import loop
   config_run = config_lib.Config().replace(**{**_TINY_RUN, "steps": 2}, work_dir=str(tmp_path), stop_after=1)
   loop.run(config_run)
   base, config = models.load_hf(tmp_path / "base_model")
@@ -364,7 +364,7 @@ def test_iterative_rl_with_lora_resumes_exactly(tmp_path):
   """Iterative RL (π_ref ← π_θ each iteration: the base plus a copy of the adapters; the reward model retrained)
   with LoRA, stopped inside iteration 2 and resumed, ends bit-equal to the run that never stopped."""
   from experiments.runner import config as config_lib
-  from experiments.runner import loop
+  from experiments.trainer import loop
   from grpo_jax import reward_models
   policy_dir = models.build_default_checkpoint(tmp_path / "policy", seed=1, num_hidden_layers=1, hidden_size=64,
                                                intermediate_size=128)
@@ -390,7 +390,7 @@ def test_the_reference_under_lora_is_the_base_model(tmp_path, known_answers, mon
   are the base checkpoint's log-probs of those tokens, and not the trained policy's."""
   from experiments.methods import grpo
   from experiments.runner import config as config_lib
-  from experiments.runner import loop
+  from experiments.trainer import loop
   from grpo_jax import logprobs as logprobs_lib
   batches = []
   collect = grpo.GRPO.collect

@@ -1,4 +1,4 @@
-"""What a method provides to the training loop (`runner.loop`), and the defaults most methods share.
+"""What a method provides to the training loop (`trainer.loop`), and the defaults most methods share.
 
 A method of DeepSeekMath's unified paradigm (§5.2.1, Table 10) is its data source (offline from the start policy,
 or online from the current one), its reward and its gradient coefficient: `collect` and `objective`. The loop

@@ -25,10 +25,6 @@ from grpo_jax import rewards as rewards_lib
 from grpo_jax.losses import flow_grpo
 from grpo_jax.training import update as update_lib
 
-# Defaults of `python -m experiments.flow_grpo` that differ from the single-turn run's (`Config.replace(**...)`).
-DEFAULTS = dict(algo="flow_grpo", work_dir="runs/flow_grpo", sft_steps=300, sft_batch_size=64, steps=60,
-                batch_size=16, group_size=8, learning_rate=5e-5, eval_every=0, save_every=20)
-
 
 class Agent:
   """Everything but the planner: toolset, prompt format, executor, verifier, generator, budgets."""

@@ -47,7 +47,7 @@ class PPO(base.Method):
     # On a mesh, traced inside its axis rules, as the policy's forwards are (a Pallas attention kernel runs per shard).
     values = jax.jit(values) if place.mesh is None else partitioning.jit_with_rules(values, place.mesh, place.rules)
     self.values = lambda params, tokens, mask: values(params, *place.device((tokens, mask)))
-    self.values.jitted = values  # the program itself (ahead of time: `experiments.runner.programs`)
+    self.values.jitted = values  # the program itself (ahead of time: `experiments.trainer.programs`)
 
   def init_params(self, policy, key):
     value_init, dtype = self.cfg.algorithm.value_init, self.cfg.model.dtype

@@ -1,4 +1,4 @@
-"""The runner layer's pieces below the training loop: the typed config, the task, device placement, the start
-policy and exports, evaluation, stage 1, resume checks. `runner.loop.run(config)` is the one training loop that
-every method (`experiments.methods`) plugs into; the entry modules (`experiments/*.py`) only turn flags into a
-`Config` and call it."""
+"""The pieces below the methods: the typed config, the task, device placement, the start policy and exports,
+evaluation, stage 1, resume checks, preemption, the work-dir lock, profiling and the terminal report. Methods
+(`experiments.methods`) import these; the trainer above them (`experiments.trainer`) runs the methods; the entry
+modules (`experiments/*.py`) only turn flags into a `Config` and call the trainer (`tests/test_import_layers.py`)."""

@@ -240,6 +240,13 @@ MAY_CHANGE = frozenset({
     "lora_export_peft",
 })
 
+# Defaults an entry module sets over the fields' own, by method (`Config().replace(**PRESETS["flow_grpo"])`):
+# `python -m experiments.flow_grpo` runs with these. Data here, so that reading them imports no method (nor JAX).
+PRESETS = {
+    "flow_grpo": dict(algo="flow_grpo", work_dir="runs/flow_grpo", sft_steps=300, sft_batch_size=64, steps=60,
+                      batch_size=16, group_size=8, learning_rate=5e-5, eval_every=0, save_every=20),
+}
+
 
 class ConfigError(ValueError):
   """A configuration that cannot run, named in one line."""

@@ -1,6 +1,7 @@
 r"""The one training loop: `run(config) -> summary`, for every method of `experiments.methods`.
 
-  from experiments.runner import config, loop
+  from experiments.runner import config
+  from experiments.trainer import loop
   summary = loop.run(config.Config().replace(steps=50, algo="online_rft", work_dir="runs/rft"))
 
 Stage 1 (the embedded model only) fine-tunes the start policy on the method's demonstrations. Stage 2 runs
@@ -21,7 +22,6 @@ SIGTERM or SIGINT arrived, that step (of stage 1 or 2) is saved and `preemption.
 """
 
 import json
-import math
 import pathlib
 import resource
 import sys
@@ -39,10 +39,12 @@ from experiments.runner import placement as placement_lib
 from experiments.runner import policy as policy_lib
 from experiments.runner import preemption
 from experiments.runner import profiling
+from experiments.runner import report
 from experiments.runner import resume as resume_lib
 from experiments.runner import task as task_lib
 from experiments.runner import warm_start
 from experiments.runner import work_dir_lock
+from experiments.trainer import plan
 from grpo_jax import distributed
 from grpo_jax import training
 from grpo_jax.models import lora
@@ -50,84 +52,7 @@ from grpo_jax.models import lora
 RunError = config_lib.RunError
 
 
-def note(line: str) -> None:
-  """A one-line note on stderr, on a line of its own."""
-  training.end_progress_line()
-  print(line, file=sys.stderr)
-
-
-# The rollout-trainer mismatch (`training.update.rollout_correction`) compares the sampler's log-probs with the
-# update forward's π_θ: on a step's first minibatch that is the policy that sampled, so it is taken from that one.
-MISMATCH_PREFIX = "mismatch_"
-# The progress line shows the mismatch from this k3 KL(π_sampler ‖ π_trainer) per token, or when any ratio
-# π_trainer / π_sampler of the step lies outside [0.5, 2].
-MISMATCH_SHOWN_KL = 1e-3
-
-
-def combine(name: str, values: list[float]) -> float:
-  """One metric over a step's minibatches (separate optimiser steps): min/max for extremes, else the mean; the
-  mismatch metrics are the first minibatch's."""
-  if name.startswith(MISMATCH_PREFIX):
-    return values[0]
-  if name.endswith("_min"):
-    return min(values)
-  if name.endswith("_max"):
-    return max(values)
-  return float(np.mean(values))
-
-
-def print_table(title: str, rows: list[tuple[str, str]]) -> None:
-  """A run's closing table: a title, a rule, then `name  value` lines."""
-  width = max(len(r[0]) for r in rows)
-  print("\n".join(["", title, "-" * (width + 10)] + [f"{a:<{width}}  {b}" for a, b in rows]))
-
-
-def check_divisible(config: config_lib.Config, data_parallel: int) -> None:
-  """Rows split evenly over the mesh's data axes (data x fsdp)."""
-  if data_parallel == 1:
-    return
-  algo = config.algorithm
-  minibatch = algo.minibatch_size or config.rows_per_step
-  # The engine fills its slots from any number of prompts in one process (several provide their own rows).
-  prompts = {} if config.rollout.sampler == "engine" and jax.process_count() == 1 else {
-      "--batch_size": config.rollout.batch_size, "--eval_batch_size": config.eval.eval_batch_size}
-  sizes = {**prompts,
-           "rows per micro-batch (minibatch / grad_accum_steps)": minibatch // algo.grad_accum_steps,
-           "SFT rows per micro-batch (sft_batch_size / grad_accum_steps)":
-               config.sft.sft_batch_size // algo.grad_accum_steps}
-  for name, size in sizes.items():
-    if size % data_parallel:
-      raise RunError(f"{name} = {size} must be a multiple of the mesh's data-parallel size {data_parallel}")
-
-
-def _check_placement(config: config_lib.Config, placement: placement_lib.Placement) -> None:
-  """What runs on one device only is refused, with one line, on a mesh or several processes."""
-  if placement.mesh is None:
-    return
-  if config.algorithm.algo == "flow_grpo":
-    raise RunError("--algo=flow_grpo runs on one device: its agent loop samples turn by turn outside the mesh; "
-                   "leave --mesh empty and run one process")
-  if config.reward_model.iterations > 1 and jax.process_count() > 1:
-    raise RunError("--iterations > 1 (reward-model retraining) runs in one process only for now")
-  check_divisible(config, placement.data_parallel)
-
-
 # STAGE 2: THE METHOD'S STEPS
-
-
-def update_plan(method: methods_lib.Method):
-  """`(minibatch rows, optimiser steps per step, optimiser)` of stage 2: the schedule spans the run's updates."""
-  cfg = method.cfg
-  algo = cfg.algorithm
-  rows = method.rows_per_step()
-  minibatch = algo.minibatch_size or rows  # divides the rows, and by grad_accum_steps (`config.check`)
-  if minibatch % (method.rows_per_item * algo.grad_accum_steps):
-    raise RunError(f"--algo={method.name}: micro-batches of {minibatch // algo.grad_accum_steps} rows split its "
-                   f"groups of {method.rows_per_item} rows")
-  updates_per_step = algo.num_epochs * rows // minibatch
-  total_updates = cfg.optim.steps * updates_per_step
-  warmup = min(cfg.optim.warmup_steps, total_updates // 2)  # short runs (smoke tests) still warm up and decay
-  return minibatch, updates_per_step, method.optimizer(total_updates, warmup)
 
 
 def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointer, start_accuracy,
@@ -148,7 +73,7 @@ def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointe
   """
   cfg = method.cfg
   algo, run_cfg = cfg.algorithm, cfg.run
-  minibatch, updates_per_step, optimizer = update_plan(method)
+  minibatch, updates_per_step, optimizer = plan.update_plan(method)
   steps = cfg.optim.steps
   key = jax.random.PRNGKey(run_cfg.seed)
   # Offline data comes from the start policy (the reference), so a resumed run rebuilds the same dataset; built
@@ -185,7 +110,7 @@ def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointe
   if run_cfg.resume and ckpt.latest_step() is not None:
     tree, meta = ckpt.restore_intact(
         checkpoint_tree(state), check=lambda meta, step: resume_lib.check_flags(meta.get("flags"), recorded, step,
-                                                                                note))
+                                                                                report.note))
     dropped = logger.rewind(meta.get("metrics_offset"))  # records of steps after the checkpoint: re-run below
     if meta.get("lora_base") != lora_base:
       raise RunError(f"--resume: the checkpoint's trained weights go with the base {meta.get('lora_base')}, this "
@@ -208,11 +133,11 @@ def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointe
     print("offline data: " + ", ".join(f"{k} {v:.4g}" for k, v in prepared.items()), file=sys.stderr)
   logger.start(steps)
 
-  def report(text):
+  def trace_note(text):
     logger.newline()
     print(text, file=sys.stderr)
 
-  with profiling.StepTracer(run_cfg.profile_steps, pathlib.Path(run_cfg.work_dir) / "profile", report) as tracer:
+  with profiling.StepTracer(run_cfg.profile_steps, pathlib.Path(run_cfg.work_dir) / "profile", trace_note) as tracer:
     for step in range(start + 1, steps + 1):
       step_key = jax.random.fold_in(key, step)
       tracer.before(step)
@@ -229,7 +154,7 @@ def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointe
           state, metrics = train_step(state, part)
           step_metrics.append(metrics)
       step_metrics = jax.device_get(step_metrics)  # LOG: one transfer for all of the step's metrics
-      metrics = {k: combine(k, [float(m[k]) for m in step_metrics]) for k in step_metrics[0]}
+      metrics = {k: report.combine(k, [float(m[k]) for m in step_metrics]) for k in step_metrics[0]}
       update_time = time.time() - t0
       warm_start.check_finite(metrics, f"{method.name} step {step}")
       stats.update(metrics, time_update=update_time, optimizer_steps=float(updates_per_step))
@@ -237,7 +162,7 @@ def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointe
       if "generated_tokens" in stats:
         stats["tokens_per_s"] = stats.pop("generated_tokens") / max(step_time, 1e-9)
       values = logger.log(step, stats, prefix="train/")
-      logger.progress(step, _progress_line(values))
+      logger.progress(step, report.progress_line(values))
       tracer.after(step)
       if per_iteration and step % per_iteration == 0:  # ITERATE: the iteration's end, retrain the reward model
         logger.newline()
@@ -273,19 +198,6 @@ def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointe
   return method.policy(full(state.params)), start_accuracy, False
 
 
-def _progress_line(values: dict) -> str:
-  parts = [("reward", "train/reward_mean", ".3f"), ("acc", "train/accuracy", ".3f"), ("loss", "train/loss", ".4f"),
-           ("kl", "train/kl", ".4f"), ("kl", "train/kl_reward", ".3f"), ("vf", "train/value_loss", ".4f"),
-           ("len", "train/response_length", ".1f"), ("turns", "train/mean_turns", ".2f"),
-           ("tool err", "train/tool_error_rate", ".3f"), ("rm_auc", "train/reward_group_auc", ".2f")]
-  line = " ".join(f"{name} {values[k]:{fmt}}" for name, k, fmt in parts
-                  if isinstance(values.get(k), (int, float)) and math.isfinite(values[k]))
-  kl, outside = values.get("train/mismatch_kl"), values.get("train/mismatch_ratio_outside")
-  if isinstance(kl, float) and isinstance(outside, float) and (kl >= MISMATCH_SHOWN_KL or outside > 0):
-    line += f" mismatch kl {kl:.1e} out {100 * outside:.2f}%"
-  return line
-
-
 # THE RUN
 
 
@@ -310,10 +222,10 @@ def run(config: config_lib.Config) -> dict:
                              or (work_dir / "sft_policy").is_dir()):
     raise RunError(f"--resume: no checkpoint in {ckpt_dir}")
   placement = placement_lib.Placement.from_config(cfg.mesh)
-  _check_placement(cfg, placement)
+  plan.check_placement(cfg, placement)
   attention, warning = policy_lib.attention_that_runs(cfg.model)
   if warning:  # the kernel asked for is not on this backend: what runs instead, in config.json too
-    note(warning)
+    report.note(warning)
     cfg = cfg.replace(attention=attention)
   # One run per work dir; SIGTERM / SIGINT stop after the step in flight, with its checkpoint (`preemption`).
   with work_dir_lock.WorkDirLock(work_dir), preemption.StopSignals() as signals:
@@ -332,7 +244,7 @@ def _stages(cfg: config_lib.Config, method_cls, placement: placement_lib.Placeme
   ckpt_dir, sft_ckpt_dir = work_dir / "checkpoints", work_dir / warm_start.CHECKPOINTS
   if run_cfg.resume:  # refuse other settings before anything (flags.txt included) is written
     resume_lib.check_before_writing(ckpt_dir if _holds_checkpoints(ckpt_dir) else sft_ckpt_dir,
-                                    resume_lib.record(cfg), note)
+                                    resume_lib.record(cfg), report.note)
   resumed_stage2 = run_cfg.resume and _holds_checkpoints(ckpt_dir)
   main_process = distributed.is_main_process()
   if run_cfg.wandb_project and main_process:
@@ -434,6 +346,6 @@ def _stages(cfg: config_lib.Config, method_cls, placement: placement_lib.Placeme
           *method.summary_rows(start_eval, final_eval),
           ("wall time (this run)", f"{summary['wall_time_s'] / 60:.1f} min"),
           ("peak host memory (RSS)", f"{peak_mib:,.0f} MiB")]
-  print_table("summary", rows)
+  report.print_table("summary", rows)
   print(f"final policy (HF format): {work_dir / 'final_policy'}")
   return summary

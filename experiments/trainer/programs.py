@@ -19,7 +19,7 @@ tests/test_aot_compile.py checks them against a run's):
                 its params abstract from its config.json
   values        PPO's value forward V_ψ over the [B·G, P + T] rows (`PPO.values`), its value model's params from
                 the train state
-  update        the method's objective and optimiser schedule (`loop.update_plan`) through `Placement.train_step`,
+  update        the method's objective and optimiser schedule (`plan.update_plan`) through `Placement.train_step`,
                 over a minibatch of [M, P + T] rows in `grad_accum_steps` micro-batches; the train state donated
                 (with LoRA the state holds the adapters and their moments only, and the frozen base is a third,
                 not donated, argument: `loop.train`'s `lora.split`)
@@ -43,8 +43,8 @@ from experiments import methods as methods_lib
 from experiments.methods import learned_reward
 from experiments.runner import config as config_lib
 from experiments.runner import evaluation
-from experiments.runner import loop
 from experiments.runner import placement as placement_lib
+from experiments.trainer import plan
 from grpo_jax import models
 from grpo_jax import partitioning
 from grpo_jax import rollout_engine
@@ -96,7 +96,7 @@ def _check(config: config_lib.Config, placement: placement_lib.Placement, reward
                                  "for, e.g. --mesh=fsdp:8")
   if learned_reward.learned(config) != (reward is not None):
     raise config_lib.ConfigError("a learned reward (--reward=orm|prm) needs its reward model's shapes, and only it")
-  loop.check_divisible(config, placement.data_parallel)
+  plan.check_divisible(config, placement.data_parallel)
 
 
 def _setup(config: config_lib.Config, model_config: models.ModelConfig, placement: placement_lib.Placement,
@@ -133,7 +133,7 @@ def _train_state(method, params, placement: placement_lib.Placement):
   """`(optimiser steps per step, minibatch rows, optimiser, abstract train state, its shardings, frozen)`: as
   `loop.train` builds them; with LoRA the state holds the trained leaves only and `frozen` is the rest (the base,
   the policy's own arrays), else None."""
-  minibatch, updates_per_step, optimizer = loop.update_plan(method)
+  minibatch, updates_per_step, optimizer = plan.update_plan(method)
   cut = lora.split if method.cfg.model.lora_rank else (lambda tree: (tree, None))  # (trained, frozen)
   frozen = cut(params)[1]  # `init_params` keeps the policy's arrays (grpo, online_rft: the policy itself)
   shapes = jax.eval_shape(lambda p, k: training.init_train_state(cut(method.init_params(p, k))[0], optimizer),
