@@ -22,8 +22,10 @@ the samples instead of sampling and continues the same batches: the reward model
 The directory is removed once the reward model and summary are written.
 
 Task, sampling and model flags (--seed, --resume, --save_every and --keep_checkpoints among them) are those of
-experiments.grpo_math (`experiments/cli.py`); the task, policy loading and placement are the training loop's
-(`experiments/runner/`). From Python: `run(runner.config.Config(...), RewardModelConfig(policy=..., rm_kind="prm"))`.
+experiments.grpo_math (`experiments/cli.py`); the task, policy loading and placement are the training loop's,
+and so are the checkpoint-directory guard, the optimiser's schedule rule, the logs (W&B continued on --resume)
+and the checkpoints with their resume and stop signals (`experiments/runner/`). From Python:
+`run(runner.config.Config(...), RewardModelConfig(policy=..., rm_kind="prm"))`.
 """
 
 import dataclasses
@@ -43,10 +45,13 @@ import numpy as np
 
 from experiments import cli
 from experiments.runner import config as config_lib
+from experiments.runner import logs
+from experiments.runner import optimizer as optimizer_lib
 from experiments.runner import placement as placement_lib
 from experiments.runner import preemption
 from experiments.runner import report
 from experiments.runner import resume as resume_lib
+from experiments.runner import stage_checkpoints
 from experiments.runner import task as task_lib
 from experiments.runner import work_dir_lock
 from grpo_jax import models
@@ -263,12 +268,9 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.Stop
     raise RunError(f"{model_dir} already exists; pass --rm_overwrite or choose another --rm_dir")
   run_cfg = cfg.run
   ckpt_dir = out_dir / CHECKPOINTS
-  held = ckpt_dir.is_dir() and any(ckpt_dir.iterdir())
-  if run_cfg.resume and not held:
-    raise RunError(f"--resume: no checkpoint in {ckpt_dir}")
-  if held and not run_cfg.resume and not rmc.rm_overwrite:
-    raise RunError(f"{ckpt_dir} already holds checkpoints; pass --resume to continue, --rm_overwrite to start "
-                   f"over, or choose another --rm_dir")
+  resume_lib.check_start([ckpt_dir], run_cfg.resume, directory_flag="--rm_dir", overwrite_flag="--rm_overwrite",
+                         overwrite=rmc.rm_overwrite)
+  held = resume_lib.holds_checkpoints(ckpt_dir)
   recorded = _record(cfg, rmc)
   collected = _load_data(ckpt_dir, recorded) if run_cfg.resume else None  # refuses other flags before any write
   policy_dir = pathlib.Path(rmc.policy)
@@ -286,8 +288,7 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.Stop
   eval_examples = task.test[:rmc.rm_eval_prompts]
   if held and not run_cfg.resume:  # --rm_overwrite: start over
     shutil.rmtree(ckpt_dir)
-  if run_cfg.wandb_project and run_cfg.resume and jax.process_index() == 0:
-    training.wandb_run.stored_run_id(out_dir)  # a damaged id file is named before anything is written
+  logs.check(out_dir, run_cfg)  # a missing wandb or a damaged id file is named before anything is written
   out_dir.mkdir(parents=True, exist_ok=True)
   (out_dir / "config.json").write_text(json.dumps({**cfg.flat(), **dataclasses.asdict(rmc)}, indent=2,
                                                   default=str))
@@ -327,17 +328,11 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.Stop
         f"right and wrong samples ({collect_time:.0f} s)", file=sys.stderr)
 
   # TRAIN
-  wandb = None
-  if run_cfg.wandb_project and jax.process_index() == 0:  # resumed: the same W&B run (REVIEW B1)
-    wandb = training.wandb_run.start(out_dir, run_cfg.wandb_project, {**cfg.flat(), **dataclasses.asdict(rmc)},
-                                     resume=run_cfg.resume, mode=run_cfg.wandb_mode, entity=run_cfg.wandb_entity,
-                                     name=run_cfg.wandb_run_name)
-  logger = training.MetricsLogger(out_dir, rmc.rm_steps, tensorboard=run_cfg.tensorboard, wandb_run=wandb)
-  warmup = min(cfg.optim.warmup_steps, rmc.rm_steps // 10)
-  optimizer = training.make_optimizer(
-      rmc.rm_learning_rate, warmup_steps=warmup, total_steps=max(rmc.rm_steps, 1),
-      schedule="cosine" if rmc.rm_steps > warmup + 1 else "constant", weight_decay=cfg.optim.weight_decay,
-      max_grad_norm=cfg.optim.max_grad_norm or None)
+  # resumed: the same W&B run (REVIEW B1), as the loop's
+  logger = logs.start(out_dir, run_cfg, {**cfg.flat(), **dataclasses.asdict(rmc)}, rmc.rm_steps)
+  # --lr_schedule (cosine: the flag is not read here) after a tenth of the steps' warm-up
+  optimizer = optimizer_lib.make_optimizer(cfg.optim, rmc.rm_learning_rate, max(rmc.rm_steps, 1),
+                                           min(cfg.optim.warmup_steps, rmc.rm_steps // 10))
   backbone, rm_config = params, config
   if rmc.rm_init:
     backbone, rm_config = _load_backbone(rmc.rm_init, config, cfg.model)
@@ -353,18 +348,17 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.Stop
   state = training.init_train_state(rm_params, optimizer)
   train_step = rm.make_reward_train_step(config, optimizer, kind=rmc.rm_kind, loss=rmc.rm_loss, prompt_len=prompt_len,
                                          freeze_backbone=rmc.rm_freeze_backbone)
-  ckpt = training.Checkpointer(ckpt_dir, max_to_keep=run_cfg.keep_checkpoints)
+  ckpt = stage_checkpoints.StageCheckpoints(ckpt_dir, run_cfg.keep_checkpoints, logger, recorded,
+                                            lambda then, step: _check_flags(then, recorded, step),
+                                            "reward-model training", signals)
   try:
     done, before = 0, None
-    if run_cfg.resume and ckpt.latest_step() is not None:
-      state, meta = ckpt.restore_intact(state, check=lambda meta, step: _check_flags(meta.get("flags"), recorded,
-                                                                                     step))
-      done, before, data_offset = int(meta["step"]), meta["before"], meta["metrics_offset"]
-    dropped = logger.rewind(data_offset) if run_cfg.resume else 0  # records after the checkpoint: logged again
-    if done:
-      print(f"resumed from step {done} in {ckpt_dir}" + (
-          f" ({dropped} metrics.jsonl records of later steps dropped)" if dropped else ""), file=sys.stderr)
-    else:
+    if run_cfg.resume and ckpt.latest_step() is not None:  # records after the checkpoint: logged again
+      state, meta = ckpt.restore(state)
+      done, before = int(meta["step"]), meta["before"]
+    elif run_cfg.resume:
+      logger.rewind(data_offset)  # the samples' checkpoint: the records of any training steps after it dropped
+    if not done:
       before = rm.evaluate(state.params, config, eval_data, kind=rmc.rm_kind, step_labels=hidden,
                            prompt_len=prompt_len)
       logger.log(0, before, prefix="eval/")
@@ -392,13 +386,9 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.Stop
                              prompt_len=prompt_len)
         logger.log(done, values, prefix="eval/")
         _print_eval(f"held-out at step {done}", values)
-      interrupted = signals is not None and signals.stop_requested()
+      interrupted = ckpt.stop_requested()
       if done % save_every == 0 or interrupted:
-        ckpt.save(done, state, {"step": done, "flags": recorded, "metrics_offset": logger.offset(),
-                                "before": {k: float(v) for k, v in before.items()}})
-      if interrupted:
-        logger.newline()
-        raise preemption.Interrupted(signals.signum, done, "reward-model training", ckpt_dir)
+        ckpt.save(done, state, {"before": {k: float(v) for k, v in before.items()}}, interrupted=interrupted)
   except BaseException:
     logger.close()  # an interrupted or failed run closes its logs and finishes its W&B run, as the loop's does
     raise

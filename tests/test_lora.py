@@ -125,6 +125,26 @@ def test_split_join_disabled():
     lora.join(trained, params)
 
 
+def test_trained_part():
+  """With LoRA the adapters and a value head train and the rest is frozen; without it the whole tree, the same
+  arrays (no copies either way)."""
+  base, config = _base()
+  params = lora.add_adapters(base, lora.lora_config(config, rank=2, alpha=2.0, targets=("q",)), jax.random.PRNGKey(1))
+  tree = {"policy": params, "value": {"head": jnp.ones((32, 1)), "model": base}}  # PPO's trained pytree
+  part = lora.TrainedPart(enabled=True)
+  trained, frozen = part.split(tree)
+  paths = lambda t: {jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(t)[0]}
+  assert paths(trained) == {p for p in paths(tree) if "lora_" in p or "['head']" in p} != set()
+  assert paths(frozen) == paths(tree) - paths(trained)
+  assert all(a is b for a, b in zip(jax.tree.leaves(part.trained(tree)), jax.tree.leaves(trained)))
+  joined = part.join(trained, frozen)
+  assert jax.tree.structure(joined) == jax.tree.structure(tree)
+  assert all(a is b for a, b in zip(jax.tree.leaves(joined), jax.tree.leaves(tree)))
+  whole = lora.TrainedPart(enabled=False)
+  assert whole.split(tree)[0] is tree and whole.split(tree)[1] is None
+  assert whole.trained(tree) is tree and whole.join(tree, None) is tree
+
+
 @pytest.mark.parametrize("scan_layers", [False, True])
 def test_merged_model_equals_adapted(scan_layers):
   base, config = _base(scan_layers)

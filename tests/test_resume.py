@@ -15,6 +15,7 @@ import pytest
 
 from experiments import grpo_math
 from experiments import cli
+from experiments.runner import config as config_lib
 from experiments.runner import resume as resume_lib
 from grpo_jax import models
 from grpo_jax.training import checkpointing
@@ -170,3 +171,28 @@ def test_checkpointer_reports_unreadable_metadata(tmp_path):
   with pytest.raises(checkpointing.CheckpointError, match="unreadable metadata"):
     ckpt.metadata(1)
   ckpt.close()
+
+
+def test_check_start(tmp_path):
+  """The checkpoint-directory guard both runners use: its two refusals, each one line naming the runner's flags."""
+  full, empty = tmp_path / "full", tmp_path / "empty"
+  full.mkdir()
+  (full / "1").mkdir()
+  empty.mkdir()
+  assert resume_lib.holds_checkpoints(full) and not resume_lib.holds_checkpoints(empty)
+  assert not resume_lib.holds_checkpoints(tmp_path / "absent")
+  resume_lib.check_start([empty, tmp_path / "absent"], False)
+  resume_lib.check_start([empty, full], True)
+  resume_lib.check_start([empty], True, resumable=True)  # e.g. stage 1's exported policy
+  resume_lib.check_start([full], False, overwrite=True, overwrite_flag="--rm_overwrite")
+  with pytest.raises(config_lib.RunError) as error:
+    resume_lib.check_start([empty, full], False)
+  assert str(error.value) == (f"{full} already holds checkpoints; pass --resume to continue, or choose another "
+                              "--work_dir")
+  with pytest.raises(config_lib.RunError) as error:
+    resume_lib.check_start([full], False, directory_flag="--rm_dir", overwrite_flag="--rm_overwrite")
+  assert str(error.value) == (f"{full} already holds checkpoints; pass --resume to continue, --rm_overwrite to start "
+                              "over, or choose another --rm_dir")
+  with pytest.raises(config_lib.RunError) as error:
+    resume_lib.check_start([empty, tmp_path / "absent"], True)
+  assert str(error.value) == f"--resume: no checkpoint in {empty}"

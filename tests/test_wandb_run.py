@@ -208,7 +208,8 @@ class _StopAfterFirstCheck:
 
 
 def test_reward_model_runner_resumed_continues_the_same_wandb_run(tmp_path):
-  """REVIEW B1: a resumed reward-model run logs to the W&B run it started (its id kept), not to a new one."""
+  """REVIEW B1: a resumed reward-model run logs to the W&B run it started (its id kept), not to a new one, and its
+  steps continue the first run's."""
   policy = models.build_default_checkpoint(tmp_path / "policy", num_hidden_layers=1, hidden_size=32,
                                            intermediate_size=64)
   argv = ["train_reward_model", f"--policy={policy}", f"--rm_dir={tmp_path / 'rm'}", "--rm_kind=orm",
@@ -228,7 +229,13 @@ def test_reward_model_runner_resumed_continues_the_same_wandb_run(tmp_path):
   finally:
     flags.FLAGS.unparse_flags()
   assert (tmp_path / "rm" / wandb_run.RUN_ID_FILE).read_text().strip() == first_id
-  assert [read_offline_run(d)[0] for d in _offline_dirs(tmp_path / "rm")] == [first_id, first_id]
+  (id1, _, history1), (id2, config2, history2) = (read_offline_run(d) for d in _offline_dirs(tmp_path / "rm"))
+  assert id1 == id2 == first_id and config2["resume"] is True
+  # The step counter continues: the first run logged the start evaluation and step 10 (saved there, then stopped),
+  # the resumed one steps 11-12 and the final evaluation; together they are metrics.jsonl's records.
+  steps = [(row["step"], "eval/outcome/accuracy" in row) for row in history1 + history2]
+  assert steps == [(0, True), (10, False), (12, False), (12, True)], steps
+  assert _as_jsonl(history1 + history2) == _jsonl(tmp_path / "rm")
 
 
 def test_a_damaged_run_id_file_is_named_before_the_run_writes(tmp_path, main_in_process):

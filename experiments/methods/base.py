@@ -15,9 +15,9 @@ import optax
 
 from experiments.runner import config as config_lib
 from experiments.runner import evaluation
+from experiments.runner import optimizer as optimizer_lib
 from experiments.runner import policy
 from experiments.runner import warm_start
-from grpo_jax import training
 
 
 class Method(abc.ABC):
@@ -26,10 +26,14 @@ class Method(abc.ABC):
   name = "method"
   rows_per_item = 1  # rows that must stay together in a minibatch (2: DPO's (o⁺, o⁻) pairs)
   sft_marker = policy.SFT_MARKER  # the file in a stage-1 policy that says this method family fine-tuned it
-  reward_updates = None  # iterative RL: a `learned_reward.RewardModelUpdates`, set by the loop
 
   def __init__(self, config: config_lib.Config, model_config, task, rollouts, reference):
     self.cfg, self.config, self.task, self.rollouts, self.reference = config, model_config, task, rollouts, reference
+
+  def use_reference(self, reference) -> None:
+    """π_ref from here on: the trainer passes the start policy in before stage 2, π_θ at each iteration start of
+    iterative RL (and its checkpointed copy on resume), and None once stage 2 is over (its memory freed)."""
+    self.reference = reference
 
   def rows_per_step(self) -> int:
     return self.cfg.rows_per_step
@@ -44,7 +48,7 @@ class Method(abc.ABC):
     return params
 
   def optimizer(self, total_updates: int, warmup: int) -> optax.GradientTransformation:
-    return make_optimizer(self.cfg.optim, self.cfg.optim.learning_rate, total_updates, warmup)
+    return optimizer_lib.make_optimizer(self.cfg.optim, self.cfg.optim.learning_rate, total_updates, warmup)
 
   def prepare(self, start_policy, key) -> dict:
     """Builds offline data from the start policy; returns stats to log. Online methods do nothing."""
@@ -95,12 +99,3 @@ def correction_kwargs(algo: config_lib.AlgorithmConfig) -> dict:
 def take(batch, rows):
   """The rows `rows` of every array of a batch pytree (a device gather; sharded arrays stay sharded)."""
   return jax.tree.map(lambda x: x[rows], batch)
-
-
-def make_optimizer(optim: config_lib.OptimConfig, learning_rate: float, total_updates: int,
-                   warmup: int) -> optax.GradientTransformation:
-  """AdamW with warm-up then the configured schedule (constant when the run is too short to decay)."""
-  return training.make_optimizer(
-      learning_rate, warmup_steps=warmup, total_steps=total_updates,
-      schedule=optim.lr_schedule if total_updates > warmup + 1 else "constant",
-      weight_decay=optim.weight_decay, max_grad_norm=optim.max_grad_norm or None)

@@ -29,7 +29,8 @@ class Distill(grpo.GRPO):
   name = "distill"
 
   def __init__(self, cfg, config, task, rollouts, reference):
-    super().__init__(cfg, config, task, rollouts, reference)
+    del reference  # no π_ref: the teacher takes its place
+    super().__init__(cfg, config, task, rollouts, None)
     path = cfg.algorithm.teacher_checkpoint
     # the policy's runtime options and attention implementation; the weights: `teacher`
     self.teacher_config = models.read_config(path, **policy_lib.runtime(cfg.model)).replace(attention=config.attention)
@@ -50,14 +51,9 @@ class Distill(grpo.GRPO):
                                                          **policy_lib.runtime(self.cfg.model))
     return self._teacher
 
-  @property
-  def reference(self):
-    """None: distillation has no π_ref (the teacher takes its place), so the loop's copy is not kept."""
-    return None
-
-  @reference.setter
-  def reference(self, value):
-    del value
+  def use_reference(self, reference) -> None:
+    """Not kept: distillation has no π_ref (the teacher takes its place), so the trainer's copy is freed."""
+    del reference
 
   def objective(self):
     algo = self.cfg.algorithm

@@ -13,6 +13,7 @@ import numpy as np
 import optax
 
 from experiments.methods import base
+from experiments.runner import optimizer as optimizer_lib
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import losses
 from grpo_jax import partitioning
@@ -76,8 +77,8 @@ class PPO(base.Method):
     optim = self.cfg.optim
     value_lr = self.cfg.algorithm.value_learning_rate or optim.learning_rate
     return optax.multi_transform(
-        {"policy": base.make_optimizer(optim, optim.learning_rate, total_updates, warmup),
-         "value": base.make_optimizer(optim, value_lr, total_updates, warmup)},
+        {"policy": optimizer_lib.make_optimizer(optim, optim.learning_rate, total_updates, warmup),
+         "value": optimizer_lib.make_optimizer(optim, value_lr, total_updates, warmup)},
         {"policy": "policy", "value": "value"})
 
   def objective(self):

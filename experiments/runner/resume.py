@@ -8,6 +8,7 @@ shrink a run: the learning-rate schedule is then rebuilt for the new total.
 """
 
 import json
+import pathlib
 
 from experiments.runner import config as config_lib
 from grpo_jax.training import checkpointing
@@ -55,3 +56,24 @@ def check_before_writing(checkpoint_dir, now: dict, report) -> None:
       return
   finally:
     ckpt.close()
+
+
+def holds_checkpoints(directory: pathlib.Path) -> bool:
+  """Whether `directory` exists and holds anything (a checkpoint, or one being written)."""
+  directory = pathlib.Path(directory)
+  return directory.is_dir() and any(directory.iterdir())
+
+
+def check_start(directories, resume: bool, *, resumable: bool = False, directory_flag: str = "--work_dir",
+                overwrite_flag: str = "", overwrite: bool = False) -> None:
+  """The checkpoint-directory guard of a run that is about to start, before it writes anything: RunError with one
+  line. Without `resume`, a directory of `directories` that holds checkpoints is refused (unless `overwrite`, the
+  runner's `overwrite_flag`, says to start over); with it, at least one must hold some (or `resumable`: the run
+  has something else to continue from)."""
+  for directory in directories:
+    if not resume and not overwrite and holds_checkpoints(directory):
+      start_over = f"{overwrite_flag} to start over, " if overwrite_flag else ""
+      raise config_lib.RunError(f"{directory} already holds checkpoints; pass --resume to continue, {start_over}or "
+                                f"choose another {directory_flag}")
+  if resume and not resumable and not any(holds_checkpoints(d) for d in directories):
+    raise config_lib.RunError(f"--resume: no checkpoint in {directories[0]}")

@@ -35,12 +35,14 @@ from experiments import methods as methods_lib
 from experiments.methods import learned_reward
 from experiments.runner import config as config_lib
 from experiments.runner import git_commit
+from experiments.runner import logs
 from experiments.runner import placement as placement_lib
 from experiments.runner import policy as policy_lib
 from experiments.runner import preemption
 from experiments.runner import profiling
 from experiments.runner import report
 from experiments.runner import resume as resume_lib
+from experiments.runner import stage_checkpoints
 from experiments.runner import task as task_lib
 from experiments.runner import warm_start
 from experiments.runner import work_dir_lock
@@ -55,19 +57,20 @@ RunError = config_lib.RunError
 # STAGE 2: THE METHOD'S STEPS
 
 
-def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointer, start_accuracy,
-          lora_base: dict | None = None, signals: preemption.StopSignals | None = None):
+def train(method: methods_lib.Method, policy, logger, ckpt: stage_checkpoints.StageCheckpoints, start_accuracy,
+          lora_base: dict | None = None, updates: learned_reward.RewardModelUpdates | None = None):
   """Stage 2: `steps` steps of collect, then μ epochs of minibatch updates.
 
-  After a step during which `signals` noted SIGTERM or SIGINT (on any process), that step is saved and
+  After a step during which `ckpt`'s signals noted SIGTERM or SIGINT (on any process), that step is saved and
   `preemption.Interrupted` raised.
 
   With LoRA (`lora_base`: the base checkpoint's path and digest, recorded in every checkpoint and checked on resume)
-  the train state holds only the trained leaves (`lora.split`: the adapters, a value head); the frozen base is
-  joined to them where the policy is used, and is not checkpointed.
+  the train state holds only the trained leaves (`lora.TrainedPart`: the adapters, a value head); the frozen base
+  is joined to them where the policy is used, and is not checkpointed. `updates`: iterative RL's reward-model
+  retraining (`--iterations > 1`), or None.
 
   `policy` (the start params) is handed over to the train state: its buffers are deleted once the state exists
-  (`Placement.train`); π_ref (`method.reference`) must not share them, except for LoRA's frozen base.
+  (`Placement.train`); π_ref (`method.use_reference`) must not share them, except for LoRA's frozen base.
 
   Returns (final policy params, the start policy's accuracy, whether `stop_after` stopped it).
   """
@@ -79,55 +82,34 @@ def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointe
   # Offline data comes from the start policy (the reference), so a resumed run rebuilds the same dataset; built
   # before the train state takes the start policy's buffers (logged once a resume has rewound the metrics).
   prepared = method.prepare(policy, jax.random.fold_in(key, 2))
-  trained, frozen = method.init_params(policy, jax.random.fold_in(key, 1)), None
-  if lora_base is not None:  # LoRA: only the adapters (and a value head) are trained, optimised and checkpointed
-    trained, frozen = lora.split(trained)
-  full = (lambda params: params) if frozen is None else (lambda params: lora.join(params, frozen))
-  trained_part = (lambda params: params) if frozen is None else (lambda params: lora.split(params)[0])
+  # LoRA: only the adapters (and a value head) are trained, optimised and checkpointed
+  part = lora.TrainedPart(enabled=lora_base is not None)
+  trained, frozen = part.split(method.init_params(policy, jax.random.fold_in(key, 1)))
+  full = lambda params: part.join(params, frozen)  # noqa: E731
   # The start params are handed over: the state takes their buffers (`Placement.train` deletes them; with LoRA the
   # start adapters), so stage 2 holds π_θ, its moments and π_ref, and no other copy of the start policy.
   state, train_step = method.rollouts.placement.train(trained, optimizer, method.objective(), algo.grad_accum_steps,
                                                       frozen=frozen)
   policy = trained = None
-  updates = method.reward_updates  # iterative RL's reward-model retraining, or None
   per_iteration = cfg.reward_model.steps_per_iteration if updates else 0
-  if updates and frozen is not None:
+  if updates and part.enabled:
     # π_ref takes π_θ's adapters at each iteration; zero adapters until then keep the checkpoint's structure
     zero = jax.tree.map(jnp.zeros_like, lora.adapters(method.policy(full(state.params))))
-    method.reference = lora.join(zero, method.reference)
-  recorded = resume_lib.record(cfg)
+    method.use_reference(part.join(zero, method.reference))
 
   def checkpoint_tree(state):
     tree = {"train": state}
     if updates:  # the reference resets each iteration, the reward model and its replay history train
-      tree.update(reference=trained_part(method.reference), **updates.checkpoint_state())
+      tree.update(reference=part.trained(method.reference), **updates.checkpoint_state())
     return tree
 
   def evaluate(params):
     return method.evaluate(method.policy(full(params)), jax.random.PRNGKey(run_cfg.seed + 1))
 
-  position, start, prompts_truncated = 0, 0, None
+  position, start = 0, 0
   if run_cfg.resume and ckpt.latest_step() is not None:
-    tree, meta = ckpt.restore_intact(
-        checkpoint_tree(state), check=lambda meta, step: resume_lib.check_flags(meta.get("flags"), recorded, step,
-                                                                                report.note))
-    dropped = logger.rewind(meta.get("metrics_offset"))  # records of steps after the checkpoint: re-run below
-    if meta.get("lora_base") != lora_base:
-      raise RunError(f"--resume: the checkpoint's trained weights go with the base {meta.get('lora_base')}, this "
-                     f"run's base is {lora_base}")
-    state = tree["train"]
-    if updates:
-      method.reference = tree["reference"] if frozen is None else lora.join(tree["reference"],
-                                                                            lora.split(method.reference)[1])
-      updates.restore(tree)
-    start, position = int(meta["step"]), int(meta["data_position"])
-    prompts_truncated = meta.get("prompts_truncated")  # None in checkpoints saved before it was recorded
-    key = jnp.asarray(meta["key"], jnp.uint32)
-    start_accuracy = meta.get("sft_accuracy", start_accuracy)
-    print(f"resumed from step {start} in {ckpt.directory}" + (
-        f" ({dropped} metrics.jsonl records of later steps dropped)" if dropped else ""), file=sys.stderr)
-  if prompts_truncated is not None:  # the count since the start, the rebuilt offline data's prompts included
-    method.rollouts.prompts_truncated = int(prompts_truncated)
+    state, start, position, key, start_accuracy = _restore(ckpt, checkpoint_tree(state), method, part, updates,
+                                                           lora_base, start_accuracy)
   if prepared:
     logger.log(start, prepared, prefix="data/")
     print("offline data: " + ", ".join(f"{k} {v:.4g}" for k, v in prepared.items()), file=sys.stderr)
@@ -143,59 +125,92 @@ def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointe
       tracer.before(step)
       if per_iteration and step > 1 and (step - 1) % per_iteration == 0:
         # Algorithm 1: each iteration starts with π_ref ← π_θ (a copy: the train state is donated).
-        method.reference = method.policy(full(jax.tree.map(jnp.copy, state.params)))
+        method.use_reference(method.policy(full(jax.tree.map(jnp.copy, state.params))))
       # COLLECT: π_old is the current policy (online methods) or a fixed dataset (offline ones)
       batch, stats, position = method.collect(full(state.params), position, step_key)
       # UPDATE: μ epochs over the method's minibatches
-      t0 = time.time()
-      step_metrics = []
-      for epoch in range(algo.num_epochs):
-        for part in method.minibatches(batch, step_key, epoch, minibatch):
-          state, metrics = train_step(state, part)
-          step_metrics.append(metrics)
-      step_metrics = jax.device_get(step_metrics)  # LOG: one transfer for all of the step's metrics
-      metrics = {k: report.combine(k, [float(m[k]) for m in step_metrics]) for k in step_metrics[0]}
-      update_time = time.time() - t0
-      warm_start.check_finite(metrics, f"{method.name} step {step}")
-      stats.update(metrics, time_update=update_time, optimizer_steps=float(updates_per_step))
-      step_time = stats.get("time_sampling", 0.0) + stats.get("time_scoring", 0.0) + update_time
-      if "generated_tokens" in stats:
-        stats["tokens_per_s"] = stats.pop("generated_tokens") / max(step_time, 1e-9)
+      state, stats = _update(method, train_step, state, batch, stats, step, step_key, minibatch, updates_per_step)
       values = logger.log(step, stats, prefix="train/")
       logger.progress(step, report.progress_line(values))
       tracer.after(step)
       if per_iteration and step % per_iteration == 0:  # ITERATE: the iteration's end, retrain the reward model
-        logger.newline()
-        iteration = step // per_iteration
-        rm_metrics = updates.update(method.policy(full(state.params)), iteration,
-                                    jax.random.fold_in(step_key, 20_000))
-        values = logger.log(step, {"iteration": float(iteration), **rm_metrics}, prefix="rm/")
-        policy_eval = logger.log(step, evaluate(state.params), prefix="iteration/")
-        print(f"iteration {iteration}: held-out accuracy {policy_eval['iteration/accuracy']:.3f}; reward model on "
-              f"fresh policy samples: accuracy {values['rm/before_outcome/accuracy']:.3f} -> "
-              f"{values['rm/after_outcome/accuracy']:.3f}", file=sys.stderr)
+        _retrain_reward_model(updates, method, full(state.params), step // per_iteration, step, step_key, logger,
+                              lambda: evaluate(state.params))
       # EVALUATE AND SAVE
       if cfg.eval.eval_every and step % cfg.eval.eval_every == 0 and step != steps:
         logger.newline()
         values = logger.log(step, evaluate(state.params), prefix="eval/")
         print(f"step {step}: held-out accuracy {values['eval/accuracy']:.3f}", file=sys.stderr)
-      interrupted = signals is not None and signals.stop_requested()  # every process: the same answer
-      if (run_cfg.save_every and step % run_cfg.save_every == 0) or step == steps or step == run_cfg.stop_after \
+      interrupted = ckpt.stop_requested()  # every process: the same answer
+      if (run_cfg.save_every and step % run_cfg.save_every == 0) or step in (steps, run_cfg.stop_after) \
           or interrupted:
-        ckpt.save(step, checkpoint_tree(state), {"step": step, "data_position": position,
-                                                 "key": np.asarray(key).tolist(), "sft_accuracy": start_accuracy,
-                                                 "algo": method.name, "flags": recorded,
-                                                 "metrics_offset": logger.offset(), "lora_base": lora_base,
-                                                 "prompts_truncated": int(method.rollouts.prompts_truncated)})
-      if interrupted:
-        logger.newline()
-        raise preemption.Interrupted(signals.signum, step, "stage-2", ckpt.directory)
+        ckpt.save(step, checkpoint_tree(state), {"data_position": position, "key": np.asarray(key).tolist(),
+                                                 "sft_accuracy": start_accuracy, "algo": method.name,
+                                                 "lora_base": lora_base,
+                                                 "prompts_truncated": int(method.rollouts.prompts_truncated)},
+                  interrupted=interrupted)
       if step == run_cfg.stop_after:
         logger.newline()
         print(f"stopping after step {step} (--stop_after); continue with --resume", file=sys.stderr)
         return method.policy(full(state.params)), start_accuracy, True
   logger.newline()
   return method.policy(full(state.params)), start_accuracy, False
+
+
+def _restore(ckpt: stage_checkpoints.StageCheckpoints, abstract, method: methods_lib.Method,
+             part: lora.TrainedPart, updates, lora_base: dict | None, start_accuracy):
+  """Stage 2 from its newest checkpoint: `(train state, step, data position, key, start accuracy)`; π_ref, the
+  reward model and the truncated-prompt count put back where iterative RL and the rollouts keep them."""
+
+  def same_base(meta):
+    if meta.get("lora_base") != lora_base:
+      raise RunError(f"--resume: the checkpoint's trained weights go with the base {meta.get('lora_base')}, this "
+                     f"run's base is {lora_base}")
+
+  tree, meta = ckpt.restore(abstract, check=same_base)  # records of steps after the checkpoint: re-run
+  if updates:
+    method.use_reference(part.join(tree["reference"], part.split(method.reference)[1]))
+    updates.restore(tree)
+  prompts_truncated = meta.get("prompts_truncated")  # None in checkpoints saved before it was recorded
+  if prompts_truncated is not None:  # the count since the start, the rebuilt offline data's prompts included
+    method.rollouts.prompts_truncated = int(prompts_truncated)
+  return (tree["train"], int(meta["step"]), int(meta["data_position"]), jnp.asarray(meta["key"], jnp.uint32),
+          meta.get("sft_accuracy", start_accuracy))
+
+
+def _update(method: methods_lib.Method, train_step, state, batch, stats: dict, step: int, step_key, minibatch: int,
+            updates_per_step: int):
+  """μ epochs of the method's minibatches of `batch`: `(state, stats)`, the step's metrics (over its minibatches:
+  `report.combine`, brought to the host in one transfer, FloatingPointError if one is not finite) and times added
+  to the collect's `stats`."""
+  t0 = time.time()
+  step_metrics = []
+  for epoch in range(method.cfg.algorithm.num_epochs):
+    for part in method.minibatches(batch, step_key, epoch, minibatch):
+      state, metrics = train_step(state, part)
+      step_metrics.append(metrics)
+  step_metrics = jax.device_get(step_metrics)  # LOG: one transfer for all of the step's metrics
+  metrics = {k: report.combine(k, [float(m[k]) for m in step_metrics]) for k in step_metrics[0]}
+  update_time = time.time() - t0
+  warm_start.check_finite(metrics, f"{method.name} step {step}")
+  stats.update(metrics, time_update=update_time, optimizer_steps=float(updates_per_step))
+  step_time = stats.get("time_sampling", 0.0) + stats.get("time_scoring", 0.0) + update_time
+  if "generated_tokens" in stats:
+    stats["tokens_per_s"] = stats.pop("generated_tokens") / max(step_time, 1e-9)
+  return state, stats
+
+
+def _retrain_reward_model(updates: learned_reward.RewardModelUpdates, method: methods_lib.Method, params,
+                          iteration: int, step: int, step_key, logger, evaluate) -> None:
+  """ITERATE, at an iteration's end (DeepSeekMath Algorithm 1): the reward model retrained on samples of π_θ
+  (`params`), then logged with the policy's held-out metrics (`evaluate()`)."""
+  logger.newline()
+  rm_metrics = updates.update(method.policy(params), iteration, jax.random.fold_in(step_key, 20_000))
+  values = logger.log(step, {"iteration": float(iteration), **rm_metrics}, prefix="rm/")
+  policy_eval = logger.log(step, evaluate(), prefix="iteration/")
+  print(f"iteration {iteration}: held-out accuracy {policy_eval['iteration/accuracy']:.3f}; reward model on "
+        f"fresh policy samples: accuracy {values['rm/before_outcome/accuracy']:.3f} -> "
+        f"{values['rm/after_outcome/accuracy']:.3f}", file=sys.stderr)
 
 
 # THE RUN
@@ -214,13 +229,7 @@ def run(config: config_lib.Config) -> dict:
   work_dir_lock.check_free(work_dir)  # a live run is named first, whatever else its directory holds
   policy_lib.check_inputs(cfg)  # the checkpoints' config.json, --lora_rank against the width
   task_lib.check_files(cfg.task)
-  for directory in (ckpt_dir, sft_ckpt_dir):
-    if not run_cfg.resume and _holds_checkpoints(directory):
-      raise RunError(f"{directory} already holds checkpoints; pass --resume to continue, or choose another "
-                     f"--work_dir")
-  if run_cfg.resume and not (_holds_checkpoints(ckpt_dir) or _holds_checkpoints(sft_ckpt_dir)
-                             or (work_dir / "sft_policy").is_dir()):
-    raise RunError(f"--resume: no checkpoint in {ckpt_dir}")
+  resume_lib.check_start([ckpt_dir, sft_ckpt_dir], run_cfg.resume, resumable=(work_dir / "sft_policy").is_dir())
   placement = placement_lib.Placement.from_config(cfg.mesh)
   plan.check_placement(cfg, placement)
   attention, warning = policy_lib.attention_that_runs(cfg.model)
@@ -232,10 +241,6 @@ def run(config: config_lib.Config) -> dict:
     return _stages(cfg, method_cls, placement, signals)
 
 
-def _holds_checkpoints(directory: pathlib.Path) -> bool:
-  return directory.is_dir() and any(directory.iterdir())
-
-
 def _stages(cfg: config_lib.Config, method_cls, placement: placement_lib.Placement,
             signals: preemption.StopSignals) -> dict:
   """`run` in its locked work dir: stage 1, stage 2, the final evaluation and exports."""
@@ -243,25 +248,19 @@ def _stages(cfg: config_lib.Config, method_cls, placement: placement_lib.Placeme
   work_dir = pathlib.Path(run_cfg.work_dir)
   ckpt_dir, sft_ckpt_dir = work_dir / "checkpoints", work_dir / warm_start.CHECKPOINTS
   if run_cfg.resume:  # refuse other settings before anything (flags.txt included) is written
-    resume_lib.check_before_writing(ckpt_dir if _holds_checkpoints(ckpt_dir) else sft_ckpt_dir,
+    resume_lib.check_before_writing(ckpt_dir if resume_lib.holds_checkpoints(ckpt_dir) else sft_ckpt_dir,
                                     resume_lib.record(cfg), report.note)
-  resumed_stage2 = run_cfg.resume and _holds_checkpoints(ckpt_dir)
+  resumed_stage2 = run_cfg.resume and resume_lib.holds_checkpoints(ckpt_dir)
   main_process = distributed.is_main_process()
-  if run_cfg.wandb_project and main_process:
-    training.wandb_run.check_installed()  # before the model loads
+  logs.check(work_dir, run_cfg)  # before the model loads, and before anything is written
   t_start = time.time()
   work_dir.mkdir(parents=True, exist_ok=True)
-  if run_cfg.wandb_project and run_cfg.resume and main_process:
-    training.wandb_run.stored_run_id(work_dir)  # a damaged id file is named before anything is written
   if main_process:
     (work_dir / "config.json").write_text(json.dumps(resume_lib.record(cfg), indent=2))
   params, model_config, tokenizer, needs_sft, source = policy_lib.load(cfg, placement, method_cls.sft_marker)
   task = task_lib.Task(cfg.task, tokenizer, sft_lineage=needs_sft or policy_lib.sft_lineage(
       source, cfg.task, method_cls.sft_marker), seed=run_cfg.seed)
-  wandb = training.wandb_run.start(work_dir, run_cfg.wandb_project, resume_lib.record(cfg), resume=run_cfg.resume,
-                                   mode=run_cfg.wandb_mode, entity=run_cfg.wandb_entity, name=run_cfg.wandb_run_name
-                                   ) if run_cfg.wandb_project and main_process else None
-  logger = training.MetricsLogger(work_dir, cfg.optim.steps, tensorboard=run_cfg.tensorboard, wandb_run=wandb)
+  logger = logs.start(work_dir, run_cfg, resume_lib.record(cfg), cfg.optim.steps)
   reward_model = learned_reward.make(cfg, tokenizer, model_config, placement)
   lora_targets = config_lib.lora_targets(cfg.model.lora_targets)
   policy_config = lora.lora_config(model_config, rank=cfg.model.lora_rank, alpha=cfg.model.lora_alpha,
@@ -302,18 +301,19 @@ def _stages(cfg: config_lib.Config, method_cls, placement: placement_lib.Placeme
         f"{cfg.rollout.group_size} samples", file=sys.stderr)
   # frozen π_ref: the start policy, a copy (`train` hands `params` to the train state, which deletes them); with
   # LoRA the base itself (the adapters off: no copy of the weights; the base is frozen, never handed over)
-  method.reference = lora.disabled(params) if lora_base else jax.tree.map(jnp.copy, params)
-  if cfg.reward_model.iterations > 1:
-    method.reward_updates = learned_reward.RewardModelUpdates(reward_model, task, rollouts)
-  ckpt = training.Checkpointer(ckpt_dir, max_to_keep=run_cfg.keep_checkpoints)
-  try:
-    policy, start_accuracy, stopped = train(method, params, logger, ckpt, start_accuracy, lora_base, signals)
-  finally:
-    ckpt.close()
+  method.use_reference(lora.disabled(params) if lora_base else jax.tree.map(jnp.copy, params))
+  updates = learned_reward.RewardModelUpdates(reward_model, task, rollouts) if cfg.reward_model.iterations > 1 \
+      else None
+  recorded = resume_lib.record(cfg)
+  check_flags = lambda then, step: resume_lib.check_flags(then, recorded, step, report.note)  # noqa: E731
+  with stage_checkpoints.StageCheckpoints(ckpt_dir, run_cfg.keep_checkpoints, logger, recorded, check_flags,
+                                          "stage-2", signals) as ckpt:
+    policy, start_accuracy, stopped = train(method, params, logger, ckpt, start_accuracy, lora_base, updates)
   if stopped:
     logger.close()
     return {}
-  method.reference, params = None, None  # π_ref and the start policy: their memory free for the final eval and export
+  params = updates = None  # the start policy (and π_ref, below): their memory free for the final eval and export
+  method.use_reference(None)
   t_final = time.time()
   final_eval = method.evaluate(policy, jax.random.PRNGKey(run_cfg.seed + 1))
   logger.log(cfg.optim.steps, final_eval, prefix="eval/")

@@ -22,7 +22,7 @@ tests/test_aot_compile.py checks them against a run's):
   update        the method's objective and optimiser schedule (`plan.update_plan`) through `Placement.train_step`,
                 over a minibatch of [M, P + T] rows in `grad_accum_steps` micro-batches; the train state donated
                 (with LoRA the state holds the adapters and their moments only, and the frozen base is a third,
-                not donated, argument: `loop.train`'s `lora.split`)
+                not donated, argument: `loop.train`'s `lora.TrainedPart`)
   eval_greedy   held-out evaluation's sampler (`evaluation.generate_options`), and eval_samples with
                 --eval_samples=k: k samples per prompt at --eval_temperature
 
@@ -134,9 +134,9 @@ def _train_state(method, params, placement: placement_lib.Placement):
   `loop.train` builds them; with LoRA the state holds the trained leaves only and `frozen` is the rest (the base,
   the policy's own arrays), else None."""
   minibatch, updates_per_step, optimizer = plan.update_plan(method)
-  cut = lora.split if method.cfg.model.lora_rank else (lambda tree: (tree, None))  # (trained, frozen)
-  frozen = cut(params)[1]  # `init_params` keeps the policy's arrays (grpo, online_rft: the policy itself)
-  shapes = jax.eval_shape(lambda p, k: training.init_train_state(cut(method.init_params(p, k))[0], optimizer),
+  part = lora.TrainedPart(enabled=method.cfg.model.lora_rank > 0)  # as `loop.train` cuts it
+  frozen = part.split(params)[1]  # `init_params` keeps the policy's arrays (grpo, online_rft: the policy itself)
+  shapes = jax.eval_shape(lambda p, k: training.init_train_state(part.trained(method.init_params(p, k)), optimizer),
                           params, jax.random.PRNGKey(0))
   shardings = partitioning.state_shardings(placement.mesh, placement.rules, shapes)
   return updates_per_step, minibatch, optimizer, _abstract(shapes, shardings), shardings, frozen

@@ -30,7 +30,7 @@ rules, checkpoints and the scanned layer stack handle them like any weight) and 
 
 import json
 import pathlib
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -102,6 +102,28 @@ def join(a: Params, b: Params) -> Params:
     else:
       out[k] = v
   return out
+
+
+class TrainedPart(NamedTuple):
+  """What a run trains of its params, decided once: with LoRA (`enabled`) the trained leaves (`is_trained`: the
+  adapters, a value head), the rest frozen; without it the whole tree, nothing frozen (the identity).
+
+    part = TrainedPart(enabled=config.lora_rank > 0)
+    trained, frozen = part.split(params)       # frozen: None without LoRA
+    params = part.join(trained, frozen)        # the tree the model applies
+  """
+  enabled: bool
+
+  def split(self, tree: Params) -> tuple[Params, Params | None]:
+    """`(trained, frozen)`; `(tree, None)` without LoRA. No copies."""
+    return split(tree) if self.enabled else (tree, None)
+
+  def trained(self, tree: Params) -> Params:
+    return self.split(tree)[0]
+
+  def join(self, trained: Params, frozen: Params | None) -> Params:
+    """The whole tree again (`trained` itself when `frozen` is None)."""
+    return trained if frozen is None else join(trained, frozen)
 
 
 def adapters(tree: Params) -> Params:
