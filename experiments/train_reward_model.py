@@ -25,7 +25,7 @@ Task, sampling and model flags (--seed, --resume, --save_every and --keep_checkp
 experiments.grpo_math (`experiments/cli.py`); the task, policy loading and placement are the training loop's,
 and so are the checkpoint-directory guard, the optimiser's schedule rule, the logs (W&B continued on --resume)
 and the checkpoints with their resume and stop signals (`experiments/runner/`). From Python:
-`run(runner.config.Config(...), RewardModelConfig(policy=..., rm_kind="prm"))`.
+`run(runner.config.Config(...), RewardModelTrainingConfig(policy=..., rm_kind="prm"))`.
 """
 
 import dataclasses
@@ -36,6 +36,7 @@ import pathlib
 import shutil
 import sys
 import time
+from typing import NamedTuple
 import zipfile
 
 from absl import app
@@ -70,8 +71,9 @@ MAY_CHANGE = config_lib.MAY_CHANGE | {"rm_steps", "rm_eval_every", "rm_overwrite
 
 
 @dataclasses.dataclass(frozen=True)
-class RewardModelConfig:
-  """What this runner adds to the shared `runner.config.Config`: the data, the reward model, its training."""
+class RewardModelTrainingConfig:
+  """What this runner adds to the shared `runner.config.Config`: the data, the reward model, its training (the
+  shared config's `RewardModelConfig` is a learned reward's use in RL)."""
   policy: str = ""
   rm_init: str = ""
   rm_kind: str = "orm"
@@ -110,7 +112,7 @@ class RewardModelConfig:
       raise config_lib.ConfigError("--rm_score=loglik needs an outcome reward model (--rm_kind=orm or orm_steps)")
 
 
-_D = RewardModelConfig()
+_D = RewardModelTrainingConfig()
 # The shared flags (`experiments/cli.py`) this runner does not read: refused unless at their defaults.
 UNREAD = ("model", "init_checkpoint", "tiny_layers", "tiny_hidden_size", "remat_policy", "scan_layers",
           "logprob_chunk", "attention", "lora_rank", "lora_alpha", "lora_targets", "lora_export_peft", "sft_steps",
@@ -163,7 +165,7 @@ flags.DEFINE_bool("rm_overwrite", _D.rm_overwrite, "Replace an existing reward m
 FLAGS = flags.FLAGS
 
 
-def _collect(cfg: config_lib.Config, rmc: RewardModelConfig, params, config, task, examples, key, step_labels):
+def _collect(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, params, config, task, examples, key, step_labels):
   prompts = [task.prompt(e) for e in examples]
   return rm.sample_reward_data(
       params, config, task.tokenizer, examples, prompts, key, kind=rmc.rm_kind,
@@ -173,7 +175,7 @@ def _collect(cfg: config_lib.Config, rmc: RewardModelConfig, params, config, tas
       step_labels=step_labels, max_steps=rmc.rm_max_steps, mc_rollouts=rmc.mc_rollouts)
 
 
-def _load_backbone(path: str, policy_config, model: config_lib.ModelConfig):
+def _load_backbone(path: str, policy_config, model: config_lib.PolicyConfig):
   """--rm_init's params and config, after checking it reads the policy's tokens."""
   rm_dir = pathlib.Path(path)
   if not rm_dir.is_dir():
@@ -192,13 +194,22 @@ def _mixed_problems(data) -> tuple[int, int]:
   return int(np.sum(both)), len(groups)
 
 
-def _record(cfg: config_lib.Config, rmc: RewardModelConfig) -> dict:
+def _record(cfg: config_lib.Config, rmc: RewardModelTrainingConfig) -> dict:
   """Both configs as a checkpoint records them: flag name -> value, JSON-ready."""
   return {**resume_lib.record(cfg), **json.loads(json.dumps(dataclasses.asdict(rmc), default=str))}
 
 
 def _check_flags(recorded: dict | None, now: dict, step: int) -> None:
   resume_lib.check_flags(recorded, now, step, report.note, may_change=MAY_CHANGE, directory_flag="--rm_dir")
+
+
+class _Labelled(NamedTuple):
+  """The labelled samples (`_sample`'s, or the checkpoint's `_load_data`)."""
+  train: rm.RewardData
+  held_out: rm.RewardData
+  hidden: np.ndarray | None  # orm_steps on the synthetic task: exact step labels of held_out, never trained on
+  collect_time: float
+  metrics_offset: int  # metrics.jsonl's length when they were saved
 
 
 def _save_data(ckpt_dir: pathlib.Path, recorded: dict, train, held_out, hidden, collect_time: float,
@@ -219,9 +230,8 @@ def _save_data(ckpt_dir: pathlib.Path, recorded: dict, train, held_out, hidden, 
     tmp.unlink(missing_ok=True)
 
 
-def _load_data(ckpt_dir: pathlib.Path, now: dict):
-  """`_save_data`'s samples, after checking their flags against `now`: (train, held-out, hidden or None,
-  collect time, metrics offset)."""
+def _load_data(ckpt_dir: pathlib.Path, now: dict) -> _Labelled:
+  """`_save_data`'s samples, after checking their flags against `now`."""
   path = ckpt_dir / DATA
   if not path.is_file():
     raise checkpointing.CheckpointError(f"--resume: {ckpt_dir} holds no {DATA} (the labelled samples); start over "
@@ -237,7 +247,7 @@ def _load_data(ckpt_dir: pathlib.Path, now: dict):
     raise checkpointing.CheckpointError(f"{path} cannot be read (damaged?): {cause}; start over with "
                                         "--rm_overwrite") from None
   _check_flags(recorded, now, 0)
-  return (train, held_out, arrays.get("hidden"), float(arrays["collect_time"]), int(arrays["metrics_offset"]))
+  return _Labelled(train, held_out, arrays.get("hidden"), float(arrays["collect_time"]), int(arrays["metrics_offset"]))
 
 
 def _print_eval(name, values):
@@ -245,7 +255,7 @@ def _print_eval(name, values):
   print(f"{name}: " + ", ".join(parts), file=sys.stderr)
 
 
-def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.StopSignals | None = None) -> dict:
+def run(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, signals: preemption.StopSignals | None = None) -> dict:
   """Samples, labels, trains and saves a reward model; returns the summary (also in `<rm_dir>/summary.json`).
 
   Saves the labelled samples once sampled, and the train state every `save_every` steps, under
@@ -254,38 +264,18 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.Stop
   that step and raises `preemption.Interrupted`.
   """
   t_start = time.time()
-  for name in UNREAD:
-    config_lib.refuse_unread(cfg, (name,), "train_reward_model", INSTEAD.get(name, ""))
-  if cfg.mesh.mesh or cfg.mesh.coordinator_address or (cfg.mesh.num_processes or 1) > 1:
-    raise RunError("train_reward_model runs on one device in one process; leave --mesh and the multi-process "
-                   "flags empty")
-  placement = placement_lib.Placement()
-  if not rmc.policy:
-    raise RunError("--policy is required: the HF directory of the policy that samples the data")
-  out_dir = pathlib.Path(rmc.rm_dir)
-  model_dir = out_dir / "reward_model"
-  if model_dir.exists() and not rmc.rm_overwrite:
-    raise RunError(f"{model_dir} already exists; pass --rm_overwrite or choose another --rm_dir")
+  _check(cfg, rmc)
   run_cfg = cfg.run
+  out_dir = pathlib.Path(rmc.rm_dir)
   ckpt_dir = out_dir / CHECKPOINTS
-  resume_lib.check_start([ckpt_dir], run_cfg.resume, directory_flag="--rm_dir", overwrite_flag="--rm_overwrite",
-                         overwrite=rmc.rm_overwrite)
   held = resume_lib.holds_checkpoints(ckpt_dir)
   recorded = _record(cfg, rmc)
-  collected = _load_data(ckpt_dir, recorded) if run_cfg.resume else None  # refuses other flags before any write
+  labelled = _load_data(ckpt_dir, recorded) if run_cfg.resume else None  # refuses other flags before any write
   policy_dir = pathlib.Path(rmc.policy)
-  params, config = placement.load_hf(policy_dir, dtype=cfg.model.dtype, param_dtype=cfg.model.dtype,
-                                     remat=cfg.model.remat)
-  tokenizer = models.load_tokenizer(policy_dir)
-  task = task_lib.Task(cfg.task, tokenizer, sft_lineage=True, seed=run_cfg.seed)
-  step_labels = rmc.rm_step_labels
-  if step_labels == "auto":
-    step_labels = "exact" if cfg.task.task == "synthetic" else "mc_hard"
-  if rmc.rm_kind == "prm" and step_labels == "exact" and cfg.task.task != "synthetic":
-    raise RunError(f"--rm_step_labels=exact needs the synthetic task; --task={cfg.task.task} has no step "
-                             "truth (use mc_hard or mc_soft)")
-  train_examples = [task.train_example(i) for i in range(min(rmc.rm_prompts, len(task.rl_pool)))]
-  eval_examples = task.test[:rmc.rm_eval_prompts]
+  params, config = placement_lib.Placement().load_hf(policy_dir, dtype=cfg.model.dtype, param_dtype=cfg.model.dtype,
+                                                     remat=cfg.model.remat)
+  task = task_lib.Task(cfg.task, models.load_tokenizer(policy_dir), sft_lineage=True, seed=run_cfg.seed)
+  step_labels = _step_labels(cfg, rmc)
   if held and not run_cfg.resume:  # --rm_overwrite: start over
     shutil.rmtree(ckpt_dir)
   logs.check(out_dir, run_cfg)  # a missing wandb or a damaged id file is named before anything is written
@@ -295,129 +285,199 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.Stop
   key = jax.random.PRNGKey(run_cfg.seed)
 
   # COLLECT: samples of the policy, labelled (or, resumed, the checkpoint's)
-  if collected is not None:
-    train_data, eval_data, hidden, collect_time, data_offset = collected
-    print(f"resumed: the labelled samples from {ckpt_dir / DATA}", file=sys.stderr)
-  else:
-    t0 = time.time()
-    print(f"sampling {rmc.rm_samples_per_prompt} completions for {len(train_examples)} training and "
-          f"{len(eval_examples)} held-out problems from {policy_dir} ({rmc.rm_kind}, labels: "
-          f"{'outcome' if rmc.rm_kind in rm.OUTCOME_KINDS else step_labels})", file=sys.stderr)
-    train_data, _ = _collect(cfg, rmc, params, config, task, train_examples, jax.random.fold_in(key, 1),
-                             step_labels)
-    eval_data, eval_texts = _collect(cfg, rmc, params, config, task, eval_examples, jax.random.fold_in(key, 2),
-                                     step_labels)
-    hidden = None  # orm_steps on the synthetic task: exact step labels, never trained on, to check its step scores
-    if rmc.rm_kind == "orm_steps" and cfg.task.task == "synthetic":
-      repeated = [e for e in eval_examples for _ in range(rmc.rm_samples_per_prompt)]
-      hidden, hidden_mask = positions.pad_segments(rm.exact_step_labels(eval_texts, repeated), rmc.rm_max_steps,
-                                                   np.float32)
-      if not np.array_equal(hidden_mask, eval_data.loss_mask):
-        raise RunError("exact step labels and the held-out completions' segments disagree in number")
-    collect_time = time.time() - t0
-    metrics = out_dir / "metrics.jsonl"
-    data_offset = metrics.stat().st_size if metrics.is_file() else 0
-    _save_data(ckpt_dir, recorded, train_data, eval_data, hidden, collect_time, data_offset)
-    if signals is not None and signals.stop_requested():
-      raise preemption.Interrupted(signals.signum, 0, "reward-model training", ckpt_dir)
-  label_rate = float(train_data.labels[train_data.loss_mask].mean())
-  mixed, problems = _mixed_problems(train_data)
-  print(f"{train_data.tokens.shape[0]} training / {eval_data.tokens.shape[0]} held-out completions, "
-        f"{int(train_data.loss_mask.sum())} scored positions, {100 * label_rate:.1f}% labelled right, "
-        f"{100 * float(train_data.outcome.mean()):.1f}% right answers, {mixed} of {problems} problems with both "
-        f"right and wrong samples ({collect_time:.0f} s)", file=sys.stderr)
+  labelled = _collect_labelled(cfg, rmc, labelled, params, config, task, key, step_labels, recorded, signals)
+  train_data = labelled.train
 
   # TRAIN
   # resumed: the same W&B run (REVIEW B1), as the loop's
   logger = logs.start(out_dir, run_cfg, {**cfg.flat(), **dataclasses.asdict(rmc)}, rmc.rm_steps)
-  # --lr_schedule (cosine: the flag is not read here) after a tenth of the steps' warm-up
-  optimizer = optimizer_lib.make_optimizer(cfg.optim, rmc.rm_learning_rate, max(rmc.rm_steps, 1),
-                                           min(cfg.optim.warmup_steps, rmc.rm_steps // 10))
-  backbone, rm_config = params, config
   if rmc.rm_init:
-    backbone, rm_config = _load_backbone(rmc.rm_init, config, cfg.model)
-  if rmc.rm_score == "loglik" and not rm_config.tie_word_embeddings:
+    params, config = _load_backbone(rmc.rm_init, config, cfg.model)
+  if rmc.rm_score == "loglik" and not config.tie_word_embeddings:
     raise RunError(f"--rm_score=loglik needs a backbone whose output layer is its embedding table; "
                    f"{rmc.rm_init or policy_dir} has an untied lm_head, which a reward model does not keep")
-  rm_params = rm.init_reward_params(backbone, rm_config, jax.random.fold_in(key, 3), score=rmc.rm_score)
-  del backbone
-  config = rm_config  # from here on, the reward model's
-  if rmc.rm_freeze_backbone:
-    optimizer = rm.frozen_backbone_optimizer(optimizer)
-  prompt_len = train_data.tokens.shape[1] - cfg.rollout.max_new_tokens  # the padded prompt, then the completion
-  state = training.init_train_state(rm_params, optimizer)
-  train_step = rm.make_reward_train_step(config, optimizer, kind=rmc.rm_kind, loss=rmc.rm_loss, prompt_len=prompt_len,
-                                         freeze_backbone=rmc.rm_freeze_backbone)
+  rm_params = rm.init_reward_params(params, config, jax.random.fold_in(key, 3), score=rmc.rm_score)
+  del params  # from here on, `config` is the reward model's
   ckpt = stage_checkpoints.StageCheckpoints(ckpt_dir, run_cfg.keep_checkpoints, logger, recorded,
                                             lambda then, step: _check_flags(then, recorded, step),
                                             "reward-model training", signals)
   try:
-    done, before = 0, None
-    if run_cfg.resume and ckpt.latest_step() is not None:  # records after the checkpoint: logged again
-      state, meta = ckpt.restore(state)
-      done, before = int(meta["step"]), meta["before"]
-    elif run_cfg.resume:
-      logger.rewind(data_offset)  # the samples' checkpoint: the records of any training steps after it dropped
-    if not done:
-      before = rm.evaluate(state.params, config, eval_data, kind=rmc.rm_kind, step_labels=hidden,
-                           prompt_len=prompt_len)
-      logger.log(0, before, prefix="eval/")
-      _print_eval("held-out before training", before)
-    logger.start(rmc.rm_steps)
-
-    def log(step, values):
-      values = logger.log(step, values, prefix="train/")
-      logger.progress(step, f"loss {values['train/loss']:.4f} acc {values['train/accuracy']:.3f}")
-
-    t0 = time.time()
-    block = rmc.rm_samples_per_prompt if rmc.rm_loss == "pairwise" else 1
-    every = rmc.rm_eval_every or rmc.rm_steps
-    save_every = run_cfg.save_every or rmc.rm_steps
-    while done < rmc.rm_steps:  # chunks end at every logged step, evaluation and save: the same on --resume
-      end = min(rmc.rm_steps, *((done // n + 1) * n for n in (LOG_EVERY, every, save_every)))
-      state, _ = rm.fit(state, train_step, train_data, steps=end - done, batch_size=rmc.rm_batch_size,
-                        seed=run_cfg.seed, start=done, block=block, log_every=LOG_EVERY, log=log)
-      done = end
-      if done == rmc.rm_steps:
-        break
-      if done % every == 0:
-        logger.newline()
-        values = rm.evaluate(state.params, config, eval_data, kind=rmc.rm_kind, step_labels=hidden,
-                             prompt_len=prompt_len)
-        logger.log(done, values, prefix="eval/")
-        _print_eval(f"held-out at step {done}", values)
-      interrupted = ckpt.stop_requested()
-      if done % save_every == 0 or interrupted:
-        ckpt.save(done, state, {"before": {k: float(v) for k, v in before.items()}}, interrupted=interrupted)
+    state, before, train_time = _fit(cfg, rmc, rm_params, config, labelled, logger, ckpt)
   except BaseException:
     logger.close()  # an interrupted or failed run closes its logs and finishes its W&B run, as the loop's does
     raise
   finally:
     ckpt.close()
-  logger.newline()
-  train_time = time.time() - t0
-  after = rm.evaluate(state.params, config, eval_data, kind=rmc.rm_kind, step_labels=hidden, prompt_len=prompt_len)
+  prompt_len = train_data.tokens.shape[1] - cfg.rollout.max_new_tokens
+  after = rm.evaluate(state.params, config, labelled.held_out, kind=rmc.rm_kind, step_labels=labelled.hidden,
+                      prompt_len=prompt_len)
   train_fit = rm.evaluate(state.params, config, train_data, kind=rmc.rm_kind, prompt_len=prompt_len)
   logger.log(rmc.rm_steps, after, prefix="eval/")
   logger.close()
   _print_eval("held-out after training", after)
 
   # SAVE
-  with training.atomic_directory(model_dir) as tmp:  # whole or not at all: a half-written one is never used
+  with training.atomic_directory(out_dir / "reward_model") as tmp:  # whole or not at all: never half-written
     rm.save_reward_model(state.params, config, tmp, kind=rmc.rm_kind, tokenizer_dir=policy_dir)
-  summary = {"kind": rmc.rm_kind, "loss": rmc.rm_loss, "score": rmc.rm_score,
-             **({"alpha": float(state.params["alpha"])} if "alpha" in state.params else {}),
-             "frozen_backbone": rmc.rm_freeze_backbone, "backbone": rmc.rm_init or str(policy_dir),
-             "step_labels": "outcome" if rmc.rm_kind in rm.OUTCOME_KINDS else step_labels,
-             "train_completions": int(train_data.tokens.shape[0]), "eval_completions": int(eval_data.tokens.shape[0]),
-             "train_answer_accuracy": float(train_data.outcome.mean()),
-             "train_problems": problems, "train_mixed_problems": mixed,
-             "eval_answer_accuracy": float(eval_data.outcome.mean()),
-             **{f"before/{k}": v for k, v in before.items()}, **{f"after/{k}": v for k, v in after.items()},
-             **{f"train/{k}": v for k, v in train_fit.items()},
-             "time_collect_s": collect_time, "time_train_s": train_time, "time_total_s": time.time() - t_start}
+  summary = _summary(rmc, state.params, labelled, step_labels, before, after, train_fit,
+                     {"time_collect_s": labelled.collect_time, "time_train_s": train_time,
+                      "time_total_s": time.time() - t_start})
   training.atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2))
   shutil.rmtree(ckpt_dir, ignore_errors=True)  # the reward model is saved: the samples and states are spent
+  report.print_table(f"reward model ({rmc.rm_kind})", _summary_rows(summary, before, after, train_fit))
+  print(f"reward model: {out_dir / 'reward_model'}")
+  return summary
+
+
+def _summary(rmc: RewardModelTrainingConfig, params, labelled: _Labelled, step_labels: str, before: dict,
+             after: dict, train_fit: dict, times: dict) -> dict:
+  """What `summary.json` records: the reward model, its data, held-out metrics before and after, its fit to its
+  training samples, the times."""
+  train_data, held_out = labelled.train, labelled.held_out
+  mixed, problems = _mixed_problems(train_data)
+  return {"kind": rmc.rm_kind, "loss": rmc.rm_loss, "score": rmc.rm_score,
+          **({"alpha": float(params["alpha"])} if "alpha" in params else {}),
+          "frozen_backbone": rmc.rm_freeze_backbone, "backbone": rmc.rm_init or str(pathlib.Path(rmc.policy)),
+          "step_labels": "outcome" if rmc.rm_kind in rm.OUTCOME_KINDS else step_labels,
+          "train_completions": int(train_data.tokens.shape[0]), "eval_completions": int(held_out.tokens.shape[0]),
+          "train_answer_accuracy": float(train_data.outcome.mean()),
+          "train_problems": problems, "train_mixed_problems": mixed,
+          "eval_answer_accuracy": float(held_out.outcome.mean()),
+          **{f"before/{k}": v for k, v in before.items()}, **{f"after/{k}": v for k, v in after.items()},
+          **{f"train/{k}": v for k, v in train_fit.items()}, **times}
+
+
+def _check(cfg: config_lib.Config, rmc: RewardModelTrainingConfig) -> None:
+  """The flags this runner refuses, and its output directory's guard (RunError or ConfigError with one line)."""
+  for name in UNREAD:
+    config_lib.refuse_unread(cfg, (name,), "train_reward_model", INSTEAD.get(name, ""))
+  if cfg.mesh.mesh or cfg.mesh.coordinator_address or (cfg.mesh.num_processes or 1) > 1:
+    raise RunError("train_reward_model runs on one device in one process; leave --mesh and the multi-process "
+                   "flags empty")
+  if not rmc.policy:
+    raise RunError("--policy is required: the HF directory of the policy that samples the data")
+  model_dir = pathlib.Path(rmc.rm_dir) / "reward_model"
+  if model_dir.exists() and not rmc.rm_overwrite:
+    raise RunError(f"{model_dir} already exists; pass --rm_overwrite or choose another --rm_dir")
+  resume_lib.check_start([pathlib.Path(rmc.rm_dir) / CHECKPOINTS], cfg.run.resume, directory_flag="--rm_dir",
+                         overwrite_flag="--rm_overwrite", overwrite=rmc.rm_overwrite)
+
+
+def _step_labels(cfg: config_lib.Config, rmc: RewardModelTrainingConfig) -> str:
+  """--rm_step_labels resolved: auto is exact on the synthetic task, else mc_hard."""
+  step_labels = rmc.rm_step_labels
+  if step_labels == "auto":
+    step_labels = "exact" if cfg.task.task == "synthetic" else "mc_hard"
+  if rmc.rm_kind == "prm" and step_labels == "exact" and cfg.task.task != "synthetic":
+    raise RunError(f"--rm_step_labels=exact needs the synthetic task; --task={cfg.task.task} has no step "
+                   "truth (use mc_hard or mc_soft)")
+  return step_labels
+
+
+def _collect_labelled(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, labelled: _Labelled | None, params,
+                      config, task, key, step_labels: str, recorded: dict,
+                      signals: preemption.StopSignals | None) -> _Labelled:
+  """COLLECT: the checkpoint's labelled samples (`labelled`, on --resume), or the policy's, sampled and saved (then
+  `preemption.Interrupted` if a stop signal came meanwhile); a line of their statistics."""
+  ckpt_dir = pathlib.Path(rmc.rm_dir) / CHECKPOINTS
+  if labelled is not None:
+    print(f"resumed: the labelled samples from {ckpt_dir / DATA}", file=sys.stderr)
+  else:
+    labelled = _sample(cfg, rmc, params, config, task, key, step_labels)
+    _save_data(ckpt_dir, recorded, *labelled)
+    if signals is not None and signals.stop_requested():
+      raise preemption.Interrupted(signals.signum, 0, "reward-model training", ckpt_dir)
+  train_data = labelled.train
+  label_rate = float(train_data.labels[train_data.loss_mask].mean())
+  mixed, problems = _mixed_problems(train_data)
+  print(f"{train_data.tokens.shape[0]} training / {labelled.held_out.tokens.shape[0]} held-out completions, "
+        f"{int(train_data.loss_mask.sum())} scored positions, {100 * label_rate:.1f}% labelled right, "
+        f"{100 * float(train_data.outcome.mean()):.1f}% right answers, {mixed} of {problems} problems with both "
+        f"right and wrong samples ({labelled.collect_time:.0f} s)", file=sys.stderr)
+  return labelled
+
+
+def _sample(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, params, config, task, key,
+            step_labels: str) -> _Labelled:
+  """COLLECT: the policy's completions of --rm_prompts training and --rm_eval_prompts held-out problems,
+  labelled."""
+  t0 = time.time()
+  train_examples = [task.train_example(i) for i in range(min(rmc.rm_prompts, len(task.rl_pool)))]
+  eval_examples = task.test[:rmc.rm_eval_prompts]
+  print(f"sampling {rmc.rm_samples_per_prompt} completions for {len(train_examples)} training and "
+        f"{len(eval_examples)} held-out problems from {pathlib.Path(rmc.policy)} ({rmc.rm_kind}, labels: "
+        f"{'outcome' if rmc.rm_kind in rm.OUTCOME_KINDS else step_labels})", file=sys.stderr)
+  train_data, _ = _collect(cfg, rmc, params, config, task, train_examples, jax.random.fold_in(key, 1),
+                           step_labels)
+  eval_data, eval_texts = _collect(cfg, rmc, params, config, task, eval_examples, jax.random.fold_in(key, 2),
+                                   step_labels)
+  hidden = None  # orm_steps on the synthetic task: exact step labels, never trained on, to check its step scores
+  if rmc.rm_kind == "orm_steps" and cfg.task.task == "synthetic":
+    repeated = [e for e in eval_examples for _ in range(rmc.rm_samples_per_prompt)]
+    hidden, hidden_mask = positions.pad_segments(rm.exact_step_labels(eval_texts, repeated), rmc.rm_max_steps,
+                                                 np.float32)
+    if not np.array_equal(hidden_mask, eval_data.loss_mask):
+      raise RunError("exact step labels and the held-out completions' segments disagree in number")
+  metrics = pathlib.Path(rmc.rm_dir) / "metrics.jsonl"
+  return _Labelled(train_data, eval_data, hidden, time.time() - t0, metrics.stat().st_size if metrics.is_file() else 0)
+
+
+def _fit(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, rm_params, config, labelled: _Labelled, logger,
+         ckpt: stage_checkpoints.StageCheckpoints):
+  """TRAIN: --rm_steps optimiser steps (continued from `ckpt` on --resume), held-out evaluation every
+  --rm_eval_every, a checkpoint every --save_every; returns `(train state, held-out metrics before, train time)`."""
+  # --lr_schedule (cosine: the flag is not read here) after a tenth of the steps' warm-up
+  optimizer = optimizer_lib.make_optimizer(cfg.optim, rmc.rm_learning_rate, max(rmc.rm_steps, 1),
+                                           min(cfg.optim.warmup_steps, rmc.rm_steps // 10))
+  if rmc.rm_freeze_backbone:
+    optimizer = rm.frozen_backbone_optimizer(optimizer)
+  prompt_len = labelled.train.tokens.shape[1] - cfg.rollout.max_new_tokens  # the padded prompt, then the completion
+  state = training.init_train_state(rm_params, optimizer)
+  train_step = rm.make_reward_train_step(config, optimizer, kind=rmc.rm_kind, loss=rmc.rm_loss, prompt_len=prompt_len,
+                                         freeze_backbone=rmc.rm_freeze_backbone)
+  evaluate = lambda params: rm.evaluate(params, config, labelled.held_out, kind=rmc.rm_kind,  # noqa: E731
+                                        step_labels=labelled.hidden, prompt_len=prompt_len)
+  done, before = 0, None
+  if cfg.run.resume and ckpt.latest_step() is not None:  # records after the checkpoint: logged again
+    state, meta = ckpt.restore(state)
+    done, before = int(meta["step"]), meta["before"]
+  elif cfg.run.resume:
+    logger.rewind(labelled.metrics_offset)  # the samples' checkpoint: the records of any training steps after it
+  if not done:
+    before = evaluate(state.params)
+    logger.log(0, before, prefix="eval/")
+    _print_eval("held-out before training", before)
+  logger.start(rmc.rm_steps)
+
+  def log(step, values):
+    values = logger.log(step, values, prefix="train/")
+    logger.progress(step, f"loss {values['train/loss']:.4f} acc {values['train/accuracy']:.3f}")
+
+  t0 = time.time()
+  block = rmc.rm_samples_per_prompt if rmc.rm_loss == "pairwise" else 1
+  every = rmc.rm_eval_every or rmc.rm_steps
+  save_every = cfg.run.save_every or rmc.rm_steps
+  while done < rmc.rm_steps:  # chunks end at every logged step, evaluation and save: the same on --resume
+    end = min(rmc.rm_steps, *((done // n + 1) * n for n in (LOG_EVERY, every, save_every)))
+    state, _ = rm.fit(state, train_step, labelled.train, steps=end - done, batch_size=rmc.rm_batch_size,
+                      seed=cfg.run.seed, start=done, block=block, log_every=LOG_EVERY, log=log)
+    done = end
+    if done == rmc.rm_steps:
+      break
+    if done % every == 0:
+      logger.newline()
+      values = evaluate(state.params)
+      logger.log(done, values, prefix="eval/")
+      _print_eval(f"held-out at step {done}", values)
+    interrupted = ckpt.stop_requested()
+    if done % save_every == 0 or interrupted:
+      ckpt.save(done, state, {"before": {k: float(v) for k, v in before.items()}}, interrupted=interrupted)
+  logger.newline()
+  return state, before, time.time() - t0
+
+
+def _summary_rows(summary: dict, before: dict, after: dict, train_fit: dict) -> list[tuple[str, str]]:
+  """The closing table: held-out accuracy and AUC before -> after, the within-problem AUC, the times."""
   rows = [("held-out completions", f"{summary['eval_completions']}"),
           ("policy answer accuracy (held-out samples)", f"{100 * summary['eval_answer_accuracy']:.1f}%")]
   for level in ("outcome", "step"):
@@ -429,21 +489,20 @@ def run(cfg: config_lib.Config, rmc: RewardModelConfig, signals: preemption.Stop
   rows.append(("outcome AUC within problems, before -> after",
                f"{before['outcome/group_auc']:.3f} -> {after['outcome/group_auc']:.3f} "
                f"({int(after['outcome/group_pairs'])} right/wrong pairs; what GRPO sees)"))
+  mixed, problems = summary["train_mixed_problems"], summary["train_problems"]
   rows.append(("the same on its training samples", f"{train_fit['outcome/group_auc']:.3f} ({mixed} of {problems} "
                "training problems have both right and wrong samples; far above the held-out value: memorised, "
                "not learnt)"))
-  rows.append(("wall time", f"{summary['time_total_s']:.0f} s (sampling and labels {collect_time:.0f} s, "
-               f"training {train_time:.0f} s)"))
-  report.print_table(f"reward model ({rmc.rm_kind})", rows)
-  print(f"reward model: {model_dir}")
-  return summary
+  rows.append(("wall time", f"{summary['time_total_s']:.0f} s (sampling and labels {summary['time_collect_s']:.0f} "
+               f"s, training {summary['time_train_s']:.0f} s)"))
+  return rows
 
 
-
-def config_from_flags() -> tuple[config_lib.Config, RewardModelConfig]:
+def config_from_flags() -> tuple[config_lib.Config, RewardModelTrainingConfig]:
   """The shared config and this runner's, from the parsed flags."""
   return (cli.config_from_flags(),
-          RewardModelConfig(**{f.name: FLAGS[f.name].value for f in dataclasses.fields(RewardModelConfig)}))
+          RewardModelTrainingConfig(**{f.name: FLAGS[f.name].value
+                                       for f in dataclasses.fields(RewardModelTrainingConfig)}))
 
 
 def _job(config: config_lib.Config) -> dict:

@@ -209,7 +209,7 @@ def largest_traced_arrays(jaxpr, n: int = 3) -> list[str]:
 # THE RUN'S SHAPES
 
 
-def policy_config(model: config_lib.ModelConfig, platform: str = "cpu") -> models.ModelConfig:
+def policy_config(model: config_lib.PolicyConfig, platform: str = "cpu") -> models.ModelConfig:
   """The policy's ModelConfig as the runner loads it on `platform` (`policy.load`; `--attention=auto` picks by the
   platform), from a named shape, an HF checkpoint directory's config.json, or (empty `--model`) the embedded tiny
   model."""

@@ -56,7 +56,7 @@ def _tiny_reward_model(path) -> str:
   """A reward-model directory of the tiny policy's shapes (`--tiny_layers=1`), as experiments.train_reward_model
   writes one."""
   from grpo_jax import reward_models  # pylint: disable=import-outside-toplevel
-  config = models.tiny_config(**policy.tiny_overrides(config_lib.ModelConfig(tiny_layers=1)))
+  config = models.tiny_config(**policy.tiny_overrides(config_lib.PolicyConfig(tiny_layers=1)))
   reward_models.save_reward_model(models.init_scalar_params(config, jax.random.key(0)), config, path, kind="orm")
   return str(path)
 
@@ -347,11 +347,11 @@ def test_bad_flags_are_one_line(tmp_path):
 def test_tiny_model_is_the_runners():
   # An empty --model compiles the model the runner builds for the same --tiny_layers / --tiny_hidden_size.
   for layers, hidden in ((4, 128), (1, 32)):
-    model = config_lib.ModelConfig(tiny_layers=layers, tiny_hidden_size=hidden, dtype="bfloat16", scan_layers=True)
+    model = config_lib.PolicyConfig(tiny_layers=layers, tiny_hidden_size=hidden, dtype="bfloat16", scan_layers=True)
     runner = models.tiny_config(**policy.tiny_overrides(model), **policy.runtime(model))
     assert aot.policy_config(model) == runner
     assert runner.num_hidden_layers == layers and runner.hidden_size == hidden and runner.scan_layers
-  assert aot.policy_config(config_lib.ModelConfig(model="qwen2.5-1.5b")).hidden_size == 1536
+  assert aot.policy_config(config_lib.PolicyConfig(model="qwen2.5-1.5b")).hidden_size == 1536
 
 
 @pytest.mark.devices(8)

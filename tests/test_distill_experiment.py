@@ -22,7 +22,7 @@ _RUN = dict(algo="distill", tiny_layers=1, tiny_hidden_size=32, sft_steps=0, ste
 
 def _teacher(path, hidden_size=64, vocab_size=None):
   """A tiny model wider than the student, its logits sharpened (final norm x 4), saved as an HF checkpoint."""
-  model = config_lib.ModelConfig(tiny_layers=1, tiny_hidden_size=hidden_size)
+  model = config_lib.PolicyConfig(tiny_layers=1, tiny_hidden_size=hidden_size)
   config = models.tiny_config(**policy.tiny_overrides(model), **policy.runtime(model))
   if vocab_size:
     config = config.replace(vocab_size=vocab_size)
@@ -35,7 +35,7 @@ def _teacher(path, hidden_size=64, vocab_size=None):
 def _student_and_low_rank_teacher(tmp_path):
   """The embedded student (seed 0), and a teacher that differs from it by a rank-2 change of its MLP's down
   projection: a change that LoRA adapters of rank >= 2 on `down` can represent exactly."""
-  model = config_lib.ModelConfig(tiny_layers=1, tiny_hidden_size=32)
+  model = config_lib.PolicyConfig(tiny_layers=1, tiny_hidden_size=32)
   student = models.build_default_checkpoint(tmp_path / "student", seed=0, **policy.tiny_overrides(model))
   params, config = models.load_hf(student)
   kernel = params["layers_0"]["mlp"]["down_proj"]["kernel"]  # [96, 32]
@@ -128,7 +128,7 @@ def test_the_teacher_runs_with_the_policys_attention(tmp_path):
   from experiments.runner import placement as placement_lib  # pylint: disable=import-outside-toplevel
   teacher = _teacher(tmp_path / "teacher")
   config = config_lib.Config().replace(**_RUN, teacher_checkpoint=str(teacher))
-  model = config_lib.ModelConfig(tiny_layers=1, tiny_hidden_size=32)
+  model = config_lib.PolicyConfig(tiny_layers=1, tiny_hidden_size=32)
   policy_config = models.tiny_config(**policy.tiny_overrides(model), **policy.runtime(model)).replace(attention="xla")
   rollouts = methods.Rollouts(config, policy_config, None, None, placement_lib.Placement())
   method = methods.METHODS["distill"](config, policy_config, None, rollouts, None)

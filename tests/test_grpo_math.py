@@ -197,7 +197,7 @@ def test_scanned_layers_train_and_export_hf(tmp_path):
 def test_attention_that_runs_by_backend():
   from experiments.runner import config as config_lib  # pylint: disable=import-outside-toplevel
   from experiments.runner import policy  # pylint: disable=import-outside-toplevel
-  model = lambda attention, dtype="bfloat16": config_lib.ModelConfig(attention=attention, dtype=dtype)  # noqa: E731
+  model = lambda attention, dtype="bfloat16": config_lib.PolicyConfig(attention=attention, dtype=dtype)  # noqa: E731
   assert policy.attention_that_runs(model("cudnn"), "gpu") == ("cudnn", "")
   assert policy.attention_that_runs(model("pallas"), "tpu") == ("pallas", "")
   for name in ("auto", "einsum", "xla"):

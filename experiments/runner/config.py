@@ -17,7 +17,7 @@ from typing import Any
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
+class PolicyConfig:
   """The policy: an HF checkpoint, or the embedded tiny model built and warm-started by SFT."""
   model: str = ""  # HF checkpoint directory; empty: the embedded tiny model
   init_checkpoint: str = ""  # HF directory of the starting policy (skips SFT)
@@ -224,7 +224,7 @@ class MeshConfig:
   forward_memory_budget: float = 0.0
 
 
-SECTIONS = {"model": ModelConfig, "task": TaskConfig, "sft": SFTConfig, "rollout": RolloutConfig,
+SECTIONS = {"model": PolicyConfig, "task": TaskConfig, "sft": SFTConfig, "rollout": RolloutConfig,
             "algorithm": AlgorithmConfig, "optim": OptimConfig, "reward_model": RewardModelConfig,
             "agent": AgentConfig, "eval": EvalConfig, "run": RunConfig, "mesh": MeshConfig}
 
@@ -259,7 +259,7 @@ class RunError(Exception):
 @dataclasses.dataclass(frozen=True)
 class Config:
   """A whole run: the sections above. Unset method-dependent values are resolved on construction."""
-  model: ModelConfig = ModelConfig()
+  model: PolicyConfig = PolicyConfig()
   task: TaskConfig = TaskConfig()
   sft: SFTConfig = SFTConfig()
   rollout: RolloutConfig = RolloutConfig()

@@ -19,13 +19,13 @@ from grpo_jax import training
 SFT_MARKER = "grpo_jax_sft.json"  # in a run's sft_policy: it was fine-tuned on the first --sft_examples problems
 
 
-def tiny_overrides(config: config_lib.ModelConfig) -> dict:
+def tiny_overrides(config: config_lib.PolicyConfig) -> dict:
   """The embedded model's size from the config (`models.build_default_checkpoint` keywords)."""
   return dict(num_hidden_layers=config.tiny_layers, hidden_size=config.tiny_hidden_size,
               intermediate_size=3 * config.tiny_hidden_size)
 
 
-def runtime(config: config_lib.ModelConfig, platform: str | None = None) -> dict:
+def runtime(config: config_lib.PolicyConfig, platform: str | None = None) -> dict:
   """The policy's `models.ModelConfig` runtime keywords (dtype, remat, layer scan, attention) from the run's config;
   `--attention=auto` resolved for `platform` (default: JAX's default backend)."""
   return dict(dtype=config.dtype, param_dtype=config.dtype, remat=config.remat, remat_policy=config.remat_policy,
@@ -37,7 +37,7 @@ def runtime(config: config_lib.ModelConfig, platform: str | None = None) -> dict
 _KERNEL_NEEDS = {"cudnn": (("gpu", "cuda"), "an NVIDIA GPU and --dtype=bfloat16"), "pallas": (("tpu",), "a TPU")}
 
 
-def attention_that_runs(config: config_lib.ModelConfig, platform: str | None = None) -> tuple[str, str]:
+def attention_that_runs(config: config_lib.PolicyConfig, platform: str | None = None) -> tuple[str, str]:
   """`(attention, warning)`: the `--attention` value this run can use on `platform` (default: JAX's backend), and
   a one-line warning when that is not the value asked for (cudnn off an NVIDIA GPU or in float32, pallas off a
   TPU: xla instead); "" when it is."""
@@ -53,7 +53,7 @@ def attention_that_runs(config: config_lib.ModelConfig, platform: str | None = N
                  f"instead (config.json records xla)")
 
 
-def check_start(config: config_lib.ModelConfig) -> None:
+def check_start(config: config_lib.PolicyConfig) -> None:
   """Reads the config.json of the `--init_checkpoint` or `--model` checkpoint, before the run writes anything or
   allocates a weight: raises `models.CheckpointError` naming a missing or unreadable one, and RunError when
   `--lora_rank` exceeds its width (hidden size)."""

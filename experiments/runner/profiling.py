@@ -72,7 +72,7 @@ class StepTracer:
 
 
 @dataclasses.dataclass(frozen=True)
-class Program:
+class ProgramProfile:
   """One compiled program's XLA op events in a trace.
 
   Attributes:
@@ -131,13 +131,13 @@ def _kernel_kind(name: str) -> str:
   return re.sub(r"[._]\d+$", "", name)
 
 
-def _program(name: str, spans: list, evs: list, kind) -> Program:
+def _program(name: str, spans: list, evs: list, kind) -> ProgramProfile:
   total = sum(float(e.get("dur", 0.0)) for e in evs)
   kinds = collections.Counter()
   for e in evs:
     kinds[kind(e)] += float(e.get("dur", 0.0))
   runs = max(len(spans), 1)
-  return Program(name=name, runs=len(spans), span_ms=sum(b - a for a, b in spans) / runs / 1e3,
+  return ProgramProfile(name=name, runs=len(spans), span_ms=sum(b - a for a, b in spans) / runs / 1e3,
                  op_ms=total / runs / 1e3,
                  kinds=tuple((k, v / total if total else 0.0) for k, v in kinds.most_common()))
 
@@ -158,7 +158,7 @@ def _launches(events, device_pids: set) -> dict:
   return {k: sorted(v) for k, v in {**thunks, **named}.items()}
 
 
-def _device_programs(events) -> tuple[list[Program], set]:
+def _device_programs(events) -> tuple[list[ProgramProfile], set]:
   """The programs of the accelerators' processes (`/device:GPU:0`, `/device:TPU:0`, ...). With xprof's derived
   lines, each event of the XLA Modules line is a run (its span), and the ops of the XLA Ops line (or, without one,
   of the stream lines) that start inside it are its ops. Without them (a GPU trace as jax writes it: only stream
@@ -212,7 +212,7 @@ def _device_programs(events) -> tuple[list[Program], set]:
   return programs, pids
 
 
-def summarize(trace_dir) -> list[Program]:
+def summarize(trace_dir) -> list[ProgramProfile]:
   """The programs of a trace, by total op time, largest first.
 
   On an accelerator (a GPU's or TPU's process), from its XLA Modules and XLA Ops lines (`_device_programs`); on the
@@ -244,14 +244,15 @@ def summarize(trace_dir) -> list[Program]:
     for e in evs:
       kinds[re.sub(r"\.\d+$", "", str(e["args"]["hlo_op"]))] += float(e.get("dur", 0.0))
     spans = [max(e["ts"] + e.get("dur", 0.0) for e in r) - min(e["ts"] for e in r) for r in by_run.values()]
-    programs.append(Program(
+    programs.append(ProgramProfile(
         name=name, runs=runs, span_ms=sum(spans) / runs / 1e3 if runs else 0.0,
         op_ms=total / max(runs, 1) / 1e3,
         kinds=tuple((k, v / total if total else 0.0) for k, v in kinds.most_common())))
   return sorted(programs, key=lambda p: -p.op_ms * max(p.runs, 1))
 
 
-def format_table(programs: list[Program], steps: int | None = None, top: int = 4, min_share: float = 0.001) -> str:
+def format_table(programs: list[ProgramProfile], steps: int | None = None, top: int = 4,
+                 min_share: float = 0.001) -> str:
   """A Markdown table of `summarize`'s programs that hold at least `min_share` of the trace's op time (the rest,
   such as a runner's eager ops, summed in a last line); with `steps`, each program's op time per traced step too."""
   total = lambda p: p.op_ms * max(p.runs, 1)

@@ -251,11 +251,10 @@ def _stages(cfg: config_lib.Config, method_cls, placement: placement_lib.Placeme
     resume_lib.check_before_writing(ckpt_dir if resume_lib.holds_checkpoints(ckpt_dir) else sft_ckpt_dir,
                                     resume_lib.record(cfg), report.note)
   resumed_stage2 = run_cfg.resume and resume_lib.holds_checkpoints(ckpt_dir)
-  main_process = distributed.is_main_process()
   logs.check(work_dir, run_cfg)  # before the model loads, and before anything is written
-  t_start = time.time()
+  times = {"start": time.time()}
   work_dir.mkdir(parents=True, exist_ok=True)
-  if main_process:
+  if distributed.is_main_process():
     (work_dir / "config.json").write_text(json.dumps(resume_lib.record(cfg), indent=2))
   params, model_config, tokenizer, needs_sft, source = policy_lib.load(cfg, placement, method_cls.sft_marker)
   task = task_lib.Task(cfg.task, tokenizer, sft_lineage=needs_sft or policy_lib.sft_lineage(
@@ -271,18 +270,10 @@ def _stages(cfg: config_lib.Config, method_cls, placement: placement_lib.Placeme
         f"params); task {cfg.task.task}: {len(task.train)} train / {len(task.test)} held-out problems",
         file=sys.stderr)
 
-  t_sft = time.time()
+  times["sft"] = time.time()
   if needs_sft:
-    demos = method.demonstrations()
-    print(f"stage 1: SFT warm start, {cfg.sft.sft_steps} steps on {len(demos.pairs)} demonstrations",
-          file=sys.stderr)
-    params = warm_start.warm_start(params, model_config, demos, cfg, logger, tokenizer.pad_token_id or 0, placement,
-                                   signals)
-    policy_lib.export(params, model_config, source, work_dir / "sft_policy",
-                      {method.sft_marker: policy_lib.sft_marker(cfg.task.task, cfg.task.sft_examples, run_cfg.seed)})
-    warm_start.remove_checkpoints(sft_ckpt_dir)  # stage 1 is done: a resumed run starts from sft_policy
-    if signals.stop_requested():
-      raise preemption.Interrupted(signals.signum, cfg.sft.sft_steps, "SFT", work_dir / "sft_policy")
+    params = _stage1(cfg, method, params, model_config, source, logger, tokenizer.pad_token_id or 0, placement,
+                     signals)
   elif signals.stop_requested():
     raise preemption.Interrupted(signals.signum, 0, "stage-2")
   lora_base = None
@@ -294,51 +285,95 @@ def _stages(cfg: config_lib.Config, method_cls, placement: placement_lib.Placeme
     start_eval = logger.log(0, method.evaluate(params, jax.random.PRNGKey(run_cfg.seed + 1)), prefix="eval/")
     start_eval = {k[len("eval/"):]: v for k, v in start_eval.items()}
     print(f"start policy: held-out accuracy {start_eval['accuracy']:.3f}", file=sys.stderr)
-  start_accuracy = start_eval.get("accuracy")  # on --resume it comes from the checkpoint
 
-  t_rl = time.time()
+  times["rl"] = time.time()
+  policy, start_accuracy = _stage2(method, params, logger, start_eval.get("accuracy"), lora_base, reward_model,
+                                   signals)
+  if policy is None:  # --stop_after
+    logger.close()
+    return {}
+  params = None  # the start policy: its memory free for the final evaluation and export
+  times["final"] = time.time()
+  final_eval, validation = _evaluate_and_export(method, policy, lora_base, source, logger)
+  logger.close()
+  return _summary(method, start_accuracy, start_eval, final_eval, validation, times)
+
+
+def _stage1(cfg: config_lib.Config, method: methods_lib.Method, params, model_config, source, logger, pad_id: int,
+            placement: placement_lib.Placement, signals: preemption.StopSignals):
+  """STAGE 1: the SFT warm start on the method's demonstrations, exported as `sft_policy` (a resumed run starts
+  from there: the stage's checkpoints are removed); returns the fine-tuned params."""
+  work_dir = pathlib.Path(cfg.run.work_dir)
+  demos = method.demonstrations()
+  print(f"stage 1: SFT warm start, {cfg.sft.sft_steps} steps on {len(demos.pairs)} demonstrations",
+        file=sys.stderr)
+  params = warm_start.warm_start(params, model_config, demos, cfg, logger, pad_id, placement, signals)
+  policy_lib.export(params, model_config, source, work_dir / "sft_policy",
+                    {method.sft_marker: policy_lib.sft_marker(cfg.task.task, cfg.task.sft_examples, cfg.run.seed)})
+  warm_start.remove_checkpoints(work_dir / warm_start.CHECKPOINTS)  # stage 1 is done
+  if signals.stop_requested():
+    raise preemption.Interrupted(signals.signum, cfg.sft.sft_steps, "SFT", work_dir / "sft_policy")
+  return params
+
+
+def _stage2(method: methods_lib.Method, params, logger, start_accuracy, lora_base: dict | None, reward_model,
+            signals: preemption.StopSignals):
+  """STAGE 2 around `train`: π_ref and iterative RL's reward-model updates passed in, the checkpoints opened;
+  returns `(final policy, the start policy's accuracy)`, the policy None when `--stop_after` stopped the run."""
+  cfg = method.cfg
   print(f"stage 2: {method.name}, {cfg.optim.steps} steps of {cfg.rollout.batch_size} prompts x "
         f"{cfg.rollout.group_size} samples", file=sys.stderr)
   # frozen π_ref: the start policy, a copy (`train` hands `params` to the train state, which deletes them); with
   # LoRA the base itself (the adapters off: no copy of the weights; the base is frozen, never handed over)
   method.use_reference(lora.disabled(params) if lora_base else jax.tree.map(jnp.copy, params))
-  updates = learned_reward.RewardModelUpdates(reward_model, task, rollouts) if cfg.reward_model.iterations > 1 \
-      else None
+  updates = learned_reward.RewardModelUpdates(reward_model, method.task, method.rollouts) \
+      if cfg.reward_model.iterations > 1 else None
   recorded = resume_lib.record(cfg)
   check_flags = lambda then, step: resume_lib.check_flags(then, recorded, step, report.note)  # noqa: E731
-  with stage_checkpoints.StageCheckpoints(ckpt_dir, run_cfg.keep_checkpoints, logger, recorded, check_flags,
-                                          "stage-2", signals) as ckpt:
+  with stage_checkpoints.StageCheckpoints(pathlib.Path(cfg.run.work_dir) / "checkpoints", cfg.run.keep_checkpoints,
+                                          logger, recorded, check_flags, "stage-2", signals) as ckpt:
     policy, start_accuracy, stopped = train(method, params, logger, ckpt, start_accuracy, lora_base, updates)
-  if stopped:
-    logger.close()
-    return {}
-  params = updates = None  # the start policy (and π_ref, below): their memory free for the final eval and export
-  method.use_reference(None)
-  t_final = time.time()
-  final_eval = method.evaluate(policy, jax.random.PRNGKey(run_cfg.seed + 1))
+  method.use_reference(None)  # its memory free for the final evaluation and export
+  return None if stopped else policy, start_accuracy
+
+
+def _evaluate_and_export(method: methods_lib.Method, policy, lora_base: dict | None, source, logger):
+  """The final policy's held-out (and, with --num_validation, validation) metrics, logged; the policy exported
+  (merged: a plain model; with --lora_export_peft its adapters too). Returns `(final metrics, validation)`."""
+  cfg, task = method.cfg, method.task
+  work_dir = pathlib.Path(cfg.run.work_dir)
+  final_eval = method.evaluate(policy, jax.random.PRNGKey(cfg.run.seed + 1))
   logger.log(cfg.optim.steps, final_eval, prefix="eval/")
   validation = {}
   if task.validation:  # --num_validation: the held-out training problems, for choosing hyperparameters
     method.task = task.validation_view()
     try:
-      validation = method.evaluate(policy, jax.random.PRNGKey(run_cfg.seed + 1))
+      validation = method.evaluate(policy, jax.random.PRNGKey(cfg.run.seed + 1))
     finally:
       method.task = task
     validation = {"val_accuracy": validation["accuracy"], "num_validation_problems": len(task.validation)}
     logger.log(cfg.optim.steps, {"val_accuracy": validation["val_accuracy"]}, prefix="eval/")
   if cfg.model.lora_export_peft:
-    policy_lib.export_adapters(policy, policy_config, lora_base["path"], work_dir / "final_adapter")
-  policy_lib.export(*lora.merge(policy, policy_config), source, work_dir / "final_policy")  # merged: a plain model
-  logger.close()
+    policy_lib.export_adapters(policy, method.config, lora_base["path"], work_dir / "final_adapter")
+  policy_lib.export(*lora.merge(policy, method.config), source, work_dir / "final_policy")  # merged: a plain model
+  return final_eval, validation
+
+
+def _summary(method: methods_lib.Method, start_accuracy, start_eval: dict, final_eval: dict, validation: dict,
+             times: dict) -> dict:
+  """The run's summary, written to `<work_dir>/summary.json` (main process) and shown as the closing table."""
+  cfg, task = method.cfg, method.task
+  work_dir = pathlib.Path(cfg.run.work_dir)
   peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
   summary = {"algo": method.name, "start_accuracy": start_accuracy, "final_accuracy": final_eval["accuracy"],
-             "num_eval_problems": len(task.test), "wall_time_s": time.time() - t_start,
-             "sft_time_s": t_rl - t_sft, "rl_time_s": t_final - t_rl, "peak_rss_mib": peak_mib,
+             "num_eval_problems": len(task.test), "wall_time_s": time.time() - times["start"],
+             "sft_time_s": times["rl"] - times["sft"], "rl_time_s": times["final"] - times["rl"],
+             "peak_rss_mib": peak_mib,
              **{f"start_{k}": v for k, v in start_eval.items()},
              **{f"final_{k}": v for k, v in final_eval.items()},
              **{("final_" if k == "val_accuracy" else "") + k: v for k, v in validation.items()},
              "code_version": git_commit.head_commit(), "config": resume_lib.record(cfg)}
-  if main_process:
+  if distributed.is_main_process():
     training.atomic_write_text(work_dir / "summary.json", json.dumps(summary, indent=2))
   rows = [("held-out problems", f"{len(task.test)}"),
           ("greedy accuracy, start", "n/a" if start_accuracy is None else f"{100 * start_accuracy:.1f}%"),

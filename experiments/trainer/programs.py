@@ -265,7 +265,7 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
         method.teacher_logprobs.jitted((n, length), teacher), (teacher, rows(jnp.int32, n), rows(jnp.bool_, n)),
         f"the teacher's forward of the {n} rows, {chunk or n} at a time"
         + (f", each prompt once per group of {g}" if group > 1 else ""), per_step=1)
-  updates, minibatch, optimizer, state, state_shardings, frozen = _train_state(method, params, placement)
+  per_step, minibatch, optimizer, state, state_shardings, frozen = _train_state(method, params, placement)
   if algo.algo == "ppo":
     out["values"] = Program(method.values.jitted, (state.params["value"], rows(jnp.int32, n), rows(jnp.bool_, n)),
                             f"the value forward V_ψ of the {n} rows", per_step=1)
@@ -278,7 +278,7 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
   out["update"] = Program(step.jitted, (state, batch) if frozen is None else (state, batch, frozen),
                           f"{method.name}: one optimiser step over {minibatch} rows in {algo.grad_accum_steps} "
                           f"micro-batches" + ("" if frozen is None else " (LoRA: the adapters; the base frozen)"),
-                          per_step=updates, resident_args=(0,) if frozen is None else (0, 2))
+                          per_step=per_step, resident_args=(0,) if frozen is None else (0, 2))
   held_out = config.task.num_test  # the held-out set has at most this many problems
   options = evaluation.generate_options(config, held_out, placement)
   e = options["batch_size"]
