@@ -73,9 +73,11 @@ class Method(abc.ABC):
     order = (order[:, None] * per_item + jnp.arange(per_item)[None, :]).reshape(-1)
     return [take(batch, order[i:i + minibatch]) for i in range(0, rows, minibatch)]
 
-  def evaluate(self, params, key) -> dict:
-    """Held-out metrics of the policy params (`runner.evaluation.evaluate`)."""
-    return evaluation.evaluate(params, self.config, self.task, self.cfg, key, self.rollouts.placement)
+  def evaluate(self, params, key, task=None) -> dict:
+    """Held-out metrics of the policy params (`runner.evaluation.evaluate`) on `task.test` (default: the method's
+    task; the trainer passes `Task.validation_view()` for --num_validation)."""
+    task = self.task if task is None else task
+    return evaluation.evaluate(params, self.config, task, self.cfg, key, self.rollouts.placement)
 
   def demonstrations(self) -> warm_start.Demonstrations:
     """Stage 1's data: the SFT pool's worked solutions after the task's prompts."""

@@ -146,15 +146,16 @@ class FlowGRPO(base.Method):
                                                                                          minibatch))))
     return parts
 
-  def evaluate(self, params, key) -> dict:
-    """Greedy agent loop on the held-out set: accuracy, mean turns, tool calls, tool-error rate, answer rate."""
-    size = min(self.cfg.eval.eval_batch_size, len(self.task.test))
+  def evaluate(self, params, key, task=None) -> dict:
+    """Greedy agent loop on the held-out set (`task.test`, default: the method's task): accuracy, mean turns, tool
+    calls, tool-error rate, answer rate."""
+    test = (self.task if task is None else task).test
+    size = min(self.cfg.eval.eval_batch_size, len(test))
     trajectories = []
-    for start in range(0, len(self.task.test), size):
+    for start in range(0, len(test), size):
       planner = self.agent.planner(params, self.config, greedy=True)
-      trajectories += self.agent.episodes(planner, self.task.test[start:start + size], 1,
-                                          jax.random.fold_in(key, start))
-    correct = rewards_lib.score([t.output for t in trajectories], self.task.test, "correctness")
+      trajectories += self.agent.episodes(planner, test[start:start + size], 1, jax.random.fold_in(key, start))
+    correct = rewards_lib.score([t.output for t in trajectories], test, "correctness")
     return {"accuracy": float(correct.mean()), **agents.episode_stats(trajectories)}
 
   def demonstrations(self) -> warm_start.Demonstrations:

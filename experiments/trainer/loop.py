@@ -75,7 +75,7 @@ def train(method: methods_lib.Method, policy, logger, ckpt: stage_checkpoints.St
   Returns (final policy params, the start policy's accuracy, whether `stop_after` stopped it).
   """
   cfg = method.cfg
-  algo, run_cfg = cfg.algorithm, cfg.run
+  run_cfg = cfg.run
   minibatch, updates_per_step, optimizer = plan.update_plan(method)
   steps = cfg.optim.steps
   key = jax.random.PRNGKey(run_cfg.seed)
@@ -84,18 +84,10 @@ def train(method: methods_lib.Method, policy, logger, ckpt: stage_checkpoints.St
   prepared = method.prepare(policy, jax.random.fold_in(key, 2))
   # LoRA: only the adapters (and a value head) are trained, optimised and checkpointed
   part = lora.TrainedPart(enabled=lora_base is not None)
-  trained, frozen = part.split(method.init_params(policy, jax.random.fold_in(key, 1)))
+  state, train_step, frozen = _train_state(method, policy, part, optimizer, key, iterative=updates is not None)
+  policy = None
   full = lambda params: part.join(params, frozen)  # noqa: E731
-  # The start params are handed over: the state takes their buffers (`Placement.train` deletes them; with LoRA the
-  # start adapters), so stage 2 holds π_θ, its moments and π_ref, and no other copy of the start policy.
-  state, train_step = method.rollouts.placement.train(trained, optimizer, method.objective(), algo.grad_accum_steps,
-                                                      frozen=frozen)
-  policy = trained = None
   per_iteration = cfg.reward_model.steps_per_iteration if updates else 0
-  if updates and part.enabled:
-    # π_ref takes π_θ's adapters at each iteration; zero adapters until then keep the checkpoint's structure
-    zero = jax.tree.map(jnp.zeros_like, lora.adapters(method.policy(full(state.params))))
-    method.use_reference(part.join(zero, method.reference))
 
   def checkpoint_tree(state):
     tree = {"train": state}
@@ -155,6 +147,20 @@ def train(method: methods_lib.Method, policy, logger, ckpt: stage_checkpoints.St
         return method.policy(full(state.params)), start_accuracy, True
   logger.newline()
   return method.policy(full(state.params)), start_accuracy, False
+
+
+def _train_state(method: methods_lib.Method, policy, part: lora.TrainedPart, optimizer, key, iterative: bool):
+  """`(train state, its step, the frozen part or None)` from the start policy. Its params are handed over: the state
+  takes their buffers (`Placement.train` deletes them; with LoRA the start adapters), so stage 2 holds π_θ, its
+  moments and π_ref, and no other copy of the start policy. With LoRA and iterative RL, π_ref takes π_θ's adapters
+  at each iteration; zero adapters until then keep the checkpoint's structure."""
+  trained, frozen = part.split(method.init_params(policy, jax.random.fold_in(key, 1)))
+  state, train_step = method.rollouts.placement.train(trained, optimizer, method.objective(),
+                                                      method.cfg.algorithm.grad_accum_steps, frozen=frozen)
+  if iterative and part.enabled:
+    zero = jax.tree.map(jnp.zeros_like, lora.adapters(method.policy(part.join(state.params, frozen))))
+    method.use_reference(part.join(zero, method.reference))
+  return state, train_step, frozen
 
 
 def _restore(ckpt: stage_checkpoints.StageCheckpoints, abstract, method: methods_lib.Method,
@@ -346,11 +352,7 @@ def _evaluate_and_export(method: methods_lib.Method, policy, lora_base: dict | N
   logger.log(cfg.optim.steps, final_eval, prefix="eval/")
   validation = {}
   if task.validation:  # --num_validation: the held-out training problems, for choosing hyperparameters
-    method.task = task.validation_view()
-    try:
-      validation = method.evaluate(policy, jax.random.PRNGKey(cfg.run.seed + 1))
-    finally:
-      method.task = task
+    validation = method.evaluate(policy, jax.random.PRNGKey(cfg.run.seed + 1), task.validation_view())
     validation = {"val_accuracy": validation["accuracy"], "num_validation_problems": len(task.validation)}
     logger.log(cfg.optim.steps, {"val_accuracy": validation["val_accuracy"]}, prefix="eval/")
   if cfg.model.lora_export_peft:
