@@ -128,6 +128,18 @@ flags.DEFINE_enum("completion_widths", _D["completion_widths"], _choices("comple
     "How --completion_pad_multiple rounds a step's longest completion: multiple (up to a multiple of it) or "
     "doubling (up to the smallest multiple * 2^k: at most log2(max_new_tokens / multiple) + 2 compiled widths of "
     "the scoring and update programs a run, for at most twice the columns).")
+flags.DEFINE_enum("token_layout", _D["token_layout"], _choices("token_layout"),
+    "GRPO/distill: the training rows' layout in the pi_ref / pi_old forwards and the update: padded (every row cut "
+    "to the step's longest completion) or buckets (rows sorted by length into --bucket_micro_batches micro-batches, "
+    "each at the narrowest of --bucket_widths halving widths that holds it: compute follows the tokens, and one "
+    "program serves every length).")
+flags.DEFINE_integer("bucket_micro_batches", _D["bucket_micro_batches"],
+    "With --token_layout=buckets: length-sorted micro-batches of a step's rows in the forwards, and of a "
+    "minibatch in the update (at least --grad_accum_steps there); more fit the lengths closer, fewer run wider "
+    "matmuls.")
+flags.DEFINE_integer("bucket_widths", _D["bucket_widths"],
+    "With --token_layout=buckets: widths of the ladder, halving from --max_new_tokens and rounded up to "
+    "--completion_pad_multiple (one compiled branch each).")
 flags.DEFINE_float("temperature", _D["temperature"],
     "Sampling temperature of the rollouts; the policy trained is softmax(logits / temperature), so old, reference "
     "and new log-probs all use it.")

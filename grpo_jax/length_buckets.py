@@ -29,6 +29,13 @@ def ladder(max_width: int, num_widths: int, multiple: int = 1) -> tuple[int, ...
   return tuple(sorted(widths))
 
 
+def micro_batches(num_rows: int, at_least: int, shards: int = 1) -> int:
+  """The fewest micro-batches K >= `at_least` that split `num_rows` rows evenly over `shards` (K · S divides N;
+  N / S when none does)."""
+  per_shard = num_rows // shards
+  return next((k for k in range(max(1, at_least), per_shard + 1) if per_shard % k == 0), max(per_shard, 1))
+
+
 class Buckets(NamedTuple):
   """The layout: `num_micro_batches` micro-batches K, at the `widths` ladder (ascending, the last one the full
   width), rows sorted within `shards` contiguous blocks (the data shards; 1 without a mesh)."""

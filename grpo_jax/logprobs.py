@@ -233,7 +233,7 @@ def bucketed_completion_logprobs(params, config: ModelConfig, prompt_tokens: jax
 def jit_token_logprobs(config: ModelConfig, *, mesh: Mesh | None = None, rules: Mapping | None = None,
                        chunk_size: int = 128, return_entropy: bool = False, temperature: float = 1.0,
                        group_size: int = 1, prompt_len: int | None = None, forward_rows: int = 0,
-                       memory_budget: int = 0):
+                       memory_budget: int = 0, buckets: length_buckets.Buckets | None = None):
   """A jitted `fn(params, tokens, attention_mask)` computing `token_logprobs` (e.g. π_old or π_ref).
 
   The rows run in chunks inside the program (`row_chunks.map_rows`): `forward_rows` rows at a time (whole
@@ -249,9 +249,21 @@ def jit_token_logprobs(config: ModelConfig, *, mesh: Mesh | None = None, rules: 
   With `group_size` G > 1 and `prompt_len` P, the rows are sampler rows (`sequences_from_samples`): G
   consecutive rows share their first P columns, the prompt, which runs once per group
   (`grouped_completion_logprobs`); only the completion columns are computed, the prompt columns are 0.
+
+  With `buckets` (and `prompt_len`; any `group_size`) the completions run in length-sorted micro-batches
+  (`bucketed_completion_logprobs`), which take the place of the row chunks.
   """
   kwargs = dict(chunk_size=chunk_size, return_entropy=return_entropy, temperature=temperature)
-  if group_size > 1:
+  if buckets is not None:
+    if prompt_len is None:
+      raise ValueError("jit_token_logprobs: buckets need prompt_len")
+
+    def body(params, tokens, mask):
+      out = bucketed_completion_logprobs(params, config, tokens[::group_size, :prompt_len],
+                                         mask[::group_size, :prompt_len], tokens[:, prompt_len:],
+                                         mask[:, prompt_len:], group_size=group_size, buckets=buckets, **kwargs)
+      return jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (prompt_len, 0))), out)
+  elif group_size > 1:
     if prompt_len is None:
       raise ValueError("jit_token_logprobs: group_size > 1 needs prompt_len")
 
@@ -267,6 +279,8 @@ def jit_token_logprobs(config: ModelConfig, *, mesh: Mesh | None = None, rules: 
   devices = 1 if mesh is None else partitioning.data_parallel_size(mesh, rules)
 
   def chunked(params, tokens, mask):  # the shapes are static here: the chunk is chosen per shape
+    if buckets is not None:
+      return body(params, tokens, mask)
     rows = forward_rows
     if not rows and memory_budget:
       row_bytes = row_chunks.forward_row_bytes(config, tokens.shape[1], logits_chunk=chunk_size,

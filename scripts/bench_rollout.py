@@ -129,6 +129,7 @@ RUNNER_VARIANTS = {  # name -> flags: the baseline first
     "static sampler, widths multiple of 4": ["--sampler=static"],
     "engine, widths multiple of 4": ["--sampler=engine"],
     "engine, widths doubling": ["--sampler=engine", "--completion_widths=doubling"],
+    "engine, length buckets": ["--sampler=engine", "--token_layout=buckets"],
 }
 
 

@@ -85,6 +85,13 @@ class RolloutConfig:
   # "multiple": the longest completion rounded up to a multiple of completion_pad_multiple; "doubling": to the
   # smallest completion_pad_multiple * 2^k that holds it (a few compiled widths a run, at most 2x the columns).
   completion_widths: str = "multiple"
+  # The training rows' layout in the π_ref / π_old forwards and the update (GRPO, distill): "padded" (every row cut
+  # to the step's longest, as above) or "buckets" (`grpo_jax.length_buckets`: the rows sorted by length into
+  # bucket_micro_batches micro-batches, each run at the narrowest of bucket_widths halving widths that holds it;
+  # one program for every length).
+  token_layout: str = "padded"
+  bucket_micro_batches: int = 8
+  bucket_widths: int = 4
   # The rollouts' and evaluation's sampler: "engine" (`grpo_jax.rollout_engine`, continuous batching over
   # num_slots decode slots; 0: `default_slots`, fewer where the forward memory budget would not hold them) or "static"
   # (`grpo_jax.sampling`, every row decoded until the longest ends). The same tokens for the same key.
@@ -339,7 +346,7 @@ _POSITIVE = ("tiny_layers", "sft_batch_size", "num_train", "num_test", "max_prom
              "batch_size", "num_epochs", "grad_accum_steps", "eval_batch_size", "keep_checkpoints",
              "dynamic_sampling_max_rounds", "dpo_pairs_per_prompt", "offline_prompts", "prm_max_steps",
              "iterations", "replay_capacity", "rm_update_prompts", "rm_update_steps", "rm_update_batch_size",
-             "max_turns", "planner_prompt_len", "action_tokens", "min_bucket")
+             "max_turns", "planner_prompt_len", "action_tokens", "min_bucket", "bucket_micro_batches", "bucket_widths")
 _NON_NEGATIVE = ("cpu_devices", "steps", "sft_steps", "sft_examples", "eval_every", "save_every", "minibatch_size",
                  "overlong_buffer", "eval_samples", "stop_after", "top_k", "max_grad_norm", "advantage_eps",
                  "steps_per_iteration", "memory_budget", "beta", "completion_pad_multiple", "forward_rows",
@@ -355,7 +362,7 @@ CHOICES = {  # the allowed values of the enum fields (and flags)
     "rollout_correction": ("none", "token_tis", "seq_tis", "token_mis", "seq_mis"),
     "supervision": ("outcome", "process"), "sharding_rules": ("dp", "fsdp", "fsdp_tp"),
     "attention": ("auto", "einsum", "xla", "cudnn", "pallas"), "sampler": ("engine", "static"),
-    "completion_widths": ("multiple", "doubling"),
+    "completion_widths": ("multiple", "doubling"), "token_layout": ("padded", "buckets"),
 }
 STEP_REWARDS = ("prm", "exact_steps")  # the `reward` values that score every step
 TINY_HEADS = 4  # attention heads of the embedded tiny model (`grpo_jax.models.tiny_config`)
@@ -369,7 +376,7 @@ FLOW_UNSUPPORTED = ("loss_aggregation", "importance", "dynamic_sampling", "overl
 # defaults, so a flag never silently does nothing.
 READ_BY = {
     "dynamic_sampling": ("grpo",), "dynamic_sampling_max_rounds": ("grpo",), "importance": ("grpo",),
-    "shared_prompt_forward": ("grpo",), "advantage_scale": ("grpo", "flow_grpo"),
+    "shared_prompt_forward": ("grpo",), "advantage_scale": ("grpo", "flow_grpo"), "token_layout": ("grpo", "distill"),
     "advantage_eps": ("grpo", "flow_grpo"), "process_center_tokens": ("grpo",),
     "recompute_old_logprobs": ("grpo", "ppo", "distill"), "mask_truncated": ("grpo", "ppo", "distill"),
     "overlong_buffer": ("grpo", "ppo"),
@@ -393,6 +400,9 @@ READ_BY = {
 # Options read only when another option turns their feature on: (option, the condition, what it needs).
 READ_WITH = (
     ("dynamic_sampling_max_rounds", lambda v: v["dynamic_sampling"], "--dynamic_sampling"),
+    ("bucket_micro_batches", lambda v: v["token_layout"] == "buckets", "--token_layout=buckets"),
+    ("bucket_widths", lambda v: v["token_layout"] == "buckets", "--token_layout=buckets"),
+    ("completion_widths", lambda v: v["token_layout"] == "padded", "--token_layout=padded"),
     ("remat_policy", lambda v: v["remat"], "--remat"),
     ("eval_temperature", lambda v: v["eval_samples"] > 0, "--eval_samples > 0"),
     ("lora_alpha", lambda v: v["lora_rank"] > 0, "--lora_rank > 0"),

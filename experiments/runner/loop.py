@@ -162,7 +162,7 @@ def train(method: methods_lib.Method, policy, logger, ckpt: training.Checkpointe
   # The start params are handed over: the state takes their buffers (`Placement.train` deletes them; with LoRA the
   # start adapters), so stage 2 holds π_θ, its moments and π_ref, and no other copy of the start policy.
   state, train_step = method.rollouts.placement.train(trained, optimizer, method.objective(), algo.grad_accum_steps,
-                                                      frozen=frozen)
+                                                      frozen=frozen, bucketed=method.bucketed_update())
   policy = trained = None
   updates = method.reward_updates  # iterative RL's reward-model retraining, or None
   per_iteration = cfg.reward_model.steps_per_iteration if updates else 0
