@@ -102,6 +102,32 @@ def test_redecide_rewrites_only_the_verdicts(tmp_path):
   assert pages.redecide_pages(tmp_path) == []  # nothing stale now
 
 
+def test_redecide_reads_a_design_page(tmp_path):
+  """A design profile's page (<study>/fair/) is decided again by the design's rule, t and Holm over its 8 claims; it
+  was left out of the pages read first, and `--redecide` ended in a KeyError."""
+  design = plan_lib.load_study("paradigm").designs["fair"]
+  big = [0.10, 0.12, 0.11, 0.13, 0.09, 0.10, 0.12, 0.11]  # +11.0 ± 0.5 points: far from zero
+  flat = [0.001, -0.002, 0.0, 0.002, -0.001, 0.001, 0.0, -0.001]  # +0.0 ± 0.0: inside ±3 points
+  cells = []
+  for c in design.claims:
+    values = flat if c.run == "fair_grpo_ps - fair_grpo" else big
+    mean, se = aggregate.mean_se(values)
+    cells.append({"run": c.run, "metric": c.metric, "step": None, "percent": True, "n": 8, "seeds": list(range(8)),
+                  "values": values, "mean": mean, "se": se})
+  page = tmp_path / "paradigm" / "fair"
+  page.mkdir(parents=True)
+  (page / "results.json").write_text(json.dumps({"profile": "fair", "rule": "t-holm", "cells": cells}))
+  (page / "results.md").write_text("# t\n\nintro\n\n**held-out** by step\n\n| a |\n")
+  assert pages.redecide_pages(tmp_path) == [page]
+  words = [v["verdict"] for v in json.loads((page / "results.json").read_text())["verdicts"]]
+  assert words == [verdicts.EQUAL] + ["reproduced"] * 4 + ["reported"] * 3
+  text = (page / "results.md").read_text()
+  assert "decided by the design's rule: Student-t p-values" in text
+  assert ("| Fig 5: GRPO+OS > Online RFT | fair_grpo - fair_online_rft, final | 11.0 ± 0.5 (8) | **reproduced** ("
+          in text)
+  assert pages.redecide_pages(tmp_path) == []  # nothing stale now
+
+
 def test_committed_pages_carry_todays_verdicts():
   """Each committed page's verdicts are its cells decided by today's claims and rules (`reproduce --redecide`)."""
   for name, study in studies.STUDIES.items():

@@ -384,10 +384,9 @@ def redecide_pages(pages: pathlib.Path = PAGES) -> list[pathlib.Path]:
   own cells under today's claims and rules; the runs need not exist, and the rest of the page stays as it ran.
   Returns the pages it changed."""
   changed = []
-  # every page reads before any is written
-  read = {path: aggregate.read_json(path, "a study's results page", need=("cells",))
-          for name in studies_lib.STUDIES for path in (pages / name / "results.json", pages / name / "full" /
-                                                       "results.json") if path.is_file()}
+  read = {path: aggregate.read_json(path, "a study's results page", need=("cells",))  # all read before any is written
+          for name, study in studies_lib.STUDIES.items() for path in (d / "results.json" for d in
+                                                                      page_dirs(pages, name, study)) if path.is_file()}
   for name, study in studies_lib.STUDIES.items():
     for page_dir in page_dirs(pages, name, study):
       path, md = page_dir / "results.json", page_dir / "results.md"
