@@ -59,6 +59,7 @@ FLAGS = flags.FLAGS
 
 
 def _list() -> None:
+  """--list: each registered study, its profiles and its runs' flags."""
   for study in studies_lib.STUDIES.values():
     print(f"{study.name}: {study.title}")
     print(f"  profiles: full, {', '.join(study.profiles)}")

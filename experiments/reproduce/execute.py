@@ -38,6 +38,8 @@ def _stop(signum, frame):
 
 @dataclasses.dataclass
 class Outcome:
+  """What became of a job in this invocation."""
+
   status: str  # "done" (ran now), "cached" (summary existed), "failed", "blocked" (a needed run failed)
   message: str = ""
   wall_time_s: float | None = None
@@ -73,6 +75,8 @@ def _prepare(job: plan_lib.Job) -> list[str]:
 
 
 def _run_one(job: plan_lib.Job, processes: dict, lock: threading.Lock) -> Outcome:
+  """Runs a job's process from the repository, its output in the job's log; writes its record (argv, commit, wall
+  time, load average) beside its directory."""
   argv = _prepare(job)
   job.directory.parent.mkdir(parents=True, exist_ok=True)
   env = dict(os.environ)

@@ -259,6 +259,7 @@ def tables(study: spec.Study, cells: list[dict]) -> list[str]:
 
 
 def _by_step(metric: spec.Metric, runs: list[spec.Run], cells: list[dict], index: dict) -> list[str]:
+  """A curve metric: a row a run, a column a step."""
   steps = sorted({c["step"] for c in cells if c["metric"] == metric.name})
   rows = [r for r in runs if any((r.name, metric.name, s) in index for s in steps)]
   if not rows:
@@ -273,6 +274,7 @@ def _by_step(metric: spec.Metric, runs: list[spec.Run], cells: list[dict], index
 
 
 def _by_k(metric: spec.Metric, runs: list[spec.Run], index: dict) -> list[str]:
+  """A templated metric (maj@{k}): a row a run, a column a K."""
   names = [(n, k) for n, _, _, k in metric.expand()]
   rows = [r for r in runs if any((r.name, n, None) in index for n, _ in names)]
   if not rows:
@@ -287,6 +289,7 @@ def _by_k(metric: spec.Metric, runs: list[spec.Run], index: dict) -> list[str]:
 
 
 def _contrasts(study: spec.Study, cells: list[dict]) -> list[str]:
+  """Each contrast's paired differences, a row a metric and step."""
   label = {r.name: r.display for r in study.runs}
   metrics = {m.name: m for m in study.metrics}
   out = ["Paired differences, run a minus run b seed by seed (mean ± s.e. (seeds)); a difference more than "
@@ -337,7 +340,7 @@ def claims_table(pages: pathlib.Path = PAGES) -> str:
   """The Markdown table of every registered study's claims against its committed quick and full pages (verdicts
   decided again from the pages' cells): what the README's "What reproduces" shows."""
 
-  def read(path: pathlib.Path):
+  def read(path: pathlib.Path) -> dict | None:
     return aggregate.read_json(path, "a study's results page", need=("cells",)) if path.is_file() else None
 
   def column(study, page, claim):

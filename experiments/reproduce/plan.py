@@ -26,9 +26,10 @@ class StudyError(Exception):
   """A problem with a study spec or the command line, reported as one line."""
 
 
-
 @dataclasses.dataclass
 class Job:
+  """One process: a run of the study on one seed, its directory, its command line and what it waits for."""
+
   run: spec.Run
   seed: int
   directory: pathlib.Path
@@ -90,10 +91,12 @@ def flag_args(values: dict[str, Any]) -> list[str]:
 
 
 def _needs(values: dict[str, Any]) -> list[str]:
+  """The runs a run's flags name ({run:NAME})."""
   return sorted({m for v in values.values() if isinstance(v, str) for m in _REF.findall(v)})
 
 
 def _prefix(run: spec.Run) -> list[str]:
+  """The command before the flags: the run's own, or `python -m <runner>`."""
   return list(run.command) if run.command else [sys.executable, "-m", run.module]
 
 
@@ -118,10 +121,12 @@ def runner_defaults(run: spec.Run) -> dict[str, str]:
 
 
 def _snapshot_key(run: spec.Run) -> str:
+  """Whose defaults in the snapshot a run's runner reads."""
   return spec.FLOW_GRPO if run.module == spec.FLOW_GRPO else spec.GRPO_MATH  # the others read grpo_math's Config
 
 
 def read_defaults_snapshot(path: pathlib.Path | None = None) -> dict[str, Any]:
+  """The committed snapshot: its revision and each runner's defaults; StudyError where it is not one."""
   path = path or DEFAULTS_SNAPSHOT
   try:
     snapshot = json.loads(path.read_text())
