@@ -28,10 +28,11 @@ def _modules(package: str):
 
 
 def test_flags_are_read_only_in_entry_modules():
-  """No `absl.flags` import and no `FLAGS` below the entry modules (`experiments/*.py`) or in the library."""
+  """No `absl.flags` import and no `FLAGS` below the entry modules (`experiments/*.py`, `experiments/*/__main__.py`)
+  or in the library."""
   offenders = []
   for path in _modules("experiments") + _modules("grpo_jax"):
-    if path.parent == REPO / "experiments":
+    if REPO / "experiments" in (path.parent, path.parent.parent if path.name == "__main__.py" else None):
       continue  # the entry modules and cli.py: flags live here
     tree = ast.parse(path.read_text())
     names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
@@ -58,6 +59,7 @@ def test_runner_layers():
   runs, for scripts/aot_compile.py) < cli < entry modules; no runner imports another runner (entry modules import
   cli, the layers below and the library only)."""
   entries = {p.stem for p in (REPO / "experiments").glob("*.py")} - {"__init__", "cli"}
+  entries |= {p.parent.name for p in (REPO / "experiments").glob("*/__main__.py")}  # python -m experiments.reproduce
   top = ("loop", "programs")
   below_loop = [p for p in _modules("experiments/runner") if p.stem not in top]
   for path in below_loop:
