@@ -9,8 +9,9 @@ prompt), with lengths from `bench_rollout.schedule` (`tail`: log-normal with med
 them at the `--max_new_tokens` cap; `equal`: all at the cap), random tokens. Two layouts of the same rows:
 
   padded    the runner's `--token_layout=padded`: the completion columns cut to the longest row (rounded up to a
-            multiple of 4), each prompt run once per group (`logprobs.grouped_completion_logprobs`), the update in
-            `--micro_batches` equal micro-batches of whole groups.
+            multiple of 4), each prompt run once per group (`logprobs.jit_token_logprobs` in the row chunks of the
+            default memory budget, as the runner calls it), the update in `--padded_micro_batches` equal
+            micro-batches of whole groups (the runner's --grad_accum_steps, default 1).
   bucketed  `--token_layout=buckets`: the full width, rows sorted by length into `--micro_batches` micro-batches at
             a ladder of `--widths` widths (`grpo_jax.length_buckets`), one program for every length.
 
@@ -38,7 +39,7 @@ import optax
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 import bench_rollout  # pylint: disable=wrong-import-position
 
-from grpo_jax import length_buckets, logprobs, models, training  # pylint: disable=wrong-import-position
+from grpo_jax import length_buckets, logprobs, models, row_chunks, training  # pylint: disable=wrong-import-position
 from grpo_jax.models import tiny  # pylint: disable=wrong-import-position
 from grpo_jax.training import update as update_lib  # pylint: disable=wrong-import-position
 
@@ -69,11 +70,10 @@ def programs(params, config, args, lengths):
   prompts, prompt_mask, completions, mask = rows(config, args, lengths)
   width = padded_width(lengths, t)
   buckets = length_buckets.Buckets(length_buckets.ladder(t, args.widths, 4), args.micro_batches)
-  kw = dict(group_size=g, chunk_size=128, temperature=1.0)
-  padded_score = jax.jit(lambda q, c, m: logprobs.grouped_completion_logprobs(q, config, prompts, prompt_mask, c, m,
-                                                                              **kw))
-  bucketed_score = jax.jit(lambda q, c, m: logprobs.bucketed_completion_logprobs(
-      q, config, prompts, prompt_mask, c, m, buckets=buckets, **kw))
+  # As the runner builds them (`Placement.logprobs`): the padded forward in row chunks of its default budget.
+  layout = dict(group_size=g, prompt_len=p, chunk_size=128)
+  padded_score = logprobs.jit_token_logprobs(config, memory_budget=row_chunks.default_budget_bytes(), **layout)
+  bucketed_score = logprobs.jit_token_logprobs(config, buckets=buckets, **layout)
 
   n = len(lengths)
   rng = np.random.default_rng(3)
@@ -90,14 +90,15 @@ def programs(params, config, args, lengths):
   objective = update_lib.bind(training.grpo_objective, config=config, use_reference=False, chunk_size=128,
                               group_size=g, prompt_len=p, loss_kwargs=dict(epsilon=0.2, beta=0.0))
   optimizer = optax.sgd(1e-6)
-  padded_step = training.make_train_step(objective, optimizer, args.micro_batches, donate=False)
+  padded_step = training.make_train_step(objective, optimizer, args.padded_micro_batches, donate=False)
   bucketed_step = training.make_train_step(objective, optimizer, donate=False, bucketed=update_lib.BucketedRows(
       buckets, config, group_size=g, prompt_len=p))
   state = training.init_train_state(params, optimizer)
   padded_batch, full_batch = batch(width), batch(t)
+  padded_rows, full_rows = sequences(width), sequences(t)
   return {
-      "π_ref scoring": (lambda: padded_score(params, completions[:, :width], mask[:, :width]),
-                        lambda: bucketed_score(params, completions, mask), n * width, buckets.tokens(lengths)),
+      "π_ref scoring": (lambda: padded_score(params, *padded_rows), lambda: bucketed_score(params, *full_rows),
+                        n * width, buckets.tokens(lengths)),
       "update": (lambda: padded_step(state, padded_batch), lambda: bucketed_step(state, full_batch), n * width,
                  buckets.tokens(lengths)),
   }
@@ -122,6 +123,7 @@ def main():
   parser.add_argument("--at_cap", type=float, default=0.02)
   parser.add_argument("--micro_batches", type=int, default=8)
   parser.add_argument("--widths", type=int, default=4)
+  parser.add_argument("--padded_micro_batches", type=int, default=1, help="the padded update's (--grad_accum_steps)")
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--json", default="", help="also write the figures here")
   args = parser.parse_args()
