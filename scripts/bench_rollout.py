@@ -41,13 +41,13 @@ import numpy as np  # pylint: disable=wrong-import-position
 from scipy import stats  # pylint: disable=wrong-import-position
 
 from grpo_jax import models, partitioning, rollout_engine, sampling  # pylint: disable=wrong-import-position
+from grpo_jax.models import presets  # pylint: disable=wrong-import-position
 from grpo_jax.models import tiny  # pylint: disable=wrong-import-position
 
 HERE = pathlib.Path(__file__).parent
-SHAPES = {  # the tiny checkpoint of bench_vs_torch, and Qwen2.5-0.5B's shapes (random weights: no hub here)
+SHAPES = {  # the tiny checkpoint of bench_vs_torch, and Qwen2.5-0.5B's sizes (random weights: no hub here)
     "tiny": dict(num_hidden_layers=4, hidden_size=128, intermediate_size=384),
-    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2, vocab_size=151_936),
+    "0.5b": presets.sizes("qwen2.5-0.5b"),
 }
 
 
