@@ -34,6 +34,7 @@ LAYERS = {
     "grpo_jax.rewards": 1,
     "grpo_jax.partitioning": 1,
     "grpo_jax.row_chunks": 1,  # forwards over row chunks (of a model's config)
+    "grpo_jax.length_buckets": 1,  # rows sorted by length into micro-batches (arrays only)
     # 2: running the model: sampling (static, and the continuous-batching engine) and log-probs.
     "grpo_jax.sampling": 2,
     "grpo_jax.rollout_engine": 2,
