@@ -56,12 +56,20 @@ class GRPO(base.Method):
 
   def forward_layout(self) -> dict:
     """The π_ref / π_old / teacher forwards' layout (`Placement.logprobs` keywords): each prompt once per group
-    when `grouped()`, in length buckets with `--token_layout=buckets`."""
+    when `grouped()`, in length buckets with `--token_layout=buckets` (micro-batches no larger than the padded
+    forward's row chunks at the full width, so the memory budget holds)."""
     if not self.grouped():
       return {}
-    rollout = self.cfg.rollout
-    return dict(group_size=rollout.group_size, prompt_len=self.cfg.task.max_prompt_len,
-                buckets=self.length_buckets(self.rows_per_step(), rollout.bucket_micro_batches))
+    rollout, p = self.cfg.rollout, self.cfg.task.max_prompt_len
+    layout = dict(group_size=rollout.group_size, prompt_len=p)
+    if rollout.token_layout != "buckets":
+      return layout
+    # at least as many micro-batches as the padded forward's row chunks at full width (`--forward_memory_budget`)
+    rows = self.rows_per_step()
+    chunk = self.rollouts.placement.forward_chunk(self.config, rows, p + rollout.max_new_tokens,
+                                                  logits_chunk=self.cfg.model.logprob_chunk, cached=True)
+    chunks = -(-rows // chunk) if chunk else 1
+    return layout | dict(buckets=self.length_buckets(rows, max(rollout.bucket_micro_batches, chunks)))
 
   def bucketed_update(self) -> update_lib.BucketedRows | None:
     """The update's length-bucketed layout: each minibatch in at least max(--bucket_micro_batches,
