@@ -143,8 +143,11 @@ def merge_partials(a: Partial, b: Partial) -> Partial:
 
     m = max(m_a, m_b),  sum = sum_a · exp(m_a − m) + sum_b · exp(m_b − m),  out likewise.
 
-  Parts that share their reference m merge with factors exp(0) = 1: the sums of the two parts' terms, exactly.
+  Parts that share their reference (the same array m) merge as plain sums, `(m, sum_a + sum_b, out_a + out_b)`:
+  the factors would be exp(0) = 1, and the program carries no rescaling.
   """
+  if a.max is b.max:
+    return Partial(max=a.max, sum=a.sum + b.sum, out=a.out + b.out)
   m = jnp.maximum(a.max, b.max)
   fa, fb = jnp.exp(a.max - m), jnp.exp(b.max - m)
   return Partial(max=m, sum=a.sum * fa + b.sum * fb, out=a.out * fa[..., None] + b.out * fb[..., None])
@@ -173,10 +176,11 @@ def decode_attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
 
   Without a prefix the softmax is normalised before its product with the values, its probabilities in q's dtype
   (as `attend`'s einsum path). With one, the two parts are `Partial`s merged by `merge_partials`, both taking the
-  common maximum over P + S as their reference (so the merge's factors are exactly one). A prefix without `rows`
-  is read once per group of R = B / B' consecutive rows: its part runs kv-head-major, [B', K, R·G, P], the R
-  rows' G query heads side by side against one [D, P] block of keys, so each step reads a prompt's keys once for
-  its R samples. With `rows`, each row's prefix row is gathered first (`kv_cache.prefix_per_row`, R = 1).
+  common maximum over P + S as their reference (so the merge adds their sums, with no rescaling). A prefix
+  without `rows` is read once per group of R = B / B' consecutive rows: its part runs kv-head-major,
+  [B', K, R·G, P], the R rows' G query heads side by side against one [D, P] block of keys, so each step reads a
+  prompt's keys once for its R samples. With `rows`, each row's prefix row is gathered first
+  (`kv_cache.prefix_per_row`, R = 1).
   """
   f32, low, dtype = jnp.float32, jnp.finfo(jnp.float32).min, q.dtype
   b, _, n, d = q.shape
