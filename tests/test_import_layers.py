@@ -22,7 +22,21 @@ LAYERS = {
     # 0: arrays and text in, arrays and text out: tasks and answers, losses, the model, the state type, noise.
     "grpo_jax.data": 0,
     "grpo_jax.losses": 0,
-    "grpo_jax.models": 0,
+    "grpo_jax.models": 0.9,  # the package (its public API) above its modules, whose own order is:
+    "grpo_jax.models.config": 0.0,  # the architecture
+    "grpo_jax.models.params": 0.1,  # the params dict and its layouts
+    "grpo_jax.models.tokenizer": 0.1,
+    "grpo_jax.models.logical_axes": 0.2,  # axis names of parameters and activations
+    "grpo_jax.models.kv_cache": 0.3,
+    "grpo_jax.models.rope": 0.3,
+    "grpo_jax.models.random_init": 0.3,
+    "grpo_jax.models.attention": 0.4,  # the attention seam, decode attention included
+    "grpo_jax.models.layers": 0.5,  # projections, norms, attention and MLP modules, the decoder block
+    "grpo_jax.models.transformer": 0.6,  # the decoder and its functional API
+    "grpo_jax.models.hf_io": 0.7,  # built on the model: checkpoints, LoRA, scalar heads, the tiny default
+    "grpo_jax.models.lora": 0.7,
+    "grpo_jax.models.heads": 0.7,
+    "grpo_jax.models.tiny": 0.7,
     "grpo_jax.distributed": 0,
     "grpo_jax.host_memory": 0,
     "grpo_jax.train_state": 0,
@@ -203,6 +217,13 @@ def test_every_module_has_a_layer():
 def test_modules_import_only_their_layer_or_lower():
   edges, _ = import_graph()
   assert layer_violations(edges) == []
+
+
+def test_every_model_module_has_its_own_layer():
+  """Each module of `grpo_jax.models` is placed in the model's own order, not only by the package's entry."""
+  edges, _ = import_graph()
+  models = [m for m in edges if m.startswith("grpo_jax.models.")]
+  assert "grpo_jax.models.kv_cache" in models and [m for m in models if m not in LAYERS] == []
 
 
 @pytest.mark.parametrize("forbidden", FORBIDDEN)
