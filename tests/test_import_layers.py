@@ -24,6 +24,7 @@ LAYERS = {
     "grpo_jax.losses": 0,
     "grpo_jax.models": 0.9,  # the package (its public API) above its modules, whose own order is:
     "grpo_jax.models.config": 0.0,  # the architecture
+    "grpo_jax.models.presets": 0.05,  # named shapes (configs)
     "grpo_jax.models.params": 0.1,  # the params dict and its layouts
     "grpo_jax.models.tokenizer": 0.1,
     "grpo_jax.models.logical_axes": 0.2,  # axis names of parameters and activations
