@@ -7,12 +7,14 @@ recomputes each chunk's logits instead of storing them.
 """
 
 from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import chex
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
+from grpo_jax import length_buckets
 from grpo_jax import partitioning
 from grpo_jax import row_chunks
 from grpo_jax.models import transformer
@@ -137,10 +139,101 @@ def grouped_completion_logprobs(params, config: ModelConfig, prompt_tokens: jax.
                              return_entropy=return_entropy, temperature=temperature)
 
 
+class PromptPrefix(NamedTuple):
+  """Prompts run through the model once, for their completions to continue (`prefill`).
+
+  k, v: the prompts' keys and values per layer, as `KVCache.k` / `KVCache.v` (batch axis
+    `transformer.cache_batch_axis`), [B, ...] with P slots, all filled or masked.
+  last: [B, E] the hidden state of each prompt's last position, which predicts completion token 0.
+  mask: [B, P] bool, False at the prompts' (left) padding.
+  """
+  k: Any
+  v: Any
+  last: jax.Array
+  mask: jax.Array
+
+
+def prefill(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: jax.Array) -> PromptPrefix:
+  """The `PromptPrefix` of B left-padded prompts [B, P] (the last column must be a real token)."""
+  chex.assert_rank([prompt_tokens, prompt_mask], 2)
+  prompt_mask = prompt_mask.astype(bool)
+  cache = transformer.init_cache(config, *prompt_tokens.shape)
+  h, cache = transformer.hidden_states(params, config, prompt_tokens, attention_mask=prompt_mask, cache=cache)
+  return PromptPrefix(cache.k, cache.v, h[:, -1], prompt_mask)
+
+
+def take_prefix(prefix: PromptPrefix, rows: jax.Array, shards: int = 1) -> PromptPrefix:
+  """The prompts `rows` of a `PromptPrefix` (one per completion; `length_buckets.take` with `shards`)."""
+  kv = lambda x: length_buckets.take(x, rows, shards, axis=transformer.cache_batch_axis(x))
+  return PromptPrefix(jax.tree.map(kv, prefix.k), jax.tree.map(kv, prefix.v),
+                      length_buckets.take(prefix.last, rows, shards), length_buckets.take(prefix.mask, rows, shards))
+
+
+def prefixed_completion_logprobs(params, config: ModelConfig, prefix: PromptPrefix, completions: jax.Array,
+                                 completion_mask: jax.Array, *, chunk_size: int = 128, return_entropy: bool = False,
+                                 temperature: float = 1.0):
+  """Log-probs [N, T] of completions after their own prompt's `PromptPrefix` row (row i continues prefix row i).
+
+  The completions attend to their prompt's P slots and to themselves, exactly as in
+  `grouped_completion_logprobs` (whose prefix rows are the B prompts repeated G times); gradients flow into
+  `prefix` (its keys, values and last hidden state) as into `params`.
+  """
+  chex.assert_rank([completions, completion_mask], 2)
+  chex.assert_equal_shape([completions, completion_mask])
+  n, t = completions.shape
+  p = prefix.mask.shape[1]
+  completion_mask = completion_mask.astype(bool)
+  cache = transformer.KVCache(k=prefix.k, v=prefix.v, mask=prefix.mask, index=jnp.asarray(p, jnp.int32))
+  cache = transformer.grow_cache(cache, p + t)
+  h_completion, _ = transformer.hidden_states(params, config, completions, attention_mask=completion_mask,
+                                              cache=cache)
+  # The last prompt position predicts completion token 0; completion position j - 1 predicts token j.
+  h = jnp.concatenate([prefix.last[:, None].astype(h_completion.dtype), h_completion[:, :-1]], axis=1)
+  previous = jnp.concatenate([prefix.mask[:, -1:], completion_mask[:, :-1]], axis=1)
+  return _predicted_logprobs(params, config, h, completions, completion_mask & previous, chunk_size=chunk_size,
+                             return_entropy=return_entropy, temperature=temperature)
+
+
+def bucketed_completion_logprobs(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: jax.Array,
+                                 completions: jax.Array, completion_mask: jax.Array, *, group_size: int,
+                                 buckets: length_buckets.Buckets, chunk_size: int = 128, return_entropy: bool = False,
+                                 temperature: float = 1.0):
+  """`grouped_completion_logprobs` in length-sorted micro-batches (`length_buckets.Buckets`): each prompt runs
+  once, then micro-batch k's completions at the narrowest of `buckets.widths` that holds them, against their
+  prompts' rows of the prefix. Equal to the padded values up to float rounding; the columns computed follow the
+  completions' lengths, and one program serves every length.
+
+  Returns:
+    logp [N, T] float32 (0 where completion_mask is False), or (logp, entropy).
+  """
+  chex.assert_rank([prompt_tokens, prompt_mask, completions, completion_mask], 2)
+  b, n, t = prompt_tokens.shape[0], *completions.shape
+  if n != b * group_size:
+    raise ValueError(f"bucketed_completion_logprobs: {n} completions for {b} prompts x group_size {group_size}")
+  buckets.check(n, t, group_size)
+  completion_mask = completion_mask.astype(bool)
+  prefix = prefill(params, config, prompt_tokens, prompt_mask)
+  kwargs = dict(chunk_size=chunk_size, return_entropy=return_entropy, temperature=temperature)
+
+  def at_width(width):
+    def run(carry, rows):
+      mask = length_buckets.take(completion_mask, rows, buckets.shards)[:, :width]
+      tokens = length_buckets.take(completions, rows, buckets.shards)[:, :width]
+      out = prefixed_completion_logprobs(params, config, take_prefix(prefix, rows // group_size, buckets.shards),
+                                         tokens, mask, **kwargs)
+      return carry, jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (0, t - width))), out)
+    return run
+
+  _, outs, rows = buckets.scan(at_width, None, jnp.sum(completion_mask, axis=1, dtype=jnp.int32))
+  # Back to the rows' order: the sorted order's inverse permutation.
+  inverse = jnp.zeros((n,), jnp.int32).at[rows.reshape(-1)].set(jnp.arange(n, dtype=jnp.int32))
+  return jax.tree.map(lambda x: x.reshape(n, t)[inverse], outs)
+
+
 def jit_token_logprobs(config: ModelConfig, *, mesh: Mesh | None = None, rules: Mapping | None = None,
                        chunk_size: int = 128, return_entropy: bool = False, temperature: float = 1.0,
                        group_size: int = 1, prompt_len: int | None = None, forward_rows: int = 0,
-                       memory_budget: int = 0):
+                       memory_budget: int = 0, buckets: length_buckets.Buckets | None = None):
   """A jitted `fn(params, tokens, attention_mask)` computing `token_logprobs` (e.g. π_old or π_ref).
 
   The rows run in chunks inside the program (`row_chunks.map_rows`): `forward_rows` rows at a time (whole
@@ -156,9 +249,21 @@ def jit_token_logprobs(config: ModelConfig, *, mesh: Mesh | None = None, rules: 
   With `group_size` G > 1 and `prompt_len` P, the rows are sampler rows (`sequences_from_samples`): G
   consecutive rows share their first P columns, the prompt, which runs once per group
   (`grouped_completion_logprobs`); only the completion columns are computed, the prompt columns are 0.
+
+  With `buckets` (and `prompt_len`; any `group_size`) the completions run in length-sorted micro-batches
+  (`bucketed_completion_logprobs`), which take the place of the row chunks.
   """
   kwargs = dict(chunk_size=chunk_size, return_entropy=return_entropy, temperature=temperature)
-  if group_size > 1:
+  if buckets is not None:
+    if prompt_len is None:
+      raise ValueError("jit_token_logprobs: buckets need prompt_len")
+
+    def body(params, tokens, mask):
+      out = bucketed_completion_logprobs(params, config, tokens[::group_size, :prompt_len],
+                                         mask[::group_size, :prompt_len], tokens[:, prompt_len:],
+                                         mask[:, prompt_len:], group_size=group_size, buckets=buckets, **kwargs)
+      return jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (prompt_len, 0))), out)
+  elif group_size > 1:
     if prompt_len is None:
       raise ValueError("jit_token_logprobs: group_size > 1 needs prompt_len")
 
@@ -174,6 +279,8 @@ def jit_token_logprobs(config: ModelConfig, *, mesh: Mesh | None = None, rules: 
   devices = 1 if mesh is None else partitioning.data_parallel_size(mesh, rules)
 
   def chunked(params, tokens, mask):  # the shapes are static here: the chunk is chosen per shape
+    if buckets is not None:
+      return body(params, tokens, mask)
     rows = forward_rows
     if not rows and memory_budget:
       row_bytes = row_chunks.forward_row_bytes(config, tokens.shape[1], logits_chunk=chunk_size,

@@ -17,13 +17,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from grpo_jax import chips
+from grpo_jax.chips import GiB
 from grpo_jax.models.config import ModelConfig
 
-GiB = 2 ** 30
 CPU_BUDGET_BYTES = 4 * GiB  # the default budget of a CPU device (host memory, shared with everything else)
 DEVICE_BUDGET_FRACTION = 0.25  # the default budget of an accelerator: this share of its memory
-# Memory per device of TPU chips by device_kind, for a device that does not report it (a topology's, ahead of time).
-TPU_MEMORY_GIB = {"TPU v4": 32, "TPU v5 lite": 16, "TPU v5": 95, "TPU v6 lite": 32}
 
 
 def map_rows(fn: Callable, arrays: Sequence[jax.Array], rows_per_chunk: int, *, group: int = 1):
@@ -154,8 +153,8 @@ def slots_that_fit(num_completions: int, prompts_bytes: float, slot_bytes: float
 
 def default_budget_bytes(device: jax.Device | None = None) -> int:
   """The activation budget per device when none is given: DEVICE_BUDGET_FRACTION of an accelerator's memory
-  (`memory_stats()["bytes_limit"]`, else TPU_MEMORY_GIB by its kind); CPU_BUDGET_BYTES on a CPU or where
-  neither says."""
+  (`memory_stats()["bytes_limit"]`, else its chip's memory in `chips`: a TPU topology's device, ahead of time,
+  reports none); CPU_BUDGET_BYTES on a CPU or where neither says."""
   device = device or jax.devices()[0]
   if device.platform == "cpu":
     return CPU_BUDGET_BYTES
@@ -163,5 +162,7 @@ def default_budget_bytes(device: jax.Device | None = None) -> int:
     limit = (device.memory_stats() or {}).get("bytes_limit", 0)
   except Exception:  # pylint: disable=broad-except  # a device description (ahead-of-time) has no stats
     limit = 0
-  limit = limit or TPU_MEMORY_GIB.get(getattr(device, "device_kind", ""), 0) * GiB
+  if not limit:
+    chip = chips.find(getattr(device, "device_kind", ""))
+    limit = (chip.hbm_gib or 0) * GiB if chip else 0
   return int(DEVICE_BUDGET_FRACTION * limit) if limit else CPU_BUDGET_BYTES

@@ -8,8 +8,8 @@ whether each fits a chip's HBM.
   python scripts/aot_compile.py --topology=cpu --mesh=data:1           # the default run, this machine's CPU
 
 Every flag of the runner (`experiments/grpo_math.py`) is accepted and means what it means there, so a runner
-flagfile loads as it is; `--model` and `--reward_model` also take named shapes (qwen2.5-0.5b, qwen2.5-1.5b,
-qwen2.5-7b, deepseek-math-7b: only the shapes matter, no weight is read) beside an HF checkpoint directory (its
+flagfile loads as it is; `--model` and `--reward_model` also take named shapes (`grpo_jax.models.presets`:
+qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b, deepseek-math-7b; only the shapes matter, no weight is read) beside an HF checkpoint directory (its
 config.json only; empty --model: the embedded tiny model). The script's own flags: --topology, --programs,
 --hbm_gib, --json_out, --isolate.
 
@@ -33,7 +33,6 @@ import dataclasses
 import json
 import math
 import os
-import pathlib
 import re
 import sys
 import time
@@ -48,51 +47,15 @@ from experiments.runner import config as config_lib
 from experiments.runner import placement as placement_lib
 from experiments.runner import policy
 from experiments.trainer import programs
+from grpo_jax import chips
 from grpo_jax import models
 from grpo_jax import python_gc
-from grpo_jax.reward_models import io as rm_io
-
-GiB = 2 ** 30
+from grpo_jax.chips import GiB
 
 # Environment for loading libtpu as a compiler only, on a machine without a TPU: no lock file held
 # against other JAX processes, and no TPU-VM metadata looked up (libtpu's init is quiet).
 LIBTPU_ENV = {"ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "TPU_SKIP_MDS_QUERY": "1", "TPU_WORKER_HOSTNAMES": "localhost",
               "TPU_ACCELERATOR_TYPE": "v5litepod-1"}
-
-
-@dataclasses.dataclass(frozen=True)
-class Chip:
-  """One TPU chip: the HBM its compiler lets a program use, and Google Cloud's published peak figures."""
-  name: str
-  hbm_gib: float  # HBM per chip available to a program (libtpu's "available HBM"; physical: 32, 16, 95, 32)
-  peak_flops: float  # dense bf16 FLOP/s per chip
-  hbm_bandwidth: float  # bytes/s per chip
-
-
-CHIPS = {  # by the topology's device_kind
-    "TPU v4": Chip("v4", 30.75, 275e12, 1.2e12),
-    "TPU v5 lite": Chip("v5e", 15.75, 197e12, 0.819e12),
-    "TPU v5": Chip("v5p", 95.74, 459e12, 2.765e12),
-    "TPU v6 lite": Chip("v6e", 31.25, 918e12, 1.64e12),
-}
-
-# Named shapes (random weights are never built; only the shapes matter).
-_QWEN = dict(model_type="qwen2", qkv_bias=True, rope_theta=1e6, rms_norm_eps=1e-6, eos_token_ids=(151645, 151643),
-             pad_token_id=151643, max_position_embeddings=32768)
-NAMED = {
-    "qwen2.5-0.5b": dict(_QWEN, vocab_size=151_936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                         num_attention_heads=14, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True),
-    "qwen2.5-1.5b": dict(_QWEN, vocab_size=151_936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                         num_attention_heads=12, num_key_value_heads=2, head_dim=128, tie_word_embeddings=True),
-    "qwen2.5-7b": dict(_QWEN, vocab_size=152_064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                       num_attention_heads=28, num_key_value_heads=4, head_dim=128, tie_word_embeddings=False),
-    # DeepSeekMath-7B (arXiv 2402.03300): the DeepSeek-LLM 7B architecture, Llama-shaped.
-    "deepseek-math-7b": dict(model_type="llama", vocab_size=102_400, hidden_size=4096, intermediate_size=11008,
-                             num_hidden_layers=30, num_attention_heads=32, num_key_value_heads=32, head_dim=128,
-                             rope_theta=10000.0, rms_norm_eps=1e-6, max_position_embeddings=4096,
-                             tie_word_embeddings=False, bos_token_id=100000, eos_token_ids=(100001,),
-                             pad_token_id=100001),
-}
 
 
 class DoesNotFit(Exception):
@@ -110,7 +73,7 @@ class Target:
   """The devices to compile for, and the chip they sit on (None: the host, no HBM to check)."""
   name: str
   devices: tuple
-  chip: Chip | None
+  chip: chips.Chip | None
   devices_per_chip: int = 1
 
   @property
@@ -130,10 +93,10 @@ def target(topology: str) -> Target:
   except Exception as err:  # pylint: disable=broad-except
     raise ValueError(f"cannot describe TPU topology {topology!r}: {str(err).splitlines()[0]}") from None
   kind = devices[0].device_kind
-  if kind not in CHIPS:
-    raise ValueError(f"topology {topology!r}: unknown chip {kind!r} (known: {', '.join(CHIPS)})")
+  if kind not in chips.TPUS:
+    raise ValueError(f"topology {topology!r}: unknown chip {kind!r} (known: {', '.join(chips.TPUS)})")
   per_chip = len(devices) // len({tuple(d.coords) for d in devices})
-  return Target(topology, tuple(devices), CHIPS[kind], per_chip)
+  return Target(topology, tuple(devices), chips.TPUS[kind], per_chip)
 
 
 # FLOPS
@@ -209,39 +172,17 @@ def largest_traced_arrays(jaxpr, n: int = 3) -> list[str]:
 # THE RUN'S SHAPES
 
 
-def policy_config(model: config_lib.PolicyConfig, platform: str = "cpu") -> models.ModelConfig:
-  """The policy's ModelConfig as the runner loads it on `platform` (`policy.load`; `--attention=auto` picks by the
-  platform), from a named shape, an HF checkpoint directory's config.json, or (empty `--model`) the embedded tiny
-  model."""
-  runtime = policy.runtime(model, platform)
-  name = model.init_checkpoint or model.model
-  if not name:
-    return models.tiny_config(**policy.tiny_overrides(model), **runtime)
-  if name in NAMED:
-    return models.ModelConfig(**NAMED[name], **runtime)
-  return models.read_config(name, **runtime)
+def policy_config(model: config_lib.PolicyConfig, platform: str = "cpu"):
+  """The policy's ModelConfig as the runner loads it on `platform` (`policy.model_config`), from a preset's shapes
+  (`models.presets`), an HF checkpoint directory's config.json, or (empty `--model`) the embedded tiny model."""
+  return policy.model_config(model, platform)
 
 
-def reward_shapes(config: config_lib.Config, policy_shapes: models.ModelConfig):
-  """The learned reward model's shapes as `learned_reward.LearnedReward` loads it (the run's dtype, a tied
-  backbone, the policy's attention and layer layout), from a named shape (kind: orm with --reward=orm, else prm) or a reward-model
-  directory; None with a rule reward."""
-  if not learned_reward.learned(config):
-    return None
-  path, dtype, attention = config.reward_model.reward_model, config.model.dtype, policy_shapes.attention
-  if path in NAMED:
-    shapes = models.ModelConfig(**NAMED[path], dtype=dtype, param_dtype=dtype, attention=attention,
-                                scan_layers=config.model.scan_layers)
-    return programs.RewardModel(dataclasses.replace(shapes, tie_word_embeddings=True),
-                                "orm" if config.task.reward == "orm" else "prm")
-  import safetensors  # pylint: disable=import-outside-toplevel
-  head = pathlib.Path(path) / rm_io.HEAD_FILE
-  if not head.is_file():
-    raise models.CheckpointError(f"missing {rm_io.HEAD_FILE} in {path}: not a reward model directory")
-  with safetensors.safe_open(head, framework="np") as f:
-    kind = (f.metadata() or {}).get("kind")
-  return programs.RewardModel(models.read_config(path, dtype=dtype, param_dtype=dtype, attention=attention,
-                                                 scan_layers=config.model.scan_layers), kind)
+def reward_shapes(config: config_lib.Config, policy_shapes) -> programs.RewardModel | None:
+  """The learned reward model's shapes and kind as the runner loads it (`learned_reward.model_config`); None with a
+  rule reward."""
+  found = learned_reward.model_config(config, policy_shapes)
+  return programs.RewardModel(*found) if found else None
 
 
 def _bytes_per_device(tree) -> int:
@@ -355,14 +296,14 @@ def report(config, tgt: Target, results: list[Compiled], resident: dict, hbm_gib
   model_config = policy_config(config.model, tgt.devices[0].platform)
   n_params = sum(math.prod(x.shape) for x in jax.tree.leaves(jax.eval_shape(models.init_params, model_config,
                                                                              jax.random.key(0))))
-  hbm = hbm_gib * GiB if hbm_gib else (tgt.chip.hbm_gib * GiB if tgt.chip else None)
+  hbm = hbm_gib * GiB if hbm_gib else (tgt.chip.usable_gib * GiB if tgt.chip else None)
   rollout, algo, m = config.rollout, config.algorithm, config.model
   lines = [f"model: {m.init_checkpoint or m.model or 'embedded tiny'}, {n_params / 1e9:.3f}B params, "
            f"{model_config.num_hidden_layers} layers, {model_config.dtype}, remat="
            f"{model_config.remat_policy if model_config.remat else 'off'}, scan_layers={model_config.scan_layers}, "
            f"attention={model_config.attention}",
            f"target: {tgt.name}, {tgt.num_chips} chips ({len(tgt.devices)} devices)"
-           + (f", {tgt.chip.name}: {tgt.chip.hbm_gib} GiB HBM, {tgt.chip.peak_flops / 1e12:.0f} TFLOP/s bf16 "
+           + (f", {tgt.chip.name}: {tgt.chip.usable_gib} GiB HBM, {tgt.chip.peak_flops / 1e12:.0f} TFLOP/s bf16 "
               f"per chip" if tgt.chip else "") + f"; mesh {config.mesh.mesh}, rules {config.mesh.sharding_rules}",
            f"run: --algo={algo.algo}, B={rollout.batch_size} prompts x G={rollout.group_size} samples of P+T = "
            f"{config.task.max_prompt_len}+{rollout.max_new_tokens} tokens, --grad_accum_steps="
@@ -388,7 +329,7 @@ def report(config, tgt: Target, results: list[Compiled], resident: dict, hbm_gib
       what = "its arguments" if r.argument - r.alias >= r.temp else "its temporaries"
       problem = (f"DOES NOT FIT: {r.name} needs {_gib(r.peak_bytes)} GiB per chip on {tgt.name} "
                  f"({_gib(r.program_bytes)} program, mostly {what}, + {_gib(r.resident_other)} resident) "
-                 f"> {hbm / GiB if hbm else tgt.chip.hbm_gib:.2f} GiB HBM; largest arrays: {'; '.join(r.largest)}")
+                 f"> {hbm / GiB if hbm else tgt.chip.usable_gib:.2f} GiB HBM; largest arrays: {'; '.join(r.largest)}")
   lines.append("")
   for r in results:
     lines.append(f"{r.name}: {r.uses}")

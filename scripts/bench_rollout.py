@@ -41,13 +41,13 @@ import numpy as np  # pylint: disable=wrong-import-position
 from scipy import stats  # pylint: disable=wrong-import-position
 
 from grpo_jax import models, partitioning, rollout_engine, sampling  # pylint: disable=wrong-import-position
+from grpo_jax.models import presets  # pylint: disable=wrong-import-position
 from grpo_jax.models import tiny  # pylint: disable=wrong-import-position
 
 HERE = pathlib.Path(__file__).parent
-SHAPES = {  # the tiny checkpoint of bench_vs_torch, and Qwen2.5-0.5B's shapes (random weights: no hub here)
+SHAPES = {  # the tiny checkpoint of bench_vs_torch, and Qwen2.5-0.5B's sizes (random weights: no hub here)
     "tiny": dict(num_hidden_layers=4, hidden_size=128, intermediate_size=384),
-    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2, vocab_size=151_936),
+    "0.5b": presets.sizes("qwen2.5-0.5b"),
 }
 
 
@@ -129,6 +129,8 @@ RUNNER_VARIANTS = {  # name -> flags: the baseline first
     "static sampler, widths multiple of 4": ["--sampler=static"],
     "engine, widths multiple of 4": ["--sampler=engine"],
     "engine, widths doubling": ["--sampler=engine", "--completion_widths=doubling"],
+    "engine, length buckets": ["--sampler=engine", "--token_layout=buckets"],
+    "engine, length buckets, 3 widths": ["--sampler=engine", "--token_layout=buckets", "--bucket_widths=3"],
 }
 
 
@@ -143,25 +145,36 @@ def runner(args) -> None:
   start = time.perf_counter()
   run(tmp / "sft", "--steps=0", f"--sft_steps={args.runner_sft_steps}")
   print(f"runner: SFT policy in {time.perf_counter() - start:.0f} s; flags {' '.join(RUNNER_TASK)}")
-  rows = {}
-  for i, (name, flags) in enumerate(RUNNER_VARIANTS.items()):
-    work = tmp / f"v{i}"
-    run(work, f"--init_checkpoint={tmp / 'sft' / 'sft_policy'}", f"--steps={args.runner_steps}", *flags)
-    records = [json.loads(l) for l in (work / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in records if "train/time_sampling" in r]
-    stage2 = train[-1]["time"] - next(r["time"] for r in records if r["step"] == 0)
-    rows[name] = dict(first=train[0]["train/time_sampling"], steady=[r["train/time_sampling"] for r in train[1:]],
-                      stage2=stage2, widths=len({r["train/completion_width"] for r in train}),
-                      length=statistics.mean(r["train/response_length"] for r in train))
-  print("| variant | sampling, first step s (compiles) | sampling, a later step s | stage 2 s (12 steps, "
-        "compiles included) | widths compiled | mean completion |")
-  print("|---|---|---|---|---|---|")
+  variants = {name: flags for i, (name, flags) in enumerate(RUNNER_VARIANTS.items())
+              if not args.runner_variants or str(i) in args.runner_variants.split(",")}
+  rows = {name: dict(first=[], steady=[], stage2=[], scoring=[], widths=0, length=0.0) for name in variants}
+  for round_ in range(args.runner_rounds):  # rounds in turn: a drift of the machine's load hits every variant
+    for i, (name, flags) in enumerate(variants.items()):
+      work = tmp / f"v{i}r{round_}"
+      run(work, f"--init_checkpoint={tmp / 'sft' / 'sft_policy'}", f"--steps={args.runner_steps}", *flags)
+      records = [json.loads(l) for l in (work / "metrics.jsonl").read_text().splitlines()]
+      train = [r for r in records if "train/time_sampling" in r]
+      r = rows[name]
+      r["first"].append(train[0]["train/time_sampling"])
+      r["steady"] += [x["train/time_sampling"] for x in train[1:]]
+      r["scoring"] += [x["train/time_scoring"] + x["train/time_update"] for x in train[1:]]
+      r["stage2"].append(train[-1]["time"] - next(x["time"] for x in records if x["step"] == 0))
+      r["widths"] = len({x["train/completion_width"] for x in train})
+      r["length"] = statistics.mean(x["train/response_length"] for x in train)
+  print(f"| variant | sampling, first step s (compiles) | sampling, a later step s | scoring + update, a later step s | "
+        f"stage 2 s ({args.runner_steps} steps, compiles included; {args.runner_rounds} rounds) | widths compiled | "
+        f"mean completion |")
+  print("|---|---|---|---|---|---|---|")
   base = next(iter(rows.values()))
   for name, r in rows.items():
     mean, se = mean_se(r["steady"])
     ratio, ratio_se = mean_se(b / e for b, e in zip(base["steady"], r["steady"]))
-    print(f"| {name} | {r['first']:.2f} | {mean:.3f} ± {se:.3f} ({ratio:.2f} ± {ratio_se:.2f}x) | {r['stage2']:.1f} "
-          f"({base['stage2'] / r['stage2']:.2f}x) | {r['widths']} | {r['length']:.1f} |")
+    stage2, stage2_se = mean_se(r["stage2"])
+    speedup, speedup_se = mean_se(b / e for b, e in zip(base["stage2"], r["stage2"]))
+    scoring, scoring_se = mean_se(r["scoring"])
+    print(f"| {name} | {statistics.mean(r['first']):.2f} | {mean:.3f} ± {se:.3f} ({ratio:.2f} ± {ratio_se:.2f}x) | "
+          f"{scoring:.3f} ± {scoring_se:.3f} | {stage2:.1f} ± {stage2_se:.1f} ({speedup:.2f} ± {speedup_se:.2f}x) | "
+          f"{r['widths']} | {r['length']:.1f} |")
 
 
 def main():
@@ -169,6 +182,8 @@ def main():
   parser.add_argument("--part", choices=("samplers", "runner"), default="samplers")
   parser.add_argument("--runner_steps", type=int, default=12)
   parser.add_argument("--runner_sft_steps", type=int, default=600)
+  parser.add_argument("--runner_variants", default="", help="indices into RUNNER_VARIANTS, comma-separated (all)")
+  parser.add_argument("--runner_rounds", type=int, default=1, help="runs of each variant, in turn")
   parser.add_argument("--model", choices=sorted(SHAPES), default="tiny")
   parser.add_argument("--dtype", default=None, help="float32 (tiny's default) or bfloat16 (0.5b's default)")
   parser.add_argument("--workloads", default="tail,equal")

@@ -19,14 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax import models, sampling
-
-
-def qwen25_05b_config() -> models.ModelConfig:
-  """Qwen2.5-0.5B's shapes (494M params), random weights."""
-  return models.ModelConfig(model_type="qwen2", vocab_size=151_936, hidden_size=896, intermediate_size=4864,
-                            num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2, head_dim=64,
-                            rope_theta=1e6, qkv_bias=True, tie_word_embeddings=True, eos_token_ids=(151_643,),
-                            pad_token_id=151_643)
+from grpo_jax.models import presets
 
 
 @functools.partial(jax.jit, static_argnums=1)
@@ -73,7 +66,7 @@ def main():
                       help="also time sampling.sample(..., cache_segments=k) when k > 1 (decode in k segments)")
   args = parser.parse_args()
 
-  config = models.tiny_config() if args.model == "tiny" else qwen25_05b_config()
+  config = models.tiny_config() if args.model == "tiny" else presets.config("qwen2.5-0.5b")  # random weights
   params = jax.block_until_ready(models.init_params(config, jax.random.key(0)))
   n_params = sum(x.size for x in jax.tree.leaves(params))
   n_prompts = args.batch // args.num_samples

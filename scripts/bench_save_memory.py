@@ -17,12 +17,7 @@ import subprocess
 import sys
 import tempfile
 
-SIZES = {  # Qwen2.5-0.5B's shapes (random weights), and the same widths with 4 layers
-    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2, vocab_size=151_936),
-    "0.2b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=4, num_attention_heads=14,
-                 num_key_value_heads=2, vocab_size=151_936),
-}
+SIZES = {"0.5b": {}, "0.2b": {"num_hidden_layers": 4}}  # Qwen2.5-0.5B's sizes (random weights), or with 4 layers
 PARTS = ("checkpoint", "export")
 
 
@@ -42,7 +37,9 @@ def measure(part: str, size: str, out: pathlib.Path, host_transfer_gb: float | N
   import optax  # pylint: disable=import-outside-toplevel
   from experiments.runner import policy as policy_lib  # pylint: disable=import-outside-toplevel
   from grpo_jax import models, training  # pylint: disable=import-outside-toplevel
-  config = models.tiny_config(**SIZES[size], param_dtype="bfloat16", dtype="bfloat16")
+  from grpo_jax.models import presets  # pylint: disable=import-outside-toplevel
+  config = models.tiny_config(**{**presets.sizes("qwen2.5-0.5b"), **SIZES[size]}, param_dtype="bfloat16",
+                              dtype="bfloat16")
   params = models.init_params(config, jax.random.key(0))
   weights = sum(x.nbytes for x in jax.tree.leaves(params))
   if part == "checkpoint":

@@ -27,7 +27,8 @@ if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from grpo_jax import models, partitioning, training  # noqa: E402
+from grpo_jax import chips, models, partitioning, training  # noqa: E402
+from grpo_jax.models import presets  # noqa: E402
 from grpo_jax.training import update as update_lib  # noqa: E402
 
 SIZES = {
@@ -35,14 +36,8 @@ SIZES = {
                  num_key_value_heads=2, head_dim=32, tie_word_embeddings=True, qkv_bias=True),
     "small": dict(vocab_size=4096, hidden_size=512, intermediate_size=1536, num_hidden_layers=4,
                   num_attention_heads=8, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True, qkv_bias=True),
-    # Qwen2.5-0.5B's shapes (494M parameters).
-    "qwen2.5-0.5b": dict(vocab_size=151_936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                         num_attention_heads=14, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True,
-                         qkv_bias=True, rope_theta=1e6),
+    "qwen2.5-0.5b": presets.PRESETS["qwen2.5-0.5b"],  # 494M parameters
 }
-# Dense bfloat16 peak FLOP/s per device, by device kind (substring match, first hit).
-PEAK_FLOPS = (("H200", 989e12), ("H100", 989e12), ("A100", 312e12), ("L4", 121e12), ("A10", 125e12),
-              ("TPU v5 lite", 197e12), ("TPU v5", 459e12), ("TPU v4", 275e12))
 DEFAULT_RULES = {"data": "dp", "fsdp": "fsdp", "tensor": "fsdp_tp"}
 
 
@@ -125,8 +120,8 @@ def bench(size: str, spec: str, args) -> dict:
              tokens_per_s=args.batch * args.length / seconds, memory=memory, memory_source=source)
   device = mesh.devices.flat[0]
   if device.platform != "cpu":
-    peak = args.peak_tflops * 1e12 if args.peak_tflops else next(
-        (f for k, f in PEAK_FLOPS if k in device.device_kind), None)
+    chip = chips.find(device.device_kind)
+    peak = args.peak_tflops * 1e12 if args.peak_tflops else (chip.peak_flops if chip else None)
     if peak:
       row["mfu"] = model_flops(config, args.batch, args.length) / seconds / (peak * mesh.devices.size)
   return row

@@ -10,7 +10,8 @@ r"""The checks of issue #41 on one GPU, each figure beside its roofline: `script
   python scripts/gpu_check.py <part> --out=DIR --smoke    # tiny shapes, for a CPU (what tests/test_gpu_check runs)
 
 Each part writes `<part>.json` under `--out` (checkpoints and runs under `--scratch`); `table` reads them. The roofline is measured, not taken from a data
-sheet: the best of a few [8192, 8192] bf16 products (FLOP/s) and of a few copies of 1 GiB (bytes/s, read + write).
+sheet: the best of a few [8192, 8192] bf16 products (FLOP/s) and of a few copies of 1 GiB (bytes/s, read + write);
+the table gives it as a share of the chip's data sheet (`grpo_jax.chips`) where the chip is known.
 Against it:
   init: seconds (the goal: seconds on any backend, as on the CPU).
   sampler: decode limit = T x (weight bytes + KV-cache bytes at the mean length) / copy rate, as a fraction of the
@@ -31,17 +32,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import models, rollout_engine, sampling
+from grpo_jax import chips, models, rollout_engine, sampling
+from grpo_jax.models import presets
 from grpo_jax.models import tiny
 
-QWEN = {  # Hugging Face configs' shapes (random weights: no hub here)
-    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2, vocab_size=151_936),
-    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                 num_key_value_heads=2, vocab_size=151_936),
-    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-               num_key_value_heads=4, vocab_size=152_064, tie_word_embeddings=False),
-}
+# Qwen2.5's sizes over the character tokenizer (random weights: no hub here).
+QWEN = {size: presets.sizes(f"qwen2.5-{size}") for size in ("0.5b", "1.5b", "7b")}
 SMOKE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
 
 
@@ -366,6 +362,12 @@ def table(args) -> str:
     lines.append(f"{roof['device']} ({roof['backend']}, jax {roof['jax']}): measured bf16 matmul "
                  f"{roof['matmul_flops'] / 1e12:.0f} TFLOP/s, copy {roof['copy_bytes_per_s'] / 1e12:.2f} TB/s\n")
   lines += ["| what | measured | against the roofline |", "|---|---|---|"]
+  chip = chips.find(roof["device"]) if roof else None
+  if chip and chip.hbm_bandwidth:
+    lines.append(f"| the roofline itself | bf16 matmul {roof['matmul_flops'] / 1e12:.0f} TFLOP/s, copy "
+                 f"{roof['copy_bytes_per_s'] / 1e12:.2f} TB/s | {100 * roof['matmul_flops'] / chip.peak_flops:.0f}% "
+                 f"and {100 * roof['copy_bytes_per_s'] / chip.hbm_bandwidth:.0f}% of the data sheet's "
+                 f"{chip.peak_flops / 1e12:.0f} TFLOP/s and {chip.hbm_bandwidth / 1e12:.2f} TB/s |")
   att = (roof or {}).get("attention")
   if att:
     lines.append(f"| attention `auto` = {att['implementation']} vs einsum, bf16 {att['shape']} | relative error: "

@@ -3,7 +3,7 @@ of the runner's own params, adapters, optimiser and LoRA split; no weight is all
 
   python scripts/lora_memory.py --model=deepseek-math-7b --dtype=bfloat16 --lora_rank=64
 
-It takes the runner's flags --model (a named shape of scripts/aot_compile.py), --dtype, --lora_rank, --lora_alpha
+It takes the runner's flags --model (a named shape of `grpo_jax.models.presets`), --dtype, --lora_rank, --lora_alpha
 and --lora_targets.
 
 Full fine-tuning keeps the policy, a frozen copy of it as π_ref (β > 0), AdamW's two moments of every weight and, in
@@ -20,14 +20,13 @@ from absl import flags
 import jax
 import numpy as np
 
+from experiments import cli  # noqa: F401  pylint: disable=unused-import  # defines the runner's flags
 from experiments.runner import config as config_lib
 from grpo_jax import models
 from grpo_jax import training
+from grpo_jax.chips import GiB
 from grpo_jax.models import lora
-
-GiB = 2 ** 30
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
-from aot_compile import NAMED  # noqa: E402  pylint: disable=wrong-import-position
+from grpo_jax.models import presets
 
 
 def nbytes(tree) -> int:
@@ -54,9 +53,9 @@ def resident(config: models.ModelConfig, rank: int, alpha: float, targets) -> di
 def main(argv):
   del argv
   f = flags.FLAGS
-  if f.model not in NAMED or f.lora_rank < 1:
-    sys.exit(f"--model must be one of {', '.join(NAMED)} and --lora_rank >= 1")
-  config = models.ModelConfig(**NAMED[f.model], dtype=f.dtype, param_dtype=f.dtype)
+  if f.model not in presets.PRESETS or f.lora_rank < 1:
+    sys.exit(f"--model must be one of {', '.join(presets.PRESETS)} and --lora_rank >= 1")
+  config = presets.config(f.model, dtype=f.dtype, param_dtype=f.dtype)
   targets = config_lib.lora_targets(f.lora_targets)
   table = resident(config, f.lora_rank, f.lora_alpha, targets)
   print(f"{f.model}, {f.dtype} weights, LoRA rank {f.lora_rank} on {','.join(targets)} (whole model, GiB)")
@@ -68,4 +67,4 @@ def main(argv):
   print(f"{'total':28}{full:10.2f}{with_lora:10.2f}   saved {full - with_lora:.2f} GiB, π_ref's copy {ref:.2f} of it")
 
 if __name__ == "__main__":
-  app.run(main)  # the runner's flags (defined by experiments.cli, which aot_compile imports)
+  app.run(main)

@@ -190,6 +190,17 @@ def test_the_programs_are_those_the_runner_compiles(tmp_path):
   _programs_match_a_run(config, ["sampler", "logprobs", "update", "eval_greedy"])
 
 
+def test_the_bucketed_programs_are_those_a_bucketed_run_compiles(tmp_path):
+  # --token_layout=buckets: the forward and the update take all --max_new_tokens columns, one program each.
+  config = config_lib.Config().replace(
+      mesh="data:1", tiny_layers=1, batch_size=2, group_size=2, max_new_tokens=6, temperature=0.7,
+      recompute_old_logprobs=True, steps=1, sft_steps=0, eval_every=0, num_test=2, eval_batch_size=2, save_every=0,
+      tensorboard=False, work_dir=str(tmp_path / "run"), token_layout="buckets", bucket_micro_batches=2)
+  listed, _, _ = _programs_match_a_run(config, ["sampler", "logprobs", "update", "eval_greedy"])
+  assert "2 length-sorted micro-batches at widths (4, 6)" in listed["update"].uses
+  assert listed["update"].args[1].tokens.shape == (4, config.task.max_prompt_len + 6)
+
+
 def test_the_lora_programs_are_those_a_lora_run_compiles(tmp_path):
   # As above with --lora_rank: the sampler and evaluation take base + adapters, π_ref the base alone (adapters
   # off), π_old base + adapters (a second forward program), the update the adapters' train state and the frozen
@@ -305,6 +316,8 @@ def test_the_update_follows_the_policy_loss():
      ("clip_frac_high", "entropy_loss")),
     (dict(loss="sapo", top_entropy_quantile=0.5, lora_rank=4, lora_alpha=8.0),
      ["sampler", "old_logprobs", "logprobs", "update", "eval_greedy"], ("sapo_gradient_scale", "entropy_mask_frac")),
+    (dict(token_layout="buckets", bucket_micro_batches=2, bucket_widths=2, beta=0.04),
+     ["sampler", "logprobs", "update", "eval_greedy"], ("kl", "entropy")),  # length buckets, sorted per shard
 ])
 def test_the_policy_losses_run_on_a_mesh_and_with_lora(tmp_path, flags, names, metrics):
   # A one-step run on a 2 x 2 (data, fsdp) mesh with π_old recomputed (ratios off 1) logs the loss's metrics,

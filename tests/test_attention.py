@@ -1,8 +1,10 @@
-"""The attention seam (grpo_jax/models/attention.py): each implementation against the einsum reference.
+"""The attention seam (grpo_jax/models/attention.py): each implementation against the einsum reference, and decode
+attention with its merge of partial softmaxes.
 
 Values and gradients on the CPU: xla directly, the Pallas TPU kernel in Pallas's TPU interpret mode; the model's
 logits and log-probs with each; the Pallas kernel compiled for a TPU topology with libtpu (no TPU). cuDNN needs an
-NVIDIA GPU: here only its selection is tested.
+NVIDIA GPU: here only its selection is tested. Decode attention against a float64 NumPy softmax, with a shared
+prefix against one cache holding prefix and own slots; the merge by hand and against one softmax.
 """
 
 import functools
@@ -19,7 +21,7 @@ import pytest
 from jax.experimental.pallas import tpu as pltpu
 
 from grpo_jax import logprobs as logprobs_lib
-from grpo_jax.models import ModelConfig, attention, transformer
+from grpo_jax.models import ModelConfig, attention, kv_cache, transformer
 from tests.conftest import HANG_GUARD_S
 
 B, L, N, K, D = 3, 20, 4, 2, 16  # GQA: 2 query heads per kv head
@@ -194,6 +196,102 @@ def test_the_model_scores_and_trains_with_each_implementation(implementation):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
+# Decode steps: one query a row against a cache, a prefix's part merged by logsumexp.
+
+
+def _partial(scores, values):
+  """A `Partial` of scores [S] and values [S] (one row, kv head and query head; D = 1), its own max the reference."""
+  return attention.partial_softmax(jnp.asarray(scores, jnp.float32)[None, None, None],
+                                   jnp.asarray(values, jnp.float32)[None, None, :, None])
+
+
+def test_merge_of_partial_softmaxes_by_hand():
+  """Scores (0, ln 2) over values (1, 3), and ln 4 over 5: weights 1, 2, 4 of 7, so softmax · v = 27 / 7."""
+  a, b = _partial([0.0, np.log(2.0)], [1.0, 3.0]), _partial([np.log(4.0)], [5.0])
+  np.testing.assert_allclose([a.max.item(), a.sum.item(), a.out.item()], [np.log(2.0), 1.5, 3.5], rtol=1e-6)
+  np.testing.assert_allclose([b.max.item(), b.sum.item(), b.out.item()], [np.log(4.0), 1.0, 5.0], rtol=1e-6)
+  for merged in (attention.merge_partials(a, b), attention.merge_partials(b, a)):  # a rescaled by exp(ln 2 - ln 4)
+    np.testing.assert_allclose([merged.max.item(), merged.sum.item(), merged.out.item()],
+                               [np.log(4.0), 1.75, 6.75], rtol=1e-6)
+    np.testing.assert_allclose(attention.normalised(merged).item(), 27 / 7, rtol=1e-6)
+
+
+def test_merged_partials_equal_one_softmax_over_the_concatenation():
+  """Three parts, each with its own maximum and masked entries, merged in either grouping: softmax over all keys
+  times their values. A fully masked part adds nothing; parts with one common reference merge to exact sums."""
+  rng = np.random.default_rng(0)
+  low = np.finfo(np.float32).min
+  shapes = [(2, 2, 3, s) for s in (5, 4, 3)]  # [B, K, G, S] each
+  scores = [np.where(rng.random(shape) < 0.3, low, 4 * rng.normal(size=shape)).astype(np.float32) for shape in shapes]
+  scores[0][..., 0] = 0.0  # every row has a real key
+  values = [rng.normal(size=(2, 2, shape[-1], 6)).astype(np.float32) for shape in shapes]
+  a, b, c = (attention.partial_softmax(jnp.asarray(x), jnp.asarray(v)) for x, v in zip(scores, values))
+  s64, v64 = np.concatenate(scores, -1).astype(np.float64), np.concatenate(values, 2).astype(np.float64)
+  p = np.exp(s64 - s64.max(-1, keepdims=True))
+  want = np.einsum("bkgs,bksd->bkgd", p / p.sum(-1, keepdims=True), v64)
+  left = attention.merge_partials(attention.merge_partials(a, b), c)
+  right = attention.merge_partials(a, attention.merge_partials(c, b))
+  for merged in (left, right):
+    np.testing.assert_allclose(attention.normalised(merged), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(merged.max, s64.max(-1))
+  masked = attention.partial_softmax(jnp.full((2, 2, 3, 4), low), jnp.asarray(1e3 * values[1]))
+  np.testing.assert_array_equal(attention.normalised(attention.merge_partials(a, masked)), attention.normalised(a))
+  top = jnp.maximum(a.max, b.max)
+  a_top, b_top = (attention.partial_softmax(jnp.asarray(x), jnp.asarray(v), top)
+                  for x, v in zip(scores[:2], values[:2]))
+  # The same reference array (decode_attend's case) adds the parts; an equal one rescales them by exp(0), exactly 1.
+  for b_ref in (b_top, b_top._replace(max=jnp.array(top))):
+    common = attention.merge_partials(a_top, b_ref)
+    np.testing.assert_array_equal(common.sum, a_top.sum + b_top.sum)
+    np.testing.assert_array_equal(common.out, a_top.out + b_top.out)
+
+
+def _cache_layout(k, v):
+  """Keys and values [B, S, K, D] -> the cache's [B, K, D, S] and [B, K, S, D]."""
+  return k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_decode_attend_equals_grouped_query_attention(dtype):
+  """One query a row against the cache's layout: float64 softmax(q·kᵀ/√D)·v; a row that sees one slot gets its
+  value."""
+  b, n, k, s, d = 3, 4, 2, 7, 8
+  q, keys, values = (jax.random.normal(jax.random.key(i), shape) for i, shape in
+                     enumerate([(b, 1, n, d), (b, s, k, d), (b, s, k, d)]))
+  allowed = jnp.arange(s)[None, None, :] < jnp.array([7, 4, 1])[:, None, None]  # row 2 sees one slot
+  want = _numpy_attention(q, keys, values, allowed)
+  np.testing.assert_allclose(want[2, 0], np.repeat(values[2, 0], n // k, axis=0), rtol=1e-6)
+  cast = lambda x: x.astype(dtype)
+  got = jax.jit(attention.decode_attend)(cast(q), *map(cast, _cache_layout(keys, values)), allowed)
+  assert got.shape == (b, 1, n, d) and got.dtype == jnp.dtype(dtype)
+  np.testing.assert_allclose(got.astype(jnp.float32), want, atol=1e-5 if dtype == "float32" else 5e-2)
+
+
+@pytest.mark.parametrize("by_rows", [False, True])
+def test_decode_attend_with_a_prefix_equals_one_cache_holding_both(by_rows):
+  """Rows attending to a prefix row's slots, then their own, as one cache holding both per row: groups of 3
+  consecutive rows sharing one (the sampler), or each row its own prefix row by `rows` (the rollout engine)."""
+  b, groups, n, k, d, p, s = 6, 3, 4, 2, 8, 5, 4  # 2 prefixes, each read by 3 rows
+  q = jax.random.normal(jax.random.key(0), (b, 1, n, d))
+  pk, pv = (jax.random.normal(jax.random.key(i), (b // groups, p, k, d)) for i in (1, 2))
+  own_k, own_v = (jax.random.normal(jax.random.key(i), (b, s, k, d)) for i in (3, 4))
+  pmask = jnp.array([[False, False, True, True, True], [True] * p])  # prefix 0 left-padded by 2
+  allowed = jnp.arange(s)[None, None, :] < jnp.array([4, 1, 2, 3, 4, 1])[:, None, None]
+  rows = jnp.array([1, 0, 1, 1, 0, 0]) if by_rows else jnp.repeat(jnp.arange(b // groups), groups)
+  whole_k = jnp.concatenate([pk[rows], own_k], axis=1)
+  whole_v = jnp.concatenate([pv[rows], own_v], axis=1)
+  whole_allowed = jnp.concatenate([pmask[rows][:, None], allowed], axis=-1)
+  want = _numpy_attention(q, whole_k, whole_v, whole_allowed)
+  decode = jax.jit(attention.decode_attend)
+  prefix = lambda k, v: kv_cache.KVPrefix(*_cache_layout(k, v), mask=pmask, rows=rows if by_rows else None)
+  got = decode(q, *_cache_layout(own_k, own_v), allowed, prefix(pk, pv))
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(got, decode(q, *_cache_layout(whole_k, whole_v), whole_allowed), rtol=1e-5, atol=1e-6)
+  # A masked prefix slot changes nothing: prefix 0's padding holds garbage.
+  again = decode(q, *_cache_layout(own_k, own_v), allowed, prefix(pk.at[0, :2].set(1e3), pv.at[0, :2].set(1e3)))
+  np.testing.assert_allclose(again, got, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not installed: no TPU compiler")
 def test_pallas_kernel_compiles_for_a_tpu_topology():
   """The kernel, its backward and the model's bfloat16 log-prob forward with it compile for one chip
@@ -206,7 +304,7 @@ def test_pallas_kernel_compiles_for_a_tpu_topology():
       from jax.experimental import topologies
       from jax.sharding import SingleDeviceSharding
       from grpo_jax import logprobs
-      from grpo_jax.models import ModelConfig, attention, transformer
+      from grpo_jax.models import ModelConfig, attention, kv_cache, transformer
       device = topologies.get_topology_desc(topology_name="v5e:2x2", platform="tpu").devices[0]
       one = SingleDeviceSharding(device)
       spec = lambda shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype, sharding=one)

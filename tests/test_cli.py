@@ -3,11 +3,13 @@ entry modules, every config field is a flag with the field's default, a flagfile
 same run (the packages' layers: tests/test_import_layers.py)."""
 
 import ast
+import dataclasses
 import json
 import os
 import pathlib
 import subprocess
 import sys
+import typing
 
 from absl import flags
 import jax
@@ -28,10 +30,11 @@ def _modules(package: str):
 
 
 def test_flags_are_read_only_in_entry_modules():
-  """No `absl.flags` import and no `FLAGS` below the entry modules (`experiments/*.py`) or in the library."""
+  """No `absl.flags` import and no `FLAGS` below the entry modules (`experiments/*.py`, `experiments/*/__main__.py`)
+  or in the library."""
   offenders = []
   for path in _modules("experiments") + _modules("grpo_jax"):
-    if path.parent == REPO / "experiments":
+    if REPO / "experiments" in (path.parent, path.parent.parent if path.name == "__main__.py" else None):
       continue  # the entry modules and cli.py: flags live here
     tree = ast.parse(path.read_text())
     names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
@@ -204,3 +207,59 @@ def test_out_of_memory_is_one_line_and_other_runtime_errors_stay_tracebacks(tmp_
                    "--forward_memory_budget")
   with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):
     main_in_process(cli.main_for("grpo_math", job("INTERNAL: a bug")), ["grpo_math", f"--work_dir={tmp_path}"])
+
+
+def test_flags_are_the_fields_metadata():
+  """Each field's flag has the field's default, the help and values its `config_lib.flag(...)` declares, and the
+  DEFINE_* of its type; cli defines them (its key flags, as `--helpfull` groups them)."""
+  kinds = {str: "string", int: "int", float: "float", bool: "bool"}
+  for section in config_lib.SECTIONS.values():
+    annotations = typing.get_type_hints(section)
+    for field in dataclasses.fields(section):
+      flag, help_text = FLAGS[field.name], field.metadata["help"]
+      assert flag.default == field.default and FLAGS.find_module_defining_flag(field.name) == "experiments.cli"
+      if "choices" in field.metadata:
+        choices = [c for c in field.metadata["choices"] if c is not None]
+        assert flag.flag_type() == "string enum" and flag.parser.enum_values == choices, field.name
+        assert flag.help == f"<{'|'.join(choices)}>: {help_text}", field.name  # absl puts the values first
+      else:
+        assert flag.help == help_text, field.name
+        (kind,) = [t for t in (typing.get_args(annotations[field.name]) or (annotations[field.name],))
+                   if t is not type(None)]
+        assert flag.flag_type() == kinds[kind], field.name
+  # Frozen: the four fields unset by default (each a flag without a default value) and a few of each kind.
+  frozen = {"group_size": ("int", None), "epsilon_high": ("float", None), "num_processes": ("int", None),
+            "kl": ("string enum", None), "batch_size": ("int", 32), "beta": ("float", 0.04),
+            "scan_layers": ("bool", False), "model": ("string", ""), "algo": ("string enum", "grpo")}
+  assert {name: (FLAGS[name].flag_type(), FLAGS[name].default) for name in frozen} == frozen
+  assert FLAGS["kl"].parser.enum_values == ["k1", "k2", "k3"]
+  assert FLAGS["scan_layers"].help.startswith("Run the decoder layers as one lax.scan over stacked weights")
+
+
+def test_a_new_field_is_a_flag():
+  """A section's fields become flags of their types with nothing else written; one without help is refused."""
+
+  @dataclasses.dataclass(frozen=True)
+  class Section:
+    name: str = config_lib.flag("x", "A string.")
+    count: int | None = config_lib.flag(None, "An int, unset.", minimum=1)
+    rate: float = config_lib.flag(0.5, "A float.")
+    on: bool = config_lib.flag(True, "A bool.")
+    mode: str | None = config_lib.flag(None, "An enum.", choices=(None, "a", "b"))
+
+  values = flags.FlagValues()
+  cli.define_flags({"section": Section}, values)
+  values(["prog", "--count=3", "--rate=2", "--noon", "--mode=b"])
+  assert (values.name, values.count, values.rate, values.on, values.mode) == ("x", 3, 2.0, False, "b")
+  assert [values[n].flag_type() for n in ("name", "count", "rate", "on", "mode")] == [
+      "string", "int", "float", "bool", "string enum"]
+  assert values["mode"].help == "<a|b>: An enum." and values["mode"].default is None
+  with pytest.raises(flags.IllegalFlagValueError):
+    values(["prog", "--mode=c"])
+
+  @dataclasses.dataclass(frozen=True)
+  class Bare:
+    plain: int = 1
+
+  with pytest.raises(TypeError, match="config field plain has no help text"):
+    cli.define_flags({"bare": Bare}, flags.FlagValues())

@@ -133,7 +133,7 @@ _OTHER_VALUE = {
     "dpo_pairs_per_prompt": 2, "offline_prompts": 64, "max_turns": 2, "memory_budget": 30, "planner_prompt_len": 60,
     "action_tokens": 10, "tools": "calc", "tool_time_limit": 2.0, "tool_header": True, "answer_from_memory": False,
     "min_bucket": 4, "temperature": 1.0, "top_p": 0.9, "top_k": 5, "sampler": "static", "num_slots": 4,
-    "completion_widths": "doubling",
+    "completion_widths": "doubling", "token_layout": "buckets",
 }
 
 
@@ -177,6 +177,9 @@ def test_read_by_names_methods_and_fields():
     ({"lora_targets": "q,v"}, "--lora_rank > 0"),
     ({"math_verify_time_limit": 5.0}, "--reward=math_verify:..."),
     ({"math_verify_workers": 2}, "--reward=math_verify:..."),
+    ({"bucket_micro_batches": 4}, "--token_layout=buckets"),
+    ({"bucket_widths": 3}, "--token_layout=buckets"),
+    ({"completion_widths": "doubling", "token_layout": "buckets"}, "--token_layout=padded"),
 ])
 def test_an_option_without_its_feature_is_refused(fields, needs):
   """Issue 55's sweep: options that only matter when another turns their feature on did nothing without it."""
@@ -185,5 +188,6 @@ def test_an_option_without_its_feature_is_refused(fields, needs):
     config_lib.Config().replace(**fields)
   on = {"--dynamic_sampling": {"dynamic_sampling": True}, "--remat": {"remat": True},
         "--eval_samples > 0": {"eval_samples": 4}, "--lora_rank > 0": {"lora_rank": 4},
-        "--reward=math_verify:...": {"reward": "math_verify:1.0"}}[needs]
-  config_lib.Config().replace(**fields, **on)  # with it: accepted
+        "--reward=math_verify:...": {"reward": "math_verify:1.0"}, "--token_layout=buckets": {"token_layout": "buckets"},
+        "--token_layout=padded": {"token_layout": "padded"}}[needs]
+  config_lib.Config().replace(**fields | on)  # with it: accepted

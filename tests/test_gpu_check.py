@@ -54,6 +54,9 @@ def test_table_from_known_parts(tmp_path):
   assert ("| GRPO step, graphs | 0.400 s (sampling 0.150, scoring 0.050, update 0.200) | 1.25x the step above |"
           in lines)
   assert "| GRPO step, attention cudnn | failed: out of time after 75 s | - |" in lines
+  # 790 / 989 TFLOP/s and 4.00 / 4.80 TB/s: H200's data sheet (grpo_jax.chips)
+  assert ("| the roofline itself | bf16 matmul 790 TFLOP/s, copy 4.00 TB/s | 80% and 83% of the data sheet's 989 "
+          "TFLOP/s and 4.80 TB/s |" in lines)
   assert any(l.startswith("| sampler 256 x 256 (prompt 64) | 0.500 s, 131,072 tokens/s; HF generate 4.000 s (8.0x)"
                           " | 42% of the decode limit") for l in lines)
 

@@ -25,17 +25,34 @@ LAYERS = {
     # 0: arrays and text in, arrays and text out: tasks and answers, losses, the model, the state type, noise.
     "grpo_jax.data": 0,
     "grpo_jax.losses": 0,
-    "grpo_jax.models": 0,
+    "grpo_jax.models": 0.9,  # the package (its public API) above its modules, whose own order is:
+    "grpo_jax.models.config": 0.0,  # the architecture
+    "grpo_jax.models.presets": 0.05,  # named shapes (configs)
+    "grpo_jax.models.params": 0.1,  # the params dict and its layouts
+    "grpo_jax.models.tokenizer": 0.1,
+    "grpo_jax.models.logical_axes": 0.2,  # axis names of parameters and activations
+    "grpo_jax.models.kv_cache": 0.3,
+    "grpo_jax.models.rope": 0.3,
+    "grpo_jax.models.random_init": 0.3,
+    "grpo_jax.models.attention": 0.4,  # the attention seam, decode attention included
+    "grpo_jax.models.layers": 0.5,  # projections, norms, attention and MLP modules, the decoder block
+    "grpo_jax.models.transformer": 0.6,  # the decoder and its functional API
+    "grpo_jax.models.hf_io": 0.7,  # built on the model: checkpoints, LoRA, scalar heads, the tiny default
+    "grpo_jax.models.lora": 0.7,
+    "grpo_jax.models.heads": 0.7,
+    "grpo_jax.models.tiny": 0.7,
     "grpo_jax.distributed": 0,
     "grpo_jax.host_memory": 0,
     "grpo_jax.train_state": 0,
     "grpo_jax.gumbel_rows": 0,
     "grpo_jax.absent_tpu": 0,
+    "grpo_jax.chips": 0,  # chips' published figures (memory, peak FLOP/s)
     # 1: rule rewards (of data's examples); meshes, rules and placement (of models' params, the state); row
 # chunks.
     "grpo_jax.rewards": 1,
     "grpo_jax.partitioning": 1,
     "grpo_jax.row_chunks": 1,  # forwards over row chunks (of a model's config)
+    "grpo_jax.length_buckets": 1,  # rows sorted by length into micro-batches (arrays only)
     # 2: running the model: sampling (static, and the continuous-batching engine) and log-probs.
     "grpo_jax.sampling": 2,
     "grpo_jax.rollout_engine": 2,
@@ -224,6 +241,13 @@ def test_modules_import_only_their_layer_or_lower():
   assert layer_violations(edges) == []
 
 
+def test_every_model_module_has_its_own_layer():
+  """Each module of `grpo_jax.models` is placed in the model's own order, not only by the package's entry."""
+  edges, _ = import_graph()
+  models = [m for m in edges if m.startswith("grpo_jax.models.")]
+  assert "grpo_jax.models.kv_cache" in models and [m for m in models if m not in LAYERS] == []
+
+
 @pytest.mark.parametrize("forbidden", FORBIDDEN)
 def test_library_never_imports_runners_or_flags(forbidden):
   _, names = import_graph()
@@ -293,7 +317,7 @@ def test_experiments_never_import_scripts_or_tests(forbidden):
 
 def test_reproduce_imports_no_jax():
   """The study orchestrator reads the runners' defaults (Flow-GRPO's preset too) as data: no method, no JAX."""
-  code = ("import sys, experiments.reproduce; "
+  code = ("import sys, experiments.reproduce.__main__; "
           "print(sorted(m for m in sys.modules if m.split('.')[0] == 'jax' or m.startswith('experiments.methods')))")
   out = subprocess.run([sys.executable, "-c", code], cwd=ROOT.parent, capture_output=True, text=True, check=True)
   assert out.stdout.strip() == "[]"

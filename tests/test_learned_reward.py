@@ -340,3 +340,17 @@ def test_iterative_updates_of_a_loglik_model_train_head_and_alpha_only(tmp_path,
   jax.tree.map(np.testing.assert_array_equal, states[-1]["backbone"], jax.tree.map(np.array, loaded["backbone"]))
   assert not np.array_equal(states[-1]["head"]["kernel"], np.asarray(loaded["head"]["kernel"]))
   assert float(states[-1]["alpha"]) != pytest.approx(0.01, abs=1e-7)
+
+
+def test_model_config_is_what_learned_reward_loads(checkpoints):
+  """`model_config` (aot_compile's reward shapes) gives the config and kind LearnedReward runs with, without weights;
+  a preset name stands for its shapes, tied, of the --reward's kind."""
+  config, tokenizer, _, _, cfgs = _orm_and_prm(checkpoints)
+  for reward, cfg in cfgs:
+    for run in (cfg, cfg.replace(scan_layers=True, dtype="bfloat16")):
+      loaded = methods.learned_reward.LearnedReward(run, tokenizer, config.replace(attention="xla"))
+      assert loaded.config.attention == "xla" and loaded.kind == reward
+      assert methods.learned_reward.model_config(run, config.replace(attention="xla")) == (loaded.config, reward)
+    named, kind = methods.learned_reward.model_config(cfg.replace(reward_model="qwen2.5-7b"), config)
+    assert kind == reward and named.tie_word_embeddings and named.hidden_size == 3584
+  assert methods.learned_reward.model_config(config_lib.Config(), config) is None  # a rule reward

@@ -465,3 +465,34 @@ def test_dynamic_sampling_keeps_varied_groups_and_refills(sft_policy, monkeypatc
   adv = np.abs(np.asarray(batch.advantages) * mask).reshape(b, -1)
   assert (adv[np.asarray(in_loss)].max(1) > 0).all()  # every kept group has a non-zero advantage
   assert stats["zero_variance_groups"] == pytest.approx(1 - np.mean(in_loss))
+
+
+def test_length_buckets_collect_and_update_as_the_padded_layout(sft_policy):
+  """`--token_layout=buckets` (issue 53): the same rollouts, π_ref and advantages at every column of the padded
+  batch (the bucketed one keeps all --max_new_tokens columns, zeros past the ends), and an update to the same
+  params; π_old recomputed (temperature 0.9) goes through the bucketed forward too."""
+  got = {}
+  for layout in ("padded", "buckets"):
+    method, params, _ = _method("grpo", sft_policy, f"--token_layout={layout}", "--batch_size=4", "--group_size=4",
+                                "--temperature=0.9", "--recompute_old_logprobs", "--learning_rate=1e-3")
+    batch, stats, _ = method.collect(params, 0, jax.random.key(0))
+    optimizer = method.optimizer(total_updates=4, warmup=0)
+    step = training.make_train_step(method.objective(), optimizer, bucketed=method.bucketed_update())
+    state, metrics = step(training.init_train_state(params, optimizer), batch)
+    got[layout] = batch, stats, state.params, metrics, method
+  (padded, _, padded_params, padded_metrics, _), (bucketed, stats, params, metrics, method) = got.values()
+  assert method.bucketed_update().buckets.widths == (4, 8, 12, 24) and method.bucketed_update().buckets.num_micro_batches == 8
+  lengths = np.asarray(bucketed.attention_mask.sum(1) - padded.attention_mask[:, :method.cfg.task.max_prompt_len].sum(1))
+  assert lengths.min() < lengths.max()  # unequal lengths
+  width = padded.tokens.shape[1]
+  assert method.cfg.rollout.max_new_tokens == 24  # the tests' flags
+  assert bucketed.tokens.shape[1] == method.cfg.task.max_prompt_len + 24 >= width  # all columns vs the longest
+  assert stats["completion_width"] == 24.0
+  for name in ("tokens", "attention_mask", "loss_mask", "advantages"):
+    np.testing.assert_array_equal(getattr(bucketed, name)[:, :width], getattr(padded, name))
+    assert not np.asarray(getattr(bucketed, name)[:, width:]).any()
+  for name in ("old_logp", "ref_logp"):
+    np.testing.assert_allclose(getattr(bucketed, name)[:, :width], getattr(padded, name), atol=2e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-6), params, padded_params)
+  for name in ("loss", "kl", "entropy", "grad_norm"):
+    np.testing.assert_allclose(metrics[name], padded_metrics[name], rtol=1e-4, atol=1e-6)

@@ -10,7 +10,7 @@ from experiments.trainer import plan
 
 
 class _Method:
-  """What `update_plan` reads of a method: its config, rows per step, rows per item and optimiser factory."""
+  """What `update_plan` reads of a method: its config, rows per step and item, layout, optimiser factory."""
   name = "m"
 
   def __init__(self, cfg, rows_per_item=1):
@@ -18,6 +18,9 @@ class _Method:
 
   def rows_per_step(self):
     return self.cfg.rows_per_step
+
+  def bucketed_update(self):  # the padded layout: a minibatch splits into --grad_accum_steps whole-item parts
+    return None
 
   def optimizer(self, total_updates, warmup):
     self.built = (total_updates, warmup)

@@ -6,15 +6,26 @@ last bit of a float32, through its fused multiply-adds, so the reference is comp
 init program holds one draw whatever the model's depth, with no temporary bigger than the weights.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from grpo_jax import models
+from grpo_jax.models import params as params_lib
 from grpo_jax.models import random_init, tiny, transformer
 
-_one_draw = jax.jit(transformer._init_params_one_draw, static_argnums=0)  # the program init_params replaced
+
+@functools.partial(jax.jit, static_argnums=0)
+def _one_draw(config, key):
+  """The program init_params replaced: one `jax.random.normal` sliced into every weight."""
+  unrolled = params_lib.shapes(transformer.CausalLM, config.replace(scan_layers=False))
+  params = random_init.one_draw(unrolled, key, config.param_dtype)
+  return models.stack_layers(params, config) if config.scan_layers else params
+
+
 DEEP = models.ModelConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=12,
                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, qkv_bias=True,
                           tie_word_embeddings=False, eos_token_ids=(3,), pad_token_id=0, param_dtype="bfloat16")

@@ -1,10 +1,17 @@
-"""`python -m experiments.sample_eval`'s bad inputs: one line naming the flag, nothing written (its numbers are
-tested with the studies, tests/test_reproduce.py)."""
+"""`python -m experiments.sample_eval`: Maj@k and Pass@k worked out by hand from injected samples; bad inputs: one line
+naming the flag, nothing written."""
 
+import json
+
+from absl import flags as absl_flags
+import numpy as np
 import pytest
 
 from experiments import cli
 from experiments import sample_eval
+from experiments.runner import evaluation as runner_evaluation
+from experiments.runner import task as task_lib
+from grpo_jax import models
 
 
 @pytest.mark.parametrize("args, message", [
@@ -34,3 +41,41 @@ def test_unread_names_shared_flags():
   read = {"init_checkpoint", "dtype", "task", "num_test", "max_prompt_len", "max_new_tokens", "eval_samples",
           "eval_temperature", "eval_batch_size", "seed", "work_dir"}
   assert not read & set(sample_eval.UNREAD)
+
+
+def test_sample_eval_reports_every_power_of_two(tmp_path, monkeypatch):
+  """studies.sample_eval: Maj@k and unbiased Pass@k for k = 1, 2, 4 from one set of 4 samples per problem
+  (completions injected, so the numbers are worked out by hand, whatever the tiny model would say)."""
+  ks_up_to = runner_evaluation.ks_up_to
+  assert ks_up_to(64) == [1, 2, 4, 8, 16, 32, 64] and ks_up_to(6) == [1, 2, 4, 6]
+  policy = models.build_default_checkpoint(tmp_path / "policy", seed=0, num_hidden_layers=1, hidden_size=32,
+                                           intermediate_size=96)
+  calls = []
+
+  def fake_generate(params, config, tokenizer, prompts, key, *, greedy=False, num_samples=1, **kwargs):
+    answers = [e.answer for e in task_examples]
+    right, wrong = (lambda i: f"#### {answers[i]}"), (lambda i: f"#### {int(answers[i]) + 1}")
+    calls.append((greedy, num_samples, len(prompts)))
+    if greedy:  # problem 0 right, problem 1 wrong
+      return [[right(0)], [wrong(1)]], np.array([6, 6])
+    # problem 0: r r w r (maj right at every k); problem 1: w w w r (maj wrong at every k)
+    return [[right(0), right(0), wrong(0), right(0)], [wrong(1), wrong(1), wrong(1), right(1)]], np.array([6] * 8)
+
+  absl_flags.FLAGS.unparse_flags()
+  absl_flags.FLAGS(["sample_eval", f"--init_checkpoint={policy}", f"--work_dir={tmp_path / 'out'}", "--num_test=2",
+                    "--num_train=20", "--eval_samples=4", "--tensorboard=false"])
+  cfg = cli.config_from_flags()
+  task_examples = task_lib.Task(cfg.task, models.load_tokenizer(policy), sft_lineage=False, seed=cfg.run.seed).test
+  monkeypatch.setattr(runner_evaluation.evaluation, "generate", fake_generate)
+  try:
+    summary = sample_eval.run(cli.config_from_flags())
+  finally:
+    absl_flags.FLAGS.unparse_flags()
+  assert calls == [(True, 1, 2), (False, 4, 2)]
+  assert summary["ks"] == [1, 2, 4] and summary["accuracy"] == 0.5
+  # pass@k = 1 - C(n-c, k) / C(n, k) per problem, n = 4, c = 3 and 1
+  assert summary["pass@1"] == pytest.approx((3 / 4 + 1 / 4) / 2)
+  assert summary["pass@2"] == pytest.approx((1.0 + (1 - 3 / 6)) / 2)
+  assert summary["pass@4"] == pytest.approx(1.0)
+  assert [summary[f"maj@{k}"] for k in (1, 2, 4)] == [0.5, 0.5, 0.5]
+  assert json.loads((tmp_path / "out" / "summary.json").read_text())["pass@2"] == pytest.approx(0.75)

@@ -1,4 +1,7 @@
-"""The NNX transformer's functional API (models/transformer.py). HF parity lives in test_hf_io.py."""
+"""The decoder's functional API (models/transformer.py): forwards, caches, prefixes, remat, dtypes, axes.
+
+HF parity lives in test_hf_io.py; the layers in test_layers.py; attention, decode attention included, in
+test_attention.py."""
 
 import dataclasses
 
@@ -91,25 +94,6 @@ def test_cached_prefill_and_decode_equal_full_forward(params):
   np.testing.assert_allclose(cached[mask], full[mask], atol=1e-5)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_decode_attention_equals_the_einsum_attention(dtype):
-  """The one-query path (products and sums over the cache) against softmax(q k^T / sqrt(D)) v as einsums."""
-  b, k, g, s, d = 3, 2, 2, 7, 8
-  q, keys, values = (jax.random.normal(jax.random.key(i), shape, jnp.float32)
-                     for i, shape in enumerate([(b, 1, k, g, d), (b, k, s, d), (b, k, s, d)]))
-  allowed = jnp.arange(s)[None, None, :] < jnp.array([7, 4, 1])[:, None, None]  # row 2 sees one slot
-  scores = jnp.einsum("blkgd,bksd->bkgls", q, keys) / np.sqrt(d)
-  probs = jax.nn.softmax(jnp.where(allowed[:, None, None], scores, -jnp.inf), axis=-1)
-  want = jnp.einsum("bkgls,bksd->blkgd", probs, values)
-  np.testing.assert_allclose(want[2, 0], jnp.broadcast_to(values[2, :, None, 0], (k, g, d)), rtol=1e-6)
-  cast = lambda x: x.astype(dtype)
-  keys_ds = keys.transpose(0, 1, 3, 2)  # the cache's key layout, [B, K, D, S]
-  got = jax.jit(transformer._decode_attention, static_argnums=4)(cast(q), cast(keys_ds), cast(values), allowed,
-                                                                 d ** -0.5)
-  assert got.shape == (b, 1, k, g, d) and got.dtype == jnp.dtype(dtype)
-  np.testing.assert_allclose(got.astype(jnp.float32), want, atol=1e-5 if dtype == "float32" else 5e-2)
-
-
 def test_grown_cache_decodes_as_the_full_one(params):
   """A cache grown between steps (`grow_cache`, the sampler's segments) gives the logits of the full forward."""
   tokens = _tokens(2, 12, seed=2)
@@ -131,27 +115,6 @@ def test_grown_cache_decodes_as_the_full_one(params):
   np.testing.assert_allclose(jnp.concatenate(out, axis=1)[mask], full[mask], atol=1e-5)
   with pytest.raises(ValueError, match="shrink"):
     transformer.grow_cache(cache, 10)
-
-
-def test_decode_attention_with_a_shared_prefix_equals_the_concatenated_cache():
-  """Rows attending to their group's prefix slots, then their own, as one cache holding both per row."""
-  b, groups, k, g, d, p, s = 6, 3, 2, 2, 8, 5, 4  # 2 prefixes, each shared by 3 rows
-  q = jax.random.normal(jax.random.key(0), (b, 1, k, g, d))
-  pk, pv = (jax.random.normal(jax.random.key(i), (b // groups, k, p, d)) for i in (1, 2))
-  own_k, own_v = (jax.random.normal(jax.random.key(i), (b, k, s, d)) for i in (3, 4))
-  pmask = jnp.array([[False, False, True, True, True], [True] * p])  # prefix 0 left-padded by 2
-  allowed = (jnp.arange(s)[None, None, :] < jnp.array([4, 1, 2, 3, 4, 1])[:, None, None])
-  rep = lambda x: jnp.repeat(x, groups, axis=0)
-  whole_k, whole_v = jnp.concatenate([rep(pk), own_k], axis=2), jnp.concatenate([rep(pv), own_v], axis=2)
-  whole_allowed = jnp.concatenate([rep(pmask)[:, None], allowed], axis=-1)
-  decode = jax.jit(transformer._decode_attention, static_argnums=4)
-  want = decode(q, whole_k.transpose(0, 1, 3, 2), whole_v, whole_allowed, d ** -0.5)
-  got = decode(q, own_k.transpose(0, 1, 3, 2), own_v, allowed, d ** -0.5, (pk.transpose(0, 1, 3, 2), pv, pmask))
-  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-  # A masked prefix slot changes nothing: prefix 0's padding holds garbage.
-  garbage = pk.at[0, :, :2].set(1e3).transpose(0, 1, 3, 2)
-  again = decode(q, own_k.transpose(0, 1, 3, 2), own_v, allowed, d ** -0.5, (garbage, pv.at[0, :, :2].set(1e3), pmask))
-  np.testing.assert_allclose(again, got, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("scan", [False, True])
@@ -216,61 +179,6 @@ def test_param_logical_axes():
   assert axes["layers_1"]["attn"]["k_proj"]["kernel"] == ("embed", "kv_heads", None)
   assert axes["layers_0"]["mlp"]["down_proj"]["kernel"] == ("mlp", "embed")
   assert axes["lm_head"]["kernel"] == ("embed", "vocab")
-
-
-@pytest.mark.parametrize("x_shape,kernel_shape,n_in", [((2, 5, 6), (6, 3, 4), 1),  # q/k/v: ble,ehd->blhd
-                                                       ((2, 5, 3, 4), (3, 4, 6), 2),  # o: blhd,hde->ble
-                                                       ((2, 5, 6), (6, 7), 1)])  # MLP: ble,em->blm
-def test_project_values_and_gradients_equal_the_einsum(x_shape, kernel_shape, n_in):
-  """`project`'s hand-written backward (the kernel gradient as one xᵀ·dy product) against autodiff of einsum."""
-  kx, kk, kw = jax.random.split(jax.random.key(0), 3)
-  x, kernel = jax.random.normal(kx, x_shape), jax.random.normal(kk, kernel_shape)
-  letters = "abcdefgh"
-  x_axes, k_axes = letters[:len(x_shape)], letters[len(x_shape) - n_in:len(x_shape) - n_in + len(kernel_shape)]
-  spec = f"{x_axes},{k_axes}->{x_axes[:-n_in]}{k_axes[n_in:]}"
-  out = transformer.project(x, kernel, n_in)
-  np.testing.assert_array_equal(out, jnp.einsum(spec, x, kernel))
-  weights = jax.random.normal(kw, out.shape)
-  grads = jax.jit(jax.grad(lambda x, k: jnp.sum(weights * transformer.project(x, k, n_in)), argnums=(0, 1)))(x, kernel)
-  expected = jax.jit(jax.grad(lambda x, k: jnp.sum(weights * jnp.einsum(spec, x, k)), argnums=(0, 1)))(x, kernel)
-  for got, want in zip(grads, expected):
-    assert got.shape == want.shape
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-  # By hand for the 2-D kernel: dkernel = Σ_rows xᵀ · weights.
-  if kernel.ndim == 2:
-    np.testing.assert_allclose(grads[1], np.einsum("ble,blm->em", x, weights), rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("bias", [True, False])
-def test_projections_together_equal_each_alone(bias):
-  """`project_together` (one stacked product on the CPU): each output is its projection's, values and gradients."""
-  from flax import nnx
-  config = dataclasses.replace(CONFIG, mlp_bias=bias)
-  mlp = transformer.MLP(config, rngs=nnx.Rngs(3))
-  for i, p in enumerate((mlp.gate_proj, mlp.up_proj)):
-    p.kernel[...] = jax.random.normal(jax.random.key(10 + i), p.kernel.shape)
-    if bias:
-      p.bias[...] = jax.random.normal(jax.random.key(20 + i), p.bias.shape)
-  x = jax.random.normal(jax.random.key(1), (2, 5, config.hidden_size))
-  together = transformer.project_together(x, (mlp.gate_proj, mlp.up_proj))
-  for got, proj in zip(together, (mlp.gate_proj, mlp.up_proj)):
-    np.testing.assert_array_equal(got, proj(x))  # the same dot products
-  assert not np.allclose(together[0], together[1])
-  graphdef, state = nnx.split(mlp)
-
-  def loss(state, x, fn):
-    m = nnx.merge(graphdef, state)
-    gate, up = fn(m, x)
-    return jnp.sum(jnp.sin(gate) * up)
-
-  alone = lambda m, x: (m.gate_proj(x), m.up_proj(x))
-  both = lambda m, x: transformer.project_together(x, (m.gate_proj, m.up_proj))
-  got = jax.grad(loss, argnums=(0, 1))(state, x, both)
-  want = jax.grad(loss, argnums=(0, 1))(state, x, alone)
-  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
-    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
-  with pytest.raises(AssertionError, match="one shape"):
-    transformer.project_together(x, (mlp.gate_proj, mlp.down_proj))
 
 
 def _f32_dots(hlo: str) -> int:

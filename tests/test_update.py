@@ -267,3 +267,71 @@ def test_rollout_correction_weights_a_hand_made_mismatch(model):
   np.testing.assert_allclose(loss, expected, rtol=1e-5, atol=1e-7)
   unweighted, _ = jax.jit(functools.partial(training.grpo_objective, **kw))(params, batch, totals)
   assert abs(float(unweighted) - float(loss)) > 1e-4  # the weights changed it
+
+
+def _bucketed_case(model, new_tokens=8):
+  params, config = model
+  batch = _sampled_batch(params, config, new_tokens=new_tokens)
+  lengths = np.asarray(batch.attention_mask[:, 6:].sum(1))
+  assert len(set(lengths.tolist())) > 2 and lengths.max() > 2  # rows of several widths
+  return params, config, batch
+
+
+@pytest.mark.parametrize("aggregation,micro", [("seq-mean-token-mean", 4), ("token-mean", 2)])
+def test_length_bucketed_update_equals_the_padded_one(model, aggregation, micro):
+  from grpo_jax import length_buckets
+  params, config, batch = _bucketed_case(model)
+  kw = dict(config=config, use_reference=True, temperature=0.8, group_size=2, prompt_len=6,
+            loss_kwargs=dict(epsilon=0.2, beta=0.04, aggregation=aggregation))
+  objective = update_lib.bind(training.grpo_objective, **kw)
+  optimizer = optax.sgd(1.0)
+  padded, padded_metrics = training.make_train_step(objective, optimizer, donate=False)(
+      training.init_train_state(params, optimizer), batch)
+  bucketed = update_lib.BucketedRows(length_buckets.Buckets((2, 4, 8), micro), config, group_size=2, prompt_len=6)
+  step = training.make_train_step(objective, optimizer, donate=False, bucketed=bucketed)
+  got, metrics = step(training.init_train_state(params, optimizer), batch)
+  moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), padded.params, params)
+  assert max(jax.tree.leaves(moved)) > 1e-3  # the step moved the params: the comparison below means something
+  jax.tree.map(functools.partial(np.testing.assert_allclose, atol=2e-6), got.params, padded.params)
+  for name in ("loss", "pg_loss", "kl_loss", "entropy", "grad_norm"):
+    np.testing.assert_allclose(metrics[name], padded_metrics[name], rtol=2e-5, atol=1e-6)
+
+
+def test_length_bucketed_update_trains_lora_adapters_only(model):
+  from grpo_jax import length_buckets
+  from grpo_jax.models import lora
+  params, config, batch = _bucketed_case(model)
+  adapted = lora.lora_config(config, rank=2, alpha=4.0, targets=("q", "v", "down"))
+  adapters = jax.tree.map(lambda x: x + 0.3, lora.init_adapters(adapted, jax.random.key(2)))
+  kw = dict(config=adapted, use_reference=False, temperature=0.8, group_size=2, prompt_len=6,
+            loss_kwargs=dict(epsilon=0.2, beta=0.0))
+  objective = update_lib.bind(training.grpo_objective, **kw)
+  optimizer = optax.sgd(1.0)
+  state = training.init_train_state(adapters, optimizer)
+  padded, _ = training.make_train_step(objective, optimizer, donate=False, combine=lora.join)(state, batch, params)
+  bucketed = update_lib.BucketedRows(length_buckets.Buckets((4, 8), 2), adapted, group_size=2, prompt_len=6)
+  got, _ = training.make_train_step(objective, optimizer, donate=False, combine=lora.join, bucketed=bucketed)(
+      state, batch, params)
+  assert max(jax.tree.leaves(jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), padded.params, adapters))) > 1e-4
+  jax.tree.map(functools.partial(np.testing.assert_allclose, atol=2e-6), got.params, padded.params)
+
+
+@pytest.mark.devices(8)
+def test_sharded_length_bucketed_update_equals_one_device(model):
+  from grpo_jax import length_buckets, partitioning
+  params, config, batch = _bucketed_case(model)
+  objective = update_lib.bind(training.grpo_objective, config=config, use_reference=True, temperature=0.8,
+                              group_size=2, prompt_len=6, loss_kwargs=dict(epsilon=0.2, beta=0.04))
+  optimizer = optax.sgd(1.0)
+  expected, expected_metrics = training.make_train_step(objective, optimizer, donate=False)(
+      training.init_train_state(params, optimizer), batch)
+  mesh, rules = partitioning.make_mesh("data:2,fsdp:2,tensor:2"), partitioning.get_rules("fsdp_tp")
+  state, shardings = partitioning.init_train_state(
+      partitioning.put(params, partitioning.param_shardings(mesh, rules, params)), optimizer, mesh, rules)
+  bucketed = update_lib.BucketedRows(length_buckets.Buckets((4, 8), 2, shards=4), config, group_size=2, prompt_len=6)
+  step = training.make_train_step(objective, optimizer, state_shardings=shardings, mesh=mesh, rules=rules,
+                                  batch_shardings=partitioning.batch_sharding(mesh, rules), bucketed=bucketed)
+  state, metrics = step(state, batch)
+  jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=2e-6), state.params, expected.params)
+  for name in ("loss", "kl_loss", "grad_norm"):
+    np.testing.assert_allclose(metrics[name], expected_metrics[name], rtol=1e-5)

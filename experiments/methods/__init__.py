@@ -12,7 +12,8 @@
   distill      current-policy samples         teacher  per-token log π_T − log π_old (on-policy distillation)
 
 A new method is one file here (a `base.Method` subclass: `collect` and `objective`, plus the hooks it needs) and
-one line in `METHODS`; its name becomes a value of `--algo` once listed in `runner.config.CHOICES["algo"]`.
+one line in `METHODS`; its name becomes a value of `--algo` once listed in the `algo` field's choices
+(`runner.config.AlgorithmConfig`).
 """
 
 from experiments.methods.base import Method

@@ -73,6 +73,10 @@ class Method(abc.ABC):
     order = (order[:, None] * per_item + jnp.arange(per_item)[None, :]).reshape(-1)
     return [take(batch, order[i:i + minibatch]) for i in range(0, rows, minibatch)]
 
+  def bucketed_update(self):
+    """The update's length-bucketed layout (`training.update.BucketedRows`), or None: padded (the default)."""
+    return None
+
   def evaluate(self, params, key, task=None) -> dict:
     """Held-out metrics of the policy params (`runner.evaluation.evaluate`) on `task.test` (default: the method's
     task; the trainer passes `Task.validation_view()` for --num_validation)."""

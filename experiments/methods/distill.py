@@ -39,9 +39,8 @@ class Distill(grpo.GRPO):
                                 f"tokens, the policy's has {config.vocab_size}; a teacher must share the policy's "
                                 f"tokenizer")
     self._teacher = None
-    grouped = dict(group_size=cfg.rollout.group_size, prompt_len=cfg.task.max_prompt_len) if self.grouped() else {}
     self.teacher_logprobs = rollouts.placement.logprobs(self.teacher_config, chunk_size=cfg.model.logprob_chunk,
-                                                        temperature=cfg.rollout.temperature, **grouped)
+                                                        temperature=cfg.rollout.temperature, **self.forward_layout())
 
   @property
   def teacher(self):

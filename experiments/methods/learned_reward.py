@@ -15,6 +15,7 @@
 The reward model is frozen within an iteration; the policy's rule correctness is still logged.
 """
 
+import pathlib
 import time
 
 import jax
@@ -25,7 +26,9 @@ from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import partitioning
 from grpo_jax import row_chunks
 from grpo_jax import reward_models as rm
+from grpo_jax import models
 from grpo_jax.models import logical_axes
+from grpo_jax.models import presets
 from grpo_jax.reward_models import positions
 from grpo_jax import training
 from grpo_jax.training import replay as replay_lib
@@ -78,6 +81,21 @@ def learned(cfg: config_lib.Config) -> bool:
   return cfg.task.reward in ("orm", "prm")
 
 
+def model_config(cfg: config_lib.Config, policy_config: models.ModelConfig) -> tuple[models.ModelConfig, str] | None:
+  """`(config, kind)` of the learned reward model as `LearnedReward` runs it, without reading a weight; None with a
+  rule reward. The backbone's config.json (a saved reward model's ties its embeddings) in the run's dtype, with the
+  policy's layer layout (--scan_layers) and attention. Ahead of time (`scripts/aot_compile.py`) a name of
+  `models.presets` that is not a directory stands for its shapes, tied, of kind orm with --reward=orm, else prm."""
+  if not learned(cfg):
+    return None
+  path, dtype = cfg.reward_model.reward_model, cfg.model.dtype
+  runtime = dict(dtype=dtype, param_dtype=dtype, scan_layers=cfg.model.scan_layers, attention=policy_config.attention)
+  if path in presets.PRESETS and not pathlib.Path(path).is_dir():
+    return (presets.config(path, tie_word_embeddings=True, **runtime),  # as `rm.save_reward_model` writes it
+            "orm" if cfg.task.reward == "orm" else "prm")
+  return rm.read_reward_model(path, **runtime)
+
+
 def make(cfg: config_lib.Config, tokenizer, policy_config, placement=None):
   """The reward scorer of `reward`: a LearnedReward, an ExactStepReward, or None for a rule reward."""
   if learned(cfg):
@@ -96,10 +114,10 @@ class LearnedReward:
   """A frozen (within an iteration) ORM or PRM scoring the policy's samples."""
 
   def __init__(self, cfg: config_lib.Config, tokenizer, policy_config, placement=None):
-    path, reward, dtype = cfg.reward_model.reward_model, cfg.task.reward, cfg.model.dtype
-    params, config, kind = rm.load_reward_model(path, dtype=dtype, param_dtype=dtype,
-                                                scan_layers=cfg.model.scan_layers)  # the policy's layout
-    config = config.replace(attention=policy_config.attention)  # the policy's attention implementation
+    path, reward = cfg.reward_model.reward_model, cfg.task.reward
+    config, kind = model_config(cfg, policy_config)
+    params, _, _ = rm.load_reward_model(path, dtype=config.dtype, param_dtype=config.param_dtype,
+                                        scan_layers=config.scan_layers)
     if kind != reward and not (reward == "orm" and kind in rm.OUTCOME_KINDS):
       raise ValueError(f"--reward={reward} but {path} holds a reward model of kind {kind}")
     if config.vocab_size != policy_config.vocab_size:

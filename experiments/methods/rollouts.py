@@ -141,8 +141,11 @@ class Rollouts:
                            samples)
 
   def trim(self, samples: sampling.SampleOutput, lengths: np.ndarray) -> sampling.SampleOutput:
-    """`samples` with the completion columns that a training batch reads (`completion_width`)."""
+    """`samples` with the completion columns that a training batch reads (`completion_width`); all of them with
+    length buckets (`--token_layout=buckets`), whose programs take one width for every length."""
     rollout = self.cfg.rollout
+    if rollout.token_layout == "buckets":
+      return samples
     return trim_completions(samples, completion_width(lengths, samples.tokens.shape[1],
                                                       rollout.completion_pad_multiple,
                                                       rollout.completion_widths == "doubling"))

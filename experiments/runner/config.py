@@ -5,9 +5,11 @@ Every field has the name of its command-line flag, so a flagfile and a Python co
   config = runner.Config(optim=runner.OptimConfig(steps=50), rollout=runner.RolloutConfig(batch_size=16))
   summary = runner.run(config)            # == python -m experiments.grpo_math --steps=50 --batch_size=16
 
-`Config()` is the embedded default run (`experiments/configs/cpu_default.cfg`); the runners' flags take their
-defaults from these fields. Everything below the entry modules takes a `Config` (or one of its sections) and
-never reads a flag. `Config.flat()` is the flag-name -> value dict a checkpoint records and `--resume` compares.
+`Config()` is the embedded default run (`experiments/configs/cpu_default.cfg`). Each field is declared with
+`flag(default, help_text, ...)`, which holds its flag's help text, its values (an enum flag) and its lower bound, and
+`experiments.cli` defines the runners' flags from these fields: a new field is a new flag, with no second edit.
+Everything below the entry modules takes a `Config` (or one of its sections) and never reads a flag.
+`Config.flat()` is the flag-name -> value dict a checkpoint records and `--resume` compares.
 """
 
 import dataclasses
@@ -16,212 +18,338 @@ import re
 from typing import Any
 
 
+def flag(default: Any, help_text: str, *, choices: tuple | None = None, minimum: int | None = None):
+  """A config field with the command-line flag of its name (`experiments.cli` defines one per field).
+
+  Args:
+    default: the field's default, and its flag's.
+    help_text: the flag's help (`--helpfull`).
+    choices: the allowed values (an enum flag, checked by `check`); None among them is an unset default that
+      `Config` resolves, not a flag value.
+    minimum: the least value `check` accepts (1 or 0), with one line naming the flag below it.
+
+  Choices that name the library's implementations (remat_policy, attention, loss_aggregation, loss,
+  rollout_correction, sharding_rules) are copies, so that this module imports no JAX; tests/test_config.py holds
+  them equal to the library's.
+  """
+  metadata = {"help": help_text}
+  if choices is not None:
+    metadata["choices"] = choices
+  if minimum is not None:
+    metadata["minimum"] = minimum
+  return dataclasses.field(default=default, metadata=metadata)
+
+
 @dataclasses.dataclass(frozen=True)
 class PolicyConfig:
   """The policy: an HF checkpoint, or the embedded tiny model built and warm-started by SFT."""
-  model: str = ""  # HF checkpoint directory; empty: the embedded tiny model
-  init_checkpoint: str = ""  # HF directory of the starting policy (skips SFT)
-  tiny_layers: int = 4
-  tiny_hidden_size: int = 128
-  dtype: str = "float32"
-  remat: bool = False
-  remat_policy: str = "full"
-  scan_layers: bool = False
-  logprob_chunk: int = 128
-  attention: str = "auto"  # multi-token attention (grpo_jax.models.attention); auto: by the backend
-  lora_rank: int = 0  # > 0: train LoRA adapters of this rank on lora_targets, the base frozen (docs/lora.md)
-  lora_alpha: float = 16.0  # the adapters' scale is lora_alpha / lora_rank
-  lora_targets: str = "q,k,v,o,gate,up,down"  # comma-separated projections (grpo_jax.models.LORA_TARGETS)
-  lora_export_peft: bool = False  # also write the adapters in PEFT's format to <work_dir>/final_adapter
+  model: str = flag("", "Hugging Face checkpoint directory (Qwen2/2.5, Qwen3, Llama 3). Empty: the embedded tiny "
+      "model, built in <work_dir>/base_model and warm-started by SFT.")
+  init_checkpoint: str = flag("", "HF-format directory with the starting policy (skips SFT), e.g. a previous run's "
+      "sft_policy or final_policy.")
+  tiny_layers: int = flag(4, "Embedded default model: decoder layers.", minimum=1)
+  tiny_hidden_size: int = flag(128, "Embedded default model: hidden size (the MLP is 3x).")
+  dtype: str = flag("float32", "Compute and parameter dtype.", choices=("float32", "bfloat16"))
+  remat: bool = flag(False, "Rematerialise each layer in the backward pass (saves memory).")
+  remat_policy: str = flag("full", "With --remat: what each layer keeps for the backward pass: nothing (full), its "
+      "matmul outputs without a batch dimension (dots_no_batch), or all matmul outputs (dots).",
+      choices=("full", "dots_no_batch", "dots"))
+  scan_layers: bool = flag(False, "Run the decoder layers as one lax.scan over stacked weights (compiles in a third of "
+      "the time on deep models; the same HF checkpoints load and save). Checkpoints of the train state are "
+      "layout-specific: resume with the same value.")
+  logprob_chunk: int = flag(128, "Sequence chunk of the memory-lean log-prob computation.")
+  attention: str = flag("auto", "Attention of the training and scoring forwards (docs/scaling.md): einsum (the "
+      "reference), xla (jax.nn.dot_product_attention), cudnn (its cuDNN flash kernel: NVIDIA GPU, bfloat16), pallas "
+      "(the Pallas TPU flash kernel); auto: pallas on a TPU, cudnn on a GPU in bfloat16 (else xla), einsum on a CPU.",
+      choices=("auto", "einsum", "xla", "cudnn", "pallas"))
+  lora_rank: int = flag(0, "LoRA (docs/lora.md): > 0 trains rank-r adapters on --lora_targets with the base weights "
+      "frozen (stage 2; the reference policy is the base with the adapters off, no second copy). 0: full fine-tuning.")
+  lora_alpha: float = flag(16.0, "LoRA scale: the adapters add (x·A)·B·lora_alpha/lora_rank.")
+  lora_targets: str = flag("q,k,v,o,gate,up,down", "LoRA: comma-separated projections to adapt, from q,k,v,o "
+      "(attention) and gate,up,down (MLP).")
+  lora_export_peft: bool = flag(False, "LoRA: also write the adapters in PEFT's format (adapter_config.json, "
+      "adapter_model.safetensors) to <work_dir>/final_adapter, beside the merged final_policy.")
 
 
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
   """Problems, prompt format and the rule reward."""
-  task: str = "synthetic"
-  train_file: str = ""
-  test_file: str = ""
-  num_train: int = 20000
-  num_test: int = 500
-  synthetic_min_steps: int = 2
-  synthetic_max_steps: int = 3
-  synthetic_digits: int = 1
-  synthetic_ops: str = "+-*"
-  prompt_template: str = "auto"
-  max_prompt_len: int = 16
-  reward: str = "correctness:1.0"
-  math_verify_time_limit: float = 2.0  # --reward=math_verify: seconds a check may take before its worker is killed
-  math_verify_workers: int = 0  # --reward=math_verify: worker processes (0: half the cores, 1 to 8)
-  sft_examples: int = 2000
-  # > 0: num_validation problems of the RL pool, drawn by the seed, are held out of training, and the run's end
-  # evaluates the policy on them too (summary "final_val_accuracy"): a split for choosing hyperparameters, not test
-  num_validation: int = 0
+  task: str = flag("synthetic", "The task.", choices=("synthetic", "gsm8k", "math"))
+  train_file: str = flag("", "Training problems (gsm8k: question/answer; math: problem/solution[/level/type]): a JSONL "
+      "or parquet file (or a glob of parquet files), a `datasets` save_to_disk folder, or a folder with train.jsonl, "
+      "train[-*].parquet or a DatasetDict's train split (docs/integrations.md).")
+  test_file: str = flag("", "Held-out problems, in the forms --train_file takes (split 'test').")
+  num_train: int = flag(20000, "Synthetic task: training problems in the pool.", minimum=1)
+  num_test: int = flag(500, "Held-out problems to evaluate on (all of test_file if larger).", minimum=1)
+  synthetic_min_steps: int = flag(2, "Synthetic task: fewest operations per problem.")
+  synthetic_max_steps: int = flag(3, "Synthetic task: most operations per problem.")
+  synthetic_digits: int = flag(1, "Synthetic task: digits of + and - operands.")
+  synthetic_ops: str = flag("+-*", "Synthetic task: operations.")
+  prompt_template: str = flag("auto", "auto: chat template for real datasets when the tokenizer has one, else plain "
+      "text.", choices=("auto", "plain", "chat"))
+  max_prompt_len: int = flag(16, "Prompt tokens (longer prompts are cut from the left).", minimum=1)
+  reward: str = flag("correctness:1.0", "Reward spec 'name:weight,...' (correctness, format, arithmetic_format, "
+      "boxed_format, step_correctness, math_verify: math-verify's symbolic check, docs/integrations.md), or a learned "
+      "reward model: 'orm' (an orm or orm_steps model) or 'prm' with --reward_model (see --supervision, --iterations), "
+      "or 'exact_steps': the synthetic task's exact step labels as a perfect PRM.")
+  math_verify_time_limit: float = flag(2.0, "--reward=math_verify: seconds one check may take; past it the check "
+      "scores 0 and its worker process is killed and replaced.")
+  math_verify_workers: int = flag(0, "--reward=math_verify: worker processes checking a step's completions in parallel "
+      "(0: half the cores, 1 to 8).")
+  sft_examples: int = flag(2000, "SFT demonstrations: the first N training problems, with solutions; GRPO draws its "
+      "prompts from the other problems (it needs answers only). 0: all.", minimum=0)
+  num_validation: int = flag(0, "> 0: hold N problems of the RL pool (drawn by the seed) out of training and evaluate "
+      "the final policy on them too (summary final_val_accuracy): a validation split for choosing hyperparameters "
+      "without the test set.", minimum=0)
 
 
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
   """Stage 1, the warm start of the embedded model on worked solutions."""
-  sft_steps: int = 600
-  sft_batch_size: int = 32
-  sft_learning_rate: float = 3e-3
+  sft_steps: int = flag(600, "SFT steps of the warm start (embedded default only; 0 skips).", minimum=0)
+  sft_batch_size: int = flag(32, "SFT sequences per step.", minimum=1)
+  sft_learning_rate: float = flag(3e-3, "SFT peak learning rate (cosine decay).")
 
 
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
   """Sampling the policy: B prompts x G completions per step."""
-  batch_size: int = 32
-  group_size: int | None = None  # None: 8, and 1 for PPO (resolved by `Config`)
-  max_new_tokens: int = 40
-  temperature: float = 0.7
-  top_p: float = 1.0
-  top_k: int = 0
-  dynamic_sampling: bool = False
-  dynamic_sampling_max_rounds: int = 4
-  overlong_buffer: int = 0
-  mask_truncated: bool = False
-  # The training batch's completion columns: the step's longest completion rounded up to a multiple of this (0: all
-  # max_new_tokens). Each new width compiles the scoring and update programs once.
-  completion_pad_multiple: int = 4
-  # "multiple": the longest completion rounded up to a multiple of completion_pad_multiple; "doubling": to the
-  # smallest completion_pad_multiple * 2^k that holds it (a few compiled widths a run, at most 2x the columns).
-  completion_widths: str = "multiple"
-  # The rollouts' and evaluation's sampler: "engine" (`grpo_jax.rollout_engine`, continuous batching over
-  # num_slots decode slots; 0: `default_slots`, fewer where the forward memory budget would not hold them) or "static"
-  # (`grpo_jax.sampling`, every row decoded until the longest ends). The same tokens for the same key.
-  sampler: str = "engine"
-  num_slots: int = 0
+  batch_size: int = flag(32, "Prompts per step (B).", minimum=1)
+  # None: 8, and 1 for PPO (resolved by `Config`)
+  group_size: int | None = flag(None, "Samples per prompt (G); default 8, and 1 for --algo=ppo.")
+  max_new_tokens: int = flag(40, "Completion budget in tokens.", minimum=1)
+  temperature: float = flag(0.7, "Sampling temperature of the rollouts; the policy trained is softmax(logits / "
+      "temperature), so old, reference and new log-probs all use it.")
+  top_p: float = flag(1.0, "Nucleus sampling mass of the rollouts.")
+  top_k: int = flag(0, "Top-k of the rollouts (0: off).", minimum=0)
+  dynamic_sampling: bool = flag(False, "DAPO dynamic sampling: drop groups whose rewards are all equal and sample more "
+      "prompts to refill the batch.")
+  dynamic_sampling_max_rounds: int = flag(4, "Most sampling rounds per step with dynamic sampling.", minimum=1)
+  overlong_buffer: int = flag(0, "DAPO overlong shaping: L_cache tokens before max_new_tokens (0: off).", minimum=0)
+  mask_truncated: bool = flag(False, "Leave completions that hit max_new_tokens out of the loss.")
+  completion_pad_multiple: int = flag(4, "Training batches keep a step's completions up to the longest one, rounded up "
+      "to a multiple of this (each new width compiles the scoring and update programs once; use 64-128 for long "
+      "completions on an accelerator); 0 keeps all max_new_tokens columns.", minimum=0)
+  completion_widths: str = flag("multiple", "How --completion_pad_multiple rounds a step's longest completion: "
+      "multiple (up to a multiple of it) or doubling (up to the smallest multiple * 2^k: at most log2(max_new_tokens / "
+      "multiple) + 2 compiled widths of the scoring and update programs a run, for at most twice the columns).",
+      choices=("multiple", "doubling"))
+  # `grpo_jax.length_buckets`: one program for every length.
+  token_layout: str = flag("padded", "GRPO/distill: the training rows' layout in the pi_ref / pi_old forwards and "
+      "the update: padded (every row cut to the step's longest completion) or buckets (rows sorted by length into "
+      "--bucket_micro_batches micro-batches, each at the narrowest of --bucket_widths halving widths that holds it: "
+      "compute follows the tokens, and one program serves every length).", choices=("padded", "buckets"))
+  bucket_micro_batches: int = flag(8, "With --token_layout=buckets: length-sorted micro-batches of a step's rows in "
+      "the forwards, and of a minibatch in the update (at least --grad_accum_steps there); more fit the lengths "
+      "closer, fewer run wider matmuls.", minimum=1)
+  bucket_widths: int = flag(4, "With --token_layout=buckets: widths of the ladder, halving from --max_new_tokens and "
+      "rounded up to --completion_pad_multiple (one compiled branch each).", minimum=1)
+  # `grpo_jax.rollout_engine` (num_slots 0: `default_slots`) or `grpo_jax.sampling`.
+  sampler: str = flag("engine", "Rollouts' and evaluation's sampler: engine (continuous batching over --num_slots "
+      "decode slots: a finished completion's slot takes the next one, so a long tail of lengths costs its tokens) or "
+      "static (every row decodes until the batch's longest ends). The same tokens for the same seed.",
+      choices=("engine", "static"))
+  num_slots: int = flag(0, "Decode slots of --sampler=engine over all devices (0: 4096 / --max_new_tokens a device on "
+      "a CPU, at least 8; a quarter of the completions, at least 64, on an accelerator; fewer where "
+      "--forward_memory_budget would not hold them).", minimum=0)
 
 
 @dataclasses.dataclass(frozen=True)
 class AlgorithmConfig:
   """The stage-2 method and its loss (GRPO and its variants; PPO's critic; DPO; the offline data)."""
-  algo: str = "grpo"
-  beta: float = 0.04
-  epsilon: float = 0.2
-  epsilon_high: float | None = None
-  dual_clip: float | None = None
-  kl: str | None = None  # None: k3 in GRPO's loss, k1 in PPO's and REINFORCE++'s reward
-  loss_aggregation: str = "seq-mean-token-mean"
-  advantage_scale: str = "group"
-  advantage_eps: float = 1e-4
-  advantage_estimator: str = "group"
-  importance: str = "token"
-  loss: str = "clip"  # GRPO's policy term: PPO's clip, CISPO or SAPO (grpo_jax.losses.grpo_loss's policy_loss)
-  sapo_tau_pos: float = 1.0
-  sapo_tau_neg: float = 1.05
-  entropy_coef: float = 0.0
-  top_entropy_quantile: float = 1.0
-  num_epochs: int = 1
-  minibatch_size: int = 0
-  grad_accum_steps: int = 1
-  recompute_old_logprobs: bool = False
-  # The rollout-trainer log-prob mismatch's correction (losses.rollout_correction): none, token_tis, seq_tis,
-  # token_mis or seq_mis; TIS truncates the ratio at rollout_correction_upper, MIS keeps it in [lower, upper].
-  rollout_correction: str = "none"
-  rollout_correction_lower: float = 0.5
-  rollout_correction_upper: float = 2.0
-  shared_prompt_forward: bool = True
-  gamma: float = 1.0
-  gae_lambda: float = 0.95
-  value_learning_rate: float | None = None
-  value_clip: float = 0.2
-  value_coef: float = 1.0
-  whiten_advantages: bool = True
-  value_init: str = "policy"
-  dpo_beta: float = 0.1
-  dpo_nll_coef: float = 0.0
-  dpo_pairs_per_prompt: int = 1
-  offline_prompts: int = 2048
-  # The temperature of the likelihood the imitation methods (sft, rft, rft_table10, online_rft) train; GRPO and PPO
-  # train the sampling distribution's, --temperature. Equal to --temperature: every method trains one likelihood.
-  likelihood_temperature: float = 1.0
-  teacher_checkpoint: str = ""  # --algo=distill: the frozen teacher, an HF directory with the policy's tokenizer
+  algo: str = flag("grpo", "Stage-2 method: grpo, ppo (with a critic), online_rft, rft, dpo (offline from the start "
+      "policy), sft (human solutions), flow_grpo (the multi-turn planner with tools; experiments.flow_grpo sets its "
+      "defaults) or distill (on-policy distillation from --teacher_checkpoint).",
+      choices=("grpo", "ppo", "online_rft", "rft", "rft_table10", "dpo", "sft", "flow_grpo", "distill"))
+  beta: float = flag(0.04, "KL coefficient β (0 removes the KL term and the reference forward).", minimum=0)
+  epsilon: float = flag(0.2, "Clip range ε (lower side).")
+  epsilon_high: float | None = flag(None, "Upper clip range (DAPO clip-higher, e.g. 0.28); default ε.")
+  dual_clip: float | None = flag(None, "Dual-clip constant c > 1 for negative advantages; default off.")
+  # None: k3 in GRPO's loss, k1 in PPO's and REINFORCE++'s reward
+  kl: str | None = flag(None, "KL estimator: in GRPO's loss (default k3, the paper's; k1's on-policy gradient is zero "
+      "in expectation, so as a loss term it barely regularises), in PPO's per-token reward (default k1, eq. 2's "
+      "log-ratio).", choices=(None, "k1", "k2", "k3"))
+  loss_aggregation: str = flag("seq-mean-token-mean", "Loss aggregation: GRPO's seq-mean-token-mean, DAPO's "
+      "token-mean, Dr. GRPO's seq-mean-token-sum-norm.",
+      choices=("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum"))
+  advantage_scale: str = flag("group", "Advantage normalisation: group std (GRPO), batch std, or none (Dr. GRPO).",
+      choices=("group", "batch", "none"))
+  advantage_eps: float = flag(1e-4, "Added to the std of the advantage normalisation.", minimum=0)
+  advantage_estimator: str = flag("group", "GRPO's advantages: group (normalised within the G samples of a prompt, "
+      "--advantage_scale), rloo (r_i minus the mean of the other G-1 rewards, unscaled), or reinforce_pp (REINFORCE++: "
+      "the KL penalty β·--kl (default k1) in every token's reward instead of the loss, returns whitened over the "
+      "batch).", choices=("group", "rloo", "reinforce_pp"))
+  importance: str = flag("token", "Importance ratio level (sequence: GSPO).", choices=("token", "sequence"))
+  # GRPO's policy term: PPO's clip, CISPO or SAPO (grpo_jax.losses.grpo_loss's policy_loss)
+  loss: str = flag("clip", "GRPO's policy term (docs/losses.md): clip (PPO's clipped surrogate: GRPO, DAPO, GSPO), "
+      "cispo (MiniMax-M1: the importance weight clipped to at most 1 + --epsilon_high (default --epsilon) under a "
+      "stop-gradient, times Â log π, so no token's gradient is dropped; no lower bound) or sapo (a sigmoid gate on the "
+      "ratio in place of the clip, temperatures --sapo_tau_pos / --sapo_tau_neg). The KL term and --loss_aggregation "
+      "apply to all three.", choices=("clip", "cispo", "sapo"))
+  sapo_tau_pos: float = flag(1.0, "--loss=sapo: the gate's temperature for tokens with Â > 0.")
+  sapo_tau_neg: float = flag(1.05, "--loss=sapo: the gate's temperature for tokens with Â <= 0 (the paper: above "
+      "--sapo_tau_pos, so negative updates fade sooner).")
+  entropy_coef: float = flag(0.0, "GRPO: c of an entropy bonus, -c times the policy's token-mean entropy added to the "
+      "loss (whatever --loss_aggregation). 0: off.")
+  top_entropy_quantile: float = flag(1.0, "GRPO: ρ in (0, 1]: only the top ρ of each micro-batch's tokens by the "
+      "policy's entropy keep their policy gradient (\"Beyond the 80/20 rule\": 0.2); the KL term and the normaliser "
+      "keep every token. 1: off.")
+  num_epochs: int = flag(1, "μ: passes over each step's samples.", minimum=1)
+  minibatch_size: int = flag(0, "Sequences per optimiser step (0: all B·G of the step).", minimum=0)
+  grad_accum_steps: int = flag(1, "Micro-batches per minibatch, accumulated exactly.", minimum=1)
+  recompute_old_logprobs: bool = flag(False, "Recompute π_old with a forward pass instead of taking it exactly as "
+      "stop_gradient(π_θ) (GRPO with one epoch over one minibatch: the default) or from the sampler's log-probs (at "
+      "temperature 1).")
+  # `grpo_jax.losses.rollout_correction`.
+  rollout_correction: str = flag("none", "GRPO/PPO: correct the policy gradient for the gap between the sampler's and "
+      "the trainer's log-probs of the sampled tokens (always logged as train/mismatch_*), with ratio ρ = "
+      "π_trainer/π_sampler: token_tis / seq_tis weigh each token by min(ρ, --rollout_correction_upper), of the token "
+      "or of its whole sequence (truncated IS); token_mis / seq_mis weigh it by ρ inside [--rollout_correction_lower, "
+      "--rollout_correction_upper] and drop it outside (masked IS). With temperature 1, π_old is then recomputed by a "
+      "forward instead of taken from the sampler.", choices=("none", "token_tis", "seq_tis", "token_mis", "seq_mis"))
+  rollout_correction_lower: float = flag(0.5, "--rollout_correction=token_mis|seq_mis: the lowest ratio kept, in [0, "
+      "1] (0: bounded from above only).")
+  rollout_correction_upper: float = flag(2.0, "--rollout_correction: C of truncated IS (token_tis, seq_tis), the "
+      "highest ratio kept by masked IS; >= 1.")
+  shared_prompt_forward: bool = flag(True, "GRPO: run each prompt once per group of G samples in the π_ref / π_old "
+      "forwards and the update (its KV cache shared by the G completions): B·P + B·G·T tokens instead of B·G·(P + T), "
+      "the same loss up to float rounding. Minibatches then shuffle whole groups; off when a micro-batch would split a "
+      "group.")
+  gamma: float = flag(1.0, "PPO: discount γ of GAE.")
+  gae_lambda: float = flag(0.95, "PPO: GAE λ.")
+  value_learning_rate: float | None = flag(None, "PPO: peak learning rate of the value model; default --learning_rate.")
+  value_clip: float = flag(0.2, "PPO: value-loss clip range around the sampling-time values (0: unclipped).")
+  value_coef: float = flag(1.0, "PPO: weight of the value loss (separate optimisers, so it only rescales the critic's "
+      "gradient before clipping).")
+  whiten_advantages: bool = flag(True, "PPO: whiten GAE advantages over the batch's completion tokens.")
+  value_init: str = flag("policy", "PPO: the value model's backbone: 'policy' (the start policy's) or an HF-format "
+      "checkpoint directory (e.g. a reward model's backbone).")
+  dpo_beta: float = flag(0.1, "DPO: β of the implicit reward.")
+  dpo_nll_coef: float = flag(0.0, "DPO: α of the chosen output's length-normalised NLL added to the loss (Iterative "
+      "RPO, arXiv 2404.19733, uses 1); 0 is plain DPO.", minimum=0)
+  dpo_pairs_per_prompt: int = flag(1, "DPO: most (correct, wrong) pairs per prompt.", minimum=1)
+  offline_prompts: int = flag(2048, "RFT/DPO: training prompts sampled once from the start policy (G samples each) to "
+      "build the offline dataset.", minimum=1)
+  # The imitation methods' (sft, rft, rft_table10, online_rft).
+  likelihood_temperature: float = flag(1.0, "SFT/RFT/Online RFT: the temperature T of the likelihood log "
+      "softmax(logits / T) they train (1: the model's own); set it to --temperature to have every method train one "
+      "likelihood (GRPO and PPO train --temperature's).")
+  teacher_checkpoint: str = flag("", "--algo=distill: the frozen teacher, an HF-format directory with the policy's "
+      "tokenizer (a larger model, or e.g. another run's final_policy); the student learns from the per-token reverse "
+      "KL to it on its own samples.")
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
   """The stage-2 optimiser (AdamW) and the run's length."""
-  steps: int = 200
-  learning_rate: float = 3e-4
-  lr_schedule: str = "cosine"
-  warmup_steps: int = 5
-  weight_decay: float = 0.0
-  max_grad_norm: float = 1.0
+  steps: int = flag(200, "Stage-2 steps (each: collect, then μ epochs of updates).", minimum=0)
+  learning_rate: float = flag(3e-4, "Stage-2 peak learning rate (the policy's).")
+  lr_schedule: str = flag("cosine", "After warm-up: constant, or cosine decay to 10% over the run's optimiser steps.",
+      choices=("constant", "cosine"))
+  warmup_steps: int = flag(5, "Linear warm-up of the learning rate, in optimiser steps.")
+  weight_decay: float = flag(0.0, "AdamW weight decay of the GRPO stage.")
+  max_grad_norm: float = flag(1.0, "Global-norm gradient clipping (0: off).", minimum=0)
 
 
 @dataclasses.dataclass(frozen=True)
 class RewardModelConfig:
   """Learned rewards (GRPO+OS/PS with an ORM/PRM) and iterative RL (DeepSeekMath Algorithm 1)."""
-  reward_model: str = ""
-  supervision: str = "outcome"
-  process_center_tokens: bool = False
-  prm_max_steps: int = 8
-  iterations: int = 1
-  steps_per_iteration: int = 0
-  replay_fraction: float = 0.1
-  replay_capacity: int = 16384
-  rm_update_prompts: int = 256
-  rm_update_steps: int = 100
-  rm_update_batch_size: int = 64
-  rm_update_learning_rate: float = 1e-4
+  reward_model: str = flag("", "With --reward=orm|prm: a reward-model directory written by "
+      "experiments.train_reward_model (HF-format backbone + reward_head.safetensors).")
+  supervision: str = flag("outcome", "outcome: one reward per completion (GRPO+OS); process: a PRM reward per step "
+      "(GRPO+PS, needs --reward=prm).", choices=("outcome", "process"))
+  process_center_tokens: bool = flag(False, "GRPO+PS: subtract the group's mean token advantage (a constant baseline; "
+      "the paper's suffix sums drift negative when later steps score lower). See losses.process_advantages.")
+  prm_max_steps: int = flag(8, "PRM and orm_steps: most scored steps per completion (the first K-1 and the last).",
+      minimum=1)
+  iterations: int = flag(1, "Iterative RL: iterations I (1: plain RL, the reward model stays frozen).", minimum=1)
+  steps_per_iteration: int = flag(0, "Iterative RL: policy steps M per iteration; the run is I*M steps.", minimum=0)
+  replay_fraction: float = flag(0.1, "Iterative RL: share of historical data in each reward-model update.")
+  replay_capacity: int = flag(16384, "Iterative RL: most historical reward-model rows kept (a uniform sample of all "
+      "rows seen).", minimum=1)
+  rm_update_prompts: int = flag(256, "Iterative RL: prompts sampled (G each) from the current policy to retrain the "
+      "reward model at the end of an iteration.", minimum=1)
+  rm_update_steps: int = flag(100, "Iterative RL: reward-model optimiser steps per iteration.", minimum=1)
+  rm_update_batch_size: int = flag(64, "Iterative RL: reward-model rows per step.", minimum=1)
+  rm_update_learning_rate: float = flag(1e-4, "Iterative RL: reward-model learning rate (constant after a 10-step "
+      "warm-up).")
 
 
 @dataclasses.dataclass(frozen=True)
 class AgentConfig:
   """Flow-GRPO's agent (AgentFlow): turns, memory, tools, budgets."""
-  max_turns: int = 4
-  memory_budget: int = 56
-  planner_prompt_len: int = 72
-  action_tokens: int = 20
-  tools: str = "calc,frac,recall"
-  tool_time_limit: float = 1.0
-  tool_header: bool = False
-  answer_from_memory: bool = True
-  min_bucket: int = 8
+  max_turns: int = flag(4, "T_max: most planner turns per trajectory (training and evaluation).", minimum=1)
+  memory_budget: int = flag(56, "Tokens of memory text in the planner's prompt; the oldest turns are dropped (and "
+      "summarised in one line) beyond it.", minimum=0)
+  planner_prompt_len: int = flag(72, "Planner prompt budget in tokens (query + memory + cue).", minimum=1)
+  action_tokens: int = flag(20, "Token budget of one action.", minimum=1)
+  tools: str = flag("calc,frac,recall", "The toolset K, from calc, frac, recall.")
+  tool_time_limit: float = flag(1.0, "Seconds a tool call may take before it is an error observation.")
+  tool_header: bool = flag(False, "Describe the tools and the action format at the top of every prompt (for "
+      "instruction-tuned models; the tiny default learns the format from SFT).")
+  answer_from_memory: bool = flag(True, "Without a final-answer action, the generator answers with the last tool "
+      "result in memory.")
+  min_bucket: int = flag(8, "Smallest padded active-set size of a turn (row counts are padded up to powers of two, so "
+      "jit compiles a few shapes, not one per turn).", minimum=1)
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
   """Held-out evaluation: greedy accuracy, and maj@k / pass@k with `eval_samples` > 0."""
-  eval_every: int = 100
-  eval_batch_size: int = 250
-  eval_samples: int = 0
-  eval_temperature: float = 0.7
+  eval_every: int = flag(100, "Evaluate every N GRPO steps (0: only before and after).", minimum=0)
+  eval_batch_size: int = flag(250, "Prompts per evaluation batch.", minimum=1)
+  eval_samples: int = flag(0, "k > 0: also sample k completions per problem for maj@k and pass@k.", minimum=0)
+  eval_temperature: float = flag(0.7, "Temperature of the maj@k / pass@k samples.")
 
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
   """Where the run writes, its checkpoints, and its seed."""
-  work_dir: str = "runs/grpo_math"
-  save_every: int = 50
-  keep_checkpoints: int = 2
-  resume: bool = False
-  stop_after: int = 0
-  tensorboard: bool = True
-  wandb_project: str = ""  # empty: no W&B
-  wandb_mode: str = ""  # online | offline | disabled; empty: W&B's default (WANDB_MODE, else online)
-  wandb_entity: str = ""
-  wandb_run_name: str = ""
-  seed: int = 0
-  compilation_cache_dir: str = "~/.cache/grpo_jax/xla"
-  profile_steps: str = ""  # "FIRST:LAST": trace stage-2 steps FIRST to LAST into <work_dir>/profile
+  work_dir: str = flag("runs/grpo_math", "Directory for checkpoints, logs and exported models.")
+  save_every: int = flag(50, "Checkpoint every N training steps (stage 2's, or the reward model's).", minimum=0)
+  keep_checkpoints: int = flag(2, "Checkpoints to keep.", minimum=1)
+  resume: bool = flag(False, "Continue from the latest checkpoint in work_dir.")
+  stop_after: int = flag(0, "Stop (as if interrupted) after this GRPO step, after saving; 0: off.", minimum=0)
+  tensorboard: bool = flag(True, "Write TensorBoard event files.")
+  wandb_project: str = flag("", "Also log to Weights & Biases, in this project (pip install 'grpo_jax[wandb]'): the "
+      "same metrics, the run's config; --resume continues the same W&B run (its id is kept in "
+      "<work_dir>/wandb_run_id). Empty: off.")
+  wandb_mode: str = flag("", "W&B mode: online, offline (files under <work_dir>/wandb, uploaded later by `wandb sync`) "
+      "or disabled. Empty: W&B's default (WANDB_MODE, else online).")
+  wandb_entity: str = flag("", "W&B entity (team or user); empty: your default.")
+  wandb_run_name: str = flag("", "W&B run name; empty: W&B chooses one.")
+  seed: int = flag(0, "Random seed of data order, sampling and initialisation.")
+  compilation_cache_dir: str = flag("~/.cache/grpo_jax/xla", "JAX's on-disk compilation cache: a later run of the same "
+      "programs (the same model, shapes and flags that shape them) loads them instead of compiling. Empty: off. "
+      "JAX_COMPILATION_CACHE_DIR, when set, wins.")
+  profile_steps: str = flag("", "FIRST:LAST: trace stage-2 steps FIRST to LAST (both included) with jax.profiler into "
+      "<work_dir>/profile (TensorBoard's profile plugin, Perfetto) and print each compiled program's runs, time and op "
+      "kinds. Empty: off.")
 
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
   """Devices and processes: a mesh spec and its sharding rules; the multi-host coordinator."""
-  mesh: str = ""
-  sharding_rules: str = "fsdp"
-  coordinator_address: str = ""
-  num_processes: int | None = None
-  process_id: int | None = None
-  # One process on a CPU, no mesh: the CPU is presented as this many devices (0: one per core) and the sampler
-  # splits its rows over them, while everything else runs on the first (`placement.Placement.from_config`).
-  cpu_devices: int = 0
-  # Forwards over a step's B·G rows (π_ref, π_old, reward model, values) and the sampler run in row chunks:
-  # forward_rows at a time, or (0) as many as forward_memory_budget GiB per device hold (0: the backend's default).
-  forward_rows: int = 0
-  forward_memory_budget: float = 0.0
+  mesh: str = flag("", "Device mesh, e.g. 'data:2,fsdp:2,tensor:2' (one size may be -1: the remaining devices). Empty: "
+      "one device (or, with several processes, every device on the data axis).")
+  sharding_rules: str = flag("fsdp", "How params, optimiser state and activations map onto the mesh: dp (replicated "
+      "params), fsdp (params split over fsdp), fsdp_tp (+ tensor).", choices=("dp", "fsdp", "fsdp_tp"))
+  coordinator_address: str = flag("", "Multi-host: host:port of process 0's coordinator (or JAX_COORDINATOR_ADDRESS). "
+      "Every process runs the same command.")
+  num_processes: int | None = flag(None, "Multi-host: number of processes (or JAX_NUM_PROCESSES).")
+  process_id: int | None = flag(None, "Multi-host: this process's index (or JAX_PROCESS_ID).")
+  # `placement.Placement.from_config`.
+  cpu_devices: int = flag(0, "One process on a CPU without --mesh: present the CPU as this many devices (0: one per "
+      "core; 1: off) and split the sampler's rows over them (the same tokens as one device, each core decoding its own "
+      "rows); training and scoring stay on the first. Ignored on GPU/TPU, with --mesh, several processes, or "
+      "XLA_FLAGS' --xla_force_host_platform_device_count.", minimum=0)
+  # `grpo_jax.row_chunks`; 0 and 0: `row_chunks.default_budget_bytes`.
+  forward_rows: int = flag(0, "Rows per chunk of the forwards over a step's batch_size*group_size rows (π_ref, π_old, "
+      "reward model, values), looped inside one program (a multiple of group_size). 0: as many as "
+      "--forward_memory_budget holds.", minimum=0)
+  forward_memory_budget: float = flag(0.0, "GiB per device for one chunk's activations in those forwards, and for the "
+      "sampler's KV cache (prompts in chunks when all would not fit). 0: a quarter of an accelerator's memory, 4 GiB "
+      "on a CPU.", minimum=0)
 
 
 SECTIONS = {"model": PolicyConfig, "task": TaskConfig, "sft": SFTConfig, "rollout": RolloutConfig,
@@ -342,28 +470,15 @@ def default(name: str) -> Any:
 
 # VALIDATION: one line naming the field (by its flag name) and what it must be.
 
-_POSITIVE = ("tiny_layers", "sft_batch_size", "num_train", "num_test", "max_prompt_len", "max_new_tokens",
-             "batch_size", "num_epochs", "grad_accum_steps", "eval_batch_size", "keep_checkpoints",
-             "dynamic_sampling_max_rounds", "dpo_pairs_per_prompt", "offline_prompts", "prm_max_steps",
-             "iterations", "replay_capacity", "rm_update_prompts", "rm_update_steps", "rm_update_batch_size",
-             "max_turns", "planner_prompt_len", "action_tokens", "min_bucket")
-_NON_NEGATIVE = ("cpu_devices", "steps", "sft_steps", "sft_examples", "eval_every", "save_every", "minibatch_size",
-                 "overlong_buffer", "eval_samples", "stop_after", "top_k", "max_grad_norm", "advantage_eps",
-                 "steps_per_iteration", "memory_budget", "beta", "completion_pad_multiple", "forward_rows",
-                 "forward_memory_budget", "dpo_nll_coef", "num_slots", "num_validation")
-CHOICES = {  # the allowed values of the enum fields (and flags)
-    "dtype": ("float32", "bfloat16"), "remat_policy": ("full", "dots_no_batch", "dots"),
-    "task": ("synthetic", "gsm8k", "math"), "prompt_template": ("auto", "plain", "chat"),
-    "algo": ("grpo", "ppo", "online_rft", "rft", "rft_table10", "dpo", "sft", "flow_grpo", "distill"),
-    "kl": (None, "k1", "k2", "k3"),
-    "loss_aggregation": ("seq-mean-token-mean", "token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum"),
-    "advantage_scale": ("group", "batch", "none"), "advantage_estimator": ("group", "rloo", "reinforce_pp"),
-    "importance": ("token", "sequence"), "loss": ("clip", "cispo", "sapo"), "lr_schedule": ("constant", "cosine"),
-    "rollout_correction": ("none", "token_tis", "seq_tis", "token_mis", "seq_mis"),
-    "supervision": ("outcome", "process"), "sharding_rules": ("dp", "fsdp", "fsdp_tp"),
-    "attention": ("auto", "einsum", "xla", "cudnn", "pallas"), "sampler": ("engine", "static"),
-    "completion_widths": ("multiple", "doubling"),
-}
+
+def _fields_with(key: str) -> dict[str, Any]:
+  """Field name -> its `flag(...)` metadata `key`, for the fields that have one, in the sections' order."""
+  return {f.name: f.metadata[key] for cls in SECTIONS.values() for f in dataclasses.fields(cls) if key in f.metadata}
+
+
+CHOICES = _fields_with("choices")  # the allowed values of the enum fields (and flags)
+_POSITIVE = tuple(name for name, least in _fields_with("minimum").items() if least == 1)
+_NON_NEGATIVE = tuple(name for name, least in _fields_with("minimum").items() if least == 0)
 STEP_REWARDS = ("prm", "exact_steps")  # the `reward` values that score every step
 TINY_HEADS = 4  # attention heads of the embedded tiny model (`grpo_jax.models.tiny_config`)
 # GRPO knobs that mean nothing for Flow-GRPO's per-turn objective (eq. 5): refused unless at their defaults.
@@ -376,7 +491,7 @@ FLOW_UNSUPPORTED = ("loss_aggregation", "importance", "dynamic_sampling", "overl
 # defaults, so a flag never silently does nothing.
 READ_BY = {
     "dynamic_sampling": ("grpo",), "dynamic_sampling_max_rounds": ("grpo",), "importance": ("grpo",),
-    "shared_prompt_forward": ("grpo",), "advantage_scale": ("grpo", "flow_grpo"),
+    "shared_prompt_forward": ("grpo",), "advantage_scale": ("grpo", "flow_grpo"), "token_layout": ("grpo", "distill"),
     "advantage_eps": ("grpo", "flow_grpo"), "process_center_tokens": ("grpo",),
     "recompute_old_logprobs": ("grpo", "ppo", "distill"), "mask_truncated": ("grpo", "ppo", "distill"),
     "overlong_buffer": ("grpo", "ppo"),
@@ -400,6 +515,9 @@ READ_BY = {
 # Options read only when another option turns their feature on: (option, the condition, what it needs).
 READ_WITH = (
     ("dynamic_sampling_max_rounds", lambda v: v["dynamic_sampling"], "--dynamic_sampling"),
+    ("bucket_micro_batches", lambda v: v["token_layout"] == "buckets", "--token_layout=buckets"),
+    ("bucket_widths", lambda v: v["token_layout"] == "buckets", "--token_layout=buckets"),
+    ("completion_widths", lambda v: v["token_layout"] == "padded", "--token_layout=padded"),
     ("remat_policy", lambda v: v["remat"], "--remat"),
     ("eval_temperature", lambda v: v["eval_samples"] > 0, "--eval_samples > 0"),
     ("lora_alpha", lambda v: v["lora_rank"] > 0, "--lora_rank > 0"),

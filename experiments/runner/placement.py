@@ -102,7 +102,13 @@ class Placement:
     call.jitted = getattr(fn, "jitted", lambda shape, params=None: fn)
     return call
 
-  def train(self, params, optimizer, objective, num_micro_batches: int, frozen=None):
+  def row_shards(self, rows: int, group: int = 1) -> int:
+    """The data shards over which `rows` rows in groups of `group` split into whole groups (`length_buckets`'
+    shard-local sorting); 1 where they don't."""
+    shards = self.data_parallel
+    return shards if rows % shards == 0 and (rows // shards) % group == 0 else 1
+
+  def train(self, params, optimizer, objective, num_micro_batches: int, frozen=None, bucketed=None):
     """`(state, step)`: the train state placed by the rules and the jitted update (state donated).
 
     `params` are handed over: the state takes their buffers and they are deleted (on a mesh, a leaf placed
@@ -112,18 +118,20 @@ class Placement:
     objective sees `lora.join(state.params, frozen)`; they are neither in the state nor donated.
 
     `step(state, batch)` takes a batch on the device(s) (or whole host arrays: each process contributes its
-    rows)."""
+    rows).
+
+    `bucketed`: the update's length-bucketed layout (`training.update.BucketedRows`), or None (padded)."""
     extra = () if frozen is None else (frozen,)
     if self.mesh is None:
       step = training.make_train_step(objective, optimizer, num_micro_batches,
-                                      combine=None if frozen is None else lora.join)
+                                      combine=None if frozen is None else lora.join, bucketed=bucketed)
       state = jax.jit(lambda p: training.init_train_state(p, optimizer), donate_argnums=0)(params)
       return state, lambda state, batch: step(state, batch, *extra)
     state, shardings = partitioning.init_train_state(params, optimizer, self.mesh, self.rules, donate=True)
-    step = self.train_step(shardings, optimizer, objective, num_micro_batches, frozen=frozen)
+    step = self.train_step(shardings, optimizer, objective, num_micro_batches, frozen=frozen, bucketed=bucketed)
     return state, lambda state, batch: step(state, self.device(batch), *extra)
 
-  def train_step(self, state_shardings, optimizer, objective, num_micro_batches: int, frozen=None):
+  def train_step(self, state_shardings, optimizer, objective, num_micro_batches: int, frozen=None, bucketed=None):
     """The jitted update of `train` on a mesh, for a train state placed by `state_shardings`
     (`partitioning.state_shardings`); `.jitted` is the program itself (ahead of time: `.jitted.lower(...)`).
     With `frozen` (arrays or shape structs, placed), the step takes them as a third argument."""
@@ -131,7 +139,7 @@ class Placement:
         combine=lora.join, frozen_shardings=jax.tree.map(lambda x: x.sharding, frozen))
     return training.make_train_step(objective, optimizer, num_micro_batches, state_shardings=state_shardings,
                                     batch_shardings=self.batch_sharding, mesh=self.mesh, rules=self.rules,
-                                    **lora_kwargs)
+                                    bucketed=bucketed, **lora_kwargs)
 
   def forward_chunk(self, config, rows: int, length: int, *, group: int = 1, **estimate) -> int:
     """Rows per chunk (`row_chunks.map_rows`) of a forward over [rows, length] tokens: `forward_rows`, else as

@@ -14,6 +14,7 @@ from grpo_jax import distributed
 from grpo_jax import models
 from grpo_jax.models import attention
 from grpo_jax.models import lora
+from grpo_jax.models import presets
 from grpo_jax import training
 
 SFT_MARKER = "grpo_jax_sft.json"  # in a run's sft_policy: it was fine-tuned on the first --sft_examples problems
@@ -31,6 +32,19 @@ def runtime(config: config_lib.PolicyConfig, platform: str | None = None) -> dic
   return dict(dtype=config.dtype, param_dtype=config.dtype, remat=config.remat, remat_policy=config.remat_policy,
               scan_layers=config.scan_layers,
               attention=attention.resolve(config.attention, platform or jax.default_backend(), config.dtype))
+
+
+def model_config(config: config_lib.PolicyConfig, platform: str | None = None) -> models.ModelConfig:
+  """The policy's `models.ModelConfig` as `load` gives it on `platform` (default: JAX's backend), without reading a
+  weight: the `--init_checkpoint` or `--model` directory's config.json, else the embedded tiny model's. Ahead of
+  time (`scripts/aot_compile.py`) a name of `models.presets` that is not a directory stands for its shapes."""
+  runtime_ = runtime(config, platform)
+  name = config.init_checkpoint or config.model
+  if not name:
+    return models.tiny_config(**tiny_overrides(config), **runtime_)
+  if name in presets.PRESETS and not pathlib.Path(name).is_dir():
+    return presets.config(name, **runtime_)
+  return models.read_config(name, **runtime_)
 
 
 # Kernels that exist only on some backends: --attention=NAME elsewhere runs xla, with one warning line.

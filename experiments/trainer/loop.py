@@ -156,7 +156,8 @@ def _train_state(method: methods_lib.Method, policy, part: lora.TrainedPart, opt
   at each iteration; zero adapters until then keep the checkpoint's structure."""
   trained, frozen = part.split(method.init_params(policy, jax.random.fold_in(key, 1)))
   state, train_step = method.rollouts.placement.train(trained, optimizer, method.objective(),
-                                                      method.cfg.algorithm.grad_accum_steps, frozen=frozen)
+                                                      method.cfg.algorithm.grad_accum_steps, frozen=frozen,
+                                                      bucketed=method.bucketed_update())
   if iterative and part.enabled:
     zero = jax.tree.map(jnp.zeros_like, lora.adapters(method.policy(part.join(state.params, frozen))))
     method.use_reference(part.join(zero, method.reference))

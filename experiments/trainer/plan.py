@@ -17,7 +17,8 @@ def update_plan(method: methods_lib.Method):
   algo = cfg.algorithm
   rows = method.rows_per_step()
   minibatch = algo.minibatch_size or rows  # divides the rows, and by grad_accum_steps (`config.check`)
-  if minibatch % (method.rows_per_item * algo.grad_accum_steps):
+  # Length buckets cut a minibatch by length, not into --grad_accum_steps whole-group parts (`bucketed_update`)
+  if method.bucketed_update() is None and minibatch % (method.rows_per_item * algo.grad_accum_steps):
     raise RunError(f"--algo={method.name}: micro-batches of {minibatch // algo.grad_accum_steps} rows split its "
                    f"groups of {method.rows_per_item} rows")
   updates_per_step = algo.num_epochs * rows // minibatch

@@ -244,7 +244,10 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
     group = g if algo.algo != "ppo" and method.grouped() else 1
     chunk = placement.forward_chunk(model_config, n, length, group=group, logits_chunk=config.model.logprob_chunk,
                                     cached=group > 1)  # the rows a chunk of `jit_token_logprobs` takes
-    how = f" of the {n} rows, {chunk or n} at a time" + (f", each prompt once per group of {g}" if group > 1 else "")
+    buckets = method.forward_layout().get("buckets") if algo.algo != "ppo" else None
+    how = f" of the {n} rows, " + (f"{chunk or n} at a time" if buckets is None else
+                                   f"in {buckets.num_micro_batches} length-sorted micro-batches at widths "
+                                   f"{buckets.widths}") + (f", each prompt once per group of {g}" if group > 1 else "")
     if config.model.lora_rank:  # π_ref: the base alone; π_old: base + adapters, another argument structure
       if "π_old" in forwards:
         out["old_logprobs"] = Program(fn(params), (params, rows(jnp.int32, n), rows(jnp.bool_, n)),
@@ -269,15 +272,20 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
   if algo.algo == "ppo":
     out["values"] = Program(method.values.jitted, (state.params["value"], rows(jnp.int32, n), rows(jnp.bool_, n)),
                             f"the value forward V_ψ of the {n} rows", per_step=1)
-  step = placement.train_step(state_shardings, optimizer, method.objective(), algo.grad_accum_steps, frozen=frozen)
+  bucketed = method.bucketed_update()
+  step = placement.train_step(state_shardings, optimizer, method.objective(), algo.grad_accum_steps, frozen=frozen,
+                              bucketed=bucketed)
   f32, bool_ = (lambda: rows(jnp.float32, minibatch)), (lambda: rows(jnp.bool_, minibatch))
   batch = training.Batch(tokens=rows(jnp.int32, minibatch), attention_mask=bool_(), loss_mask=bool_(),
                          old_logp=f32(), ref_logp=f32(), advantages=f32(), sampler_logp=f32())
   if algo.algo == "ppo":
     batch = training.PPOBatch(**batch._asdict(), old_values=f32(), returns=f32())
   out["update"] = Program(step.jitted, (state, batch) if frozen is None else (state, batch, frozen),
-                          f"{method.name}: one optimiser step over {minibatch} rows in {algo.grad_accum_steps} "
-                          f"micro-batches" + ("" if frozen is None else " (LoRA: the adapters; the base frozen)"),
+                          f"{method.name}: one optimiser step over {minibatch} rows in "
+                          + (f"{algo.grad_accum_steps} micro-batches" if bucketed is None else
+                             f"{bucketed.buckets.num_micro_batches} length-sorted micro-batches at widths "
+                             f"{bucketed.buckets.widths}")
+                          + ("" if frozen is None else " (LoRA: the adapters; the base frozen)"),
                           per_step=per_step, resident_args=(0,) if frozen is None else (0, 2))
   held_out = config.task.num_test  # the held-out set has at most this many problems
   options = evaluation.generate_options(config, held_out, placement)

@@ -12,9 +12,11 @@ from grpo_jax.models.hf_io import load_hf, read_config, save_hf
 from grpo_jax.models.logical_axes import LOGICAL_AXES, axis_rules, constrain, logical_to_spec
 from grpo_jax.models.tiny import build_default_checkpoint, tiny_config
 from grpo_jax.models.tokenizer import build_char_tokenizer, load_tokenizer, save_char_tokenizer
-from grpo_jax.models.transformer import (CausalLM, Decoder, KVCache, KVPrefix, apply, as_prefix, backbone,
-                                         hidden_states, init_cache, init_params, logits_from_hidden, param_logical_axes, rope_inv_freq,
-                                         stack_layers, unembedding, unstack_layers)
+from grpo_jax.models.kv_cache import KVCache, KVPrefix, as_prefix, init_cache
+from grpo_jax.models.params import backbone, stack_layers, unstack_layers
+from grpo_jax.models.rope import rope_inv_freq
+from grpo_jax.models.transformer import (CausalLM, Decoder, apply, hidden_states, init_params, logits_from_hidden,
+                                         param_logical_axes, unembedding)
 
 __all__ = (
     "CausalLM",

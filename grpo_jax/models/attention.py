@@ -1,4 +1,4 @@
-"""Multi-token attention (training and scoring forwards): one `attend` seam, four implementations.
+"""Attention: one `attend` seam with four implementations, and `decode_attend` for one-token decode steps.
 
   out = softmax(q·kᵀ / √D, masked)·v   (Vaswani et al. 2017, eq. 1), grouped-query (Ainslie et al. 2023):
   query head n reads kv head n // G, G = N / K.
@@ -10,16 +10,23 @@
   pallas  the Pallas TPU flash-attention kernel (`jax.experimental.pallas.ops.tpu.flash_attention`, Dao et al.
           2022) with the padding as segment ids; no [L, S] scores in memory
 
-`resolve("auto", platform, dtype)` picks one per backend. One-token decode steps keep their own path
-(`transformer._decode_attention`), which reads the cache's layout and its shared prefix.
+`resolve("auto", platform, dtype)` picks one per backend.
+
+One-token decode steps take `decode_attend`, which reads a KV cache's layout (`kv_cache`) and its shared prefix.
+With a prefix, the softmax over the prefix's P keys and the row's S own slots is computed as two partial softmaxes
+merged by their logsumexp (`Partial`, `merge_partials`; Milakov & Gimelshein 2018, "Online normalizer calculation
+for softmax", the merge flash attention's blocks use): a fused decode kernel can compute either part and join at
+the merge.
 """
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from grpo_jax.models import kv_cache
 from grpo_jax.models import logical_axes
 from grpo_jax.models.config import ATTENTION_IMPLEMENTATIONS as IMPLEMENTATIONS
 
@@ -100,6 +107,106 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array, *, impl
     return jax.nn.dot_product_attention(q, k, v, mask=key_mask, scale=scale, is_causal=True,
                                         implementation="cudnn")
   return jax.nn.dot_product_attention(q, k, v, mask=allowed[:, None], scale=scale, implementation="xla")
+
+
+class Partial(NamedTuple):
+  """Softmax attention of queries over a part of the keys, not yet normalised.
+
+  With the part's scores s_j, values v_j and a reference m (any finite value; the part's maximum, or above it, so
+  that no exponential overflows):
+
+    max = m,   sum = Σ_j exp(s_j − m),   out = Σ_j exp(s_j − m) · v_j
+
+  The attention over all the parts is `normalised(merge_partials(...))`: the same softmax · v as one softmax over
+  the concatenated keys.
+
+  Attributes:
+    max: [...] the reference m.
+    sum: [...] float32.
+    out: [..., D] float32.
+  """
+  max: jax.Array
+  sum: jax.Array
+  out: jax.Array
+
+
+def partial_softmax(scores: jax.Array, values: jax.Array, reference: jax.Array | None = None) -> Partial:
+  """The `Partial` of float32 scores [B, K, G, S] (masked entries at a finite low value, such as float32's min)
+  over values [B, K, S, D]: K kv heads, G query heads each; `reference` [B, K, G] defaults to the scores' max."""
+  m = jnp.max(scores, axis=-1) if reference is None else reference
+  e = jnp.exp(scores - m[..., None])
+  return Partial(max=m, sum=jnp.sum(e, axis=-1), out=jnp.einsum("bkgs,bksd->bkgd", e, values.astype(jnp.float32)))
+
+
+def merge_partials(a: Partial, b: Partial) -> Partial:
+  """The `Partial` of two parts' keys together (associative and commutative), both rescaled to the larger max:
+
+    m = max(m_a, m_b),  sum = sum_a · exp(m_a − m) + sum_b · exp(m_b − m),  out likewise.
+
+  Parts that share their reference (the same array m) merge as plain sums, `(m, sum_a + sum_b, out_a + out_b)`:
+  the factors would be exp(0) = 1, and the program carries no rescaling.
+  """
+  if a.max is b.max:
+    return Partial(max=a.max, sum=a.sum + b.sum, out=a.out + b.out)
+  m = jnp.maximum(a.max, b.max)
+  fa, fb = jnp.exp(a.max - m), jnp.exp(b.max - m)
+  return Partial(max=m, sum=a.sum * fa + b.sum * fb, out=a.out * fa[..., None] + b.out * fb[..., None])
+
+
+def normalised(p: Partial) -> jax.Array:
+  """softmax · v from a `Partial`: out / sum, [..., D]."""
+  return p.out / p.sum[..., None]
+
+
+def decode_attend(q: jax.Array, k: jax.Array, v: jax.Array, allowed: jax.Array,
+                  prefix: kv_cache.KVPrefix | None = None) -> jax.Array:
+  """One query token per row against a KV cache (a decode step), grouped-query, float32 scores.
+
+  Args:
+    q: [B, 1, N, D] queries (RoPE applied).
+    k: [B, K, D, S] the cache's keys (`kv_cache`'s layout: per (row, kv head) the scores are one [G, D] x [D, S]
+      product and the output one [G, S] x [S, D] product, with G = N / K).
+    v: [B, K, S, D] the cache's values.
+    allowed: [B, 1, S] bool, True at the slots the query may attend.
+    prefix: one layer's `KVPrefix` (keys [B', K, D, P], values [B', K, P, D], mask [B', P], rows), which each row
+      attends before its own S slots: one softmax over P + S. None: the S slots alone.
+
+  Returns:
+    [B, 1, N, D] in q's dtype. Where a query may attend no key, the average of all the values it reads.
+
+  Without a prefix the softmax is normalised before its product with the values, its probabilities in q's dtype
+  (as `attend`'s einsum path). With one, the two parts are `Partial`s merged by `merge_partials`, both taking the
+  common maximum over P + S as their reference (so the merge adds their sums, with no rescaling). A prefix
+  without `rows` is read once per group of R = B / B' consecutive rows: its part runs kv-head-major,
+  [B', K, R·G, P], the R rows' G query heads side by side against one [D, P] block of keys, so each step reads a
+  prompt's keys once for its R samples. With `rows`, each row's prefix row is gathered first
+  (`kv_cache.prefix_per_row`, R = 1).
+  """
+  f32, low, dtype = jnp.float32, jnp.finfo(jnp.float32).min, q.dtype
+  b, _, n, d = q.shape
+  n_kv = k.shape[1]
+  groups = n // n_kv
+  q = q.reshape(b, n_kv, groups, d).astype(f32)
+  scores = jnp.einsum("bkgd,bkds->bkgs", q, k.astype(f32)) * d ** -0.5  # [B, K, G, S]
+  scores = jnp.where(allowed[:, None], scores, low)
+  if prefix is None:
+    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+    out = jnp.einsum("bkgs,bksd->bkgd", probs.astype(f32), v.astype(f32))  # [B, K, G, D]
+    return out.reshape(b, 1, n, d).astype(dtype)
+  prefix = kv_cache.prefix_per_row(prefix)
+  rows = prefix.k.shape[0]
+  r = b // rows
+  to_prefix = lambda x: x.reshape(rows, r, n_kv, groups, *x.shape[3:]).swapaxes(1, 2).reshape(
+      rows, n_kv, r * groups, *x.shape[3:])  # [B, K, G, ...] -> [B', K, R * G, ...]
+  to_rows = lambda x: x.reshape(rows, n_kv, r, groups, *x.shape[3:]).swapaxes(1, 2).reshape(
+      b, n_kv, groups, *x.shape[3:])  # and back
+  pscores = jnp.einsum("bkgd,bkdp->bkgp", to_prefix(q), prefix.k.astype(f32)) * d ** -0.5  # [B', K, R * G, P]
+  pscores = jnp.where(prefix.mask[:, None, None], pscores, low)
+  top = jnp.maximum(jnp.max(scores, axis=-1), to_rows(jnp.max(pscores, axis=-1)[..., None])[..., 0])  # [B, K, G]
+  own = partial_softmax(scores, v, top)
+  shared = partial_softmax(pscores, prefix.v, to_prefix(top[..., None])[..., 0])
+  shared = Partial(max=top, sum=to_rows(shared.sum[..., None])[..., 0], out=to_rows(shared.out))
+  return normalised(merge_partials(own, shared)).reshape(b, 1, n, d).astype(dtype)
 
 
 def _pallas_flash(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, scale: float) -> jax.Array:

@@ -6,7 +6,8 @@ from typing import Any
 import jax.numpy as jnp
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
-# What a rematerialised layer keeps for the backward pass (`remat_policy`; see transformer.REMAT_POLICIES):
+# What a rematerialised layer keeps for the backward pass (`remat_policy`; transformer._POLICIES maps each to
+# a jax.checkpoint policy):
 # full: only its input (everything recomputed); dots_no_batch: also the outputs of the weight matmuls
 # (attention scores recomputed); dots: every matmul output.
 REMAT_POLICIES = ("full", "dots_no_batch", "dots")

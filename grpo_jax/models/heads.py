@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from grpo_jax.models import transformer
 from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.logical_axes import logical_axes_of
 
 Params = dict[str, Any]
 
@@ -67,4 +68,4 @@ def scalar_apply(params: Params, config: ModelConfig, tokens: jax.Array, *, atte
 def scalar_logical_axes(config: ModelConfig) -> Params:
   """Logical axis names of `init_scalar_params(config, key)` (tuples as leaves)."""
   shapes = jax.eval_shape(lambda k: init_scalar_params(config, k), jax.random.key(0))
-  return transformer.logical_axes_of(shapes)
+  return logical_axes_of(shapes)

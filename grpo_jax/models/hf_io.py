@@ -11,9 +11,8 @@ import jax
 import numpy as np
 import safetensors
 
-from grpo_jax.models import transformer
 from grpo_jax.models.config import CheckpointError, ModelConfig
-from grpo_jax.models.transformer import Params
+from grpo_jax.models.params import STACKED, Params
 
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
@@ -148,11 +147,11 @@ def _stack_placed(params: Params, config: ModelConfig, shardings) -> Params:
   stacked = []
   for j, (path, _) in enumerate(leaves[0]):
     parts = [leaves[i][j][1] for i in range(len(layers))]
-    target = None if shardings is None else _leaf(shardings[transformer.STACKED], tuple(p.key for p in path))
+    target = None if shardings is None else _leaf(shardings[STACKED], tuple(p.key for p in path))
     stacked.append(jax.jit(lambda *xs: jax.numpy.stack(xs), out_shardings=target)(*parts))
     for x in parts:
       x.delete()
-  params[transformer.STACKED] = jax.tree.unflatten(treedef, stacked)
+  params[STACKED] = jax.tree.unflatten(treedef, stacked)
   return params
 
 
@@ -203,8 +202,8 @@ def load_hf(path: str | pathlib.Path, *, dtype="float32", param_dtype=None, rema
     shardings = shardings(config)
   stacked_shardings = shardings
   if scan_layers and shardings is not None:  # read per layer into each layer's slice of the stacked sharding
-    shardings = {k: v for k, v in shardings.items() if k != transformer.STACKED}
-    layer = jax.tree.map(_layer_sharding, stacked_shardings[transformer.STACKED])
+    shardings = {k: v for k, v in shardings.items() if k != STACKED}
+    layer = jax.tree.map(_layer_sharding, stacked_shardings[STACKED])
     shardings.update({f"layers_{i}": layer for i in range(config.num_hidden_layers)})
   param_dtype = jax.numpy.dtype(config.param_dtype)
   params: Params = {}
@@ -233,7 +232,7 @@ def _hf_leaf(params: Params, config: ModelConfig, path: tuple[str, ...], shape_o
   """The params leaf at `path` (unrolled names), or its shape: in the scanned layout, layer i's slice of the
   stacked leaf."""
   if config.scan_layers and path[0].startswith("layers_"):
-    stacked = _leaf(params[transformer.STACKED], path[1:])
+    stacked = _leaf(params[STACKED], path[1:])
     return tuple(stacked.shape[1:]) if shape_only else stacked[int(path[0][len("layers_"):])]
   leaf = _leaf(params, path)
   return tuple(leaf.shape) if shape_only else leaf

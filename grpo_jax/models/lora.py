@@ -7,7 +7,7 @@ A targeted projection y = x·W (+ bias) becomes
 
 so at initialisation the adapted model is exactly the base model, and only A and B (r·(in + out) numbers per
 projection instead of in·out) are trained. The model computes the rank-r product itself
-(`transformer.Proj`); the adapters are extra leaves `lora_a`, `lora_b` beside each targeted `kernel` in the
+(`layers.Proj`); the adapters are extra leaves `lora_a`, `lora_b` beside each targeted `kernel` in the
 ordinary params dict, and the `ModelConfig` fields `lora_rank`, `lora_alpha`, `lora_targets` say which
 projections carry them. This module adds, splits, switches off, merges and exports them:
 
@@ -21,7 +21,7 @@ projections carry them. This module adds, splits, switches off, merges and expor
 Why not qwix (Google's LoRA for Flax, which Tunix uses): qwix intercepts `dot_general` / `einsum` calls made
 inside a Flax module's methods and creates the adapters lazily as module attributes on the first call, keyed by
 the weight the right-hand operand came from. Our model is applied functionally: every call re-merges a plain
-params dict into a cached abstract module (`transformer._merge`), its projections go through a custom-VJP
+params dict into a cached abstract module (`params.merge`), its projections go through a custom-VJP
 `project` whose operand is a dtype-cast copy of the kernel, and decode steps multiply k/v and gate/up as one
 stacked kernel (`project_together`), which is no module weight: qwix would see no weight there and sample from
 the base model silently. The explicit form is a few lines, keeps the adapters in the params dict (so sharding
@@ -39,6 +39,7 @@ import safetensors.numpy
 
 from grpo_jax.models import transformer
 from grpo_jax.models.config import LORA_TARGETS, ModelConfig
+from grpo_jax.models.params import STACKED, unstack_layers
 
 Params = dict[str, Any]
 ADAPTER_LEAVES = ("lora_a", "lora_b")
@@ -143,7 +144,7 @@ def init_adapters(config: ModelConfig, key: jax.Array) -> Params:
     if _key(path[-1]) == "lora_b":
       out.append(jnp.zeros(leaf.shape, jnp.float32))
       continue
-    stacked = any(_key(p) == transformer.STACKED for p in path)
+    stacked = any(_key(p) == STACKED for p in path)
     fan_in = int(np.prod(leaf.shape[1 if stacked else 0:-1]))
     bound = 1.0 / np.sqrt(fan_in)
     out.append(jax.random.uniform(jax.random.fold_in(key, i), leaf.shape, jnp.float32, -bound, bound))
@@ -157,7 +158,7 @@ def add_adapters(params: Params, config: ModelConfig, key: jax.Array) -> Params:
 
 def disabled(params: Params) -> Params:
   """The adapted params with the adapters switched off: the base arrays alone (no copy, no zero adapters), which an
-  adapted config's model applies as the base model (`transformer._merge` drops the adapters it finds none of)."""
+  adapted config's model applies as the base model (`params.merge` drops the adapters it finds none of)."""
   return split(params, is_adapter)[1]
 
 
@@ -184,15 +185,15 @@ def merge(params: Params, config: ModelConfig) -> tuple[Params, ModelConfig]:
       merged = {k: v for k, v in node.items() if k not in ADAPTER_LEAVES}
       merged["kernel"] = (kernel.astype(jnp.float32) + d).astype(kernel.dtype)
       return merged
-    return {k: fold(v, stacked or k == transformer.STACKED) for k, v in node.items()}
+    return {k: fold(v, stacked or k == STACKED) for k, v in node.items()}
 
   return jax.jit(lambda p: fold(p, False))(params), base_config(config)
 
 
 def _peft_tensors(params: Params, config: ModelConfig) -> dict[str, np.ndarray]:
   """PEFT's tensor names and torch layouts: lora_A.weight [r, in], lora_B.weight [out, r] per adapted module."""
-  if transformer.STACKED in params:
-    params = transformer.unstack_layers(params, config)
+  if STACKED in params:
+    params = unstack_layers(params, config)
   scale_free = {}
   for i in range(config.num_hidden_layers):
     for target in config.lora_targets:

@@ -1,6 +1,7 @@
-"""One long normal draw computed in pieces, bit for bit the whole draw.
+"""Random weights: one long normal draw computed in pieces, bit for bit the whole draw, sliced into the weights.
 
-`init_params` gives every weight a slice of one draw, `0.02 · normal(key, (N,))[start:start + size]`. Built as one
+`init_params` gives every weight a slice of one draw, `0.02 · normal(key, (N,))[start:start + size]` (`draw`;
+`draw_order` says where each weight's slice starts). Built as one
 `jax.random.normal` sliced into every weight, XLA fuses the draw's last steps into each slice: a program that grows
 with the layer count, which XLA's GPU compiler took minutes over at Qwen2.5-0.5B's shapes, with temporaries
 several times the weights' size.
@@ -23,6 +24,8 @@ import jax
 from jax import lax
 import jax.numpy as jnp
 import numpy as np
+
+from grpo_jax.models.params import STACKED, Params
 
 _LO = np.nextafter(np.float32(-1.0), np.float32(0.0), dtype=np.float32)
 
@@ -84,3 +87,81 @@ def normal_pieces(key: jax.Array, n: int, dtype, scale: float = 1.0, piece: int 
     return (jnp.float32(scale) * _normal_words(words, hi, lo, piece)).astype(dtype)
 
   return lax.map(draw, jnp.arange(steps, dtype=jnp.uint32))
+
+
+def _drawn(names: tuple[str, ...]) -> bool:
+  return names[-1] in ("kernel", "embedding")
+
+
+def draw_order(leaves) -> dict[tuple[str, ...], int]:
+  """Where each drawn leaf ((path, shape) pairs of the unrolled layout) starts in the one draw: the dict's order
+  (its keys sorted), but with the layers by number (layers_2 before layers_10; the same for ten layers or fewer)."""
+  order = lambda path: tuple((k,) if not k.startswith("layers_") else ("layers_", int(k[7:])) for k in path)
+  starts, n = {}, 0
+  for names, shape in sorted(((tuple(p.key for p in path), leaf.shape) for path, leaf in leaves
+                              if _drawn((path[-1].key,))), key=lambda item: order(item[0])):
+    starts[names] = n
+    n += int(np.prod(shape))
+  return starts
+
+
+def _fixed(names: tuple[str, ...], shape, dtype) -> jax.Array:
+  """A leaf that is not drawn: biases zero, norm scales one."""
+  return (jnp.zeros if names[-1] == "bias" else jnp.ones)(shape, dtype)
+
+
+def one_draw(shapes: Params, key: jax.Array, dtype) -> Params:
+  """`draw` as one `jax.random.normal` sliced into every weight, unrolled layout: for keys whose draws cannot be
+  sliced (`sliceable`)."""
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+  starts = draw_order(leaves)
+  flat = 0.02 * jax.random.normal(key, (sum(int(np.prod(l.shape)) for p, l in leaves if _drawn((p[-1].key,))),),
+                                  jnp.float32)
+  out = []
+  for path, leaf in leaves:
+    names, size = tuple(p.key for p in path), int(np.prod(leaf.shape))
+    if names in starts:
+      out.append(flat[starts[names]:starts[names] + size].reshape(leaf.shape).astype(dtype))
+    else:
+      out.append(_fixed(names, leaf.shape, dtype))
+  return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def draw(shapes: Params, key: jax.Array, dtype, *, stacked: bool = False) -> Params:
+  """Weights for the unrolled params-shaped dict `shapes` (leaves with a shape): kernels and embeddings
+  `0.02 · normal(key, (N,))[start:start + size]` (`draw_order`'s starts), biases zero, other leaves one.
+
+  The draw is a loop over fixed-size pieces (`normal_pieces`), so the program holds one small draw whatever the
+  model's size, and the weights are copies of its slices. `stacked`: the scanned layout's dict (the L layers
+  under `STACKED` with a leading [L] axis), with the values of the unrolled one. Needs `sliceable(key)`.
+  """
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+  starts = draw_order(leaves)  # each drawn leaf's place in the draw
+  n = sum(int(np.prod(leaf.shape)) for path, leaf in leaves if _drawn((path[-1].key,)))
+  keys = sorted((k for k in shapes if k.startswith("layers_")), key=lambda k: int(k[7:]))
+  # A layer's draws (its weights one after another) fill a block of `layer` elements, the blocks one after another.
+  layer = sum(int(np.prod(leaf.shape)) for path, leaf in leaves if path[0].key == keys[0] and _drawn((path[-1].key,)))
+  # The barrier keeps the draw whole: the weights below are copies of its slices, and XLA does not fuse (and repeat)
+  # the draw into each of them. The scanned layout reads up to a block past the end.
+  extra = layer if stacked else 0
+  flat = jax.lax.optimization_barrier(normal_pieces(key, n + extra, dtype, 0.02)).reshape(-1)
+
+  def value(names, shape, stacked=False):
+    """The leaf's slice of the draw, or (`stacked`) the L layers' slices of it, [L, *shape]."""
+    if not _drawn(names):
+      return _fixed(names, (len(keys), *shape) if stacked else shape, dtype)
+    size, begin = int(np.prod(shape)), starts[names]
+    if not stacked:
+      return flat[begin:begin + size].reshape(shape)
+    # From the first block's slice on, L rows a block apart: the slice in each block.
+    return flat[begin:begin + len(keys) * layer].reshape(len(keys), layer)[:, :size].reshape(len(keys), *shape)
+
+  if not stacked:
+    return jax.tree_util.tree_unflatten(treedef, [value(tuple(p.key for p in path), leaf.shape)
+                                                  for path, leaf in leaves])
+  first = keys[0]
+  out = {k: jax.tree_util.tree_map_with_path(lambda path, leaf, k=k: value((k, *(p.key for p in path)), leaf.shape),
+                                             v) for k, v in shapes.items() if k not in keys}
+  out[STACKED] = jax.tree_util.tree_map_with_path(
+      lambda path, leaf: value((first, *(p.key for p in path)), leaf.shape, stacked=True), shapes[first])
+  return out

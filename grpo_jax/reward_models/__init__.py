@@ -13,7 +13,7 @@ DeepSeekMath §4.1.2-4.1.4 (arXiv 2402.03300); step labels as in Math-Shepherd (
 from grpo_jax.reward_models.collect import STEP_LABELS, label_samples, sample_reward_data
 from grpo_jax.reward_models.data import (RewardData, build_reward_data, concat, exact_step_labels,
                                          monte_carlo_step_labels, outcome_labels, problem_id, take)
-from grpo_jax.reward_models.io import HEAD_FILE, load_reward_model, save_reward_model
+from grpo_jax.reward_models.io import HEAD_FILE, load_reward_model, read_reward_model, save_reward_model
 from grpo_jax.reward_models.metrics import binary_accuracy, binary_auc, group_auc
 from grpo_jax.reward_models.model import (KINDS, OUTCOME_KINDS, SCORES, STEP_KINDS, completion_loglik,
                                           init_reward_params, last_token_index, outcome_logits, outcome_scores,
@@ -58,6 +58,7 @@ __all__ = (
     "outcome_scores",
     "policy_rollout",
     "problem_id",
+    "read_reward_model",
     "reward_objective",
     "sample_segment_ends",
     "sample_reward_data",

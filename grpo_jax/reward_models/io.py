@@ -51,6 +51,38 @@ def save_reward_model(params: Params, config: ModelConfig, path: str | pathlib.P
   return path
 
 
+def _read_head(path: pathlib.Path, tensors: bool) -> tuple[dict, dict]:
+  """`(metadata, tensors)` of the head file in `path` (tensors only if asked); CheckpointError if it is missing,
+  unreadable or not a grpo_jax reward head."""
+  if not path.is_dir():
+    raise CheckpointError(f"reward model directory does not exist: {path}")
+  head_file = path / HEAD_FILE
+  if not head_file.is_file():
+    raise CheckpointError(f"missing {HEAD_FILE} in {path}: not a reward model directory")
+  try:
+    with safetensors.safe_open(head_file, framework="np") as f:
+      meta = f.metadata() or {}
+      arrays = {name: f.get_tensor(name) for name in f.keys()} if tensors else {}
+  except Exception as err:  # safetensors raises its own error types for truncated or garbled files.
+    raise CheckpointError(f"{head_file}: unreadable ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
+                          ) from None
+  if meta.get("format") != _FORMAT or meta.get("kind") not in KINDS or meta.get("score", "head") not in SCORES:
+    raise CheckpointError(f"{head_file}: not a grpo_jax reward head (metadata {meta})")
+  return meta, arrays
+
+
+def read_reward_model(path: str | pathlib.Path, **runtime) -> tuple[ModelConfig, str]:
+  """`(config, kind)` of the reward model at `path` without reading a weight: its backbone's config.json with the
+  `runtime` keywords of `load_reward_model` (and attention), and its head's kind.
+
+  Raises:
+    CheckpointError: as `load_reward_model`, for the files it reads.
+  """
+  path = pathlib.Path(path)
+  meta, _ = _read_head(path, tensors=False)
+  return hf_io.read_config(path, **runtime), meta["kind"]
+
+
 def load_reward_model(path: str | pathlib.Path, *, dtype: str = "float32", param_dtype: str | None = None,
                       remat: bool = False, scan_layers: bool = False) -> tuple[Params, ModelConfig, str]:
   """Loads a reward model written by `save_reward_model`; with `scan_layers`, its backbone's layers stacked (one
@@ -63,21 +95,8 @@ def load_reward_model(path: str | pathlib.Path, *, dtype: str = "float32", param
     CheckpointError: a missing directory, backbone or head file, or a corrupt or mis-shaped head.
   """
   path = pathlib.Path(path)
-  if not path.is_dir():
-    raise CheckpointError(f"reward model directory does not exist: {path}")
-  head_file = path / HEAD_FILE
-  if not head_file.is_file():
-    raise CheckpointError(f"missing {HEAD_FILE} in {path}: not a reward model directory")
-  try:
-    with safetensors.safe_open(head_file, framework="np") as f:
-      meta = f.metadata() or {}
-      tensors = {name: f.get_tensor(name) for name in f.keys()}
-  except Exception as err:  # safetensors raises its own error types for truncated or garbled files.
-    raise CheckpointError(f"{head_file}: unreadable ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
-                          ) from None
-  kind, score = meta.get("kind"), meta.get("score", "head")
-  if meta.get("format") != _FORMAT or kind not in KINDS or score not in SCORES:
-    raise CheckpointError(f"{head_file}: not a grpo_jax reward head (metadata {meta})")
+  meta, tensors = _read_head(path, tensors=True)
+  kind, score, head_file = meta["kind"], meta.get("score", "head"), path / HEAD_FILE
   # After the head check: with no model.safetensors, load_hf would scan the head file too.
   backbone, config = hf_io.load_hf(path, dtype=dtype, param_dtype=param_dtype, remat=remat, scan_layers=scan_layers)
   expected = {"kernel": (config.hidden_size,), "bias": (1,), **({"alpha": (1,)} if score == "loglik" else {})}

@@ -8,17 +8,19 @@ aggregation weights, and so the accumulated gradient, equal those of the whole m
 
 import functools
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from grpo_jax import length_buckets
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import losses
 from grpo_jax import partitioning
 from grpo_jax.models import ModelConfig
+from grpo_jax.models import transformer
 from grpo_jax.models.logical_axes import axis_rules, constrain
 from grpo_jax.train_state import TrainState
 
@@ -38,10 +40,20 @@ def _totals(loss_mask: jax.Array) -> dict:
           "num_tokens": jnp.maximum(jnp.sum(mask), 1.0)}
 
 
+class BucketedRows(NamedTuple):
+  """The length-bucketed layout of an update (`make_train_step`'s `bucketed`): a minibatch of sampler rows, groups
+  of `group_size` completions after a `prompt_len`-column prompt, is cut into `buckets`' length-sorted
+  micro-batches; each prompt runs once (`logprobs.prefill`) for every micro-batch its completions fall in."""
+  buckets: length_buckets.Buckets
+  config: ModelConfig
+  group_size: int
+  prompt_len: int
+
+
 def make_train_step(objective: Objective, optimizer: optax.GradientTransformation, num_micro_batches: int = 1,
                     donate: bool = True, *, state_shardings: Any = None, batch_shardings: Any = None,
                     mesh: Mesh | None = None, rules: Mapping | None = None, combine: Callable | None = None,
-                    frozen_shardings: Any = None):
+                    frozen_shardings: Any = None, bucketed: BucketedRows | None = None):
   """Builds the jitted `step(state, batch) -> (state, metrics)`.
 
   The batch (a pytree of arrays with leading dimension N, including a `loss_mask`) is split
@@ -60,6 +72,10 @@ def make_train_step(objective: Objective, optimizer: optax.GradientTransformatio
   Frozen weights (LoRA, `grpo_jax.models.lora`): with `combine`, the step is `step(state, batch, frozen)`, the
   objective sees `combine(state.params, frozen)` and only `state.params` is differentiated and optimised;
   `frozen` (placed by `frozen_shardings` on a mesh) is neither donated nor returned.
+
+  Length buckets (`bucketed`, a `BucketedRows`): the minibatch's micro-batches are its rows sorted by completion
+  length, each run at the narrowest width that holds it (`bucketed_gradients`), in place of `num_micro_batches`
+  equal ones; the objective must take a `prefix=` keyword (`grpo_objective`, `distill_objective`).
   """
   if mesh is None and state_shardings is not None:
     mesh = getattr(jax.tree.leaves(state_shardings)[0], "mesh", None)
@@ -67,12 +83,12 @@ def make_train_step(objective: Objective, optimizer: optax.GradientTransformatio
 
   def step(state: TrainState, batch, frozen=None) -> tuple[TrainState, dict]:
     totals = _totals(batch.loss_mask)
-    micro = jax.tree.map(lambda x: x.reshape(num_micro_batches, x.shape[0] // num_micro_batches, *x.shape[1:]),
-                         batch)
+    parts = 1 if bucketed is not None else num_micro_batches
+    micro = jax.tree.map(lambda x: x.reshape(parts, x.shape[0] // parts, *x.shape[1:]), batch)
     if sharded:  # Every micro-batch spread over the data axes.
       micro = jax.tree.map(lambda x: constrain(x, (None, "batch") + (None,) * (x.ndim - 2)), micro)
     trained_objective = objective if combine is None else (
-        lambda params, micro_batch, totals: objective(combine(params, frozen), micro_batch, totals))
+        lambda params, micro_batch, totals, **kw: objective(combine(params, frozen), micro_batch, totals, **kw))
     grad_fn = jax.value_and_grad(trained_objective, has_aux=True)
 
     def accumulate(grads, micro_batch):
@@ -82,8 +98,14 @@ def make_train_step(objective: Objective, optimizer: optax.GradientTransformatio
     zeros = jax.tree.map(jnp.zeros_like, state.params)
     if state_shardings is not None:
       zeros = jax.lax.with_sharding_constraint(zeros, state_shardings.params)
-    grads, metrics = jax.lax.scan(accumulate, zeros, micro)
-    metrics = {k: reduce_metric(k, v) for k, v in metrics.items()}
+    weights = None
+    if bucketed is not None:
+      joined = (lambda p: p) if combine is None else (lambda p: combine(p, frozen))
+      grads, metrics, weights = bucketed_gradients(trained_objective, state.params, batch, totals, bucketed, zeros,
+                                                   joined=joined, sharded=sharded)
+    else:
+      grads, metrics = jax.lax.scan(accumulate, zeros, micro)
+    metrics = {k: reduce_metric(k, v, weights) for k, v in metrics.items()}
     metrics["grad_norm"] = _global_norm(grads)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -115,9 +137,52 @@ def make_train_step(objective: Objective, optimizer: optax.GradientTransformatio
   return call
 
 
-def reduce_metric(name: str, values):
+def bucketed_gradients(objective: Objective, params: Params, batch, totals: dict, bucketed: BucketedRows, zeros, *,
+                       joined: Callable = lambda p: p, sharded: bool = False):
+  """(gradient, metrics [K], loss tokens [K]) of `objective` summed over the length-sorted micro-batches of
+  `bucketed` (the tokens weigh the micro-batches' means: micro-batches of short rows hold fewer).
+
+  The prompts run once for the whole minibatch (`logprobs.prefill` of `joined(params)`, under `jax.vjp`); each
+  micro-batch's completions run at their width against their prompts' rows, and its gradient with respect to those
+  rows is added back onto the prompts (`length_buckets.add_at`); one pull-back through the prompts' forward ends the
+  sum. The gradient is the padded minibatch's (the objective normalises by the minibatch's `totals`) up to float
+  rounding; each token's forward and backward run once.
+  """
+  buckets, g, p = bucketed.buckets, bucketed.group_size, bucketed.prompt_len
+  n, width = batch.tokens.shape[0], batch.tokens.shape[1] - p
+  buckets.check(n, width, g)
+  prompt_tokens, prompt_mask = batch.tokens[::g, :p], batch.attention_mask[::g, :p].astype(bool)
+  prefill = lambda q: tuple(logprobs_lib.prefill(joined(q), bucketed.config, prompt_tokens, prompt_mask)[:3])
+  prefix, pull_back = jax.vjp(prefill, params)
+  kv_axis = lambda x: 0 if x.ndim == 2 else transformer.cache_batch_axis(x)
+  lengths = jnp.sum(batch.attention_mask[:, p:], axis=1, dtype=jnp.int32)
+
+  def at_width(w):
+    def run(carry, rows):
+      grads, d_prefix = carry
+      cut = lambda x: x[:, :p + w] if x.ndim >= 2 and x.shape[1] == p + width else x
+      micro = jax.tree.map(lambda x: cut(length_buckets.take(x, rows, buckets.shards)), batch)
+      if sharded:
+        micro = jax.tree.map(lambda x: constrain(x, ("batch",) + (None,) * (x.ndim - 1)), micro)
+      prompts = rows // g
+      rows_of = lambda tree: jax.tree.map(lambda x: length_buckets.take(x, prompts, buckets.shards, kv_axis(x)), tree)
+      mask = length_buckets.take(prompt_mask, prompts, buckets.shards)
+      loss_of = lambda q, own: objective(q, micro, totals, prefix=logprobs_lib.PromptPrefix(*own, mask))
+      (_, metrics), (dq, d_own) = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=True)(params, rows_of(prefix))
+      d_prefix = jax.tree.map(lambda acc, d: length_buckets.add_at(acc, prompts, d, buckets.shards, kv_axis(acc)),
+                              d_prefix, d_own)
+      return (jax.tree.map(jnp.add, grads, dq), d_prefix), (metrics, jnp.sum(micro.loss_mask, dtype=jnp.float32))
+    return run
+
+  (grads, d_prefix), (metrics, tokens), _ = buckets.scan(at_width, (zeros, jax.tree.map(jnp.zeros_like, prefix)),
+                                                         lengths)
+  (d_params,) = pull_back(d_prefix)
+  return jax.tree.map(jnp.add, grads, d_params), metrics, tokens
+
+
+def reduce_metric(name: str, values, weights=None):
   """Combines one metric over micro-batches: sums for the globally normalised losses, min/max for
-  `*_min`/`*_max`, the mean otherwise."""
+  `*_min`/`*_max`, the mean otherwise (weighted by `weights`, e.g. the micro-batches' tokens, when given)."""
   values = jnp.asarray(values)
   if name in _ADDITIVE:
     return jnp.sum(values)
@@ -125,6 +190,8 @@ def reduce_metric(name: str, values):
     return jnp.min(values)
   if name.endswith("_max"):
     return jnp.max(values)
+  if weights is not None:
+    return jnp.sum(values * weights) / jnp.maximum(jnp.sum(weights), 1e-9)
   return jnp.mean(values)
 
 
@@ -136,14 +203,23 @@ def sft_objective(params: Params, batch, totals: dict, *, config: ModelConfig, c
 
 
 def policy_logprobs(params: Params, batch, *, config: ModelConfig, chunk_size: int = 128, temperature: float = 1.0,
-                    group_size: int = 1, prompt_len: int | None = None):
+                    group_size: int = 1, prompt_len: int | None = None, prefix=None):
   """(logp, entropy) [N, L] of a `Batch`'s tokens under `params`, at `temperature`.
 
   With `group_size` G > 1 and `prompt_len` P the batch's rows are sampler rows in groups of G that share their
   first P columns (the prompt), and each prompt runs through the model once
   (`logprobs.grouped_completion_logprobs`): the prompt columns come back 0 (no loss is taken there), the
   completion columns equal the ungrouped values up to float rounding (~1e-6).
+
+  With `prefix`, a `logprobs.PromptPrefix` of each row's prompt (the length-bucketed update, `bucketed_gradients`),
+  only the completion columns after `prompt_len` run, against it.
   """
+  if prefix is not None:
+    p = prompt_len
+    out = logprobs_lib.prefixed_completion_logprobs(params, config, prefix, batch.tokens[:, p:],
+                                                    batch.attention_mask[:, p:], chunk_size=chunk_size,
+                                                    return_entropy=True, temperature=temperature)
+    return jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (p, 0))), out)
   if group_size <= 1:
     return logprobs_lib.token_logprobs(params, config, batch.tokens, batch.attention_mask, chunk_size=chunk_size,
                                        return_entropy=True, temperature=temperature)
@@ -182,7 +258,8 @@ def rollout_correction(logp: jax.Array, old_logp: jax.Array, batch, *, correctio
 
 def grpo_objective(params: Params, batch, totals: dict, *, config: ModelConfig, loss_kwargs: dict,
                    use_reference: bool, chunk_size: int = 128, temperature: float = 1.0, group_size: int = 1,
-                   prompt_len: int | None = None, on_policy: bool = False, correction_kwargs: dict | None = None):
+                   prompt_len: int | None = None, on_policy: bool = False, correction_kwargs: dict | None = None,
+                   prefix=None):
   """The GRPO loss (`losses.grpo_loss`, given the policy's per-token entropy for its entropy options) of a `Batch`,
   plus the policy's mean token entropy.
 
@@ -198,9 +275,10 @@ def grpo_objective(params: Params, batch, totals: dict, *, config: ModelConfig, 
     on_policy: π_old is the current policy (one epoch, one minibatch: the update's params are those that
       sampled), so π_old = stop_gradient(π_θ) exactly and `batch.old_logp` is not read (it need not be
       computed): ρ = 1 and the gradient is that of the clipped surrogate at ρ = 1.
+    prefix: the rows' prompts run ahead (`policy_logprobs`; the length-bucketed update).
   """
   logp, entropy = policy_logprobs(params, batch, config=config, chunk_size=chunk_size, temperature=temperature,
-                                  group_size=group_size, prompt_len=prompt_len)
+                                  group_size=group_size, prompt_len=prompt_len, prefix=prefix)
   old_logp = jax.lax.stop_gradient(logp) if on_policy else batch.old_logp
   weights, mismatch = rollout_correction(logp, old_logp, batch, **(correction_kwargs or {}))
   loss, metrics = losses.grpo_loss(
@@ -213,11 +291,11 @@ def grpo_objective(params: Params, batch, totals: dict, *, config: ModelConfig, 
 
 def distill_objective(params: Params, batch, totals: dict, *, config: ModelConfig, loss_kwargs: dict,
                       chunk_size: int = 128, temperature: float = 1.0, group_size: int = 1,
-                      prompt_len: int | None = None, on_policy: bool = False):
+                      prompt_len: int | None = None, on_policy: bool = False, prefix=None):
   """On-policy distillation's loss (`losses.distill_loss`) of a `Batch` whose `ref_logp` holds the frozen teacher's
   log-probs of the sampled tokens, plus the policy's mean token entropy; the options are `grpo_objective`'s."""
   logp, entropy = policy_logprobs(params, batch, config=config, chunk_size=chunk_size, temperature=temperature,
-                                  group_size=group_size, prompt_len=prompt_len)
+                                  group_size=group_size, prompt_len=prompt_len, prefix=prefix)
   old_logp = jax.lax.stop_gradient(logp) if on_policy else batch.old_logp
   loss, metrics = losses.distill_loss(logp, old_logp, batch.ref_logp, batch.loss_mask,
                                       num_sequences=totals["num_sequences"], num_tokens=totals["num_tokens"],

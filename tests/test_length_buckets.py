@@ -1,0 +1,105 @@
+"""Length-bucketed micro-batches (length_buckets.py) and the log-probs computed in them (logprobs.py)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import length_buckets, logprobs, models
+
+CONFIG = models.ModelConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=8, qkv_bias=True,
+                            tie_word_embeddings=False)
+B, G, P, T = 4, 3, 5, 16
+LENGTHS = np.array([3, 16, 1, 5,  2, 2, 9, 4,  12, 1, 7, 6])  # N = 12: a long tail (one full-width row)
+
+
+def test_ladder_by_hand():
+  assert length_buckets.ladder(192, 4, 8) == (24, 48, 96, 192)
+  assert length_buckets.ladder(40, 4, 4) == (8, 12, 20, 40)  # 5 -> 8, 10 -> 12
+  assert length_buckets.ladder(16, 8, 4) == (4, 8, 16)  # distinct: 2, 1 round up to 4
+  assert length_buckets.ladder(7, 1) == (7,)
+  with pytest.raises(ValueError, match="num_widths"):
+    length_buckets.ladder(16, 0)
+
+
+def test_rows_width_and_tokens_by_hand():
+  b = length_buckets.Buckets(widths=(4, 8, 16), num_micro_batches=3)
+  rows = np.asarray(b.rows(jnp.asarray(LENGTHS)))
+  # sorted by length (stable): 2@1, 9@1, 4@2, 5@2, 0@3, 7@4, 3@5, 11@6, 10@7, 6@9, 8@12, 1@16
+  np.testing.assert_array_equal(rows, [[2, 9, 4, 5], [0, 7, 3, 11], [10, 6, 8, 1]])
+  assert [int(b.width_index(jnp.asarray(LENGTHS[r]))) for r in rows] == [0, 1, 2]  # longest 2, 6, 16
+  assert b.tokens(LENGTHS) == 4 * (4 + 8 + 16)  # vs 12 x 16 padded
+  # Two shards: each sorts its own 6 rows; micro-batch k takes 2 of each.
+  two = length_buckets.Buckets(widths=(4, 8, 16), num_micro_batches=3, shards=2)
+  np.testing.assert_array_equal(np.asarray(two.rows(jnp.asarray(LENGTHS))),
+                                [[2, 4, 9, 7], [5, 0, 11, 10], [3, 1, 6, 8]])
+  assert two.tokens(LENGTHS) == 4 * (4 + 8 + 16)
+
+
+def test_check_refuses_layouts_that_do_not_fit():
+  with pytest.raises(ValueError, match="micro-batches"):
+    length_buckets.Buckets((8, 16), 5).check(12, 16)
+  with pytest.raises(ValueError, match="whole groups"):
+    length_buckets.Buckets((8, 16), 3, shards=4).check(12, 16, group_size=2)
+  with pytest.raises(ValueError, match="ascend to the full width"):
+    length_buckets.Buckets((8, 12), 3).check(12, 16)
+  length_buckets.Buckets((8, 16), 3, shards=2).check(12, 16, group_size=3)
+
+
+@pytest.mark.parametrize("shards", [1, 2])
+def test_take_and_add_at_are_a_gather_and_its_transpose(shards):
+  x = jax.random.normal(jax.random.key(0), (2, 12, 3))
+  rows = length_buckets.Buckets((16,), 2, shards).rows(jnp.asarray(LENGTHS))[1]
+  np.testing.assert_array_equal(length_buckets.take(x, rows, shards, axis=1), x[:, rows])
+  v = jax.random.normal(jax.random.key(1), (2, 6, 3))
+  expected = jnp.zeros_like(x).at[:, rows].add(v)
+  np.testing.assert_array_equal(length_buckets.add_at(jnp.zeros_like(x), rows, v, shards, axis=1), expected)
+  # add_at is take's transpose: <take(x), v> = <x, add_at(0, v)>
+  _, vjp = jax.vjp(lambda y: length_buckets.take(y, rows, shards, axis=1), x)
+  np.testing.assert_allclose(vjp(v)[0], expected, rtol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def params():
+  p = models.init_params(CONFIG, jax.random.key(0))
+  return jax.tree.map(lambda x: 6.0 * x if x.ndim > 1 else x, p)
+
+
+def _rows():
+  prompts = jax.random.randint(jax.random.key(5), (B, P), 0, CONFIG.vocab_size)
+  prompt_mask = jnp.arange(P)[None] >= jnp.array([[0], [2], [4], [1]])  # left padding
+  completions = jax.random.randint(jax.random.key(6), (B * G, T), 0, CONFIG.vocab_size)
+  mask = jnp.arange(T)[None] < jnp.asarray(LENGTHS)[:, None]
+  return prompts, prompt_mask, completions, mask
+
+
+@pytest.mark.parametrize("buckets", [length_buckets.Buckets((4, 8, 16), 3), length_buckets.Buckets((16,), 1),
+                                     length_buckets.Buckets((2, 4, 8, 16), 6), length_buckets.Buckets((8, 16), 2, 2)])
+def test_bucketed_logprobs_equal_the_padded_ones(params, buckets):
+  prompts, prompt_mask, completions, mask = _rows()
+  kw = dict(chunk_size=4, return_entropy=True, temperature=0.7)
+  padded = jax.jit(lambda p: logprobs.grouped_completion_logprobs(p, CONFIG, prompts, prompt_mask, completions, mask,
+                                                                   group_size=G, **kw))(params)
+  bucketed = jax.jit(lambda p: logprobs.bucketed_completion_logprobs(
+      p, CONFIG, prompts, prompt_mask, completions, mask, group_size=G, buckets=buckets, **kw))(params)
+  for got, want in zip(bucketed, padded):
+    np.testing.assert_allclose(got, want, atol=2e-5)
+    assert bool(jnp.all(jnp.where(mask, True, got == 0.0)))
+  assert float(jnp.abs(padded[0]).sum()) > 1.0  # real values, not zeros on both sides
+
+  weights = jax.random.normal(jax.random.key(7), completions.shape)
+  loss = lambda fn, **k: lambda p: jnp.sum(weights * fn(p, CONFIG, prompts, prompt_mask, completions, mask,
+                                                        group_size=G, chunk_size=4, **k))
+  want = jax.jit(jax.grad(loss(logprobs.grouped_completion_logprobs)))(params)
+  got = jax.jit(jax.grad(loss(logprobs.bucketed_completion_logprobs, buckets=buckets)))(params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, atol=2e-5 * float(jnp.abs(a).max()) + 1e-7), want, got)
+
+
+def test_a_narrow_bucket_cannot_hide_a_long_row(params):
+  # A ladder whose narrowest width cuts the longest row of a micro-batch would drop its tail: the widths are
+  # picked per micro-batch from its longest row, so every token is scored.
+  prompts, prompt_mask, completions, mask = _rows()
+  out = logprobs.bucketed_completion_logprobs(params, CONFIG, prompts, prompt_mask, completions, mask, group_size=G,
+                                              buckets=length_buckets.Buckets((1, 16), 2))
+  assert bool(jnp.all((out != 0.0) == mask))

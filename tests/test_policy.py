@@ -1,0 +1,27 @@
+"""experiments/runner/policy.py: the policy's ModelConfig without weights is the one `load` gives."""
+
+from experiments.runner import config as config_lib
+from experiments.runner import placement as placement_lib
+from experiments.runner import policy
+from grpo_jax import models
+from grpo_jax.models import presets
+
+
+def test_model_config_is_loads(tmp_path):
+  base = config_lib.Config().replace(work_dir=str(tmp_path / "run"), tiny_layers=1, tiny_hidden_size=32,
+                                     dtype="bfloat16", scan_layers=True)
+  _, loaded, _, _, path = policy.load(base, placement_lib.Placement())  # builds the embedded model
+  assert path == tmp_path / "run" / "base_model" and loaded.hidden_size == 32 and loaded.scan_layers
+  assert policy.model_config(base.model) == loaded
+  checkpoint = base.replace(model=str(path), work_dir=str(tmp_path / "other"), remat=True)
+  _, loaded, _, _, _ = policy.load(checkpoint, placement_lib.Placement())
+  assert policy.model_config(checkpoint.model) == loaded and loaded.remat
+  assert policy.model_config(checkpoint.model, "cpu").attention == loaded.attention
+
+
+def test_a_preset_name_unless_a_directory_holds_it(tmp_path, monkeypatch):
+  model = config_lib.PolicyConfig(model="qwen2.5-7b", dtype="bfloat16")
+  assert policy.model_config(model, "cpu") == presets.config("qwen2.5-7b", **policy.runtime(model, "cpu"))
+  monkeypatch.chdir(tmp_path)
+  models.build_default_checkpoint(tmp_path / "qwen2.5-7b", num_hidden_layers=1, hidden_size=32, intermediate_size=64)
+  assert policy.model_config(model, "cpu").hidden_size == 32  # the directory's config.json

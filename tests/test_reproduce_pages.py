@@ -1,0 +1,169 @@
+"""experiments.reproduce.pages: the README's claims table from the committed pages, `--redecide`, and pages
+cut short."""
+
+import json
+import re
+
+import pytest
+
+from experiments import studies
+from experiments.reproduce import __main__ as reproduce_main
+from experiments.reproduce import aggregate
+from experiments.reproduce import pages
+from experiments.reproduce import plan as plan_lib
+from experiments.studies import verdicts
+
+
+def test_claims_table_reads_quick_and_full_pages(tmp_path):
+  """The README's table: each claim against the committed quick page and, where it exists, the full one (its
+  verdict decided again from the cells); a study without pages reads "not yet"."""
+  quick = json.loads((pages.PAGES / "paradigm" / "results.json").read_text())
+  (tmp_path / "paradigm" / "full").mkdir(parents=True)
+  (tmp_path / "paradigm" / "results.json").write_text(json.dumps(quick))
+  full = [dict(c) for c in quick["cells"] if c["run"] == "grpo - rft" and c["metric"] == "final"]
+  full[0].update(n=5, seeds=[0, 1, 2, 3, 4], values=[0.01, 0.03, 0.02, 0.04, 0.05], mean=0.03, se=0.007)
+  (tmp_path / "paradigm" / "full" / "results.json").write_text(json.dumps({"cells": full}))
+  q = {c["run"]: c for c in quick["cells"] if c["metric"] == "final" and c["step"] is None}
+  rows = {line.split(" | ")[0][2:]: line for line in pages.claims_table(tmp_path).split("\n\n")[0].splitlines()[2:]}
+  m, s = 100 * q["grpo - rft"]["mean"], 100 * q["grpo - rft"]["se"]
+  assert rows["Fig 5: GRPO+OS > RFT"] == (f"| Fig 5: GRPO+OS > RFT | {m:.1f} ± {s:.1f} (3 seeds): **contradicted** | "
+                                         "3.0 ± 0.7 (5 seeds): **reproduced** | full: 4.3 s.e. |")
+  assert "** | not yet | quick: " in rows["Fig 5: GRPO+PS > GRPO+OS"]  # no full cell: the quick one speaks
+  flat = "Fig 7: Pass@64 stays flat (within ±3 points)"
+  assert rows[flat] == f"| {flat} | not yet | not yet | - |"
+  # a no-change claim with a margin: +1.1 ± 0.1 is 19 s.e. from zero but inside ±3 points; on 2 seeds, no verdict
+  (tmp_path / "majk_passk" / "full").mkdir(parents=True)
+  page = lambda values: {"cells": [  # noqa: E731
+      {"run": "after - before", "metric": "pass@64", "step": None, "percent": True, "n": len(values),
+       "seeds": list(range(len(values))), "values": values, "mean": sum(values) / len(values),
+       "se": aggregate.mean_se(values)[1]}]}
+  (tmp_path / "majk_passk" / "full" / "results.json").write_text(json.dumps(page([0.010, 0.012, 0.011])))
+  rows = {line.split(" | ")[0][2:]: line for line in pages.claims_table(tmp_path).split("\n\n")[0].splitlines()[2:]}
+  assert rows[flat] == (f"| {flat} | not yet | 1.1 ± 0.1 (3 seeds): **consistent** | full: [+1.0, +1.2] at 2 s.e., "
+                        "inside ±3.0 |")
+  (tmp_path / "majk_passk" / "full" / "results.json").write_text(json.dumps(page([0.010, 0.012])))
+  rows = {line.split(" | ")[0][2:]: line for line in pages.claims_table(tmp_path).split("\n\n")[0].splitlines()[2:]}
+  assert rows[flat] == (f"| {flat} | not yet | 1.1 ± 0.1 (2 seeds): **undecided** | full: 2 seeds, too few to decide "
+                        "(11.0 s.e.; [+0.9, +1.3] at 2 s.e.) |")
+
+
+def test_claims_table_reads_a_design_page(tmp_path):
+  """The README's second table: the fair design's claims against a committed <study>/fair page, decided by the
+  design's rule on its declared 8 seeds; a family with a claim short of its seeds is pending throughout."""
+  design = plan_lib.load_study("paradigm").designs["fair"]
+
+  def cell(run, metric, values):
+    mean, se = aggregate.mean_se(values)
+    return {"run": run, "metric": metric, "step": None, "percent": True, "n": len(values),
+            "seeds": list(range(len(values))), "values": values, "mean": mean, "se": se}
+
+  big = [0.10, 0.12, 0.11, 0.13, 0.09, 0.10, 0.12, 0.11]  # +11.0 ± 0.5 points: far from zero
+  flat = [0.001, -0.002, 0.0, 0.002, -0.001, 0.001, 0.0, -0.001]  # +0.0 ± 0.0: inside ±3 points
+  cells = [cell(c.run, c.metric, flat if c.run == "fair_grpo_ps - fair_grpo" else big) for c in design.claims]
+  (tmp_path / "paradigm" / "fair").mkdir(parents=True)
+  (tmp_path / "paradigm" / "fair" / "results.json").write_text(json.dumps({"profile": "fair", "cells": cells}))
+  table = pages.claims_table(tmp_path).split("\n\n")[1]
+  rows = {line.split(" | ")[0][2:]: line for line in table.splitlines()[2:]}
+  assert rows["Fig 5: GRPO+OS > Online RFT"].startswith(
+      "| Fig 5: GRPO+OS > Online RFT | paradigm, fair | 11.0 ± 0.5 (8 seeds) | **reproduced**: [+9.9, +12.1] (95% t)")
+  assert f"| **{verdicts.EQUAL}**: " in rows["Fig 5: GRPO+PS > GRPO+OS"]
+  assert "| **reported**: no ordering claimed" in rows["Pooled RFT beside RFT (Table 10's)"]
+  cells[1] = cell(cells[1]["run"], "final", big[:7])  # one claim at 7 of its 8 seeds
+  (tmp_path / "paradigm" / "fair" / "results.json").write_text(json.dumps({"profile": "fair", "cells": cells}))
+  table = pages.claims_table(tmp_path).split("\n\n")[1]
+  words = [line.split("| **")[1].split("**")[0] for line in table.splitlines()[2:] if "| **" in line]
+  assert words == ["pending"] * 5 + ["reported"] * 3
+
+
+def test_redecide_rewrites_only_the_verdicts(tmp_path):
+  """`--redecide`: a page whose stored verdict is stale gets today's, in results.json and in its Verdicts section;
+  the rest of results.md stays as it ran; a page from before verdicts gets the section before its first table."""
+  src = pages.PAGES / "paradigm" / "full"
+  (tmp_path / "paradigm" / "full").mkdir(parents=True)
+  page = json.loads((src / "results.json").read_text())
+  today = aggregate.decide_claims(plan_lib.load_study("paradigm"), page["cells"])
+  stale = json.loads(json.dumps(today, default=str))
+  stale[0].update(verdict="reproduced", detail="a stale verdict")
+  md = (src / "results.md").read_text().replace(f"**{today[0]['verdict']}** ({today[0]['detail']})",
+                                                "**reproduced** (a stale verdict)")
+  assert "a stale verdict" in md
+  (tmp_path / "paradigm" / "full" / "results.json").write_text(json.dumps({**page, "verdicts": stale}))
+  (tmp_path / "paradigm" / "full" / "results.md").write_text(md)
+  old_page = {k: v for k, v in page.items() if k != "verdicts"}  # the quick page's layout, before verdicts
+  (tmp_path / "paradigm" / "results.json").write_text(json.dumps(old_page))
+  (tmp_path / "paradigm" / "results.md").write_text("# t\n\nintro\n\n**held-out** by step\n\n| a |\n")
+  assert pages.redecide_pages(tmp_path) == [tmp_path / "paradigm", tmp_path / "paradigm" / "full"]
+  assert (tmp_path / "paradigm" / "full" / "results.md").read_text() == (src / "results.md").read_text()
+  assert json.loads((tmp_path / "paradigm" / "full" / "results.json").read_text())["verdicts"] == json.loads(
+      json.dumps(today, default=str))
+  lines = (tmp_path / "paradigm" / "results.md").read_text().split("\n")
+  assert lines[:5] == ["# t", "", "intro", "", "## Verdicts"] and lines[-4:] == ["**held-out** by step", "", "| a |", ""]
+  assert len(lines) == 4 + 4 + 2 + len(today) + 1 + 4
+  assert pages.redecide_pages(tmp_path) == []  # nothing stale now
+
+
+def test_redecide_reads_a_design_page(tmp_path):
+  """A design profile's page (<study>/fair/) is decided again by the design's rule, t and Holm over its 8 claims; it
+  was left out of the pages read first, and `--redecide` ended in a KeyError."""
+  design = plan_lib.load_study("paradigm").designs["fair"]
+  big = [0.10, 0.12, 0.11, 0.13, 0.09, 0.10, 0.12, 0.11]  # +11.0 ± 0.5 points: far from zero
+  flat = [0.001, -0.002, 0.0, 0.002, -0.001, 0.001, 0.0, -0.001]  # +0.0 ± 0.0: inside ±3 points
+  cells = []
+  for c in design.claims:
+    values = flat if c.run == "fair_grpo_ps - fair_grpo" else big
+    mean, se = aggregate.mean_se(values)
+    cells.append({"run": c.run, "metric": c.metric, "step": None, "percent": True, "n": 8, "seeds": list(range(8)),
+                  "values": values, "mean": mean, "se": se})
+  page = tmp_path / "paradigm" / "fair"
+  page.mkdir(parents=True)
+  (page / "results.json").write_text(json.dumps({"profile": "fair", "rule": "t-holm", "cells": cells}))
+  (page / "results.md").write_text("# t\n\nintro\n\n**held-out** by step\n\n| a |\n")
+  assert pages.redecide_pages(tmp_path) == [page]
+  words = [v["verdict"] for v in json.loads((page / "results.json").read_text())["verdicts"]]
+  assert words == [verdicts.EQUAL] + ["reproduced"] * 4 + ["reported"] * 3
+  text = (page / "results.md").read_text()
+  assert "decided by the design's rule: Student-t p-values" in text
+  assert ("| Fig 5: GRPO+OS > Online RFT | fair_grpo - fair_online_rft, final | 11.0 ± 0.5 (8) | **reproduced** ("
+          in text)
+  assert pages.redecide_pages(tmp_path) == []  # nothing stale now
+
+
+def test_committed_pages_carry_todays_verdicts():
+  """Each committed page's verdicts are its cells decided by today's claims and rules (`reproduce --redecide`)."""
+  for name, study in studies.STUDIES.items():
+    for page_dir in pages.page_dirs(pages.PAGES, name, study):
+      if (page_dir / "results.json").is_file():
+        page = json.loads((page_dir / "results.json").read_text())
+        today = json.loads(json.dumps(aggregate.decide_claims(study, page["cells"], page.get("profile")),
+                                      default=str))
+        assert page.get("verdicts", []) == today, f"{page_dir}: stale verdicts; run `reproduce --redecide`"
+        for v in today:
+          assert f"| **{v['verdict']}** ({v['detail']}) |" in (page_dir / "results.md").read_text(), page_dir
+
+
+def test_a_page_cut_short_is_named_and_nothing_is_rewritten(tmp_path, monkeypatch, main_in_process):
+  """Issue 55: `--redecide` and `--claims_table` over a results.json cut short ended in a JSONDecodeError traceback.
+  Now one line names the page, and `--redecide` rewrites no page (the stale one beside it included)."""
+  src = pages.PAGES / "paradigm" / "full"
+  (tmp_path / "paradigm" / "full").mkdir(parents=True)
+  page = json.loads((src / "results.json").read_text())
+  stale = [dict(v, verdict="reproduced", detail="a stale verdict") for v in page["verdicts"]]
+  (tmp_path / "paradigm" / "full" / "results.json").write_text(json.dumps({**page, "verdicts": stale}))
+  (tmp_path / "paradigm" / "full" / "results.md").write_text((src / "results.md").read_text())
+  cut = tmp_path / "paradigm" / "results.json"
+  text = (pages.PAGES / "paradigm" / "results.json").read_text()
+  for damaged, message in ((text[:len(text) // 2], "cannot read a study's results page"),
+                           ("[1, 2]", "not a study's results page"),
+                           ('{"runs": {}}', "not a study's results page (needs cells)")):
+    cut.write_text(damaged)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    with pytest.raises(plan_lib.StudyError, match=rf"^{re.escape(str(cut))}: {re.escape(message)}"):
+      pages.redecide_pages(tmp_path)
+    with pytest.raises(plan_lib.StudyError, match=rf"^{re.escape(str(cut))}: "):
+      pages.claims_table(tmp_path)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+  # the command line: one line, exit status 1
+  redecide = pages.redecide_pages
+  monkeypatch.setattr(pages, "redecide_pages", lambda: redecide(tmp_path))
+  error = main_in_process(reproduce_main.main, ["reproduce", "--redecide"])
+  assert error.startswith(f"reproduce: error: {cut}: ") and "\n" not in error, error
