@@ -203,6 +203,36 @@ def engine(args) -> dict:
   return {"rows": rows_out}
 
 
+def layout(args) -> dict:
+  """π_ref scoring and the GRPO update, padded and length-bucketed (`--token_layout`, #53), at the 0.5B step's
+  shapes (16 prompts x 8 samples of up to 256 tokens, prompt 64), every completion at the cap (equal) and with a
+  long tail (log-normal, median T/5, 5% at the cap): seconds, and the tokens' FLOPs (each prompt once, each
+  completion's own tokens; the update 3x the forward) / time / the measured bf16 matmul rate."""
+  sys.path.insert(0, str(pathlib.Path(__file__).parent))
+  import bench_rollout  # pylint: disable=import-outside-toplevel
+  import bench_update_layout  # pylint: disable=import-outside-toplevel
+  config = config_for("0.5b", args.smoke)
+  params = models.init_params(config, jax.random.key(0))
+  roof = json.loads((pathlib.Path(args.out) / "roofline.json").read_text())
+  b, g, t, p = (2, 2, 8, 8) if args.smoke else (16, 8, 256, 64)
+  shape = argparse.Namespace(prompts=b, samples=g, prompt_len=p, max_new_tokens=t, widths=2 if args.smoke else 4,
+                             micro_batches=2 if args.smoke else 8, padded_micro_batches=1)
+  rows_out = []
+  for kind in ("equal", "tail"):
+    lengths = bench_rollout.schedule(kind, b * g, t, t / 5, 0.05)
+    forward = bench_update_layout.flops(config, shape, lengths)
+    for name, (padded, bucketed, padded_cols, bucketed_cols) in bench_update_layout.programs(
+        params, config, shape, lengths).items():
+      for layout_name, fn, columns in (("padded", padded, padded_cols), ("buckets", bucketed, bucketed_cols)):
+        seconds = _best(fn, 1 if args.smoke else 3)
+        work = forward * (3 if name == "update" else 1)
+        rows_out.append({"workload": kind, "program": name, "layout": layout_name, "seconds": seconds,
+                         "columns": columns, "useful_tokens": int(lengths.sum()),
+                         "mfu": work / seconds / roof["matmul_flops"]})
+        print(rows_out[-1], flush=True)
+  return {"rows": rows_out}
+
+
 def _rss_bytes(pid: int) -> int:
   try:
     for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -395,6 +425,11 @@ def table(args) -> str:
     frac = "-" if r["roofline_fraction"] is None else f"{100 * r['roofline_fraction']:.0f}% of the decode limit"
     lines.append(f"| {r['sampler']}, {r['workload']} lengths ({r['useful_tokens']:,} useful tokens) | "
                  f"{r['seconds']:.3f} s, {r['tokens_per_s']:,.0f} useful tokens/s | {frac} |")
+  for r in (read("layout") or {}).get("rows", []):
+    goal = " (goal 50% for the update)" if r["program"] == "update" else ""
+    lines.append(f"| {r['program']}, {r['layout']}, {r['workload']} lengths ({r['columns']:,} columns for "
+                 f"{r['useful_tokens']:,} tokens) | {r['seconds']:.3f} s | {100 * r['mfu']:.0f}% of the measured "
+                 f"matmul rate on the tokens' FLOPs{goal} |")
   for r in (read("variants") or {}).get("rows", []):
     if "error" in r:
       lines.append(f"| GRPO step, {r['name']} | failed: {r['error']} | - |")
@@ -410,8 +445,8 @@ def table(args) -> str:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("part", choices=["roofline", "init", "sampler", "engine", "grpo", "variants", "fixture",
-                                       "table"])
+  parser.add_argument("part", choices=["roofline", "init", "sampler", "engine", "layout", "grpo", "variants",
+                                       "fixture", "table"])
   parser.add_argument("--out", required=True, help="directory for <part>.json (and the trace)")
   parser.add_argument("--scratch", default="/tmp/gpu_check_scratch",
                       help="checkpoints and run directories (not under --out, which comes back small)")
@@ -427,7 +462,7 @@ def main():
     (out / "gpu_check.md").write_text(text + "\n")
     print(text)
     return
-  result = {"roofline": roofline, "init": init, "sampler": sampler, "engine": engine, "grpo": grpo,
+  result = {"roofline": roofline, "init": init, "sampler": sampler, "engine": engine, "layout": layout, "grpo": grpo,
             "variants": variants, "fixture": fixture}[args.part](args)
   (out / f"{args.part}.json").write_text(json.dumps(result, indent=1) + "\n")
 

@@ -26,7 +26,7 @@ LOG="$OUT/gpu_check.log"
 : > "$LOG"
 FAILED=""
 
-PARTS=${PARTS:-roofline init grpo sampler engine default variants fixture}
+PARTS=${PARTS:-roofline init grpo sampler engine layout default variants fixture}
 wanted() { case " $PARTS " in *" $1 "*) return 0;; *) return 1;; esac; }
 
 part() {  # part NAME SECONDS [extra env]
@@ -51,6 +51,8 @@ part fixture 60 JAX_PLATFORMS=cpu
 part sampler 120 XLA_PYTHON_CLIENT_MEM_FRACTION=0.45
 # The rollout engine beside the static sampler at the 0.5B step's shapes, equal and long-tail lengths (#52).
 part engine 150
+# π_ref scoring and the update, padded and in length buckets, at the 0.5B step's shapes (#53).
+part layout 150
 default_run() {
 echo "== default run ($(date -u +%T))" >> "$LOG"
 if [ -n "$SMOKE" ]; then DEFAULT_FLAGS="--steps=2 --sft_steps=2 --num_test=4 --eval_every=0"; else DEFAULT_FLAGS=""; fi

@@ -78,6 +78,15 @@ def test_smoke_parts_write_what_the_table_reads(tmp_path):
   assert [r["useful_tokens"] for r in engine["rows"]][:2] == [32, 32] and engine["rows"][2]["useful_tokens"] < 32
   (tmp_path / "engine.json").write_text(json.dumps(engine))
   assert "| engine 2, tail lengths (" in gpu_check.table(args)
+  layout = gpu_check.layout(args)  # scoring and the update, padded and in length buckets
+  assert [(r["workload"], r["program"], r["layout"]) for r in layout["rows"]][:4] == [
+      ("equal", "π_ref scoring", "padded"), ("equal", "π_ref scoring", "buckets"), ("equal", "update", "padded"),
+      ("equal", "update", "buckets")]
+  assert all(r["seconds"] > 0 and r["mfu"] > 0 for r in layout["rows"])
+  tail = [r for r in layout["rows"] if r["workload"] == "tail"]
+  assert tail[0]["useful_tokens"] < 8 * 4 and tail[1]["columns"] <= tail[0]["columns"]
+  (tmp_path / "layout.json").write_text(json.dumps(layout))
+  assert "| update, buckets, tail lengths (" in gpu_check.table(args)
 
 
 def test_attention_check_passes_xla_and_catches_a_wrong_mask(monkeypatch):
