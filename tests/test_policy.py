@@ -1,4 +1,5 @@
 """experiments/runner/policy.py: the policy's ModelConfig without weights is the one `load` gives."""
+import pytest
 
 from experiments.runner import config as config_lib
 from experiments.runner import placement as placement_lib
@@ -25,3 +26,16 @@ def test_a_preset_name_unless_a_directory_holds_it(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   models.build_default_checkpoint(tmp_path / "qwen2.5-7b", num_hidden_layers=1, hidden_size=32, intermediate_size=64)
   assert policy.model_config(model, "cpu").hidden_size == 32  # the directory's config.json
+
+
+def test_a_budget_beyond_the_checkpoints_context_is_one_line(tmp_path):
+  """A prompt and completion budget longer than the checkpoint's positions (2048 for the tiny default) is refused
+  before the run writes anything; one token fewer is accepted."""
+  models.build_default_checkpoint(tmp_path / "ckpt", seed=0)
+  assert models.read_config(tmp_path / "ckpt").max_position_embeddings == 2048
+  config = config_lib.Config().replace(init_checkpoint=str(tmp_path / "ckpt"), max_prompt_len=2000, max_new_tokens=49)
+  with pytest.raises(config_lib.RunError, match=r"^--max_prompt_len=2000 \+ --max_new_tokens=49 = 2049 tokens exceed "
+                     r"the context of .*ckpt \(max_position_embeddings 2048\); lower them$"):
+    policy.check_inputs(config)
+  policy.check_inputs(config.replace(max_new_tokens=48))
+  policy.check_inputs(config.replace(algo="flow_grpo"))  # the planner's prompts are sized by its own flags

@@ -86,8 +86,10 @@ def check_start(config: config_lib.PolicyConfig) -> None:
 
 def check_inputs(config: config_lib.Config) -> None:
   """`check_start`, and the other checkpoints a run reads: `--value_init` (PPO, a directory) and `--reward_model`,
-  each named with its flag when missing, before the run writes anything."""
+  each named with its flag when missing, before the run writes anything; a prompt and completion budget beyond the
+  start checkpoint's context (`max_position_embeddings`) is refused."""
   check_start(config.model)
+  check_context(config)
   value_init = config.algorithm.value_init
   if config.algorithm.algo == "ppo" and value_init != "policy":
     try:
@@ -97,6 +99,20 @@ def check_inputs(config: config_lib.Config) -> None:
   if config.reward_model.reward_model and not pathlib.Path(config.reward_model.reward_model).is_dir():
     raise config_lib.RunError(f"--reward_model: {config.reward_model.reward_model} is not a directory (one written "
                               "by experiments.train_reward_model)")
+
+
+def check_context(config: config_lib.Config) -> None:
+  """RunError when --max_prompt_len + --max_new_tokens exceed the start checkpoint's `max_position_embeddings`
+  (positions it was never trained on, or beyond its RoPE scaling's range). Flow-GRPO's planner prompts are sized by
+  its own flags and are not checked here."""
+  path = config.model.init_checkpoint or config.model.model
+  if not path or config.algorithm.algo == "flow_grpo":
+    return
+  context = models.read_config(path).max_position_embeddings
+  p, t = config.task.max_prompt_len, config.rollout.max_new_tokens
+  if p + t > context:
+    raise config_lib.RunError(f"--max_prompt_len={p} + --max_new_tokens={t} = {p + t} tokens exceed the context of "
+                              f"{path} (max_position_embeddings {context}); lower them")
 
 
 def load(config: config_lib.Config, placement: placement_lib.Placement, marker_name: str = SFT_MARKER):
