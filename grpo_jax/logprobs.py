@@ -16,6 +16,7 @@ from jax.sharding import Mesh
 
 from grpo_jax import length_buckets
 from grpo_jax import partitioning
+from grpo_jax import placed as placed_lib
 from grpo_jax import row_chunks
 from grpo_jax.models import transformer
 from grpo_jax.models.config import ModelConfig
@@ -234,7 +235,8 @@ def jit_token_logprobs(config: ModelConfig, *, mesh: Mesh | None = None, rules: 
                        chunk_size: int = 128, return_entropy: bool = False, temperature: float = 1.0,
                        group_size: int = 1, prompt_len: int | None = None, forward_rows: int = 0,
                        memory_budget: int = 0, buckets: length_buckets.Buckets | None = None):
-  """A jitted `fn(params, tokens, attention_mask)` computing `token_logprobs` (e.g. π_old or π_ref).
+  """A `placed.Placed` `fn(params, tokens, attention_mask)` computing `token_logprobs` (e.g. π_old or π_ref);
+  `fn.program(shape[, params])` is the jitted program for tokens of `shape`.
 
   The rows run in chunks inside the program (`row_chunks.map_rows`): `forward_rows` rows at a time (whole
   groups of `group_size`); 0: as many as `memory_budget` bytes per device hold (`row_chunks.rows_per_chunk`
@@ -290,7 +292,8 @@ def jit_token_logprobs(config: ModelConfig, *, mesh: Mesh | None = None, rules: 
     return row_chunks.map_rows(lambda t, m: body(params, t, m), (tokens, mask), rows, group=group_size)
 
   if mesh is None:
-    return jax.jit(chunked)
+    program = jax.jit(chunked)
+    return placed_lib.Placed(program, lambda shape=None, params=None: program)
   config_sh = partitioning.param_shardings(mesh, rules, jax.eval_shape(transformer.init_params, config,
                                                                        jax.random.key(0)))
   placements = {jax.tree.structure(config_sh): config_sh}  # params tree structure -> its shardings
@@ -314,9 +317,8 @@ def jit_token_logprobs(config: ModelConfig, *, mesh: Mesh | None = None, rules: 
     fn, rows, params_sh = jitted(tokens.shape, params)
     return fn(*partitioning.put((params, tokens, attention_mask), (params_sh, rows, rows)))
 
-  # ahead of time: call.jitted(shape[, params]).lower(abstract args)
-  call.jitted = lambda shape, params=None: jitted(shape, params)[0]
-  return call
+  # ahead of time: .program(shape[, params]).lower(abstract args)
+  return placed_lib.Placed(call, lambda shape, params=None: jitted(shape, params)[0])
 
 
 def sequences_from_samples(samples: SampleOutput) -> tuple[jax.Array, jax.Array]:

@@ -332,7 +332,7 @@ def test_pallas_kernel_compiles_for_a_tpu_topology():
       fn = logprobs.jit_token_logprobs(config, mesh=mesh, rules=rules, forward_rows=4)
       params_sh = partitioning.param_shardings(mesh, rules, params)
       rows = partitioning.logical_sharding(mesh, rules, ("batch", None), (8, 300))
-      sharded = fn.jitted((8, 300)).lower(
+      sharded = fn.program((8, 300)).lower(
           jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), params, params_sh),
           jax.ShapeDtypeStruct((8, 300), jnp.int32, sharding=rows), jax.ShapeDtypeStruct((8, 300), jnp.bool_,
                                                                                             sharding=rows))

@@ -178,7 +178,7 @@ def test_read_by_names_methods_and_fields():
     ({"math_verify_time_limit": 5.0}, "--reward=math_verify:..."),
     ({"math_verify_workers": 2}, "--reward=math_verify:..."),
     ({"bucket_micro_batches": 4}, "--token_layout=buckets"),
-    ({"bucket_widths": 3}, "--token_layout=buckets"),
+    ({"bucket_widths": 4}, "--token_layout=buckets"),
     ({"completion_widths": "doubling", "token_layout": "buckets"}, "--token_layout=padded"),
 ])
 def test_an_option_without_its_feature_is_refused(fields, needs):

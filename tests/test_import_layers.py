@@ -46,7 +46,8 @@ LAYERS = {
     "grpo_jax.train_state": 0,
     "grpo_jax.gumbel_rows": 0,
     "grpo_jax.absent_tpu": 0,
-    "grpo_jax.chips": 0,  # chips' published figures (memory, peak FLOP/s)
+    "grpo_jax.chips": 0,
+    "grpo_jax.placed": 0,  # a placed call and its program  # chips' published figures (memory, peak FLOP/s)
     # 1: rule rewards (of data's examples); meshes, rules and placement (of models' params, the state); row
 # chunks.
     "grpo_jax.rewards": 1,

@@ -118,7 +118,7 @@ def test_sharded_logprob_function_takes_another_params_structure(params, batch):
   with_adapters = sharded(adapted, tokens, mask)
   np.testing.assert_allclose(with_adapters, expected(adapted, adapted_config, tokens, mask), atol=1e-5)
   assert not np.allclose(with_adapters, expected(params, CONFIG, tokens, mask), atol=1e-3)
-  assert sharded.jitted(tokens.shape, params) is not sharded.jitted(tokens.shape)  # one program per structure
+  assert sharded.program(tokens.shape, params) is not sharded.program(tokens.shape)  # one program per structure
 
 
 def _grouped_samples(params, group_size=3, prompt_len=7, new_tokens=6):

@@ -481,7 +481,7 @@ def test_length_buckets_collect_and_update_as_the_padded_layout(sft_policy):
     state, metrics = step(training.init_train_state(params, optimizer), batch)
     got[layout] = batch, stats, state.params, metrics, method
   (padded, _, padded_params, padded_metrics, _), (bucketed, stats, params, metrics, method) = got.values()
-  assert method.bucketed_update().buckets.widths == (4, 8, 12, 24) and method.bucketed_update().buckets.num_micro_batches == 8
+  assert method.bucketed_update().buckets.widths == (8, 12, 24) and method.bucketed_update().buckets.num_micro_batches == 8
   lengths = np.asarray(bucketed.attention_mask.sum(1) - padded.attention_mask[:, :method.cfg.task.max_prompt_len].sum(1))
   assert lengths.min() < lengths.max()  # unequal lengths
   width = padded.tokens.shape[1]

@@ -113,7 +113,7 @@ def test_chunked_log_probs_equal_all_rows_at_once(grouped):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
   row_bytes = row_chunks.forward_row_bytes(CONFIG, 13, logits_chunk=4, cached=grouped)
   budget = logprobs.jit_token_logprobs(CONFIG, chunk_size=4, memory_budget=2 * row_bytes + 1, **kw)
-  hlo = budget.lower(params, tokens, mask).as_text()
+  hlo = budget.program().lower(params, tokens, mask).as_text()
   assert "tensor<5x2x13xf32>" in hlo  # the loop's stacked output: 5 chunks of 2 rows
   np.testing.assert_allclose(budget(params, tokens, mask), whole[0], rtol=1e-5, atol=1e-6)
 

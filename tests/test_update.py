@@ -120,7 +120,7 @@ def test_sharded_grpo_update_equals_one_device(model):
         partitioning.put(params, partitioning.param_shardings(mesh, rules, params)), optimizer, mesh, rules)
     step = training.make_train_step(objective, optimizer, num_micro_batches=2, state_shardings=shardings,
                                     batch_shardings=partitioning.batch_sharding(mesh, rules), mesh=mesh, rules=rules)
-    lowered = step.lower(state, partitioning.put(batch, partitioning.batch_sharding(mesh, rules))).as_text()
+    lowered = step.program().lower(state, partitioning.put(batch, partitioning.batch_sharding(mesh, rules))).as_text()
     assert "sharding" in lowered
     old_params = state.params
     state, metrics = step(state, batch)  # an unsharded batch is re-sharded

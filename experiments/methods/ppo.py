@@ -17,6 +17,7 @@ from experiments.runner import optimizer as optimizer_lib
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import losses
 from grpo_jax import partitioning
+from grpo_jax import placed
 from grpo_jax import row_chunks
 from grpo_jax import models
 from grpo_jax.models import lora
@@ -47,8 +48,9 @@ class PPO(base.Method):
 
     # On a mesh, traced inside its axis rules, as the policy's forwards are (a Pallas attention kernel runs per shard).
     values = jax.jit(values) if place.mesh is None else partitioning.jit_with_rules(values, place.mesh, place.rules)
-    self.values = lambda params, tokens, mask: values(params, *place.device((tokens, mask)))
-    self.values.jitted = values  # the program itself (ahead of time: `experiments.trainer.programs`)
+    # `.program()`: the program itself (ahead of time: `experiments.trainer.programs`)
+    self.values = placed.Placed(lambda params, tokens, mask: values(params, *place.device((tokens, mask))),
+                                lambda: values)
 
   def init_params(self, policy, key):
     value_init, dtype = self.cfg.algorithm.value_init, self.cfg.model.dtype

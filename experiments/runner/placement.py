@@ -20,6 +20,7 @@ from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import models
 from grpo_jax.models import lora
 from grpo_jax import partitioning
+from grpo_jax import placed
 from grpo_jax import rollout_engine
 from grpo_jax import row_chunks
 from grpo_jax import sampling
@@ -97,10 +98,8 @@ class Placement:
     (`forward_rows` or `forward_budget`); kwargs of `logprobs.jit_token_logprobs`."""
     kwargs = dict(forward_rows=self.forward_rows, memory_budget=self.forward_budget) | kwargs
     fn = logprobs_lib.jit_token_logprobs(config, mesh=self.mesh, rules=self.rules, **kwargs)
-    call = lambda params, tokens, mask: fn(params, *self.device((tokens, mask)))
-    # the program for tokens of `shape` and params of `params`'s tree structure (ahead of time)
-    call.jitted = getattr(fn, "jitted", lambda shape, params=None: fn)
-    return call
+    # `.program(shape, params)`: the program for tokens of `shape` and params of `params`'s tree structure
+    return placed.Placed(lambda params, tokens, mask: fn(params, *self.device((tokens, mask))), fn.program)
 
   def row_shards(self, rows: int, group: int = 1) -> int:
     """The data shards over which `rows` rows in groups of `group` split into whole groups (`length_buckets`'
@@ -133,7 +132,7 @@ class Placement:
 
   def train_step(self, state_shardings, optimizer, objective, num_micro_batches: int, frozen=None, bucketed=None):
     """The jitted update of `train` on a mesh, for a train state placed by `state_shardings`
-    (`partitioning.state_shardings`); `.jitted` is the program itself (ahead of time: `.jitted.lower(...)`).
+    (`partitioning.state_shardings`); `.program()` is the program itself (ahead of time: `.program().lower(...)`).
     With `frozen` (arrays or shape structs, placed), the step takes them as a third argument."""
     lora_kwargs = {} if frozen is None else dict(
         combine=lora.join, frozen_shardings=jax.tree.map(lambda x: x.sharding, frozen))

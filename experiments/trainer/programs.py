@@ -240,7 +240,7 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
       forwards.append("π_ref")
   if forwards:
     logprobs = method.rollouts.logprobs if algo.algo == "ppo" else method.group_logprobs
-    fn = lambda tree: logprobs.jitted((n, length), tree)  # its placement follows the tree's structure
+    fn = lambda tree: logprobs.program((n, length), tree)  # its placement follows the tree's structure
     group = g if algo.algo != "ppo" and method.grouped() else 1
     chunk = placement.forward_chunk(model_config, n, length, group=group, logits_chunk=config.model.logprob_chunk,
                                     cached=group > 1)  # the rows a chunk of `jit_token_logprobs` takes
@@ -265,12 +265,12 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
     chunk = placement.forward_chunk(method.teacher_config, n, length, group=group,
                                     logits_chunk=config.model.logprob_chunk, cached=group > 1)
     out["teacher_logprobs"] = Program(
-        method.teacher_logprobs.jitted((n, length), teacher), (teacher, rows(jnp.int32, n), rows(jnp.bool_, n)),
+        method.teacher_logprobs.program((n, length), teacher), (teacher, rows(jnp.int32, n), rows(jnp.bool_, n)),
         f"the teacher's forward of the {n} rows, {chunk or n} at a time"
         + (f", each prompt once per group of {g}" if group > 1 else ""), per_step=1)
   per_step, minibatch, optimizer, state, state_shardings, frozen = _train_state(method, params, placement)
   if algo.algo == "ppo":
-    out["values"] = Program(method.values.jitted, (state.params["value"], rows(jnp.int32, n), rows(jnp.bool_, n)),
+    out["values"] = Program(method.values.program(), (state.params["value"], rows(jnp.int32, n), rows(jnp.bool_, n)),
                             f"the value forward V_ψ of the {n} rows", per_step=1)
   bucketed = method.bucketed_update()
   step = placement.train_step(state_shardings, optimizer, method.objective(), algo.grad_accum_steps, frozen=frozen,
@@ -280,7 +280,7 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
                          old_logp=f32(), ref_logp=f32(), advantages=f32(), sampler_logp=f32())
   if algo.algo == "ppo":
     batch = training.PPOBatch(**batch._asdict(), old_values=f32(), returns=f32())
-  out["update"] = Program(step.jitted, (state, batch) if frozen is None else (state, batch, frozen),
+  out["update"] = Program(step.program(), (state, batch) if frozen is None else (state, batch, frozen),
                           f"{method.name}: one optimiser step over {minibatch} rows in "
                           + (f"{algo.grad_accum_steps} micro-batches" if bucketed is None else
                              f"{bucketed.buckets.num_micro_batches} length-sorted micro-batches at widths "

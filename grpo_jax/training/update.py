@@ -19,6 +19,7 @@ from grpo_jax import length_buckets
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import losses
 from grpo_jax import partitioning
+from grpo_jax import placed as placed_lib
 from grpo_jax.models import ModelConfig
 from grpo_jax.models import transformer
 from grpo_jax.models.logical_axes import axis_rules, constrain
@@ -113,7 +114,8 @@ def make_train_step(objective: Objective, optimizer: optax.GradientTransformatio
 
   donate_argnums = (0,) if donate else ()
   if mesh is None:
-    return jax.jit(step, donate_argnums=donate_argnums)
+    program = jax.jit(step, donate_argnums=donate_argnums)
+    return placed_lib.Placed(program, lambda: program)
 
   @functools.wraps(step)  # the program keeps the name `step`, sharded or not (profiles, compile logs)
   def traced(state, batch, *frozen):
@@ -126,15 +128,12 @@ def make_train_step(objective: Objective, optimizer: optax.GradientTransformatio
   jitted = jax.jit(traced, donate_argnums=donate_argnums, in_shardings=in_shardings,
                    out_shardings=(state_shardings, NamedSharding(mesh, PartitionSpec())))
   if batch_shardings is None:
-    return jitted
+    return placed_lib.Placed(jitted, lambda: jitted)
 
-  @functools.wraps(step)
   def call(state: TrainState, batch, *frozen) -> tuple[TrainState, dict]:
     return jitted(state, partitioning.put(batch, batch_shardings), *frozen)
 
-  call.jitted = jitted
-  call.lower = lambda state, batch, *frozen: jitted.lower(state, batch, *frozen)
-  return call
+  return placed_lib.Placed(call, lambda: jitted)
 
 
 def bucketed_gradients(objective: Objective, params: Params, batch, totals: dict, bucketed: BucketedRows, zeros, *,
