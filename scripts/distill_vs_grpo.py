@@ -43,6 +43,7 @@ class Run:
 def plan(args) -> list[Run]:
   """The runs, each after the runs it needs."""
   out = pathlib.Path(args.out_dir).resolve()
+  at = lambda *parts: str(out.joinpath(*parts).resolve())  # noqa: E731  (a linked run: where it lies)
   quiet = dict(eval_every=0, num_test=args.num_test, tensorboard=False)
   rl = dict(steps=args.steps, batch_size=args.batch_size, group_size=args.group_size,
             learning_rate=args.learning_rate, save_every=10, **quiet)
@@ -50,16 +51,16 @@ def plan(args) -> list[Run]:
       Run("teacher_sft", dict(tiny_hidden_size=args.teacher_hidden_size, tiny_layers=args.teacher_layers,
                               sft_examples=args.teacher_sft_examples, sft_steps=args.teacher_sft_steps, steps=0,
                               seed=0, **quiet)),
-      Run("teacher", dict(init_checkpoint=str(out / "teacher_sft" / "sft_policy"),
+      Run("teacher", dict(init_checkpoint=at("teacher_sft", "sft_policy"),
                           sft_examples=args.teacher_sft_examples, **{**rl, "steps": args.teacher_steps}, seed=0),
           ("teacher_sft",)),
       Run("sft", dict(steps=0, seed=0, **quiet)),
   ]
   for seed in range(args.seeds):
-    start = dict(init_checkpoint=str(out / "sft" / "sft_policy"), **rl, seed=seed)
+    start = dict(init_checkpoint=at("sft", "sft_policy"), **rl, seed=seed)
     runs.append(Run(f"grpo/{setting(args)}/seed{seed}", dict(algo="grpo", **start), ("sft",)))
     runs.append(Run(f"distill/{setting(args)}/seed{seed}",
-                    dict(algo="distill", teacher_checkpoint=str(out / "teacher" / "final_policy"), **start),
+                    dict(algo="distill", teacher_checkpoint=at("teacher", "final_policy"), **start),
                     ("sft", "teacher")))
   return runs
 
