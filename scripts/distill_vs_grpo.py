@@ -158,7 +158,7 @@ def markdown(result: dict, seeds: int) -> str:
     return "" if x is None else f"{x:.1f}"
 
   def ms(m):
-    return "" if m is None else f"{m[0]:.1f} ± {m[1]:.1f}"
+    return "" if m is None else f"{m[0]:.1f}" if math.isnan(m[1]) else f"{m[0]:.1f} ± {m[1]:.1f}"
 
   head = "| | " + " | ".join(f"seed {s}" for s in range(seeds)) + " | mean ± s.e. |\n|---|" + "---|" * (seeds + 1)
   rows = [("GRPO", result["methods"]["grpo"]), ("distill", result["methods"]["distill"]),

@@ -63,6 +63,8 @@ def test_mean_standard_error_and_paired_difference_hand_computed():
   table = dvg.markdown(result, seeds=3)
   assert "| GRPO | 40.0 | 42.0 | 44.0 | 42.0 ± 1.2 |" in table
   assert "| distill − GRPO (paired) | 10.0 | 8.0 |  | 9.0 ± 1.0 |" in table
+  one = dvg.markdown(dvg.aggregate(summaries, seeds=1, tag="x"), seeds=1)  # one seed: no standard error
+  assert "| GRPO | 40.0 | 40.0 |" in one and "nan" not in one
 
 
 _FAKE = """import json, pathlib, sys
