@@ -33,6 +33,10 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+# The teacher's GRPO stage: the studies' quick settings, whatever the students' (so every setting shares a teacher)
+TEACHER_RL = dict(batch_size=16, group_size=8, learning_rate=1e-4)
+
+
 @dataclasses.dataclass
 class Run:
   name: str  # also its directory under --out_dir
@@ -51,9 +55,8 @@ def plan(args) -> list[Run]:
       Run("teacher_sft", dict(tiny_hidden_size=args.teacher_hidden_size, tiny_layers=args.teacher_layers,
                               sft_examples=args.teacher_sft_examples, sft_steps=args.teacher_sft_steps, steps=0,
                               seed=0, **quiet)),
-      Run("teacher", dict(init_checkpoint=at("teacher_sft", "sft_policy"),
-                          sft_examples=args.teacher_sft_examples, **{**rl, "steps": args.teacher_steps}, seed=0),
-          ("teacher_sft",)),
+      Run("teacher", dict(init_checkpoint=at("teacher_sft", "sft_policy"), sft_examples=args.teacher_sft_examples,
+                          **TEACHER_RL, steps=args.teacher_steps, save_every=10, **quiet, seed=0), ("teacher_sft",)),
       Run("sft", dict(steps=0, seed=0, **quiet)),
   ]
   for seed in range(args.seeds):

@@ -2,6 +2,7 @@
 its scheduling with fake runners, its refusals (the comparison itself takes tens of minutes and is run by hand;
 docs/train.md gives its figures)."""
 
+import argparse
 import importlib.util
 import json
 import pathlib
@@ -15,11 +16,10 @@ dvg = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(dvg)
 
 
-def _plan(tmp_path, seeds=3):
-  import argparse  # pylint: disable=import-outside-toplevel
-  args = argparse.Namespace(out_dir=str(tmp_path), seeds=seeds, steps=40, batch_size=16, group_size=8,
-                            learning_rate=1e-4, num_test=500, teacher_hidden_size=256, teacher_layers=4,
-                            teacher_sft_examples=18000, teacher_sft_steps=800, teacher_steps=20)
+def _plan(tmp_path, seeds=3, **students):
+  args = argparse.Namespace(out_dir=str(tmp_path), seeds=seeds, num_test=500, teacher_hidden_size=256,
+                            teacher_layers=4, teacher_sft_examples=18000, teacher_sft_steps=800, teacher_steps=20,
+                            **{**dict(steps=40, batch_size=16, group_size=8, learning_rate=1e-4), **students})
   return {r.name: r for r in dvg.plan(args)}
 
 
@@ -41,6 +41,10 @@ def test_the_methods_differ_in_the_objective_alone(tmp_path):
   assert runs["teacher"].flags["init_checkpoint"] == str(tmp_path.resolve() / "teacher_sft" / "sft_policy")
   assert runs["teacher"].flags["steps"] == 20 and runs["teacher"].needs == ("teacher_sft",)
   assert {k for k in runs["sft"].flags} == {"steps", "seed", "eval_every", "num_test", "tensorboard"}
+  # another setting of the students shares the teacher and the start
+  other = _plan(tmp_path, steps=100, batch_size=32, group_size=4, learning_rate=3e-4)
+  assert all(other[n].flags == runs[n].flags for n in ("teacher_sft", "teacher", "sft"))
+  assert other["grpo/steps100-batch32-group4-lr0.0003/seed0"].flags["learning_rate"] == 3e-4
   # every run comes after the runs it needs
   order = list(runs)
   assert all(order.index(n) < order.index(name) for name, r in runs.items() for n in r.needs)
