@@ -4,10 +4,11 @@ r"""On-policy distillation against GRPO on the embedded default task: the same u
 
 The runs, each `python -m experiments.grpo_math` in `--out_dir/<name>`:
 
-  teacher_sft   a wider tiny model (`--teacher_hidden_size`, `--teacher_layers`) SFT-trained on more solutions
-                (`--teacher_sft_examples`, `--teacher_sft_steps`), seed 0
-  teacher       GRPO from it (`--teacher_steps` steps); its final_policy is the teacher, an HF checkpoint with the
-                embedded tokenizer
+  teacher_sft   a larger tiny model (`--teacher_hidden_size`, `--teacher_layers`; default 6 layers of width 128,
+                the student 4) SFT-trained on more solutions for longer (`--teacher_sft_examples`,
+                `--teacher_sft_steps`: 18,000 for 2,000 steps, the student 2,000 for 600), seed 0
+  teacher       GRPO from it (`--teacher_steps` steps of TEACHER_RL); its final_policy is the teacher, an HF
+                checkpoint with the embedded tokenizer
   sft           the default student's stage 1 on seed 0 (the studies' `sft` run: the runner's defaults, no RL)
   grpo/SETTING/seedS     `--algo=grpo` from sft/sft_policy on seed S
   distill/SETTING/seedS  `--algo=distill --teacher_checkpoint=teacher/final_policy` from the same start with the
@@ -183,10 +184,10 @@ def main(argv_=None) -> int:
   p.add_argument("--group_size", type=int, default=8, help="samples per prompt")
   p.add_argument("--learning_rate", type=float, default=1e-4, help="both methods' peak learning rate")
   p.add_argument("--num_test", type=int, default=500, help="held-out problems per evaluation")
-  p.add_argument("--teacher_hidden_size", type=int, default=256)
-  p.add_argument("--teacher_layers", type=int, default=4)
-  p.add_argument("--teacher_sft_examples", type=int, default=18000)
-  p.add_argument("--teacher_sft_steps", type=int, default=800)
+  p.add_argument("--teacher_hidden_size", type=int, default=128, help="the teacher's width (the student's: 128)")
+  p.add_argument("--teacher_layers", type=int, default=6, help="the teacher's layers (the student's: 4)")
+  p.add_argument("--teacher_sft_examples", type=int, default=18000, help="the teacher's SFT demonstrations")
+  p.add_argument("--teacher_sft_steps", type=int, default=2000, help="the teacher's SFT steps")
   p.add_argument("--teacher_steps", type=int, default=20, help="the teacher's GRPO steps")
   p.add_argument("--parallel", type=int, default=1, help="runs at once")
   p.add_argument("--dry_run", action="store_true", help="print the commands only")
