@@ -19,6 +19,7 @@ Every student run starts from the one SFT policy: the seeds vary the RL runs onl
 start accuracy is one number. Written: results-SETTING.md (held-out greedy accuracy per seed, mean ± s.e. over
 seeds, the paired difference distill − GRPO seed by seed) and results-SETTING.json. A run whose summary.json exists
 is skipped (one made with other flags is refused), one that left a checkpoint resumes: the same command continues.
+SIGTERM or Ctrl-C stops the runs in flight, each saving its step.
 """
 
 import argparse
@@ -27,6 +28,7 @@ import json
 import math
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -92,8 +94,8 @@ def finished(run: Run, out_dir: pathlib.Path) -> dict | None:
   other = {k: (config.get(k), v) for k, v in run.flags.items()
            if k in config and k not in _UNCHECKED and str(config[k]) != str(v)}
   if other:
-    raise ValueError(f"{path}: made with other flags ({', '.join(f'--{k}={a} not {b}' for k, (a, b) in other.items())})"
-                     f"; use another --out_dir")
+    flags = ", ".join(f"--{k}={a} not {b}" for k, (a, b) in other.items())
+    raise ValueError(f"{path}: made with other flags ({flags}); use another --out_dir")
   return summary
 
 
@@ -103,31 +105,37 @@ def execute(runs: list[Run], out_dir: pathlib.Path, parallel: int) -> dict[str, 
   status = {r.name: "cached" for r in runs if finished(r, out_dir)}
   pending = [r for r in runs if r.name not in status]
   running: dict[str, tuple[subprocess.Popen, object]] = {}
-  while pending or running:
-    for name, (proc, log) in list(running.items()):
-      if proc.poll() is not None:
-        log.close()
-        status[name] = "done" if proc.returncode == 0 else "failed"
-        print(f"{time.strftime('%H:%M:%S')} {name}: {status[name]}", flush=True)
-        del running[name]
-    for run in list(pending):
-      if any(status.get(n) in ("failed", "blocked") for n in run.needs):
-        status[run.name] = "blocked"
-        pending.remove(run)
-      elif len(running) < parallel and all(status.get(n) in ("done", "cached") for n in run.needs):
-        work = out_dir / run.name
-        cmd = argv(run, out_dir)
-        if work.exists():
-          if any((work / d).is_dir() and any((work / d).iterdir()) for d in ("checkpoints", "sft_checkpoints")):
-            cmd.append("--resume")
-          else:
-            shutil.rmtree(work)
-        work.parent.mkdir(parents=True, exist_ok=True)
-        log = open(out_dir / f"{run.name}.log", "w", encoding="utf-8")  # pylint: disable=consider-using-with
-        print(f"{time.strftime('%H:%M:%S')} {run.name}: {' '.join(cmd[1:])}", flush=True)
-        running[run.name] = (subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), log)
-        pending.remove(run)
-    time.sleep(2)
+  try:
+    while pending or running:
+      for name, (proc, log) in list(running.items()):
+        if proc.poll() is not None:
+          log.close()
+          status[name] = "done" if proc.returncode == 0 else "failed"
+          print(f"{time.strftime('%H:%M:%S')} {name}: {status[name]}", flush=True)
+          del running[name]
+      for run in list(pending):
+        if any(status.get(n) in ("failed", "blocked") for n in run.needs):
+          status[run.name] = "blocked"
+          pending.remove(run)
+        elif len(running) < parallel and all(status.get(n) in ("done", "cached") for n in run.needs):
+          work = out_dir / run.name
+          cmd = argv(run, out_dir)
+          if work.exists():
+            if any((work / d).is_dir() and any((work / d).iterdir()) for d in ("checkpoints", "sft_checkpoints")):
+              cmd.append("--resume")
+            else:
+              shutil.rmtree(work)
+          work.parent.mkdir(parents=True, exist_ok=True)
+          log = open(out_dir / f"{run.name}.log", "a", encoding="utf-8")  # pylint: disable=consider-using-with
+          print(f"{time.strftime('%H:%M:%S')} {run.name}: {' '.join(cmd[1:])}", flush=True)
+          running[run.name] = (subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT), log)
+          pending.remove(run)
+      time.sleep(2)
+  finally:  # stopped (SIGTERM, Ctrl-C): the runs in flight save their step and exit; the same command resumes them
+    for proc, log in running.values():
+      proc.terminate()
+      proc.wait()
+      log.close()
   return status
 
 
@@ -203,6 +211,7 @@ def main(argv_=None) -> int:
     for run in runs:
       print(" ".join(argv(run, out_dir)[1:]))
     return 0
+  signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
   try:
     status = execute(runs, out_dir, args.parallel)
   except ValueError as err:

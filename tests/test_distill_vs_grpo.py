@@ -131,3 +131,25 @@ def test_bad_arguments_are_one_line(tmp_path, capsys, flag):
   assert dvg.main([f"--out_dir={tmp_path}", flag]) == 2
   err = capsys.readouterr().err.strip()
   assert err == f"{flag}: must be at least 1" and not any(tmp_path.iterdir())
+
+
+def test_a_stop_stops_the_runs_in_flight(tmp_path, monkeypatch):
+  # SIGTERM exits through SystemExit, Ctrl-C through KeyboardInterrupt: either way the runs in flight get SIGTERM
+  # (the runner saves its step) and are waited for, none left running
+  started = []
+  popen = dvg.subprocess.Popen
+
+  def record(*args, **kwargs):
+    started.append(popen(*args, **kwargs))
+    return started[-1]
+
+  monkeypatch.setattr(dvg, "argv", lambda run, out_dir: [sys.executable, "-c", "import time; time.sleep(60)"])
+  monkeypatch.setattr(dvg.subprocess, "Popen", record)
+
+  def stop(seconds):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(dvg.time, "sleep", stop)
+  with pytest.raises(KeyboardInterrupt):
+    dvg.main([f"--out_dir={tmp_path}", "--seeds=1", "--parallel=2"])
+  assert len(started) == 2 and all(p.returncode == -15 for p in started)  # teacher_sft and sft, terminated
