@@ -230,4 +230,4 @@ def test_sharded_programs_keep_their_functions_names():
   state, shardings = partitioning.init_train_state(params, optax.sgd(0.1), mesh, rules)
   step = training.make_train_step(objective, optax.sgd(0.1), state_shardings=shardings, mesh=mesh, rules=rules)
   batch = _Batch(x=jnp.ones((2, 3)), loss_mask=jnp.ones((2, 3), bool))
-  assert "module @jit_step" in step.lower(state, batch).as_text()
+  assert "module @jit_step" in step.program().lower(state, batch).as_text()
