@@ -496,3 +496,30 @@ def test_length_buckets_collect_and_update_as_the_padded_layout(sft_policy):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-6), params, padded_params)
   for name in ("loss", "kl", "entropy", "grad_norm"):
     np.testing.assert_allclose(metrics[name], padded_metrics[name], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("name,flags,expected", [
+    ("grpo", (), ("π_ref",)),  # on-policy: no π_old; β = 0.04
+    ("grpo", ("--beta=0",), ()),
+    ("grpo", ("--recompute_old_logprobs",), ("π_old", "π_ref")),
+    ("grpo", ("--num_epochs=2",), ("π_old", "π_ref")),  # temperature 0.7: the sampler's log-probs are not π_old's
+    ("grpo", ("--num_epochs=2", "--temperature=1.0", "--beta=0"), ()),  # ... at T = 1 they are
+    ("grpo", ("--advantage_estimator=reinforce_pp", "--temperature=1.0", "--rollout_correction=token_tis"),
+     ("π_old", "π_ref")),
+    ("ppo", ("--group_size=1",), ("π_old", "π_ref")),
+    ("ppo", ("--group_size=1", "--temperature=1.0", "--beta=0"), ()),
+])
+def test_collect_runs_the_forwards_the_method_declares(sft_policy, name, flags, expected):
+  """`scoring_forwards` is the one answer `collect` and `trainer.programs` read (issue 54): the forwards a step
+  runs are exactly those it names, counted on the functions themselves."""
+  method, params, _ = _method(name, sft_policy, "--batch_size=2", "--group_size=2", *flags)
+  assert method.scoring_forwards() == expected
+  calls = []
+  for attr in ("group_logprobs", "logprobs"):
+    owner = method if attr == "group_logprobs" else method.rollouts
+    if hasattr(owner, attr):
+      real = getattr(owner, attr)
+      setattr(owner, attr, lambda p, *a, real=real: calls.append(p is method.reference) or real(p, *a))
+  trained = method.init_params(params, jax.random.key(0))
+  method.collect(trained, 0, jax.random.key(0))
+  assert sorted("π_ref" if is_reference else "π_old" for is_reference in calls) == sorted(expected)

@@ -73,6 +73,11 @@ class Method(abc.ABC):
     order = (order[:, None] * per_item + jnp.arange(per_item)[None, :]).reshape(-1)
     return [take(batch, order[i:i + minibatch]) for i in range(0, rows, minibatch)]
 
+  def scoring_forwards(self) -> tuple[str, ...]:
+    """The policy forwards a step's `collect` runs over its rows ("π_old", "π_ref"): `collect` and
+    `trainer.programs` read this one answer. None by default."""
+    return ()
+
   def bucketed_update(self):
     """The update's length-bucketed layout (`training.update.BucketedRows`), or None: padded (the default)."""
     return None

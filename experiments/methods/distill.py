@@ -54,6 +54,14 @@ class Distill(grpo.GRPO):
     """Not kept: distillation has no π_ref (the teacher takes its place), so the trainer's copy is freed."""
     del reference
 
+  def reads_old_logprobs(self) -> bool:
+    return not self.on_policy()
+
+  def scoring_forwards(self) -> tuple[str, ...]:
+    """π_old where the update is not on-policy and the sampler's log-probs are not it; no π_ref (the teacher's
+    forward, `teacher_logprobs`, takes its place)."""
+    return ("π_old",) if self.reads_old_logprobs() and self.rollouts.old_forward() else ()
+
   def objective(self):
     algo = self.cfg.algorithm
     loss_kwargs = dict(epsilon=algo.epsilon, epsilon_high=algo.epsilon_high, aggregation=algo.loss_aggregation,
@@ -78,7 +86,7 @@ class Distill(grpo.GRPO):
     loss_mask = jnp.asarray(samples.mask)
     if rollout.mask_truncated:
       loss_mask &= ~jnp.asarray(samples.truncated)[:, None]
-    if self.on_policy():
+    if not self.reads_old_logprobs():
       old_logp = jnp.zeros(samples.tokens.shape, jnp.float32)  # not read: the objective uses sg(π_θ)
     else:
       old_logp = self.rollouts.old_logprobs(params, samples, self.group_logprobs)

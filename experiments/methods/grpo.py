@@ -93,6 +93,17 @@ class GRPO(base.Method):
     return (algo.num_epochs == 1 and algo.minibatch_size in (0, self.rows_per_step())
             and not algo.recompute_old_logprobs)
 
+  def reads_old_logprobs(self) -> bool:
+    """Whether the step's batch carries π_old: not when the update is on-policy (the objective uses
+    stop_gradient(π_θ)), unless REINFORCE++'s reward reads it."""
+    return not self.on_policy() or self.cfg.algorithm.advantage_estimator == "reinforce_pp"
+
+  def scoring_forwards(self) -> tuple[str, ...]:
+    """π_old where the batch reads it and the sampler's log-probs are not it (`Rollouts.old_forward`); π_ref with
+    a KL term (β > 0)."""
+    old = ("π_old",) if self.reads_old_logprobs() and self.rollouts.old_forward() else ()
+    return old + (("π_ref",) if self.cfg.algorithm.beta > 0 else ())
+
   def objective(self):
     algo = self.cfg.algorithm
     kl_in_loss = algo.advantage_estimator != "reinforce_pp"  # REINFORCE++ puts the KL in the reward
@@ -152,11 +163,11 @@ class GRPO(base.Method):
     loss_mask = jnp.asarray(samples.mask).at[len(chosen) * g:].set(False)
     if rollout.mask_truncated:
       loss_mask &= ~jnp.asarray(samples.truncated)[:, None]
-    if self.on_policy() and algo.advantage_estimator != "reinforce_pp":  # REINFORCE++'s reward reads π_old
+    if not self.reads_old_logprobs():
       old_logp = jnp.zeros(samples.tokens.shape, jnp.float32)  # not read: the objective uses sg(π_θ)
-    else:
+    else:  # a forward where `scoring_forwards` names π_old, else the sampler's log-probs
       old_logp = self.rollouts.old_logprobs(params, samples, self.group_logprobs)
-    if algo.beta > 0:
+    if "π_ref" in self.scoring_forwards():
       sequences = logprobs_lib.sequences_from_samples(samples)
       ref_logp = self.rollouts.completion(self.group_logprobs(self.reference, *sequences), samples)
     else:

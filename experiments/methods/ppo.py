@@ -83,6 +83,11 @@ class PPO(base.Method):
          "value": optimizer_lib.make_optimizer(optim, value_lr, total_updates, warmup)},
         {"policy": "policy", "value": "value"})
 
+  def scoring_forwards(self) -> tuple[str, ...]:
+    """π_old unless the sampler's log-probs are it (`Rollouts.old_forward`); π_ref with the KL reward (β > 0).
+    The value forward V_ψ runs every step besides."""
+    return (("π_old",) if self.rollouts.old_forward() else ()) + (("π_ref",) if self.cfg.algorithm.beta > 0 else ())
+
   def objective(self):
     algo = self.cfg.algorithm
     loss_kwargs = dict(epsilon=algo.epsilon, epsilon_high=algo.epsilon_high, dual_clip=algo.dual_clip,
@@ -108,7 +113,8 @@ class PPO(base.Method):
     sequences = logprobs_lib.sequences_from_samples(samples)
     completion = lambda full: self.rollouts.completion(full, samples)  # noqa: E731
     old_logp = self.rollouts.old_logprobs(params["policy"], samples)
-    ref_logp = completion(self.rollouts.logprobs(self.reference, *sequences)) if algo.beta > 0 else old_logp
+    ref_logp = (completion(self.rollouts.logprobs(self.reference, *sequences)) if "π_ref" in self.scoring_forwards()
+                else old_logp)
     old_values = completion(self.values(params["value"], *sequences))
     # Eq. 2: the score on the last token, −β·KL(π_old ‖ π_ref) per token; then GAE over the completion.
     token_rewards = losses.kl_penalized_rewards(jnp.asarray(scored.rewards), old_logp, ref_logp, mask,

@@ -134,11 +134,17 @@ class Rollouts:
     """π_old of the sampled tokens `[N, T]`: the sampler's own log-probs at T = 1, else recomputed with
     `logprobs` (default `self.logprobs`; GRPO passes its shared-prompt one). A rollout correction compares the
     sampler's log-probs with the trainer's π_old, so it recomputes π_old."""
-    algo = self.cfg.algorithm
-    if self.cfg.rollout.temperature == 1.0 and not algo.recompute_old_logprobs and algo.rollout_correction == "none":
+    if not self.old_forward():
       return jax.numpy.asarray(samples.logprobs)
     return self.completion((logprobs or self.logprobs)(params, *logprobs_lib.sequences_from_samples(samples)),
                            samples)
+
+  def old_forward(self) -> bool:
+    """Whether `old_logprobs` runs a forward: unless the sampler's own log-probs are π_old's (temperature 1, no
+    `--recompute_old_logprobs`, no rollout correction, which compares the two)."""
+    algo = self.cfg.algorithm
+    return not (self.cfg.rollout.temperature == 1.0 and not algo.recompute_old_logprobs
+                and algo.rollout_correction == "none")
 
   def trim(self, samples: sampling.SampleOutput, lengths: np.ndarray) -> sampling.SampleOutput:
     """`samples` with the completion columns that a training batch reads (`completion_width`); all of them with

@@ -224,20 +224,7 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
                                rows(jnp.int32, n, k), rows(jnp.bool_, n, k)),
                               f"the {reward.kind} reward model's scores at up to {k} step ends of the {n} rows, "
                               f"{chunk['rows_per_chunk'] or n} at a time", per_step=1, kwargs=chunk)
-  forwards = []
-  if algo.algo == "ppo":  # `PPO.collect`: the rollouts' ungrouped forward
-    if rollout.temperature != 1.0 or algo.recompute_old_logprobs or algo.rollout_correction != "none":
-      forwards.append("π_old")
-    if algo.beta > 0:
-      forwards.append("π_ref")
-  if algo.algo in ("grpo", "distill"):
-    reinforce_pp = algo.advantage_estimator == "reinforce_pp"
-    on_policy = method.on_policy() and not reinforce_pp
-    if not on_policy and (rollout.temperature != 1.0 or algo.recompute_old_logprobs
-                          or algo.rollout_correction != "none"):
-      forwards.append("π_old")  # else the sampler's log-probs, or stop_gradient(π_θ) in the update
-    if algo.beta > 0 and algo.algo == "grpo":
-      forwards.append("π_ref")
+  forwards = method.scoring_forwards()  # what `collect` runs (PPO: the rollouts' ungrouped forward)
   if forwards:
     logprobs = method.rollouts.logprobs if algo.algo == "ppo" else method.group_logprobs
     fn = lambda tree: logprobs.program((n, length), tree)  # its placement follows the tree's structure
