@@ -4,9 +4,9 @@ r"""The compiled programs of a run, built by the runner's own builders at abstra
   for name, p in programs(config, model_config, placement).items():
     p.jitted.trace(*p.args, **p.kwargs).lower().compile()   # nothing allocated: ShapeDtypeStruct args
 
-`programs` returns exactly the programs stage 2 of `loop.run(config)` runs (for --algo=grpo, online_rft and
-distill, with or without LoRA, and --algo=ppo without; other configs are refused with one line), in the order a
-step runs them, each built by the code the runner calls (so a change there changes them here;
+`programs` returns exactly the programs stage 2 of `loop.run(config)` runs (for --algo=grpo, online_rft,
+rft_table10 and distill, with or without LoRA, and --algo=ppo without; other configs are refused with one line), in
+the order a step runs them, each built by the code the runner calls (so a change there changes them here;
 tests/test_aot_compile.py checks them against a run's):
 
   sampler       the rollouts' sampler (`Rollouts.sampler_options`): B prompts of P tokens, G samples each
@@ -52,7 +52,7 @@ from grpo_jax import sampling
 from grpo_jax import training
 from grpo_jax.models import lora
 
-ALGOS = ("grpo", "online_rft", "ppo", "distill")  # the methods whose programs are listed here
+ALGOS = ("grpo", "online_rft", "rft_table10", "ppo", "distill")  # the methods whose programs are listed here
 
 
 @dataclasses.dataclass(frozen=True)
