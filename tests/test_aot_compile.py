@@ -201,14 +201,16 @@ def test_the_bucketed_programs_are_those_a_bucketed_run_compiles(tmp_path):
   assert listed["update"].args[1].tokens.shape == (4, config.task.max_prompt_len + 6)
 
 
-@pytest.mark.parametrize("algo", ["online_rft", "rft_table10"])
-def test_the_paradigm_programs_are_those_a_run_compiles(tmp_path, algo):
+@pytest.mark.parametrize("algo,names", [("online_rft", ["sampler", "update", "eval_greedy"]),
+                                        ("rft_table10", ["sampler", "update", "eval_greedy"]),
+                                        ("sft", ["update", "eval_greedy"])])
+def test_the_paradigm_programs_are_those_a_run_compiles(tmp_path, algo, names):
   # Online RFT samples the current policy, Table 10's RFT the frozen start policy (π_ref's params, the same
-  # structure): the sampler, the update and evaluation, as a one-step run lowers them.
+  # structure), SFT nothing (the task's solutions, a batch without sampler log-probs): as a one-step run lowers them.
   config = config_lib.Config().replace(
       mesh="data:1", tiny_layers=1, batch_size=2, group_size=2, max_new_tokens=6, algo=algo, steps=1, sft_steps=0,
       eval_every=0, num_test=2, eval_batch_size=2, save_every=0, tensorboard=False, work_dir=str(tmp_path / "run"))
-  _programs_match_a_run(config, ["sampler", "update", "eval_greedy"])
+  _programs_match_a_run(config, names)
 
 
 def test_the_lora_programs_are_those_a_lora_run_compiles(tmp_path):

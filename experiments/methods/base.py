@@ -18,6 +18,7 @@ from experiments.runner import evaluation
 from experiments.runner import optimizer as optimizer_lib
 from experiments.runner import policy
 from experiments.runner import warm_start
+from grpo_jax import training
 
 
 class Method(abc.ABC):
@@ -25,6 +26,7 @@ class Method(abc.ABC):
 
   name = "method"
   rows_per_item = 1  # rows that must stay together in a minibatch (2: DPO's (o⁺, o⁻) pairs)
+  samples_each_step = True  # whether `collect` samples the rollouts' policy every step (SFT: no)
   sft_marker = policy.SFT_MARKER  # the file in a stage-1 policy that says this method family fine-tuned it
 
   def __init__(self, config: config_lib.Config, model_config, task, rollouts, reference):
@@ -72,6 +74,13 @@ class Method(abc.ABC):
     order = jax.random.permutation(jax.random.fold_in(key, 10_000 + epoch), items)
     order = (order[:, None] * per_item + jnp.arange(per_item)[None, :]).reshape(-1)
     return [take(batch, order[i:i + minibatch]) for i in range(0, rows, minibatch)]
+
+  def abstract_batch(self, rows):
+    """The update's batch as abstract arrays: `rows(dtype)` is one [minibatch, P + T] array of `dtype`, placed.
+    A `training.Batch` built from samples (their log-probs included) by default."""
+    f32, bool_ = rows(jnp.float32), rows(jnp.bool_)
+    return training.Batch(tokens=rows(jnp.int32), attention_mask=bool_, loss_mask=bool_, old_logp=f32, ref_logp=f32,
+                          advantages=f32, sampler_logp=f32)
 
   def scoring_forwards(self) -> tuple[str, ...]:
     """The policy forwards a step's `collect` runs over its rows ("π_old", "π_ref"): `collect` and

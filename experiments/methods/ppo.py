@@ -83,6 +83,10 @@ class PPO(base.Method):
          "value": optimizer_lib.make_optimizer(optim, value_lr, total_updates, warmup)},
         {"policy": "policy", "value": "value"})
 
+  def abstract_batch(self, rows):
+    f32 = rows(jnp.float32)
+    return training.PPOBatch(**super().abstract_batch(rows)._asdict(), old_values=f32, returns=f32)
+
   def scoring_forwards(self) -> tuple[str, ...]:
     """π_old unless the sampler's log-probs are it (`Rollouts.old_forward`); π_ref with the KL reward (β > 0).
     The value forward V_ψ runs every step besides."""

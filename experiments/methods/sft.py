@@ -12,6 +12,10 @@ from grpo_jax import training
 
 class SFT(rft._Paradigm):
   name = "sft"
+  samples_each_step = False  # the task's worked solutions, not samples
+
+  def abstract_batch(self, rows):
+    return super().abstract_batch(rows)._replace(sampler_logp=None)  # `training.supervised_batch`: no sampler
 
   def prepare(self, start_policy, key):
     del start_policy, key

@@ -5,7 +5,7 @@ r"""The compiled programs of a run, built by the runner's own builders at abstra
     p.jitted.trace(*p.args, **p.kwargs).lower().compile()   # nothing allocated: ShapeDtypeStruct args
 
 `programs` returns exactly the programs stage 2 of `loop.run(config)` runs (for --algo=grpo, online_rft,
-rft_table10 and distill, with or without LoRA, and --algo=ppo without; other configs are refused with one line), in
+rft_table10, distill and sft, with or without LoRA, and --algo=ppo without; other configs are refused with one line), in
 the order a step runs them, each built by the code the runner calls (so a change there changes them here;
 tests/test_aot_compile.py checks them against a run's):
 
@@ -52,7 +52,7 @@ from grpo_jax import sampling
 from grpo_jax import training
 from grpo_jax.models import lora
 
-ALGOS = ("grpo", "online_rft", "rft_table10", "ppo", "distill")  # the methods whose programs are listed here
+ALGOS = ("grpo", "online_rft", "rft_table10", "ppo", "distill", "sft")  # the methods whose programs are listed here
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,12 +203,14 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
   rounds = rollout.dynamic_sampling_max_rounds if rollout.dynamic_sampling else 1
   options = method.rollouts.sampler_options()
   fn, args, trips = sampler(b, g, **options)
-  out["sampler"] = Program(fn, args,
-                           f"rollouts: {b} prompts x {g} samples of up to {t} tokens"
-                           + (f", {options['prompt_chunk']} prompts at a time" if options.get("prompt_chunk") else "")
-                           + (f", {options['num_slots']} decode slots (continuous batching)" if engine else "")
-                           + (f" (1 to {rounds} rounds a step, --dynamic_sampling)" if rounds > 1 else ""),
-                           per_step=1, loop_trips=trips)
+  if method.samples_each_step:
+    out["sampler"] = Program(fn, args,
+                             f"rollouts: {b} prompts x {g} samples of up to {t} tokens"
+                             + (f", {options['prompt_chunk']} prompts at a time" if options.get("prompt_chunk")
+                                else "")
+                             + (f", {options['num_slots']} decode slots (continuous batching)" if engine else "")
+                             + (f" (1 to {rounds} rounds a step, --dynamic_sampling)" if rounds > 1 else ""),
+                             per_step=1, loop_trips=trips)
   if reward is not None:
     reward_params = _reward_params(reward, placement)
     chunk = learned_reward.scorer_options(placement, reward.config, n, length)  # as `LearnedReward` calls it
@@ -262,11 +264,7 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
   bucketed = method.bucketed_update()
   step = placement.train_step(state_shardings, optimizer, method.objective(), algo.grad_accum_steps, frozen=frozen,
                               bucketed=bucketed)
-  f32, bool_ = (lambda: rows(jnp.float32, minibatch)), (lambda: rows(jnp.bool_, minibatch))
-  batch = training.Batch(tokens=rows(jnp.int32, minibatch), attention_mask=bool_(), loss_mask=bool_(),
-                         old_logp=f32(), ref_logp=f32(), advantages=f32(), sampler_logp=f32())
-  if algo.algo == "ppo":
-    batch = training.PPOBatch(**batch._asdict(), old_values=f32(), returns=f32())
+  batch = method.abstract_batch(lambda dtype: rows(dtype, minibatch))
   out["update"] = Program(step.program(), (state, batch) if frozen is None else (state, batch, frozen),
                           f"{method.name}: one optimiser step over {minibatch} rows in "
                           + (f"{algo.grad_accum_steps} micro-batches" if bucketed is None else
