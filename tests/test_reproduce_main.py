@@ -39,3 +39,13 @@ def test_an_out_dir_it_cannot_write_is_one_line(tmp_path, main_in_process):
   error = main_in_process(reproduce_main.main, ["reproduce", "--study=paradigm", "--aggregate_only",
                                            f"--runs_dir={tmp_path / 'runs'}", f"--out_dir={blocked / 'out'}"])
   assert error.startswith("reproduce: error: ") and str(blocked / "out") in error and "\n" not in error, error
+
+
+def test_a_runs_dir_it_cannot_write_is_one_line_before_any_run(tmp_path, main_in_process):
+  """Issue 55's sweep: an unwritable --runs_dir failed every run in turn, one report each; now one line first."""
+  blocked = tmp_path / "file"
+  blocked.write_text("")
+  error = main_in_process(reproduce_main.main, ["reproduce", "--study=paradigm", "--profile=quick",
+                                                f"--runs_dir={blocked / 'runs'}", f"--out_dir={tmp_path / 'out'}"])
+  assert error.startswith(f"reproduce: error: --runs_dir={blocked / 'runs'} cannot be written: "), error
+  assert "\n" not in error and not (tmp_path / "out").exists()

@@ -32,6 +32,7 @@ def reproduce(study: spec.Study, *, profile: str, seeds: list[int], out_dir: pat
     outcomes = {j.key: execute.Outcome("cached", wall_time_s=execute.recorded_time(j))
                 for j in jobs if j.summary.is_file()}
   else:
+    _check_writable(runs_dir)  # once, before any run: not one failure a run
     outcomes = execute.execute(todo, parallel, echo)
   out_dir.mkdir(parents=True, exist_ok=True)
   for job in jobs:
@@ -54,6 +55,17 @@ def reproduce(study: spec.Study, *, profile: str, seeds: list[int], out_dir: pat
   for f in results["failures"]:
     echo(f"  {f['run']} seed {f['seed']} {f['status']}: {f['message']}")
   return results
+
+
+def _check_writable(runs_dir: pathlib.Path) -> None:
+  """Raises OSError naming `runs_dir` when it cannot be made or written (a file in its way, no permission)."""
+  try:
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    probe = runs_dir / f".write-probe-{os.getpid()}"
+    probe.write_text("")
+    probe.unlink()
+  except OSError as err:
+    raise OSError(f"--runs_dir={runs_dir} cannot be written: {err.strerror or err}") from None
 
 
 def _needed_by(jobs: list[plan_lib.Job], only: list[str], study: spec.Study) -> list[plan_lib.Job]:
