@@ -29,6 +29,7 @@ from experiments.runner import evaluation
 from experiments.runner import placement as placement_lib
 from experiments.runner import report
 from experiments.runner import task as task_lib
+from experiments.runner import work_dir_lock
 from grpo_jax import models
 
 
@@ -61,11 +62,16 @@ def run(config: config_lib.Config) -> dict:
   k = config.eval.eval_samples
   if k < 1:
     raise config_lib.RunError("--eval_samples must be >= 1: the K of maj@K and pass@K")
+  models.read_config(config.model.init_checkpoint)  # a missing or unreadable checkpoint: before the work dir exists
+  work_dir = pathlib.Path(config.run.work_dir)
+  with work_dir_lock.WorkDirLock(work_dir):  # one evaluation a work dir: a second one is one line, not a race
+    return _evaluate(config, k, work_dir, t_start)
+
+
+def _evaluate(config: config_lib.Config, k: int, work_dir: pathlib.Path, t_start: float) -> dict:
   path = pathlib.Path(config.model.init_checkpoint)
   params, model_config = models.load_hf(path, dtype=config.model.dtype, param_dtype=config.model.dtype)
   task = task_lib.Task(config.task, models.load_tokenizer(path), sft_lineage=False, seed=config.run.seed)
-  work_dir = pathlib.Path(config.run.work_dir)
-  work_dir.mkdir(parents=True, exist_ok=True)
   print(f"sampling {k} completions for each of {len(task.test)} held-out problems from {path} "
         f"(T = {config.eval.eval_temperature})", file=sys.stderr)
   metrics = evaluation.evaluate(params, model_config, task, config, jax.random.PRNGKey(config.run.seed + 1),
@@ -73,7 +79,9 @@ def run(config: config_lib.Config) -> dict:
   ks = evaluation.ks_up_to(k)
   summary = {"policy": str(path), **metrics, "num_eval_problems": len(task.test), "eval_samples": k,
              "eval_temperature": config.eval.eval_temperature, "ks": ks, "wall_time_s": time.time() - t_start}
-  (work_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+  partial = work_dir / "summary.json.partial"  # written whole, then renamed: never a half-written summary
+  partial.write_text(json.dumps(summary, indent=2))
+  partial.replace(work_dir / "summary.json")
   rows = [("held-out problems", f"{len(task.test)}"), ("greedy accuracy", f"{100 * summary['accuracy']:.1f}%")]
   rows += [(f"maj@{j} / pass@{j}", f"{100 * summary[f'maj@{j}']:.1f}% / {100 * summary[f'pass@{j}']:.1f}%")
            for j in ks]

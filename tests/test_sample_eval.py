@@ -79,3 +79,15 @@ def test_sample_eval_reports_every_power_of_two(tmp_path, monkeypatch):
   assert summary["pass@4"] == pytest.approx(1.0)
   assert [summary[f"maj@{k}"] for k in (1, 2, 4)] == [0.5, 0.5, 0.5]
   assert json.loads((tmp_path / "out" / "summary.json").read_text())["pass@2"] == pytest.approx(0.75)
+
+
+def test_a_work_dir_another_evaluation_holds_is_one_line(tmp_path, main_in_process):
+  """Issue 55's sweep: two evaluations into one --work_dir both wrote summary.json; the second is now refused."""
+  from experiments.runner import work_dir_lock  # pylint: disable=import-outside-toplevel
+  models.build_default_checkpoint(tmp_path / "policy", seed=0)
+  with work_dir_lock.WorkDirLock(tmp_path / "out"):
+    error = main_in_process(cli.main_for("sample_eval", sample_eval.run),
+                            ["sample_eval", f"--work_dir={tmp_path / 'out'}", f"--init_checkpoint={tmp_path / 'policy'}",
+                             "--eval_samples=2", "--num_test=2"])
+  assert error.startswith("sample_eval: error: ") and "--work_dir" in error and "\n" not in error, error
+  assert not (tmp_path / "out" / "summary.json").exists()
