@@ -86,3 +86,9 @@ def test_memory_text_fits_the_prompt_budget():
 def test_planner_must_answer_every_trajectory():
   with pytest.raises(ValueError, match="returned 1 actions for 4"):
     _run(planner=lambda requests, key, num_samples: [agents.PlannerOutput("answer: 1")])
+
+
+def test_frame_tokens_count_the_prompt_without_memory():
+  from grpo_jax.agents import episodes  # pylint: disable=import-outside-toplevel
+  fmt = agents.PromptFormat(max_tokens=100, header="tools: calc\n")
+  assert fmt.frame_tokens("1+2") == len("tools: calc\n1+2\n") + len(episodes.CUE)

@@ -102,6 +102,8 @@ def _cli(*args, cwd):
     (["--reward=orm", "--reward_model=rm"], "flow_grpo: error: --reward_model is a GRPO option"),
     (["--mesh=data:1"], "flow_grpo: error: --algo=flow_grpo runs on one device"),
     (["--algo=grpo"], "flow_grpo: error: --algo: this runner trains Flow-GRPO"),
+    (["--planner_prompt_len=8"], "flow_grpo: error: --planner_prompt_len=8: the planner's prompt (tool header, "
+                                 "problem, cue) takes"),
 ])
 def test_bad_input_is_one_line(tmp_path, args, message, main_in_process, monkeypatch):
   monkeypatch.chdir(tmp_path)

@@ -83,6 +83,11 @@ class FlowGRPO(base.Method):
     super().__init__(cfg, config, task, rollouts, reference)
     self.agent = Agent(cfg, task.tokenizer)
     self.num_turns = 0  # turn rows of the last collected step
+    longest = max(self.agent.prompt_format.frame_tokens(e.question) for e in [*task.test, *task.rl_pool])
+    if longest > cfg.agent.planner_prompt_len:  # the sampler would cut the problem's head off, without a word
+      raise config_lib.RunError(f"--planner_prompt_len={cfg.agent.planner_prompt_len}: the planner's prompt (tool "
+                                f"header, problem, cue) takes {longest} tokens for the longest problem; give at "
+                                f"least that")
 
   def objective(self):
     algo = self.cfg.algorithm

@@ -67,6 +67,10 @@ class PromptFormat:
   count_tokens: Callable[[str], int] = len
   header: str = ""
 
+  def frame_tokens(self, query: str) -> int:
+    """Tokens of the prompt with no memory: the header, the query and the cue (what must fit `max_tokens`)."""
+    return self.count_tokens(f"{self.header}{query}\n{CUE}")
+
   def __call__(self, query: str, memory: Memory) -> str:
     frame = f"{self.header}{query}\n{CUE}"
     room = self.max_tokens - self.count_tokens(frame) - 1  # the newline after the memory text
