@@ -15,6 +15,7 @@ from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def ladder(max_width: int, num_widths: int, multiple: int = 1) -> tuple[int, ...]:
@@ -82,7 +83,6 @@ class Buckets(NamedTuple):
 
   def tokens(self, lengths) -> int:
     """Columns the layout computes for these (host) lengths: Σ_k R · w_k (the padded layout: N · max width)."""
-    import numpy as np  # host-side accounting only
     lengths = np.asarray(lengths)
     n, k, s = len(lengths), self.num_micro_batches, self.shards
     order = np.argsort(lengths.reshape(s, n // s), axis=1, kind="stable") + np.arange(s)[:, None] * (n // s)
