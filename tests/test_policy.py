@@ -39,3 +39,12 @@ def test_a_budget_beyond_the_checkpoints_context_is_one_line(tmp_path):
     policy.check_inputs(config)
   policy.check_inputs(config.replace(max_new_tokens=48))
   policy.check_inputs(config.replace(algo="flow_grpo"))  # the planner's prompts are sized by its own flags
+
+
+def test_a_batch_of_more_prompts_than_problems_is_one_line():
+  """Issue 55's sweep: --batch_size=10^8 built 10^8 prompts on the host before anything said no."""
+  config = config_lib.Config().replace(batch_size=10**8)
+  with pytest.raises(config_lib.RunError, match=r"^--batch_size=100000000 exceeds the synthetic task's "
+                     r"--num_train=20000 problems"):
+    policy.check_inputs(config)
+  policy.check_inputs(config.replace(batch_size=20000))

@@ -87,9 +87,14 @@ def check_start(config: config_lib.PolicyConfig) -> None:
 def check_inputs(config: config_lib.Config) -> None:
   """`check_start`, and the other checkpoints a run reads: `--value_init` (PPO, a directory) and `--reward_model`,
   each named with its flag when missing, before the run writes anything; a prompt and completion budget beyond the
-  start checkpoint's context (`max_position_embeddings`) is refused."""
+  start checkpoint's context (`max_position_embeddings`), and a batch of more prompts than the synthetic task has
+  problems, are refused."""
   check_start(config.model)
   check_context(config)
+  if config.task.task == "synthetic" and config.rollout.batch_size > config.task.num_train:
+    raise config_lib.RunError(f"--batch_size={config.rollout.batch_size} exceeds the synthetic task's "
+                              f"--num_train={config.task.num_train} problems: a step would hold every problem more "
+                              f"than once")
   value_init = config.algorithm.value_init
   if config.algorithm.algo == "ppo" and value_init != "policy":
     try:
