@@ -231,8 +231,8 @@ def compile_program(name: str, program, tgt: Target, total_resident: int) -> Com
   t0 = time.perf_counter()
   traced = program.jitted.trace(*program.args, **program.kwargs)
   flops = matmul_flops(traced.jaxpr.jaxpr, program.loop_trips) / len(tgt.devices) * k
-  common = dict(name=name, uses=program.uses, calls=program.per_step or program.per_eval,
-                per="step" if program.per_step else "eval", flops=flops,
+  common = dict(name=name, uses=program.uses, calls=program.per_step or program.per_eval or program.per_run,
+                per="step" if program.per_step else "eval" if program.per_eval else "run", flops=flops,
                 resident_other=total_resident - k * sum(_bytes_per_device(program.args[i])
                                                         for i in program.resident_args))
   try:

@@ -25,6 +25,7 @@ from experiments.runner import policy
 from grpo_jax import models
 
 from tests.conftest import FAST_COMPILE_FLAGS, HANG_GUARD_S
+from tests.known_answers import known_answers  # noqa: F401  (a fixture)
 
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 _SCRIPT = _ROOT / "scripts" / "aot_compile.py"
@@ -203,13 +204,17 @@ def test_the_bucketed_programs_are_those_a_bucketed_run_compiles(tmp_path):
 
 @pytest.mark.parametrize("algo,names", [("online_rft", ["sampler", "update", "eval_greedy"]),
                                         ("rft_table10", ["sampler", "update", "eval_greedy"]),
-                                        ("sft", ["update", "eval_greedy"])])
-def test_the_paradigm_programs_are_those_a_run_compiles(tmp_path, algo, names):
+                                        ("sft", ["update", "eval_greedy"]),
+                                        ("rft", ["sampler", "update", "eval_greedy"]),
+                                        ("dpo", ["sampler", "logprobs", "update", "eval_greedy"])])
+def test_the_paradigm_programs_are_those_a_run_compiles(tmp_path, algo, names, known_answers):
   # Online RFT samples the current policy, Table 10's RFT the frozen start policy (π_ref's params, the same
-  # structure), SFT nothing (the task's solutions, a batch without sampler log-probs): as a one-step run lowers them.
+  # structure), SFT nothing (the task's solutions, a batch without sampler log-probs), RFT and DPO the start policy
+  # once for their data (DPO: then π_ref over each step's pairs): as a one-step run lowers them.
   config = config_lib.Config().replace(
-      mesh="data:1", tiny_layers=1, batch_size=2, group_size=2, max_new_tokens=6, algo=algo, steps=1, sft_steps=0,
-      eval_every=0, num_test=2, eval_batch_size=2, save_every=0, tensorboard=False, work_dir=str(tmp_path / "run"))
+      mesh="data:1", tiny_layers=1, batch_size=2, group_size=2, max_new_tokens=12, algo=algo, steps=1, sft_steps=0,
+      eval_every=0, num_test=2, eval_batch_size=2, save_every=0, tensorboard=False, work_dir=str(tmp_path / "run"),
+      **({"offline_prompts": 4} if algo in ("rft", "dpo") else {}))  # `known_answers`: right and wrong rows
   _programs_match_a_run(config, names)
 
 

@@ -27,6 +27,7 @@ class Method(abc.ABC):
   name = "method"
   rows_per_item = 1  # rows that must stay together in a minibatch (2: DPO's (o⁺, o⁻) pairs)
   samples_each_step = True  # whether `collect` samples the rollouts' policy every step (SFT: no)
+  samples_offline = False  # whether `prepare` samples the start policy once for the run's data (RFT, DPO)
   sft_marker = policy.SFT_MARKER  # the file in a stage-1 policy that says this method family fine-tuned it
 
   def __init__(self, config: config_lib.Config, model_config, task, rollouts, reference):
@@ -86,6 +87,15 @@ class Method(abc.ABC):
     """The policy forwards a step's `collect` runs over its rows ("π_old", "π_ref"): `collect` and
     `trainer.programs` read this one answer. None by default."""
     return ()
+
+  def scoring_logprobs(self):
+    """The forward (`Placement.logprobs`) that runs `scoring_forwards`: the rollouts' ungrouped one by default."""
+    return self.rollouts.logprobs
+
+  def forward_layout(self) -> dict:
+    """`scoring_logprobs`' layout keywords (`Placement.logprobs`: group_size, prompt_len, buckets); {} for rows
+    each with its own prompt."""
+    return {}
 
   def bucketed_update(self):
     """The update's length-bucketed layout (`training.update.BucketedRows`), or None: padded (the default)."""

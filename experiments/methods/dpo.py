@@ -26,6 +26,17 @@ def make_pairs(correct: np.ndarray, prompt_of_row: np.ndarray, max_pairs: int) -
 class DPO(base.Method):
   name = "dpo"
   rows_per_item = 2
+  samples_each_step, samples_offline = False, True  # the pairs come from the start policy, sampled once
+
+  def __init__(self, cfg, config, task, rollouts, reference):
+    super().__init__(cfg, config, task, rollouts, reference)
+    self.ref = rollouts.placement.logprobs(config, chunk_size=cfg.model.logprob_chunk)  # π_ref of each step's pairs
+
+  def scoring_forwards(self) -> tuple[str, ...]:
+    return ("π_ref",)
+
+  def scoring_logprobs(self):
+    return self.ref
 
   def objective(self):
     return update_lib.bind(objectives.dpo_objective, config=self.config, beta=self.cfg.algorithm.dpo_beta,
@@ -37,7 +48,6 @@ class DPO(base.Method):
     if not len(self.pairs):
       raise ValueError("DPO: no prompt has both a correct and a wrong sample from the start policy")
     self.data = scored.samples
-    self.ref = self.rollouts.placement.logprobs(self.config, chunk_size=self.cfg.model.logprob_chunk)
     stats["dpo_pairs"] = float(len(self.pairs))
     return stats
 

@@ -98,6 +98,9 @@ class GRPO(base.Method):
     stop_gradient(π_θ)), unless REINFORCE++'s reward reads it."""
     return not self.on_policy() or self.cfg.algorithm.advantage_estimator == "reinforce_pp"
 
+  def scoring_logprobs(self):
+    return self.group_logprobs  # each prompt once per group where `grouped()`, in length buckets if asked
+
   def scoring_forwards(self) -> tuple[str, ...]:
     """π_old where the batch reads it and the sampler's log-probs are not it (`Rollouts.old_forward`); π_ref with
     a KL term (β > 0)."""

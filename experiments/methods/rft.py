@@ -73,6 +73,7 @@ class RFT(_Paradigm):
   """Samples the SFT policy once (`--offline_prompts` × G), keeps the distinct correct completions,
   and fine-tunes on them; each step takes B×G of them in shuffled epochs."""
   name = "rft"
+  samples_each_step, samples_offline = False, True
 
   def prepare(self, start_policy, key):
     scored, prompt_of_row, stats = offline.sample_offline(self.rollouts, start_policy, self.task, key)

@@ -5,7 +5,8 @@ r"""The compiled programs of a run, built by the runner's own builders at abstra
     p.jitted.trace(*p.args, **p.kwargs).lower().compile()   # nothing allocated: ShapeDtypeStruct args
 
 `programs` returns exactly the programs stage 2 of `loop.run(config)` runs (for --algo=grpo, online_rft,
-rft_table10, distill and sft, with or without LoRA, and --algo=ppo without; other configs are refused with one line), in
+rft_table10, distill, sft, rft and dpo, with or without LoRA, and --algo=ppo without; flow_grpo is refused with one
+line), in
 the order a step runs them, each built by the code the runner calls (so a change there changes them here;
 tests/test_aot_compile.py checks them against a run's):
 
@@ -52,7 +53,7 @@ from grpo_jax import sampling
 from grpo_jax import training
 from grpo_jax.models import lora
 
-ALGOS = ("grpo", "online_rft", "rft_table10", "ppo", "distill", "sft")  # the methods whose programs are listed here
+ALGOS = ("grpo", "online_rft", "rft_table10", "ppo", "distill", "sft", "rft", "dpo")  # those whose programs are listed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +65,7 @@ class Program:
   uses: str  # what the runner runs it for
   per_step: int  # calls per stage-2 step (0: not a step's program, e.g. evaluation)
   per_eval: int = 0  # calls per evaluation
+  per_run: int = 0  # calls once per run, before the steps (an offline method's sampling of its data)
   # Trip count of its while loops (the sampler: its decode steps); a tuple, of nested ones (outermost first).
   loop_trips: int | tuple[int, ...] = 1
   kwargs: dict = dataclasses.field(default_factory=dict)  # static keyword arguments: `.trace(*args, **kwargs)`
@@ -203,6 +205,10 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
   rounds = rollout.dynamic_sampling_max_rounds if rollout.dynamic_sampling else 1
   options = method.rollouts.sampler_options()
   fn, args, trips = sampler(b, g, **options)
+  if method.samples_offline:  # `offline.sample_offline`: the same program, --offline_prompts / B calls in `prepare`
+    calls = -(-min(algo.offline_prompts, config.task.num_train) // b)
+    out["sampler"] = Program(fn, args, f"offline data: {b} prompts x {g} samples of up to {t} tokens a call, "
+                             f"{calls} calls before the first step", per_step=0, per_run=calls, loop_trips=trips)
   if method.samples_each_step:
     out["sampler"] = Program(fn, args,
                              f"rollouts: {b} prompts x {g} samples of up to {t} tokens"
@@ -228,12 +234,13 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
                               f"{chunk['rows_per_chunk'] or n} at a time", per_step=1, kwargs=chunk)
   forwards = method.scoring_forwards()  # what `collect` runs (PPO: the rollouts' ungrouped forward)
   if forwards:
-    logprobs = method.rollouts.logprobs if algo.algo == "ppo" else method.group_logprobs
+    logprobs = method.scoring_logprobs()
     fn = lambda tree: logprobs.program((n, length), tree)  # its placement follows the tree's structure
-    group = g if algo.algo != "ppo" and method.grouped() else 1
+    layout = method.forward_layout()  # as `scoring_logprobs` was built
+    group = layout.get("group_size", 1)
     chunk = placement.forward_chunk(model_config, n, length, group=group, logits_chunk=config.model.logprob_chunk,
                                     cached=group > 1)  # the rows a chunk of `jit_token_logprobs` takes
-    buckets = method.forward_layout().get("buckets") if algo.algo != "ppo" else None
+    buckets = layout.get("buckets")
     how = f" of the {n} rows, " + (f"{chunk or n} at a time" if buckets is None else
                                    f"in {buckets.num_micro_batches} length-sorted micro-batches at widths "
                                    f"{buckets.widths}") + (f", each prompt once per group of {g}" if group > 1 else "")
