@@ -23,6 +23,14 @@ def test_ladder_by_hand():
     length_buckets.ladder(16, 0)
 
 
+def test_micro_batches_by_hand():
+  assert length_buckets.micro_batches(16, 8) == 8
+  assert length_buckets.micro_batches(12, 5) == 6  # 5 does not divide 12: the next count that does
+  assert length_buckets.micro_batches(1024, 13, shards=8) == 16  # 128 rows a shard: 13, 14, 15 do not divide
+  assert length_buckets.micro_batches(7, 3) == 7  # a prime: one row each
+  assert length_buckets.micro_batches(8, 20) == 8  # more than the rows: one row each
+
+
 def test_rows_width_and_tokens_by_hand():
   b = length_buckets.Buckets(widths=(4, 8, 16), num_micro_batches=3)
   rows = np.asarray(b.rows(jnp.asarray(LENGTHS)))
