@@ -84,12 +84,10 @@ class Buckets(NamedTuple):
   def tokens(self, lengths) -> int:
     """Columns the layout computes for these (host) lengths: Σ_k R · w_k (the padded layout: N · max width)."""
     lengths = np.asarray(lengths)
-    n, k, s = len(lengths), self.num_micro_batches, self.shards
-    order = np.argsort(lengths.reshape(s, n // s), axis=1, kind="stable") + np.arange(s)[:, None] * (n // s)
-    rows = order.reshape(s, k, n // (s * k)).swapaxes(0, 1).reshape(k, n // k)
+    rows = np.asarray(self.rows(jnp.asarray(lengths)))
     widths = np.asarray(self.widths)
     picked = [widths[np.sum(widths[:-1] < lengths[r].max())] for r in rows]
-    return int(sum(picked) * (n // k))
+    return int(sum(picked) * rows.shape[1])
 
 
 def take(x: jax.Array, rows: jax.Array, shards: int = 1, axis: int = 0) -> jax.Array:

@@ -84,10 +84,6 @@ def make_train_step(objective: Objective, optimizer: optax.GradientTransformatio
 
   def step(state: TrainState, batch, frozen=None) -> tuple[TrainState, dict]:
     totals = _totals(batch.loss_mask)
-    parts = 1 if bucketed is not None else num_micro_batches
-    micro = jax.tree.map(lambda x: x.reshape(parts, x.shape[0] // parts, *x.shape[1:]), batch)
-    if sharded:  # Every micro-batch spread over the data axes.
-      micro = jax.tree.map(lambda x: constrain(x, (None, "batch") + (None,) * (x.ndim - 2)), micro)
     trained_objective = objective if combine is None else (
         lambda params, micro_batch, totals, **kw: objective(combine(params, frozen), micro_batch, totals, **kw))
     grad_fn = jax.value_and_grad(trained_objective, has_aux=True)
@@ -105,6 +101,10 @@ def make_train_step(objective: Objective, optimizer: optax.GradientTransformatio
       grads, metrics, weights = bucketed_gradients(trained_objective, state.params, batch, totals, bucketed, zeros,
                                                    joined=joined, sharded=sharded)
     else:
+      micro = jax.tree.map(lambda x: x.reshape(num_micro_batches, x.shape[0] // num_micro_batches, *x.shape[1:]),
+                           batch)
+      if sharded:  # Every micro-batch spread over the data axes.
+        micro = jax.tree.map(lambda x: constrain(x, (None, "batch") + (None,) * (x.ndim - 2)), micro)
       grads, metrics = jax.lax.scan(accumulate, zeros, micro)
     metrics = {k: reduce_metric(k, v, weights) for k, v in metrics.items()}
     metrics["grad_norm"] = _global_norm(grads)
