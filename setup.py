@@ -34,8 +34,8 @@ setuptools.setup(
             "pytest-xdist>=3.5",  # pytest.ini runs the suite on one worker per core
             "rlax>=0.1.6",  # oracle for GAE parity
             "torch==2.13.0",  # CPU wheel; oracle for model-logit parity
-            "peft>=0.17",  # oracle: PEFT loads the exported LoRA adapters (tests/test_lora.py)
-            "trl>=1.16",  # oracle: TRL's GRPOTrainer losses (tests/test_trl_parity.py)
+            "peft>=0.17",  # oracle: PEFT loads the exported LoRA adapters (tests/grpo_jax/models/test_lora.py)
+            "trl>=1.16",  # oracle: TRL's GRPOTrainer losses (tests/grpo_jax/losses/test_grpo_trl_parity.py)
             _TPU,  # the TPU compiler: tests compile for TPU topologies ahead of time (no TPU needed)
             *_WANDB, *_MATH, *_HF,  # the integrations' tests run too (datasets writes the files they read)
         ],

@@ -7,7 +7,7 @@ r"""The checks of issue #41 on one GPU, each figure beside its roofline: `script
   python scripts/gpu_check.py variants --out=$OUT         # the same GRPO step with one knob turned each (no profile)
   python scripts/gpu_check.py fixture --out=$OUT          # a tiny profiled GRPO step: trace_small.json.gz, a test fixture
   python scripts/gpu_check.py table --out=$OUT            # the Markdown table of what the parts wrote
-  python scripts/gpu_check.py <part> --out=DIR --smoke    # tiny shapes, for a CPU (what tests/test_gpu_check runs)
+  python scripts/gpu_check.py <part> --out=DIR --smoke    # tiny shapes, for a CPU (tests/scripts/test_gpu_check runs it)
 
 Each part writes `<part>.json` under `--out` (checkpoints and runs under `--scratch`); `table` reads them. The roofline is measured, not taken from a data
 sheet: the best of a few [8192, 8192] bf16 products (FLOP/s) and of a few copies of 1 GiB (bytes/s, read + write);
@@ -307,7 +307,7 @@ def grpo(args) -> dict:
                                                          roof["copy_bytes_per_s"]) / m["train/time_sampling"],
             "rss_by_output_line": timeline}
   traces = sorted((work / "profile").glob("**/*.trace.json.gz"))
-  if traces:  # the real accelerator trace, for tests/test_profiling's fixture
+  if traces:  # the real accelerator trace, for tests/experiments/runner/test_profiling's fixture
     (out / "trace.json.gz").write_bytes(traces[-1].read_bytes())
     from experiments.runner import profiling  # pylint: disable=import-outside-toplevel
     result["profile_table"] = profiling.format_table(profiling.summarize(traces[-1]), steps=1)

@@ -29,8 +29,8 @@ def flag(default: Any, help_text: str, *, choices: tuple | None = None, minimum:
     minimum: the least value `check` accepts (1 or 0), with one line naming the flag below it.
 
   Choices that name the library's implementations (remat_policy, attention, loss_aggregation, loss,
-  rollout_correction, sharding_rules) are copies, so that this module imports no JAX; tests/test_config.py holds
-  them equal to the library's.
+  rollout_correction, sharding_rules) are copies, so that this module imports no JAX;
+  tests/experiments/runner/test_config.py holds them equal to the library's.
   """
   metadata = {"help": help_text}
   if choices is not None:

@@ -8,7 +8,7 @@ r"""The compiled programs of a run, built by the runner's own builders at abstra
 rft_table10, distill, sft, rft and dpo, with or without LoRA, and --algo=ppo without; flow_grpo is refused with one
 line), in
 the order a step runs them, each built by the code the runner calls (so a change there changes them here;
-tests/test_aot_compile.py checks them against a run's):
+tests/scripts/test_aot_compile.py checks them against a run's):
 
   sampler       the rollouts' sampler (`Rollouts.sampler_options`): B prompts of P tokens, G samples each
   reward        a learned reward's scorer (`learned_reward.OUTCOME_SCORES` or `STEP_SCORES`), with --reward=orm|prm

@@ -17,7 +17,7 @@ of the whole draw, by hashing the counters start ... start + size - 1. The bits 
 
 `normal_pieces` draws the whole as a loop over pieces: one draw in the program, whatever the model's depth and size.
 Bit for bit means compiled with the same XLA flags: they can move the last bit of a float32 through fused
-multiply-adds (tests/test_random_init.py compares the two in one process).
+multiply-adds (tests/grpo_jax/models/test_random_init.py compares the two in one process).
 """
 
 import jax

@@ -1,0 +1,65 @@
+"""experiments.reproduce.execute: a failed run is reported and blocks only what needs it; SIGTERM stops the
+runs in flight, which save."""
+
+import json
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+from experiments.reproduce import pipeline
+from tests import reproduce_fakes as fakes
+from tests.conftest import HANG_GUARD_S
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+
+
+def test_failed_run_is_reported_and_does_not_stop_the_others(tmp_path):
+  lines = []
+  results = pipeline.reproduce(fakes.study(fail=True), profile="full", seeds=[0, 1], out_dir=tmp_path / "out",
+                                runs_dir=tmp_path / "runs", parallel=2, echo=lines.append)
+  failures = {(f["run"], f["seed"]): f for f in results["failures"]}
+  assert set(failures) == {("better", 0), ("better", 1), ("after", 0), ("after", 1)}
+  assert failures[("better", 0)]["status"] == "failed"
+  assert failures[("better", 0)]["message"] == "exit 3: step 2: error: the loss is nan"
+  assert failures[("after", 1)]["status"] == "blocked"
+  assert fakes.cells(results)[("base", "final", None)]["n"] == 2  # the independent run finished on both seeds
+  assert "step 2: error: the loss is nan" in (tmp_path / "out" / "results.md").read_text()
+  assert any("failed" in line and "the loss is nan" in line for line in lines)
+
+
+SLEEPER = r"""
+import pathlib, signal, sys, time
+args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if "=" in a)
+work = pathlib.Path(args["work_dir"]); work.mkdir(parents=True, exist_ok=True)
+def saved(signum, frame):
+    (work / "saved").write_text(signal.Signals(signum).name); sys.exit(128 + signum)
+signal.signal(signal.SIGTERM, saved)
+(work / "started").write_text("")
+time.sleep(60)
+"""
+
+
+def test_sigterm_stops_reproduce_and_the_runs_in_flight_save(tmp_path):
+  """SIGTERM to reproduce (a preempted machine; in the background, where SIGINT is ignored, the signal that
+  reaches it): the run in flight gets SIGTERM and saves, reproduce waits for it, says so in one line and exits
+  143; no later run starts."""
+  study = {"name": "sleepy", "title": "Sleeps",
+           "runs": [{"name": "nap", "flags": {}, "command": [sys.executable, "-c", SLEEPER]}],
+           "metrics": [{"name": "final", "key": "final_accuracy"}]}
+  path = tmp_path / "study.json"
+  path.write_text(json.dumps(study))
+  proc = subprocess.Popen([sys.executable, "-m", "experiments.reproduce", f"--study={path}", "--seeds=2",
+                           "--profile=full", f"--out_dir={tmp_path / 'out'}", f"--runs_dir={tmp_path / 'runs'}"],
+                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + HANG_GUARD_S
+  while not list(tmp_path.glob("runs/*/seed0/started")) and time.time() < deadline:
+    time.sleep(0.1)
+  proc.send_signal(signal.SIGTERM)
+  out, err = proc.communicate(timeout=HANG_GUARD_S)
+  assert proc.returncode == 143, err
+  assert err.strip().splitlines()[-1] == ("reproduce: stopped by SIGTERM; nap seed 0 saved where they were and "
+                                          "continue when the same command runs again")
+  assert [p.read_text() for p in tmp_path.glob("runs/*/seed0/saved")] == ["SIGTERM"]
+  assert not list(tmp_path.glob("runs/*/seed1"))  # seed 1 never started

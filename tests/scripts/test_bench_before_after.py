@@ -1,0 +1,51 @@
+"""scripts/bench_before_after.py: its summary statistics, its argument checks and the log a failed run leaves (the
+timed runs themselves are measured by hand: they take minutes)."""
+
+import importlib.util
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+_SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "scripts" / "bench_before_after.py"
+_spec = importlib.util.spec_from_file_location("bench_before_after", _SCRIPT)
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+def test_mean_and_standard_error_hand_computed():
+  # mean 0.5; sample variance ((0.1)^2 + 0 + (0.1)^2) / 2 = 0.01; s.e. sqrt(0.01 / 3) = 0.0577
+  assert bench.mean_se([0.4, 0.5, 0.6]) == "0.500 ± 0.058"
+  assert bench.mean_se([0.25]) == "0.250"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--pairs=0"], "--pairs must be >= 1, got 0"),
+    (["--baseline=no-such-revision"], "'no-such-revision' names no commit"),
+    (["--logs=" + str(_SCRIPT)], "--logs=" + str(_SCRIPT) + " is a file, not a directory"),
+    (["--job=ci", "--cache=warm"], "--cache=warm applies to --job=default_run only"),
+])
+def test_bad_arguments_are_one_line(args, message):
+  done = subprocess.run([sys.executable, str(_SCRIPT), *args], capture_output=True, text=True, timeout=600,
+                        env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+  assert done.returncode != 0 and message in done.stderr, done.stderr[-2000:]
+  assert "Traceback" not in done.stderr
+
+
+def test_which_revisions_have_a_compilation_cache(tmp_path):
+  assert bench.has_compilation_cache(_SCRIPT.parents[1])  # this tree's runner has `--compilation_cache_dir`
+  (tmp_path / "experiments").mkdir()
+  (tmp_path / "experiments" / "cli.py").write_text('flags.DEFINE_string("work_dir", "runs", "...")\n')
+  assert not bench.has_compilation_cache(tmp_path)  # as at f5a4965: every run compiles
+  (tmp_path / "experiments" / "cli.py").write_text('flags.DEFINE_string("compilation_cache_dir", "", "...")\n')
+  assert bench.has_compilation_cache(tmp_path)
+
+
+def test_a_failed_runs_output_is_kept(tmp_path):
+  # An unknown runner flag fails the default run at start-up: the job stops with the run's last stderr line, and
+  # the log holds the run's whole output.
+  log = tmp_path / "1_candidate.log"
+  with pytest.raises(SystemExit, match="failed: FATAL Flags parsing error: Unknown command line flag 'no_such_flag'"):
+    bench.run_default(_SCRIPT.parents[1], tmp_path, ["--no_such_flag"], log)
+  assert "Unknown command line flag 'no_such_flag'" in log.read_text()
