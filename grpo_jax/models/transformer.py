@@ -137,28 +137,43 @@ class Decoder(nnx.Module):
     return x, cache
 
   def _scan(self, x, cos, sin, allowed, cache, index):
-    """The stacked layers as one `lax.scan`; the stacked cache rides in the carry, updated in place."""
+    """The stacked layers as one `lax.scan`.
+
+    A one-token step (decoding) carries the stacked cache and updates it in place. A call of several tokens
+    (a prefill, a forward after a prompt's keys and values) reads layer i's cache as the scan's i-th input and
+    returns its new keys and values as the i-th output: a cache in the carry would be an input of every
+    iteration, so under `remat` and a gradient each of the L iterations would save all L layers' caches.
+    """
     c = self.config
     graphdef, state = nnx.split(getattr(self, STACKED))
+    prefix = None if cache is None else cache.prefix
+    layer_kv = lambda k, v, i: LayerKV(constrain(k, CACHE_K_AXES), constrain(v, CACHE_V_AXES),
+                                       kv_cache.layer_prefix(prefix, i))
+    remat = (lambda f: jax.checkpoint(f, policy=_POLICIES[c.remat_policy], prevent_cse=False)) if c.remat else (
+        lambda f: f)
+    layers = (state, jnp.arange(c.num_hidden_layers))
 
-    def body(carry, xs):
-      x, ks, vs = carry
-      layer_state, i = xs
-      layer = nnx.merge(graphdef, layer_state)
-      kv = None if ks is None else LayerKV(constrain(ks[i], CACHE_K_AXES), constrain(vs[i], CACHE_V_AXES),
-                                           kv_cache.layer_prefix(prefix, i))
-      x, kv = layer(x, cos, sin, allowed, kv, index)
-      if kv is not None:
+    if cache is not None and x.shape[1] == 1:
+      def step(carry, xs):
+        x, ks, vs = carry
+        layer_state, i = xs
+        x, kv = nnx.merge(graphdef, layer_state)(x, cos, sin, allowed, layer_kv(ks[i], vs[i], i), index)
         ks = jax.lax.dynamic_update_index_in_dim(ks, kv.k, i, 0)
         vs = jax.lax.dynamic_update_index_in_dim(vs, kv.v, i, 0)
-      return (x, ks, vs), None
+        return (x, ks, vs), None
 
-    if c.remat:
-      body = jax.checkpoint(body, policy=_POLICIES[c.remat_policy], prevent_cse=False)
-    prefix = None if cache is None else cache.prefix
-    carry = (x, None, None) if cache is None else (x, cache.k, cache.v)
-    (x, ks, vs), _ = jax.lax.scan(body, carry, (state, jnp.arange(c.num_hidden_layers)))
-    return x, ks, vs
+      (x, ks, vs), _ = jax.lax.scan(remat(step), (x, cache.k, cache.v), layers)
+      return x, ks, vs
+
+    def run(x, xs):
+      layer_state, i, k, v = xs
+      x, kv = nnx.merge(graphdef, layer_state)(x, cos, sin, allowed, None if k is None else layer_kv(k, v, i),
+                                               index)
+      return x, None if kv is None else (kv.k, kv.v)
+
+    k, v = (None, None) if cache is None else (cache.k, cache.v)
+    x, kvs = jax.lax.scan(remat(run), x, (*layers, k, v))
+    return (x, None, None) if kvs is None else (x, *kvs)
 
 
 class CausalLM(Decoder):

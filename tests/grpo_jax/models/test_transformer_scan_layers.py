@@ -4,7 +4,12 @@ Same logits, gradients, cached decoding, samples and log-probs; the same HF chec
 params and optimiser state sharded by the same rules (the stacked layer axis unsharded).
 """
 
+import contextlib
+import io
+import re
+
 import jax
+from jax import ad_checkpoint
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -144,3 +149,39 @@ def test_load_scanned_into_shardings(tmp_path):
   kernel = params["layers"]["mlp"]["down_proj"]["kernel"]  # [3, 48, 32]
   assert kernel.sharding.spec == PartitionSpec(None, "tensor", "fsdp")
   assert {s.data.shape for s in kernel.addressable_shards} == {(3, 24, 16)}
+
+
+@pytest.mark.parametrize("remat", [False, True])
+def test_forward_after_a_prefix_saves_each_layers_cache_once(params, remat):
+  """Completions after their prompts' keys and values (the length-bucketed update's forward): the same values and
+  gradients (into params and into the prefix) in both layouts, and under a gradient the scanned stack saves each
+  layer's cache once ([L, ...]), not the whole stacked cache at every layer ([L, L, ...], which a cache riding in
+  the scan's carry costs: 24x the keys and values at 24 layers)."""
+  prompt, completions = _tokens(2, 6, seed=1), _tokens(4, 5, seed=2)
+  prompt_mask = jnp.ones(prompt.shape, bool).at[1, :2].set(False)
+  completion_mask = jnp.ones(completions.shape, bool).at[3, 3:].set(False)
+
+  def value_and_grads(config, p):
+    prefix = logprobs.take_prefix(logprobs.prefill(p, config, prompt, prompt_mask), jnp.array([0, 0, 1, 1]))
+    loss = lambda p, k, v: jnp.sum(logprobs.prefixed_completion_logprobs(
+        p, config, prefix._replace(k=k, v=v), completions, completion_mask) ** 2)
+    return loss, jax.value_and_grad(loss, argnums=(0, 1, 2))(p, prefix.k, prefix.v), prefix
+
+  unrolled_config, scanned_config = UNROLLED.replace(remat=remat), SCANNED.replace(remat=remat)
+  _, (value, (dp, dk, dv)), _ = value_and_grads(unrolled_config, params)
+  scanned = models.stack_layers(params, UNROLLED)
+  loss, (scanned_value, (sdp, sdk, sdv)), prefix = value_and_grads(scanned_config, scanned)
+  np.testing.assert_allclose(scanned_value, value, rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-5),
+               models.unstack_layers(sdp, scanned_config), dp)
+  np.testing.assert_allclose(sdk, jnp.stack(dk), rtol=2e-4, atol=1e-5)
+  np.testing.assert_allclose(sdv, jnp.stack(dv), rtol=2e-4, atol=1e-5)
+
+  layers = UNROLLED.num_hidden_layers
+  printed = io.StringIO()
+  with contextlib.redirect_stdout(printed):
+    ad_checkpoint.print_saved_residuals(loss, scanned, prefix.k, prefix.v)
+  saved = [tuple(int(d) for d in dims.split(",")) for dims in re.findall(r"^\w+\[([\d,]+)\]", printed.getvalue(), re.M)]
+  cache_sized = [s for s in saved if s[:1] == (layers,) and s[-1] in (8, 6 + 5) and len(s) >= 5]
+  assert cache_sized, saved  # the per-layer caches are saved, stacked [L, ...]
+  assert not [s for s in saved if s[:2] == (layers, layers)], saved
