@@ -76,17 +76,27 @@ class Method(abc.ABC):
     order = (order[:, None] * per_item + jnp.arange(per_item)[None, :]).reshape(-1)
     return [take(batch, order[i:i + minibatch]) for i in range(0, rows, minibatch)]
 
+  def update_rows(self, minibatch: int) -> int:
+    """The rows of the update's batch for a minibatch of `minibatch` rows (Flow-GRPO: trajectories' turns, padded)."""
+    return minibatch
+
   def abstract_batch(self, rows):
-    """The update's batch as abstract arrays: `rows(dtype)` is one [minibatch, P + T] array of `dtype`, placed.
-    A `training.Batch` built from samples (their log-probs included) by default."""
-    f32, bool_ = rows(jnp.float32), rows(jnp.bool_)
-    return training.Batch(tokens=rows(jnp.int32), attention_mask=bool_, loss_mask=bool_, old_logp=f32, ref_logp=f32,
-                          advantages=f32, sampler_logp=f32)
+    """The update's batch as abstract arrays: `rows(dtype, *shape)` is one placed [`update_rows`, *shape] array of
+    `dtype`. A `training.Batch` of [P + T] rows built from samples (their log-probs included) by default."""
+    width = self.cfg.task.max_prompt_len + self.cfg.rollout.max_new_tokens
+    f32, bool_ = rows(jnp.float32, width), rows(jnp.bool_, width)
+    return training.Batch(tokens=rows(jnp.int32, width), attention_mask=bool_, loss_mask=bool_, old_logp=f32,
+                          ref_logp=f32, advantages=f32, sampler_logp=f32)
 
   def scoring_forwards(self) -> tuple[str, ...]:
     """The policy forwards a step's `collect` runs over its rows ("π_old", "π_ref"): `collect` and
     `trainer.programs` read this one answer. None by default."""
     return ()
+
+  def scoring_shape(self) -> tuple[int, int]:
+    """`(rows, width)` of the widest token rows `scoring_forwards` run over: B·G samples of P + T tokens."""
+    rollout = self.cfg.rollout
+    return rollout.batch_size * rollout.group_size, self.cfg.task.max_prompt_len + rollout.max_new_tokens
 
   def scoring_logprobs(self):
     """The forward (`Placement.logprobs`) that runs `scoring_forwards`: the rollouts' ungrouped one by default."""

@@ -42,12 +42,6 @@ class Agent:
     self.generator = agents.RuleGenerator(use_last_result=agent.answer_from_memory)
     self.tokenizer = tokenizer
 
-  def planner(self, params, config, *, greedy: bool) -> agents.SamplerPlanner:
-    agent, rollout = self.cfg.agent, self.cfg.rollout
-    return agents.SamplerPlanner(params, config, self.tokenizer, max_prompt_len=agent.planner_prompt_len,
-                                 max_action_tokens=agent.action_tokens, temperature=rollout.temperature,
-                                 top_k=rollout.top_k, top_p=rollout.top_p, greedy=greedy, min_bucket=agent.min_bucket)
-
   def episodes(self, planner, examples, group_size: int, key) -> list[agents.Trajectory]:
     return agents.run_episodes(planner, [e.question for e in examples], group_size=group_size,
                                max_turns=self.cfg.agent.max_turns, key=key, prompt_format=self.prompt_format,
@@ -81,13 +75,52 @@ class FlowGRPO(base.Method):
 
   def __init__(self, cfg, config, task, rollouts, reference):
     super().__init__(cfg, config, task, rollouts, reference)
-    self.agent = Agent(cfg, task.tokenizer)
     self.num_turns = 0  # turn rows of the last collected step
+    # The sampler's padding: the tokenizer's pad id; without a task (built to list its programs) the model's
+    self.pad_id = (config.pad_token_id if task is None else task.tokenizer.pad_token_id) or 0
+    self.agent = None if task is None else Agent(cfg, task.tokenizer)
+    if task is None:
+      return
     longest = max(self.agent.prompt_format.frame_tokens(e.question) for e in [*task.test, *task.rl_pool])
     if longest > cfg.agent.planner_prompt_len:  # the sampler would cut the problem's head off, without a word
       raise config_lib.RunError(f"--planner_prompt_len={cfg.agent.planner_prompt_len}: the planner's prompt (tool "
                                 f"header, problem, cue) takes {longest} tokens for the longest problem; give at "
                                 f"least that")
+
+  def planner(self, params, *, greedy: bool) -> agents.SamplerPlanner:
+    """π_θ as the agent's planner; `.program(num_samples)` is the sampler program a turn runs."""
+    agent, rollout = self.cfg.agent, self.cfg.rollout
+    return agents.SamplerPlanner(params, self.config, None if self.task is None else self.task.tokenizer,
+                                 max_prompt_len=agent.planner_prompt_len, max_action_tokens=agent.action_tokens,
+                                 temperature=rollout.temperature, top_k=rollout.top_k, top_p=rollout.top_p,
+                                 greedy=greedy, min_bucket=agent.min_bucket, pad_id=self.pad_id)
+
+  def row_unit(self, trajectories: int) -> int:
+    """Turn rows of `trajectories` trajectories are padded to a multiple of this (`row_bucket`): half of them, times
+    --grad_accum_steps, so the forwards and the update compile for a few row counts."""
+    return max(trajectories // 2, 1) * self.cfg.algorithm.grad_accum_steps
+
+  def turn_rows(self, trajectories: int) -> int:
+    """The most turn rows of `trajectories` trajectories: each of --max_turns turns, padded (`row_unit`)."""
+    return row_bucket(trajectories * self.cfg.agent.max_turns, self.row_unit(trajectories))
+
+  def scoring_forwards(self) -> tuple[str, ...]:
+    """π_old over every turn row, and π_ref with the KL term (β > 0), through the rollouts' forward."""
+    return ("π_old",) + (("π_ref",) if self.cfg.algorithm.beta > 0 else ())
+
+  def scoring_shape(self) -> tuple[int, int]:
+    rollout, agent = self.cfg.rollout, self.cfg.agent
+    return self.turn_rows(rollout.batch_size * rollout.group_size), agent.planner_prompt_len + agent.action_tokens
+
+  def update_rows(self, minibatch: int) -> int:
+    return self.turn_rows(minibatch)  # `minibatches`: a minibatch of trajectories is their turns, padded
+
+  def abstract_batch(self, rows):
+    width = self.cfg.agent.planner_prompt_len + self.cfg.agent.action_tokens
+    f32, bool_, per_row = rows(jnp.float32, width), rows(jnp.bool_, width), rows(jnp.float32)
+    return agents.TurnBatch(tokens=rows(jnp.int32, width), attention_mask=bool_, loss_mask=bool_, old_logp=f32,
+                            ref_logp=f32, advantages=per_row, num_turns=per_row, num_trajectories=per_row,
+                            trajectory_ids=rows(jnp.int32))
 
   def objective(self):
     algo = self.cfg.algorithm
@@ -102,7 +135,7 @@ class FlowGRPO(base.Method):
     algo, b, g = self.cfg.algorithm, self.cfg.rollout.batch_size, self.cfg.rollout.group_size
     t0 = time.time()
     examples = [self.task.train_example(position + i) for i in range(b)]
-    planner = self.agent.planner(params, self.config, greedy=False)
+    planner = self.planner(params, greedy=False)
     trajectories = self.agent.episodes(planner, examples, g, key)
     self.rollouts.prompts_truncated += planner.prompts_truncated  # the count the checkpoint records
     t1 = time.time()
@@ -111,15 +144,14 @@ class FlowGRPO(base.Method):
     rewards = rewards_lib.score(outputs, repeated, self.task.reward_fn).reshape(b, g)
     correct = rewards_lib.score(outputs, repeated, "correctness")
     n_turns = sum(t.num_turns for t in trajectories)
-    unit = max(b * g // 2, 1) * algo.grad_accum_steps
     host = agents.turn_rows(trajectories, self.cfg.agent.planner_prompt_len, self.cfg.agent.action_tokens,
-                            self.task.tokenizer.pad_token_id or 0, rows=row_bucket(n_turns, unit))
+                            self.pad_id, rows=row_bucket(n_turns, self.row_unit(b * g)))
     advantages = flow_grpo.broadcast_outcome_advantages(rewards, host.trajectory_ids, scale=algo.advantage_scale,
                                                         eps=algo.advantage_eps)
     real = np.arange(len(host.advantages)) < n_turns
     old_logp = self.rollouts.logprobs(params, host.tokens, host.attention_mask)
-    ref_logp = (self.rollouts.logprobs(self.reference, host.tokens, host.attention_mask) if algo.beta > 0
-                else jnp.zeros_like(old_logp))
+    ref_logp = (self.rollouts.logprobs(self.reference, host.tokens, host.attention_mask)
+                if "π_ref" in self.scoring_forwards() else jnp.zeros_like(old_logp))
     batch = host._replace(old_logp=np.asarray(old_logp), ref_logp=np.asarray(ref_logp),
                           advantages=np.where(real, np.asarray(advantages), 0.0).astype(np.float32))
     self.num_turns = n_turns
@@ -145,8 +177,7 @@ class FlowGRPO(base.Method):
     parts = []
     for i in range(0, trajectories, minibatch):
       rows = real_rows[np.isin(batch.trajectory_ids[real_rows], order[i:i + minibatch])]
-      part = take_turn_rows(batch, rows, row_bucket(len(rows),
-                                                    max(minibatch // 2, 1) * self.cfg.algorithm.grad_accum_steps))
+      part = take_turn_rows(batch, rows, row_bucket(len(rows), self.row_unit(minibatch)))
       parts.append(jax.tree.map(jnp.asarray, part._replace(num_trajectories=np.full_like(part.num_trajectories,
                                                                                          minibatch))))
     return parts
@@ -158,7 +189,7 @@ class FlowGRPO(base.Method):
     size = min(self.cfg.eval.eval_batch_size, len(test))
     trajectories = []
     for start in range(0, len(test), size):
-      planner = self.agent.planner(params, self.config, greedy=True)
+      planner = self.planner(params, greedy=True)
       trajectories += self.agent.episodes(planner, test[start:start + size], 1, jax.random.fold_in(key, start))
     correct = rewards_lib.score([t.output for t in trajectories], test, "correctness")
     return {"accuracy": float(correct.mean()), **agents.episode_stats(trajectories)}

@@ -84,8 +84,8 @@ class PPO(base.Method):
         {"policy": "policy", "value": "value"})
 
   def abstract_batch(self, rows):
-    f32 = rows(jnp.float32)
-    return training.PPOBatch(**super().abstract_batch(rows)._asdict(), old_values=f32, returns=f32)
+    batch = super().abstract_batch(rows)
+    return training.PPOBatch(**batch._asdict(), old_values=batch.advantages, returns=batch.advantages)
 
   def scoring_forwards(self) -> tuple[str, ...]:
     """π_old unless the sampler's log-probs are it (`Rollouts.old_forward`); π_ref with the KL reward (β > 0).

@@ -4,11 +4,9 @@ r"""The compiled programs of a run, built by the runner's own builders at abstra
   for name, p in programs(config, model_config, placement).items():
     p.jitted.trace(*p.args, **p.kwargs).lower().compile()   # nothing allocated: ShapeDtypeStruct args
 
-`programs` returns exactly the programs stage 2 of `loop.run(config)` runs (for --algo=grpo, online_rft,
-rft_table10, distill, sft, rft and dpo, with or without LoRA, and --algo=ppo without; flow_grpo is refused with one
-line), in
-the order a step runs them, each built by the code the runner calls (so a change there changes them here;
-tests/test_aot_compile.py checks them against a run's):
+`programs` returns exactly the programs stage 2 of `loop.run(config)` runs (every --algo, with or without LoRA;
+--algo=ppo without), in the order a step runs them, each built by the code the runner calls (so a change there
+changes them here; tests/test_aot_compile.py checks them against a run's):
 
   sampler       the rollouts' sampler (`Rollouts.sampler_options`): B prompts of P tokens, G samples each
   reward        a learned reward's scorer (`learned_reward.OUTCOME_SCORES` or `STEP_SCORES`), with --reward=orm|prm
@@ -26,6 +24,14 @@ tests/test_aot_compile.py checks them against a run's):
                 not donated, argument: `loop.train`'s `lora.TrainedPart`)
   eval_greedy   held-out evaluation's sampler (`evaluation.generate_options`), and eval_samples with
                 --eval_samples=k: k samples per prompt at --eval_temperature
+
+--algo=flow_grpo runs on one device (the runner refuses a mesh): its programs are the runner's without a mesh,
+compiled for the first device of `placement`'s mesh: the planner's sampler (`FlowGRPO.planner`) for a step's first
+turn (sampler: B queries x G actions) and its later turns (sampler_turns: one action for each of the B·G
+trajectories), π_old and π_ref over the turns' rows (`FlowGRPO.scoring_shape`), the update over a minibatch's turns
+(`FlowGRPO.update_rows`, an `agents.TurnBatch`), and evaluation's greedy turns (eval_greedy), at the widest row
+buckets. Without a tokenizer the sampler pads with the model config's pad id (the runner: the tokenizer's), a
+constant of the program that changes none of its shapes, memory or FLOPs.
 
 Widths are the widest the runner gives: a step trims its completions to the longest one
 (`rollouts.completion_width`), which is at most T = --max_new_tokens. Every program's first argument is the
@@ -53,7 +59,7 @@ from grpo_jax import sampling
 from grpo_jax import training
 from grpo_jax.models import lora
 
-ALGOS = ("grpo", "online_rft", "rft_table10", "ppo", "distill", "sft", "rft", "dpo")  # those whose programs are listed
+ALGOS = ("grpo", "online_rft", "rft_table10", "ppo", "distill", "sft", "rft", "dpo", "flow_grpo")  # listed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,23 +107,38 @@ def _check(config: config_lib.Config, placement: placement_lib.Placement, reward
   plan.check_divisible(config, placement.data_parallel)
 
 
+def _one_device(placement: placement_lib.Placement) -> tuple[placement_lib.Placement, placement_lib.Placement]:
+  """`(the runner's placement, the abstract arguments')` of a run on one device (--algo=flow_grpo: the runner refuses
+  a mesh), compiled for the first device of `placement`'s mesh: the runner's programs without a mesh, their
+  arguments whole on that device (a one-device mesh)."""
+  budget = dict(forward_rows=placement.forward_rows, forward_budget=placement.forward_budget)
+  device = placement_lib.Placement(partitioning.single_device_mesh(placement.mesh.devices.flat[0]), placement.rules,
+                                   **budget)
+  return placement_lib.Placement(**budget), device
+
+
 def _setup(config: config_lib.Config, model_config: models.ModelConfig, placement: placement_lib.Placement,
            reward: RewardModel | None):
-  """The runner's method (its rollouts on `placement`, no task or weights) and the abstract policy params; with
-  --lora_rank the policy config and params are `loop.run`'s: the base's plus fresh adapters (`lora.add_adapters`)."""
+  """`(method, abstract policy params, placement of the abstract arguments)`: the runner's method (its rollouts on
+  the runner's placement, no task or weights); with --lora_rank the policy config and params are `loop.run`'s: the
+  base's plus fresh adapters (`lora.add_adapters`)."""
+  if config.algorithm.algo == "flow_grpo" and placement.mesh is not None:
+    runs_on, placement = _one_device(placement)
+  else:
+    runs_on = placement
   _check(config, placement, reward)
   lora_rank = config.model.lora_rank
   policy_config = lora.lora_config(model_config, rank=lora_rank, alpha=config.model.lora_alpha,
                                    targets=config_lib.lora_targets(config.model.lora_targets)
                                    ) if lora_rank else model_config
-  rollouts = methods_lib.Rollouts(config, policy_config, None, None, placement)
+  rollouts = methods_lib.Rollouts(config, policy_config, None, None, runs_on)
   method = methods_lib.METHODS[config.algorithm.algo](config, policy_config, None, rollouts, None)
   init = lambda key: models.init_params(model_config, key)
   if lora_rank:
     init = lambda key: lora.add_adapters(models.init_params(model_config, key), policy_config, key)
   shapes = jax.eval_shape(init, jax.random.key(0))
   params = _abstract(shapes, partitioning.param_shardings(placement.mesh, placement.rules, shapes))
-  return method, params
+  return method, params, placement
 
 
 def _model_params(config: models.ModelConfig, placement: placement_lib.Placement):
@@ -150,7 +171,7 @@ def resident(config: config_lib.Config, model_config: models.ModelConfig, placem
   frozen reference (`method.reference`, a copy of the start policy, whose own buffers the train state took:
   `Placement.train`) and the learned reward model. With LoRA: the train state (the adapters and their optimiser
   state) and the base ("base": the frozen part of the policy, and π_ref with β > 0: no copy)."""
-  method, params = _setup(config, model_config, placement, reward)
+  method, params, placement = _setup(config, model_config, placement, reward)
   state = _train_state(method, params, placement)[3]
   if config.model.lora_rank:
     out = {"train state": state, "base": lora.disabled(params)}
@@ -170,7 +191,7 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
   docstring). `model_config` is the policy's (`policy.load`'s), `placement` holds the mesh, `reward` the learned
   reward model's shapes (with --reward=orm|prm). Raises ConfigError (or RunError) with one line where the runner
   would refuse the config."""
-  method, params = _setup(config, model_config, placement, reward)  # method.config: the policy's (LoRA: adapted)
+  method, params, placement = _setup(config, model_config, placement, reward)  # method.config: the policy's
   mesh, rules, rows_sharding = placement.mesh, placement.rules, placement.batch_sharding
   rollout, algo = config.rollout, config.algorithm
   b, g, p, t = rollout.batch_size, rollout.group_size, config.task.max_prompt_len, rollout.max_new_tokens
@@ -202,21 +223,24 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
       trips = (1, -(-prompts * samples // options["num_slots"]) * t)
     return fn, (params, rows(jnp.int32, prompts, p), rows(jnp.bool_, prompts, p), key, temperature, caps), trips
 
-  rounds = rollout.dynamic_sampling_max_rounds if rollout.dynamic_sampling else 1
-  options = method.rollouts.sampler_options()
-  fn, args, trips = sampler(b, g, **options)
-  if method.samples_offline:  # `offline.sample_offline`: the same program, --offline_prompts / B calls in `prepare`
-    calls = -(-min(algo.offline_prompts, config.task.num_train) // b)
-    out["sampler"] = Program(fn, args, f"offline data: {b} prompts x {g} samples of up to {t} tokens a call, "
-                             f"{calls} calls before the first step", per_step=0, per_run=calls, loop_trips=trips)
-  if method.samples_each_step:
-    out["sampler"] = Program(fn, args,
-                             f"rollouts: {b} prompts x {g} samples of up to {t} tokens"
-                             + (f", {options['prompt_chunk']} prompts at a time" if options.get("prompt_chunk")
-                                else "")
-                             + (f", {options['num_slots']} decode slots (continuous batching)" if engine else "")
-                             + (f" (1 to {rounds} rounds a step, --dynamic_sampling)" if rounds > 1 else ""),
-                             per_step=1, loop_trips=trips)
+  if isinstance(method, methods_lib.FlowGRPO):  # the planner samples turn by turn
+    out.update(_planner_programs(method, params, rows, key, temperature))
+  else:
+    rounds = rollout.dynamic_sampling_max_rounds if rollout.dynamic_sampling else 1
+    options = method.rollouts.sampler_options()
+    fn, args, trips = sampler(b, g, **options)
+    if method.samples_offline:  # `offline.sample_offline`: the same program, --offline_prompts / B calls in `prepare`
+      calls = -(-min(algo.offline_prompts, config.task.num_train) // b)
+      out["sampler"] = Program(fn, args, f"offline data: {b} prompts x {g} samples of up to {t} tokens a call, "
+                               f"{calls} calls before the first step", per_step=0, per_run=calls, loop_trips=trips)
+    if method.samples_each_step:
+      out["sampler"] = Program(fn, args,
+                               f"rollouts: {b} prompts x {g} samples of up to {t} tokens"
+                               + (f", {options['prompt_chunk']} prompts at a time" if options.get("prompt_chunk")
+                                  else "")
+                               + (f", {options['num_slots']} decode slots (continuous batching)" if engine else "")
+                               + (f" (1 to {rounds} rounds a step, --dynamic_sampling)" if rounds > 1 else ""),
+                               per_step=1, loop_trips=trips)
   if reward is not None:
     reward_params = _reward_params(reward, placement)
     chunk = learned_reward.scorer_options(placement, reward.config, n, length)  # as `LearnedReward` calls it
@@ -234,6 +258,7 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
                               f"{chunk['rows_per_chunk'] or n} at a time", per_step=1, kwargs=chunk)
   forwards = method.scoring_forwards()  # what `collect` runs (PPO: the rollouts' ungrouped forward)
   if forwards:
+    n, length = method.scoring_shape()  # B·G rows of P + T; Flow-GRPO: the turns' rows
     logprobs = method.scoring_logprobs()
     fn = lambda tree: logprobs.program((n, length), tree)  # its placement follows the tree's structure
     layout = method.forward_layout()  # as `scoring_logprobs` was built
@@ -246,15 +271,16 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
                                    f"{buckets.widths}") + (f", each prompt once per group of {g}" if group > 1 else "")
     if config.model.lora_rank:  # π_ref: the base alone; π_old: base + adapters, another argument structure
       if "π_old" in forwards:
-        out["old_logprobs"] = Program(fn(params), (params, rows(jnp.int32, n), rows(jnp.bool_, n)),
+        out["old_logprobs"] = Program(fn(params), (params, rows(jnp.int32, n, length), rows(jnp.bool_, n, length)),
                                       "the π_old forward (base + adapters)" + how, per_step=1)
       if "π_ref" in forwards:
         base = lora.disabled(params)
-        out["logprobs"] = Program(fn(base), (base, rows(jnp.int32, n), rows(jnp.bool_, n)),
+        out["logprobs"] = Program(fn(base), (base, rows(jnp.int32, n, length), rows(jnp.bool_, n, length)),
                                   "the π_ref forward (the base, adapters off)" + how, per_step=1)
     else:
-      out["logprobs"] = Program(fn(params), (params, rows(jnp.int32, n), rows(jnp.bool_, n)),
+      out["logprobs"] = Program(fn(params), (params, rows(jnp.int32, n, length), rows(jnp.bool_, n, length)),
                                 f"the {' and '.join(forwards)} forward" + how, per_step=len(forwards))
+    n, length = b * g, p + t
   if algo.algo == "distill":  # `Distill.collect`: the teacher's forward, grouped like π_ref's
     teacher = _model_params(method.teacher_config, placement)
     group = g if method.grouped() else 1
@@ -269,17 +295,20 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
     out["values"] = Program(method.values.program(), (state.params["value"], rows(jnp.int32, n), rows(jnp.bool_, n)),
                             f"the value forward V_ψ of the {n} rows", per_step=1)
   bucketed = method.bucketed_update()
-  step = placement.train_step(state_shardings, optimizer, method.objective(), algo.grad_accum_steps, frozen=frozen,
-                              bucketed=bucketed)
-  batch = method.abstract_batch(lambda dtype: rows(dtype, minibatch))
+  step = method.rollouts.placement.train_step(state_shardings, optimizer, method.objective(), algo.grad_accum_steps,
+                                              frozen=frozen, bucketed=bucketed)  # the runner's (`Placement.train`)
+  m = method.update_rows(minibatch)
+  batch = method.abstract_batch(lambda dtype, *shape: jax.ShapeDtypeStruct((m, *shape), dtype, sharding=rows_sharding))
   out["update"] = Program(step.program(), (state, batch) if frozen is None else (state, batch, frozen),
-                          f"{method.name}: one optimiser step over {minibatch} rows in "
+                          f"{method.name}: one optimiser step over {m} rows in "
                           + (f"{algo.grad_accum_steps} micro-batches" if bucketed is None else
                              f"{bucketed.buckets.num_micro_batches} length-sorted micro-batches at widths "
                              f"{bucketed.buckets.widths}")
                           + ("" if frozen is None else " (LoRA: the adapters; the base frozen)"),
                           per_step=per_step, resident_args=(0,) if frozen is None else (0, 2))
   held_out = config.task.num_test  # the held-out set has at most this many problems
+  if isinstance(method, methods_lib.FlowGRPO):  # the greedy agent loop, turn by turn
+    return out | _planner_programs(method, params, rows, key, temperature, held_out=held_out)
   options = evaluation.generate_options(config, held_out, placement)
   e = options["batch_size"]
   calls = -(-held_out // e)
@@ -293,4 +322,33 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
     fn, args, trips = sampler(e, k, max_new_tokens=t, **slots(k))
     out["eval_samples"] = Program(fn, args, f"evaluation: {k} samples of {e} held-out prompts a call (maj@k, pass@k)",
                                   per_step=0, per_eval=calls, loop_trips=trips)
+  return out
+
+
+def _planner_programs(method, params, rows, key, temperature, held_out: int = 0) -> dict[str, Program]:
+  """Flow-GRPO's sampler programs (`FlowGRPO.planner`'s): a step's first turn (B queries' prompts, G samples each)
+  and its later turns (one sample for each of the B·G trajectories still active, at most --max_turns - 1 calls);
+  with `held_out`, evaluation's greedy turns (one trajectory a query, --eval_batch_size queries at a time).
+  Prompts are padded to the planner's row buckets (`SamplerPlanner.rows`: the largest each turn can take)."""
+  agent, rollout = method.cfg.agent, method.cfg.rollout
+  p, a, b, g = agent.planner_prompt_len, agent.action_tokens, rollout.batch_size, rollout.group_size
+
+  def turn(planner, requests: int, samples: int, uses: str, **calls) -> Program:
+    fn, static = planner.program(samples)
+    n = planner.rows(requests)
+    return Program(fn, (params, rows(jnp.int32, n, p), rows(jnp.bool_, n, p), key, temperature, None),
+                   f"{uses}: {n} prompts of {p} tokens x {samples} actions of up to {a} tokens", loop_trips=a - 1,
+                   kwargs=static, **calls)
+
+  if held_out:
+    size = min(method.cfg.eval.eval_batch_size, held_out)
+    calls = -(-held_out // size) * agent.max_turns
+    return {"eval_greedy": turn(method.planner(params, greedy=True), size, 1,
+                                f"evaluation: the greedy planner's turns, at most {calls} calls", per_step=0,
+                                per_eval=calls)}
+  planner = method.planner(params, greedy=False)
+  out = {"sampler": turn(planner, b, g, "the planner's first turn", per_step=1)}
+  if agent.max_turns > 1:
+    out["sampler_turns"] = turn(planner, b * g, 1, f"the planner's later turns, at most {agent.max_turns - 1} a step",
+                                per_step=agent.max_turns - 1)
   return out
