@@ -13,12 +13,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from experiments.methods import program as program_lib
 from experiments.runner import config as config_lib
 from experiments.runner import evaluation
 from experiments.runner import optimizer as optimizer_lib
 from experiments.runner import policy
 from experiments.runner import warm_start
 from grpo_jax import training
+from grpo_jax.models import lora
 
 
 class Method(abc.ABC):
@@ -106,6 +108,45 @@ class Method(abc.ABC):
     """`scoring_logprobs`' layout keywords (`Placement.logprobs`: group_size, prompt_len, buckets); {} for rows
     each with its own prompt."""
     return {}
+
+  def step_programs(self, shapes: program_lib.Shapes) -> dict[str, program_lib.Program]:
+    """The programs a step's `collect` runs beyond the rollouts' sampler and a learned reward, by name, in the
+    order it runs them, built from the callables it calls (ahead of time: `trainer.programs`). By default the
+    forward `scoring_logprobs` over `scoring_shape`'s rows for `scoring_forwards`; with LoRA, π_ref reads the base
+    alone (the adapters off: another argument structure), so π_old over base + adapters is a second program,
+    old_logprobs. A subclass adds its own (PPO's values, the distillation teacher's forward, Flow-GRPO's planner)."""
+    forwards = self.scoring_forwards()
+    if not forwards:
+      return {}
+    n, width = self.scoring_shape()
+    layout, logprobs = self.forward_layout(), self.scoring_logprobs()
+    group, buckets = layout.get("group_size", 1), layout.get("buckets")
+    chunk = self.rollouts.placement.forward_chunk(self.config, n, width, group=group, cached=group > 1,
+                                                  logits_chunk=self.cfg.model.logprob_chunk)  # as its rows chunk
+    how = f" of the {n} rows, " + (f"{chunk or n} at a time" if buckets is None else
+                                   f"in {buckets.num_micro_batches} length-sorted micro-batches at widths "
+                                   f"{buckets.widths}") + (f", each prompt once per group of {group}" if group > 1
+                                                           else "")
+
+    def forward(params, uses: str, calls: int) -> program_lib.Program:  # its placement follows the tree's structure
+      return program_lib.Program(logprobs.program((n, width), params), (params, shapes.rows(jnp.int32, n, width),
+                                                                        shapes.rows(jnp.bool_, n, width)),
+                                 uses + how, per_step=calls)
+
+    if not self.cfg.model.lora_rank:
+      return {"logprobs": forward(shapes.policy, f"the {' and '.join(forwards)} forward", len(forwards))}
+    out = {}
+    if "π_old" in forwards:
+      out["old_logprobs"] = forward(shapes.policy, "the π_old forward (base + adapters)", 1)
+    if "π_ref" in forwards:
+      out["logprobs"] = forward(lora.disabled(shapes.policy), "the π_ref forward (the base, adapters off)", 1)
+    return out
+
+  def eval_programs(self, shapes: program_lib.Shapes, held_out: int) -> dict[str, program_lib.Program] | None:
+    """The programs `evaluate` runs over at most `held_out` problems; None: `runner.evaluation`'s samplers (the
+    trainer lists them from the config)."""
+    del shapes, held_out
+    return None
 
   def bucketed_update(self):
     """The update's length-bucketed layout (`training.update.BucketedRows`), or None: padded (the default)."""

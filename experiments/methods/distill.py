@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from experiments.methods import grpo
+from experiments.methods import program as program_lib
 from experiments.methods import rollouts as rollouts_lib
 from experiments.runner import config as config_lib
 from experiments.runner import policy as policy_lib
@@ -61,6 +62,20 @@ class Distill(grpo.GRPO):
     """π_old where the update is not on-policy and the sampler's log-probs are not it; no π_ref (the teacher's
     forward, `teacher_logprobs`, takes its place)."""
     return ("π_old",) if self.reads_old_logprobs() and self.rollouts.old_forward() else ()
+
+  def step_programs(self, shapes):
+    """π_old where `scoring_forwards` names it, then the teacher's forward over the same rows, grouped like it."""
+    out = super().step_programs(shapes)
+    n, width = self.scoring_shape()
+    teacher, group = shapes.frozen_model(self.teacher_config), self.forward_layout().get("group_size", 1)
+    chunk = self.rollouts.placement.forward_chunk(self.teacher_config, n, width, group=group, cached=group > 1,
+                                                  logits_chunk=self.cfg.model.logprob_chunk)
+    out["teacher_logprobs"] = program_lib.Program(
+        self.teacher_logprobs.program((n, width), teacher),
+        (teacher, shapes.rows(jnp.int32, n, width), shapes.rows(jnp.bool_, n, width)),
+        f"the teacher's forward of the {n} rows, {chunk or n} at a time"
+        + (f", each prompt once per group of {group}" if group > 1 else ""), per_step=1)
+    return out
 
   def objective(self):
     algo = self.cfg.algorithm

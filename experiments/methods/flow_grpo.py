@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.methods import base
+from experiments.methods import program as program_lib
 from experiments.runner import config as config_lib
 from experiments.runner import warm_start
 from grpo_jax import agents
@@ -114,6 +115,37 @@ class FlowGRPO(base.Method):
 
   def update_rows(self, minibatch: int) -> int:
     return self.turn_rows(minibatch)  # `minibatches`: a minibatch of trajectories is their turns, padded
+
+  def step_programs(self, shapes):
+    """The planner's turns (`planner(...).program`): a step's first (sampler: B queries' prompts, G actions each) and
+    its later ones (sampler_turns: one action for each of the B·G trajectories still active, at most --max_turns - 1
+    calls), then π_old / π_ref over the turns' rows."""
+    rollout, max_turns = self.cfg.rollout, self.cfg.agent.max_turns
+    b, g = rollout.batch_size, rollout.group_size
+    planner = self.planner(shapes.policy, greedy=False)
+    out = {"sampler": self._turn(planner, shapes, b, g, "the planner's first turn", per_step=1)}
+    if max_turns > 1:
+      out["sampler_turns"] = self._turn(planner, shapes, b * g, 1, f"the planner's later turns, at most "
+                                        f"{max_turns - 1} a step", per_step=max_turns - 1)
+    return out | super().step_programs(shapes)
+
+  def eval_programs(self, shapes, held_out: int):
+    """The greedy planner's turns (`evaluate`: one trajectory a query, --eval_batch_size queries at a time)."""
+    size = min(self.cfg.eval.eval_batch_size, held_out)
+    calls = -(-held_out // size) * self.cfg.agent.max_turns
+    return {"eval_greedy": self._turn(self.planner(shapes.policy, greedy=True), shapes, size, 1,
+                                      f"evaluation: the greedy planner's turns, at most {calls} calls", per_step=0,
+                                      per_eval=calls)}
+
+  def _turn(self, planner, shapes, requests: int, samples: int, uses: str, **calls) -> program_lib.Program:
+    """The sampler program of a turn of `requests` requests x `samples` actions, at its row bucket."""
+    fn, static = planner.program(samples)
+    n, p, a = planner.rows(requests), self.cfg.agent.planner_prompt_len, self.cfg.agent.action_tokens
+    return program_lib.Program(
+        fn, (shapes.policy, shapes.rows(jnp.int32, n, p), shapes.rows(jnp.bool_, n, p), shapes.key,
+             shapes.temperature, None),
+        f"{uses}: {n} prompts of {p} tokens x {samples} actions of up to {a} tokens", loop_trips=a - 1,
+        kwargs=static, **calls)
 
   def abstract_batch(self, rows):
     width = self.cfg.agent.planner_prompt_len + self.cfg.agent.action_tokens

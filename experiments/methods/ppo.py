@@ -13,6 +13,7 @@ import numpy as np
 import optax
 
 from experiments.methods import base
+from experiments.methods import program as program_lib
 from experiments.runner import optimizer as optimizer_lib
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import losses
@@ -91,6 +92,15 @@ class PPO(base.Method):
     """π_old unless the sampler's log-probs are it (`Rollouts.old_forward`); π_ref with the KL reward (β > 0).
     The value forward V_ψ runs every step besides."""
     return (("π_old",) if self.rollouts.old_forward() else ()) + (("π_ref",) if self.cfg.algorithm.beta > 0 else ())
+
+  def step_programs(self, shapes):
+    """The π_old / π_ref forward of `scoring_forwards`, then the value forward V_ψ over the train state's value
+    model."""
+    n, width = self.scoring_shape()
+    value = shapes.trained["value"]
+    return super().step_programs(shapes) | {"values": program_lib.Program(
+        self.values.program(), (value, shapes.rows(jnp.int32, n, width), shapes.rows(jnp.bool_, n, width)),
+        f"the value forward V_ψ of the {n} rows", per_step=1)}
 
   def objective(self):
     algo = self.cfg.algorithm

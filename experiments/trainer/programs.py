@@ -33,6 +33,11 @@ trajectories), π_old and π_ref over the turns' rows (`FlowGRPO.scoring_shape`)
 buckets. Without a tokenizer the sampler pads with the model config's pad id (the runner: the tokenizer's), a
 constant of the program that changes none of its shapes, memory or FLOPs.
 
+A method declares the programs its `collect` and `evaluate` run, from the callables they call
+(`Method.step_programs`, `Method.eval_programs`: `methods.program.Program`s over the abstract `Shapes` this module
+builds); this module adds the runner's own around them: the rollouts' sampler, a learned reward's scorer, the update
+and evaluation's samplers.
+
 Widths are the widest the runner gives: a step trims its completions to the longest one
 (`rollouts.completion_width`), which is at most T = --max_new_tokens. Every program's first argument is the
 resident tree it reads (the train state, policy, reference or reward-model params; `Program.resident_args` names
@@ -48,6 +53,7 @@ import jax.numpy as jnp
 
 from experiments import methods as methods_lib
 from experiments.methods import learned_reward
+from experiments.methods.program import Program, Shapes
 from experiments.runner import config as config_lib
 from experiments.runner import evaluation
 from experiments.runner import placement as placement_lib
@@ -60,22 +66,6 @@ from grpo_jax import training
 from grpo_jax.models import lora
 
 ALGOS = ("grpo", "online_rft", "rft_table10", "ppo", "distill", "sft", "rft", "dpo", "flow_grpo")  # listed
-
-
-@dataclasses.dataclass(frozen=True)
-class Program:
-  """One jitted program of a run and its abstract arguments (`jax.ShapeDtypeStruct`s carrying shardings; static
-  arguments as they are)."""
-  jitted: Any  # jax.jit-wrapped: `.trace(*args, **kwargs)`
-  args: tuple
-  uses: str  # what the runner runs it for
-  per_step: int  # calls per stage-2 step (0: not a step's program, e.g. evaluation)
-  per_eval: int = 0  # calls per evaluation
-  per_run: int = 0  # calls once per run, before the steps (an offline method's sampling of its data)
-  # Trip count of its while loops (the sampler: its decode steps); a tuple, of nested ones (outermost first).
-  loop_trips: int | tuple[int, ...] = 1
-  kwargs: dict = dataclasses.field(default_factory=dict)  # static keyword arguments: `.trace(*args, **kwargs)`
-  resident_args: tuple = (0,)  # the arguments that are (parts of) resident trees, not the program's own
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,164 +181,131 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
   docstring). `model_config` is the policy's (`policy.load`'s), `placement` holds the mesh, `reward` the learned
   reward model's shapes (with --reward=orm|prm). Raises ConfigError (or RunError) with one line where the runner
   would refuse the config."""
-  method, params, placement = _setup(config, model_config, placement, reward)  # method.config: the policy's
-  mesh, rules, rows_sharding = placement.mesh, placement.rules, placement.batch_sharding
-  rollout, algo = config.rollout, config.algorithm
-  b, g, p, t = rollout.batch_size, rollout.group_size, config.task.max_prompt_len, rollout.max_new_tokens
-  n, length = b * g, p + t
-  rows = lambda dtype, count, width=length: jax.ShapeDtypeStruct((count, width), dtype, sharding=rows_sharding)
-  scalar = partitioning.replicated(mesh)
-  key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=scalar)  # jax.random.PRNGKey's
-  temperature = jax.ShapeDtypeStruct((), jnp.float32, sharding=scalar)
-  out = {}
-
-  engine = rollout.sampler == "engine"
-  dp = placement.data_parallel
-
-  def sampler(prompts: int, samples: int, **options):
-    """(the program, its arguments, the most trips of its decode loop) for `prompts` (padded to a multiple of
-    the data shards by the engine) x `samples`: the engine's (`rollout_engine.jit_generate`, its caps a sixth
-    argument; at most ceil(N / slots) completions a slot, each up to T tokens) or the static sampler's."""
-    if not engine:
-      return (sampling.jit_sample(method.config, (prompts, p), mesh=mesh, rules=rules, num_samples=samples,
-                                  **options), (params, rows(jnp.int32, prompts, p), rows(jnp.bool_, prompts, p), key,
-                                               temperature), t - 1)
-    prompts += -prompts % dp
-    caps = jax.ShapeDtypeStruct((prompts * samples,), jnp.int32, sharding=rows_sharding)
-    fn = rollout_engine.jit_generate(method.config, (prompts, p), mesh=mesh, rules=rules, num_samples=samples,
-                                     **options)
-    if options["num_slots"] >= prompts * samples:  # no refill: the static sampler's loop (`jit_generate`)
-      trips = t - 1
-    else:  # one loop of phases around the steps: at most every step in one phase
-      trips = (1, -(-prompts * samples // options["num_slots"]) * t)
-    return fn, (params, rows(jnp.int32, prompts, p), rows(jnp.bool_, prompts, p), key, temperature, caps), trips
-
-  if isinstance(method, methods_lib.FlowGRPO):  # the planner samples turn by turn
-    out.update(_planner_programs(method, params, rows, key, temperature))
-  else:
-    rounds = rollout.dynamic_sampling_max_rounds if rollout.dynamic_sampling else 1
-    options = method.rollouts.sampler_options()
-    fn, args, trips = sampler(b, g, **options)
-    if method.samples_offline:  # `offline.sample_offline`: the same program, --offline_prompts / B calls in `prepare`
-      calls = -(-min(algo.offline_prompts, config.task.num_train) // b)
-      out["sampler"] = Program(fn, args, f"offline data: {b} prompts x {g} samples of up to {t} tokens a call, "
-                               f"{calls} calls before the first step", per_step=0, per_run=calls, loop_trips=trips)
-    if method.samples_each_step:
-      out["sampler"] = Program(fn, args,
-                               f"rollouts: {b} prompts x {g} samples of up to {t} tokens"
-                               + (f", {options['prompt_chunk']} prompts at a time" if options.get("prompt_chunk")
-                                  else "")
-                               + (f", {options['num_slots']} decode slots (continuous batching)" if engine else "")
-                               + (f" (1 to {rounds} rounds a step, --dynamic_sampling)" if rounds > 1 else ""),
-                               per_step=1, loop_trips=trips)
+  method, params, placement = _setup(config, model_config, placement, reward)
+  update = _train_state(method, params, placement)
+  shapes = _shapes(params, update[3].params, placement)
+  declared = method.step_programs(shapes)  # the forwards `collect` runs (Flow-GRPO: its planner's turns too)
+  out = {} if "sampler" in declared else _rollout_sampler(method, shapes, placement)
   if reward is not None:
-    reward_params = _reward_params(reward, placement)
-    chunk = learned_reward.scorer_options(placement, reward.config, n, length)  # as `LearnedReward` calls it
-    if reward.kind == "orm" and config.reward_model.supervision == "outcome":
-      out["reward"] = Program(learned_reward.OUTCOME_SCORES,
-                              (reward_params, reward.config, rows(jnp.int32, n), rows(jnp.bool_, n)),
-                              f"the outcome reward model's score of the {n} rows, "
-                              f"{chunk['rows_per_chunk'] or n} at a time", per_step=1, kwargs=chunk)
-    else:
-      k = config.reward_model.prm_max_steps
-      out["reward"] = Program(learned_reward.STEP_SCORES,
-                              (reward_params, reward.config, rows(jnp.int32, n), rows(jnp.bool_, n),
-                               rows(jnp.int32, n, k), rows(jnp.bool_, n, k)),
-                              f"the {reward.kind} reward model's scores at up to {k} step ends of the {n} rows, "
-                              f"{chunk['rows_per_chunk'] or n} at a time", per_step=1, kwargs=chunk)
-  forwards = method.scoring_forwards()  # what `collect` runs (PPO: the rollouts' ungrouped forward)
-  if forwards:
-    n, length = method.scoring_shape()  # B·G rows of P + T; Flow-GRPO: the turns' rows
-    logprobs = method.scoring_logprobs()
-    fn = lambda tree: logprobs.program((n, length), tree)  # its placement follows the tree's structure
-    layout = method.forward_layout()  # as `scoring_logprobs` was built
-    group = layout.get("group_size", 1)
-    chunk = placement.forward_chunk(model_config, n, length, group=group, logits_chunk=config.model.logprob_chunk,
-                                    cached=group > 1)  # the rows a chunk of `jit_token_logprobs` takes
-    buckets = layout.get("buckets")
-    how = f" of the {n} rows, " + (f"{chunk or n} at a time" if buckets is None else
-                                   f"in {buckets.num_micro_batches} length-sorted micro-batches at widths "
-                                   f"{buckets.widths}") + (f", each prompt once per group of {g}" if group > 1 else "")
-    if config.model.lora_rank:  # π_ref: the base alone; π_old: base + adapters, another argument structure
-      if "π_old" in forwards:
-        out["old_logprobs"] = Program(fn(params), (params, rows(jnp.int32, n, length), rows(jnp.bool_, n, length)),
-                                      "the π_old forward (base + adapters)" + how, per_step=1)
-      if "π_ref" in forwards:
-        base = lora.disabled(params)
-        out["logprobs"] = Program(fn(base), (base, rows(jnp.int32, n, length), rows(jnp.bool_, n, length)),
-                                  "the π_ref forward (the base, adapters off)" + how, per_step=1)
-    else:
-      out["logprobs"] = Program(fn(params), (params, rows(jnp.int32, n, length), rows(jnp.bool_, n, length)),
-                                f"the {' and '.join(forwards)} forward" + how, per_step=len(forwards))
-    n, length = b * g, p + t
-  if algo.algo == "distill":  # `Distill.collect`: the teacher's forward, grouped like π_ref's
-    teacher = _model_params(method.teacher_config, placement)
-    group = g if method.grouped() else 1
-    chunk = placement.forward_chunk(method.teacher_config, n, length, group=group,
-                                    logits_chunk=config.model.logprob_chunk, cached=group > 1)
-    out["teacher_logprobs"] = Program(
-        method.teacher_logprobs.program((n, length), teacher), (teacher, rows(jnp.int32, n), rows(jnp.bool_, n)),
-        f"the teacher's forward of the {n} rows, {chunk or n} at a time"
-        + (f", each prompt once per group of {g}" if group > 1 else ""), per_step=1)
-  per_step, minibatch, optimizer, state, state_shardings, frozen = _train_state(method, params, placement)
-  if algo.algo == "ppo":
-    out["values"] = Program(method.values.program(), (state.params["value"], rows(jnp.int32, n), rows(jnp.bool_, n)),
-                            f"the value forward V_ψ of the {n} rows", per_step=1)
-  bucketed = method.bucketed_update()
-  step = method.rollouts.placement.train_step(state_shardings, optimizer, method.objective(), algo.grad_accum_steps,
-                                              frozen=frozen, bucketed=bucketed)  # the runner's (`Placement.train`)
-  m = method.update_rows(minibatch)
-  batch = method.abstract_batch(lambda dtype, *shape: jax.ShapeDtypeStruct((m, *shape), dtype, sharding=rows_sharding))
-  out["update"] = Program(step.program(), (state, batch) if frozen is None else (state, batch, frozen),
-                          f"{method.name}: one optimiser step over {m} rows in "
-                          + (f"{algo.grad_accum_steps} micro-batches" if bucketed is None else
-                             f"{bucketed.buckets.num_micro_batches} length-sorted micro-batches at widths "
-                             f"{bucketed.buckets.widths}")
-                          + ("" if frozen is None else " (LoRA: the adapters; the base frozen)"),
-                          per_step=per_step, resident_args=(0,) if frozen is None else (0, 2))
+    out["reward"] = _reward_program(config, reward, shapes, placement)
+  out.update(declared)
+  out["update"] = _update_program(method, shapes, *update)
   held_out = config.task.num_test  # the held-out set has at most this many problems
-  if isinstance(method, methods_lib.FlowGRPO):  # the greedy agent loop, turn by turn
-    return out | _planner_programs(method, params, rows, key, temperature, held_out=held_out)
-  options = evaluation.generate_options(config, held_out, placement)
+  evaluations = method.eval_programs(shapes, held_out)
+  return out | (_eval_samplers(method, shapes, placement, held_out) if evaluations is None else evaluations)
+
+
+def _shapes(params, trained, placement: placement_lib.Placement) -> Shapes:
+  scalar = partitioning.replicated(placement.mesh)
+  return Shapes(policy=params, trained=trained,
+                rows=lambda dtype, count, *shape: jax.ShapeDtypeStruct((count, *shape), dtype,
+                                                                       sharding=placement.batch_sharding),
+                key=jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=scalar),  # jax.random.PRNGKey's
+                temperature=jax.ShapeDtypeStruct((), jnp.float32, sharding=scalar),
+                frozen_model=lambda model_config: _model_params(model_config, placement))
+
+
+def _sampler(method, shapes: Shapes, placement: placement_lib.Placement, prompts: int, samples: int, **options):
+  """(the program, its arguments, the most trips of its decode loop) of the rollouts' sampler for `prompts`
+  (padded to a multiple of the data shards by the engine) x `samples`: the engine's (`rollout_engine.jit_generate`,
+  its caps a sixth argument; at most ceil(N / slots) completions a slot, each up to T tokens) or the static
+  sampler's (`sampling.jit_sample`)."""
+  cfg = method.cfg
+  p, t = cfg.task.max_prompt_len, cfg.rollout.max_new_tokens
+  mesh, rules, rows = placement.mesh, placement.rules, shapes.rows
+  if cfg.rollout.sampler != "engine":
+    return (sampling.jit_sample(method.config, (prompts, p), mesh=mesh, rules=rules, num_samples=samples, **options),
+            (shapes.policy, rows(jnp.int32, prompts, p), rows(jnp.bool_, prompts, p), shapes.key, shapes.temperature),
+            t - 1)
+  prompts += -prompts % placement.data_parallel
+  fn = rollout_engine.jit_generate(method.config, (prompts, p), mesh=mesh, rules=rules, num_samples=samples,
+                                   **options)
+  if options["num_slots"] >= prompts * samples:  # no refill: the static sampler's loop (`jit_generate`)
+    trips = t - 1
+  else:  # one loop of phases around the steps: at most every step in one phase
+    trips = (1, -(-prompts * samples // options["num_slots"]) * t)
+  return fn, (shapes.policy, rows(jnp.int32, prompts, p), rows(jnp.bool_, prompts, p), shapes.key, shapes.temperature,
+              rows(jnp.int32, prompts * samples)), trips
+
+
+def _rollout_sampler(method, shapes: Shapes, placement: placement_lib.Placement) -> dict[str, Program]:
+  """The rollouts' sampler (`Rollouts.sampler_options`): each step's (`samples_each_step`), or an offline method's
+  data, sampled once before the first step (`samples_offline`: `offline.sample_offline`, --offline_prompts / B
+  calls in `prepare`)."""
+  cfg, rollout = method.cfg, method.cfg.rollout
+  b, g, t = rollout.batch_size, rollout.group_size, rollout.max_new_tokens
+  options = method.rollouts.sampler_options()
+  fn, args, trips = _sampler(method, shapes, placement, b, g, **options)
+  if method.samples_offline:
+    calls = -(-min(cfg.algorithm.offline_prompts, cfg.task.num_train) // b)
+    return {"sampler": Program(fn, args, f"offline data: {b} prompts x {g} samples of up to {t} tokens a call, "
+                               f"{calls} calls before the first step", per_step=0, per_run=calls, loop_trips=trips)}
+  if not method.samples_each_step:
+    return {}
+  rounds = rollout.dynamic_sampling_max_rounds if rollout.dynamic_sampling else 1
+  return {"sampler": Program(fn, args,
+                             f"rollouts: {b} prompts x {g} samples of up to {t} tokens"
+                             + (f", {options['prompt_chunk']} prompts at a time" if options.get("prompt_chunk")
+                                else "")
+                             + (f", {options['num_slots']} decode slots (continuous batching)"
+                                if rollout.sampler == "engine" else "")
+                             + (f" (1 to {rounds} rounds a step, --dynamic_sampling)" if rounds > 1 else ""),
+                             per_step=1, loop_trips=trips)}
+
+
+def _reward_program(config: config_lib.Config, reward: RewardModel, shapes: Shapes,
+                    placement: placement_lib.Placement) -> Program:
+  """The learned reward's scorer over the B·G rows of P + T tokens, as `LearnedReward` calls it."""
+  n, length = config.rows_per_step, config.task.max_prompt_len + config.rollout.max_new_tokens
+  rows, reward_params = shapes.rows, _reward_params(reward, placement)
+  chunk = learned_reward.scorer_options(placement, reward.config, n, length)
+  at_a_time = f"{chunk['rows_per_chunk'] or n} at a time"
+  if reward.kind == "orm" and config.reward_model.supervision == "outcome":
+    return Program(learned_reward.OUTCOME_SCORES,
+                   (reward_params, reward.config, rows(jnp.int32, n, length), rows(jnp.bool_, n, length)),
+                   f"the outcome reward model's score of the {n} rows, {at_a_time}", per_step=1, kwargs=chunk)
+  k = config.reward_model.prm_max_steps
+  return Program(learned_reward.STEP_SCORES,
+                 (reward_params, reward.config, rows(jnp.int32, n, length), rows(jnp.bool_, n, length),
+                  rows(jnp.int32, n, k), rows(jnp.bool_, n, k)),
+                 f"the {reward.kind} reward model's scores at up to {k} step ends of the {n} rows, {at_a_time}",
+                 per_step=1, kwargs=chunk)
+
+
+def _update_program(method, shapes: Shapes, per_step: int, minibatch: int, optimizer, state, state_shardings,
+                    frozen) -> Program:
+  """The runner's update (`Placement.train`'s step) over a minibatch's `update_rows`; with LoRA the frozen base a
+  third, not donated, argument."""
+  algo, bucketed = method.cfg.algorithm, method.bucketed_update()
+  step = method.rollouts.placement.train_step(state_shardings, optimizer, method.objective(), algo.grad_accum_steps,
+                                              frozen=frozen, bucketed=bucketed)
+  m = method.update_rows(minibatch)
+  batch = method.abstract_batch(lambda dtype, *shape: shapes.rows(dtype, m, *shape))
+  return Program(step.program(), (state, batch) if frozen is None else (state, batch, frozen),
+                 f"{method.name}: one optimiser step over {m} rows in "
+                 + (f"{algo.grad_accum_steps} micro-batches" if bucketed is None else
+                    f"{bucketed.buckets.num_micro_batches} length-sorted micro-batches at widths "
+                    f"{bucketed.buckets.widths}")
+                 + ("" if frozen is None else " (LoRA: the adapters; the base frozen)"),
+                 per_step=per_step, resident_args=(0,) if frozen is None else (0, 2))
+
+
+def _eval_samplers(method, shapes: Shapes, placement: placement_lib.Placement, held_out: int) -> dict[str, Program]:
+  """Held-out evaluation's samplers (`evaluation.generate_options`): greedy, and k samples with --eval_samples=k."""
+  cfg = method.cfg
+  p, t = cfg.task.max_prompt_len, cfg.rollout.max_new_tokens
+  options = evaluation.generate_options(cfg, held_out, placement)
   e = options["batch_size"]
   calls = -(-held_out // e)
-  slots = lambda k: dict(num_slots=placement.engine_slots(method.config, e, p, k, t, rollout.num_slots)) if engine \
-      else {}
-  fn, args, trips = sampler(e, 1, max_new_tokens=t, greedy=True, **slots(1))
-  out["eval_greedy"] = Program(fn, args, f"evaluation: greedy completions of {e} held-out prompts a call",
-                               per_step=0, per_eval=calls, loop_trips=trips)
-  if config.eval.eval_samples:
-    k = config.eval.eval_samples
-    fn, args, trips = sampler(e, k, max_new_tokens=t, **slots(k))
-    out["eval_samples"] = Program(fn, args, f"evaluation: {k} samples of {e} held-out prompts a call (maj@k, pass@k)",
-                                  per_step=0, per_eval=calls, loop_trips=trips)
-  return out
-
-
-def _planner_programs(method, params, rows, key, temperature, held_out: int = 0) -> dict[str, Program]:
-  """Flow-GRPO's sampler programs (`FlowGRPO.planner`'s): a step's first turn (B queries' prompts, G samples each)
-  and its later turns (one sample for each of the B·G trajectories still active, at most --max_turns - 1 calls);
-  with `held_out`, evaluation's greedy turns (one trajectory a query, --eval_batch_size queries at a time).
-  Prompts are padded to the planner's row buckets (`SamplerPlanner.rows`: the largest each turn can take)."""
-  agent, rollout = method.cfg.agent, method.cfg.rollout
-  p, a, b, g = agent.planner_prompt_len, agent.action_tokens, rollout.batch_size, rollout.group_size
-
-  def turn(planner, requests: int, samples: int, uses: str, **calls) -> Program:
-    fn, static = planner.program(samples)
-    n = planner.rows(requests)
-    return Program(fn, (params, rows(jnp.int32, n, p), rows(jnp.bool_, n, p), key, temperature, None),
-                   f"{uses}: {n} prompts of {p} tokens x {samples} actions of up to {a} tokens", loop_trips=a - 1,
-                   kwargs=static, **calls)
-
-  if held_out:
-    size = min(method.cfg.eval.eval_batch_size, held_out)
-    calls = -(-held_out // size) * agent.max_turns
-    return {"eval_greedy": turn(method.planner(params, greedy=True), size, 1,
-                                f"evaluation: the greedy planner's turns, at most {calls} calls", per_step=0,
-                                per_eval=calls)}
-  planner = method.planner(params, greedy=False)
-  out = {"sampler": turn(planner, b, g, "the planner's first turn", per_step=1)}
-  if agent.max_turns > 1:
-    out["sampler_turns"] = turn(planner, b * g, 1, f"the planner's later turns, at most {agent.max_turns - 1} a step",
-                                per_step=agent.max_turns - 1)
+  engine = cfg.rollout.sampler == "engine"
+  slots = lambda k: dict(num_slots=placement.engine_slots(method.config, e, p, k, t, cfg.rollout.num_slots)) \
+      if engine else {}
+  fn, args, trips = _sampler(method, shapes, placement, e, 1, max_new_tokens=t, greedy=True, **slots(1))
+  out = {"eval_greedy": Program(fn, args, f"evaluation: greedy completions of {e} held-out prompts a call",
+                                per_step=0, per_eval=calls, loop_trips=trips)}
+  if cfg.eval.eval_samples:
+    k = cfg.eval.eval_samples
+    fn, args, trips = _sampler(method, shapes, placement, e, k, max_new_tokens=t, **slots(k))
+    out["eval_samples"] = Program(fn, args, f"evaluation: {k} samples of {e} held-out prompts a call (maj@k, "
+                                  "pass@k)", per_step=0, per_eval=calls, loop_trips=trips)
   return out
