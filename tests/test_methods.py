@@ -523,3 +523,17 @@ def test_collect_runs_the_forwards_the_method_declares(sft_policy, name, flags, 
   trained = method.init_params(params, jax.random.key(0))
   method.collect(trained, 0, jax.random.key(0))
   assert sorted("π_ref" if is_reference else "π_old" for is_reference in calls) == sorted(expected)
+
+
+@pytest.mark.parametrize("name,flags", [("grpo", ("--recompute_old_logprobs",)), ("ppo", ("--group_size=1",))])
+def test_collect_never_waits_only_to_time_itself(sft_policy, monkeypatch, name, flags):
+  """Issue 54: `collect` dispatches its forwards and returns; no wait on the batch is added to time the scoring
+  (the update's metrics are the step's sync, docs/train.md), and the times it logs are still there."""
+  method, params, _ = _method(name, sft_policy, "--batch_size=2", *flags)
+  trained = method.init_params(params, jax.random.key(0))
+  waits = []
+  monkeypatch.setattr(jax, "block_until_ready", lambda tree: waits.append(tree) or tree)
+  batch, stats, _ = method.collect(trained, 0, jax.random.key(0))
+  assert not waits
+  assert stats["time_sampling"] > 0 and stats["time_scoring"] >= 0
+  assert np.isfinite(np.asarray(batch.old_logp)).all()

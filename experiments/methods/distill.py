@@ -10,7 +10,6 @@ temperature, so the student is drawn to the teacher's logits up to a constant, w
 
 import time
 
-import jax
 import jax.numpy as jnp
 
 from experiments.methods import grpo
@@ -107,9 +106,8 @@ class Distill(grpo.GRPO):
       old_logp = self.rollouts.old_logprobs(params, samples, self.group_logprobs)
     sequences = logprobs_lib.sequences_from_samples(samples)
     teacher_logp = self.rollouts.completion(self.teacher_logprobs(self.teacher, *sequences), samples)
-    batch = training.batch_from_samples(samples, loss_mask, old_logp, teacher_logp,
+    batch = training.batch_from_samples(samples, loss_mask, old_logp, teacher_logp,  # not awaited (as GRPO's)
                                         jnp.zeros(samples.tokens.shape[:1], jnp.float32))
-    jax.block_until_ready(batch)
     stats = self.rollouts.stats(rollouts_lib.Scored(samples, scored.rewards, scored.correct, scored.score_time,
                                                     scored.host), g)
     stats.update(completion_width=float(samples.tokens.shape[1]), time_sampling=sample_time,

@@ -193,8 +193,8 @@ class GRPO(base.Method):
     else:
       advantages = losses.group_advantages(rewards.reshape(b, g), scale=algo.advantage_scale,
                                            eps=algo.advantage_eps).reshape(-1)
-    batch = training.batch_from_samples(samples, loss_mask, old_logp, ref_logp, advantages)
-    jax.block_until_ready(batch)
+    batch = training.batch_from_samples(samples, loss_mask, old_logp, ref_logp, advantages)  # not awaited: the
+    # update's metrics are the step's sync, and `time_update` counts the forwards' device time left by then
     stats = self.rollouts.stats(scored, g)
     stats.update(zero_variance_groups=float(np.mean(np.ptp(rewards.reshape(b, g), axis=1) == 0)),
                  sampling_rounds=float(len(rounds)), completion_width=float(samples.tokens.shape[1]),

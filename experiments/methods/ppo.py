@@ -141,9 +141,8 @@ class PPO(base.Method):
     zeros = jnp.zeros(samples.prompt_tokens.shape, jnp.float32)
     full = lambda x: jnp.concatenate([zeros, jnp.where(mask, x, 0.0)], axis=1)  # noqa: E731
     batch = training.PPOBatch(**batch._asdict(), old_values=full(old_values), returns=full(returns))
-    jax.block_until_ready(batch)
 
-    # The statistics, in one transfer.
+    # The statistics, in one transfer (it waits for the forwards: `time_scoring` includes them).
     m, adv, ret, val, kl = jax.device_get((mask, raw_advantages, returns, old_values,
                                            losses.kl_divergence(old_logp, ref_logp, "k1", mask)))
     m = np.asarray(m, bool)
