@@ -537,3 +537,17 @@ def test_collect_never_waits_only_to_time_itself(sft_policy, monkeypatch, name, 
   assert not waits
   assert stats["time_sampling"] > 0 and stats["time_scoring"] >= 0
   assert np.isfinite(np.asarray(batch.old_logp)).all()
+
+
+def test_the_host_state_a_checkpoint_records_comes_back(sft_policy):
+  # Issue 54: the loop passes the checkpoint's metadata in; the method restores its own counters (a checkpoint
+  # saved before the count was recorded leaves it as it is).
+  method, _, _ = _method("grpo", sft_policy)
+  method.rollouts.prompts_truncated = 3
+  meta = method.host_state()
+  assert meta == {"prompts_truncated": 3}
+  resumed, _, _ = _method("grpo", sft_policy)
+  resumed.restore_host_state({"step": 7, **meta})
+  assert resumed.rollouts.prompts_truncated == 3
+  resumed.restore_host_state({"step": 7})
+  assert resumed.rollouts.prompts_truncated == 3

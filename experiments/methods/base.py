@@ -40,6 +40,16 @@ class Method(abc.ABC):
     iterative RL (and its checkpointed copy on resume), and None once stage 2 is over (its memory freed)."""
     self.reference = reference
 
+  def host_state(self) -> dict:
+    """What a checkpoint records of the method beyond its arrays: the prompts cut to --max_prompt_len since the
+    start (the rebuilt offline data's included), by `restore_host_state` on resume."""
+    return {"prompts_truncated": int(self.rollouts.prompts_truncated)}
+
+  def restore_host_state(self, meta: dict) -> None:
+    """`host_state` back from a checkpoint's metadata (a checkpoint saved before it was recorded has none)."""
+    if meta.get("prompts_truncated") is not None:
+      self.rollouts.prompts_truncated = int(meta["prompts_truncated"])
+
   def rows_per_step(self) -> int:
     return self.cfg.rows_per_step
 
