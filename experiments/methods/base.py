@@ -33,7 +33,8 @@ class Method(abc.ABC):
   sft_marker = policy.SFT_MARKER  # the file in a stage-1 policy that says this method family fine-tuned it
 
   def __init__(self, config: config_lib.Config, model_config, task, rollouts, reference):
-    self.cfg, self.config, self.task, self.rollouts, self.reference = config, model_config, task, rollouts, reference
+    self.config, self.model_config, self.task = config, model_config, task
+    self.rollouts, self.reference = rollouts, reference
 
   def use_reference(self, reference) -> None:
     """π_ref from here on: the trainer passes the start policy in before stage 2, π_θ at each iteration start of
@@ -51,7 +52,7 @@ class Method(abc.ABC):
       self.rollouts.prompts_truncated = int(meta["prompts_truncated"])
 
   def rows_per_step(self) -> int:
-    return self.cfg.rows_per_step
+    return self.config.rows_per_step
 
   def init_params(self, policy, key):
     """The pytree the optimiser trains, from the start policy's params."""
@@ -63,7 +64,7 @@ class Method(abc.ABC):
     return params
 
   def optimizer(self, total_updates: int, warmup: int) -> optax.GradientTransformation:
-    return optimizer_lib.make_optimizer(self.cfg.optim, self.cfg.optim.learning_rate, total_updates, warmup)
+    return optimizer_lib.make_optimizer(self.config.optim, self.config.optim.learning_rate, total_updates, warmup)
 
   def prepare(self, start_policy, key) -> dict:
     """Builds offline data from the start policy; returns stats to log. Online methods do nothing."""
@@ -95,7 +96,7 @@ class Method(abc.ABC):
   def abstract_batch(self, rows):
     """The update's batch as abstract arrays: `rows(dtype, *shape)` is one placed [`update_rows`, *shape] array of
     `dtype`. A `training.Batch` of [P + T] rows built from samples (their log-probs included) by default."""
-    width = self.cfg.task.max_prompt_len + self.cfg.rollout.max_new_tokens
+    width = self.config.task.max_prompt_len + self.config.rollout.max_new_tokens
     f32, bool_ = rows(jnp.float32, width), rows(jnp.bool_, width)
     return training.Batch(tokens=rows(jnp.int32, width), attention_mask=bool_, loss_mask=bool_, old_logp=f32,
                           ref_logp=f32, advantages=f32, sampler_logp=f32)
@@ -107,8 +108,8 @@ class Method(abc.ABC):
 
   def scoring_shape(self) -> tuple[int, int]:
     """`(rows, width)` of the widest token rows `scoring_forwards` run over: B·G samples of P + T tokens."""
-    rollout = self.cfg.rollout
-    return rollout.batch_size * rollout.group_size, self.cfg.task.max_prompt_len + rollout.max_new_tokens
+    rollout = self.config.rollout
+    return rollout.batch_size * rollout.group_size, self.config.task.max_prompt_len + rollout.max_new_tokens
 
   def scoring_logprobs(self):
     """The forward (`Placement.logprobs`) that runs `scoring_forwards`: the rollouts' ungrouped one by default."""
@@ -131,8 +132,8 @@ class Method(abc.ABC):
     n, width = self.scoring_shape()
     layout, logprobs = self.forward_layout(), self.scoring_logprobs()
     group, buckets = layout.get("group_size", 1), layout.get("buckets")
-    chunk = self.rollouts.placement.forward_chunk(self.config, n, width, group=group, cached=group > 1,
-                                                  logits_chunk=self.cfg.model.logprob_chunk)  # as its rows chunk
+    chunk = self.rollouts.placement.forward_chunk(self.model_config, n, width, group=group, cached=group > 1,
+                                                  logits_chunk=self.config.model.logprob_chunk)  # as its rows chunk
     how = f" of the {n} rows, " + (f"{chunk or n} at a time" if buckets is None else
                                    f"in {buckets.num_micro_batches} length-sorted micro-batches at widths "
                                    f"{buckets.widths}") + (f", each prompt once per group of {group}" if group > 1
@@ -143,7 +144,7 @@ class Method(abc.ABC):
                                                                         shapes.rows(jnp.bool_, n, width)),
                                  uses + how, per_step=calls)
 
-    if not self.cfg.model.lora_rank:
+    if not self.config.model.lora_rank:
       return {"logprobs": forward(shapes.policy, f"the {' and '.join(forwards)} forward", len(forwards))}
     out = {}
     if "π_old" in forwards:
@@ -166,7 +167,7 @@ class Method(abc.ABC):
     """Held-out metrics of the policy params (`runner.evaluation.evaluate`) on `task.test` (default: the method's
     task; the trainer passes `Task.validation_view()` for --num_validation)."""
     task = self.task if task is None else task
-    return evaluation.evaluate(params, self.config, task, self.cfg, key, self.rollouts.placement)
+    return evaluation.evaluate(params, self.model_config, task, self.config, key, self.rollouts.placement)
 
   def demonstrations(self) -> warm_start.Demonstrations:
     """Stage 1's data: the SFT pool's worked solutions after the task's prompts."""
@@ -174,7 +175,7 @@ class Method(abc.ABC):
     examples = [e for e in self.task.sft_pool if e.solution]
     pairs = [(tok.encode(self.task.prompt(e), add_special_tokens=False),
               tok.encode(e.solution, add_special_tokens=False) + [tok.eos_token_id]) for e in examples]
-    return warm_start.Demonstrations(pairs, self.cfg.task.max_prompt_len, self.cfg.rollout.max_new_tokens, 12345)
+    return warm_start.Demonstrations(pairs, self.config.task.max_prompt_len, self.config.rollout.max_new_tokens, 12345)
 
   def summary_rows(self, start: dict, final: dict) -> list[tuple[str, str]]:
     """Extra lines of the closing table (held-out metrics beyond accuracy)."""

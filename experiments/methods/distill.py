@@ -28,26 +28,27 @@ class Distill(grpo.GRPO):
 
   name = "distill"
 
-  def __init__(self, cfg, config, task, rollouts, reference):
+  def __init__(self, config, model_config, task, rollouts, reference):
     del reference  # no π_ref: the teacher takes its place
-    super().__init__(cfg, config, task, rollouts, None)
-    path = cfg.algorithm.teacher_checkpoint
+    super().__init__(config, model_config, task, rollouts, None)
+    path = config.algorithm.teacher_checkpoint
     # the policy's runtime options and attention implementation; the weights: `teacher`
-    self.teacher_config = models.read_config(path, **policy_lib.runtime(cfg.model)).replace(attention=config.attention)
-    if self.teacher_config.vocab_size != config.vocab_size:
+    self.teacher_config = models.read_config(path, **policy_lib.runtime(config.model)).replace(
+        attention=model_config.attention)
+    if self.teacher_config.vocab_size != model_config.vocab_size:
       raise config_lib.RunError(f"--teacher_checkpoint={path}: vocabulary of {self.teacher_config.vocab_size} "
-                                f"tokens, the policy's has {config.vocab_size}; a teacher must share the policy's "
+                                f"tokens, the policy's has {model_config.vocab_size}; a teacher must share the policy's "
                                 f"tokenizer")
     self._teacher = None
-    self.teacher_logprobs = rollouts.placement.logprobs(self.teacher_config, chunk_size=cfg.model.logprob_chunk,
-                                                        temperature=cfg.rollout.temperature, **self.forward_layout())
+    self.teacher_logprobs = rollouts.placement.logprobs(self.teacher_config, chunk_size=config.model.logprob_chunk,
+                                                        temperature=config.rollout.temperature, **self.forward_layout())
 
   @property
   def teacher(self):
     """The teacher's params, on the device(s) by the placement's rules; loaded at the first step's scoring."""
     if self._teacher is None:
-      self._teacher, _ = self.rollouts.placement.load_hf(self.cfg.algorithm.teacher_checkpoint,
-                                                         **policy_lib.runtime(self.cfg.model))
+      self._teacher, _ = self.rollouts.placement.load_hf(self.config.algorithm.teacher_checkpoint,
+                                                         **policy_lib.runtime(self.config.model))
     return self._teacher
 
   def use_reference(self, reference) -> None:
@@ -68,7 +69,7 @@ class Distill(grpo.GRPO):
     n, width = self.scoring_shape()
     teacher, group = shapes.frozen_model(self.teacher_config), self.forward_layout().get("group_size", 1)
     chunk = self.rollouts.placement.forward_chunk(self.teacher_config, n, width, group=group, cached=group > 1,
-                                                  logits_chunk=self.cfg.model.logprob_chunk)
+                                                  logits_chunk=self.config.model.logprob_chunk)
     out["teacher_logprobs"] = program_lib.Program(
         self.teacher_logprobs.program((n, width), teacher),
         (teacher, shapes.rows(jnp.int32, n, width), shapes.rows(jnp.bool_, n, width)),
@@ -77,17 +78,17 @@ class Distill(grpo.GRPO):
     return out
 
   def objective(self):
-    algo = self.cfg.algorithm
+    algo = self.config.algorithm
     loss_kwargs = dict(epsilon=algo.epsilon, epsilon_high=algo.epsilon_high, aggregation=algo.loss_aggregation,
-                       max_len=self.cfg.rollout.max_new_tokens)
-    grouped = dict(group_size=self.cfg.rollout.group_size, prompt_len=self.cfg.task.max_prompt_len
+                       max_len=self.config.rollout.max_new_tokens)
+    grouped = dict(group_size=self.config.rollout.group_size, prompt_len=self.config.task.max_prompt_len
                    ) if self.grouped() else {}
-    return update_lib.bind(training.distill_objective, config=self.config, loss_kwargs=loss_kwargs,
-                           chunk_size=self.cfg.model.logprob_chunk, temperature=self.cfg.rollout.temperature,
+    return update_lib.bind(training.distill_objective, config=self.model_config, loss_kwargs=loss_kwargs,
+                           chunk_size=self.config.model.logprob_chunk, temperature=self.config.rollout.temperature,
                            on_policy=self.on_policy(), **grouped)
 
   def collect(self, params, position: int, key):
-    rollout = self.cfg.rollout
+    rollout = self.config.rollout
     b, g = rollout.batch_size, rollout.group_size
     t0 = time.time()
     examples = [self.task.train_example(position + i) for i in range(b)]
@@ -116,6 +117,6 @@ class Distill(grpo.GRPO):
 
   def summary_rows(self, start: dict, final: dict) -> list[tuple[str, str]]:
     return [(f"format rate, after {self.name}", f"{100 * final['format_rate']:.1f}%"),
-            ("teacher", self.cfg.algorithm.teacher_checkpoint)]
+            ("teacher", self.config.algorithm.teacher_checkpoint)]
 
 

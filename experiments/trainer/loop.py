@@ -74,7 +74,7 @@ def train(method: methods_lib.Method, policy, logger, ckpt: stage_checkpoints.St
 
   Returns (final policy params, the start policy's accuracy, whether `stop_after` stopped it).
   """
-  run_cfg, steps = method.cfg.run, method.cfg.optim.steps
+  run_cfg, steps = method.config.run, method.config.optim.steps
   minibatch, updates_per_step, optimizer = plan.update_plan(method)
   key = jax.random.PRNGKey(run_cfg.seed)
   # Offline data comes from the start policy (the reference), so a resumed run rebuilds the same dataset; built
@@ -126,7 +126,7 @@ class _Steps:
                updates: learned_reward.RewardModelUpdates | None, minibatch: int, updates_per_step: int):
     self.method, self.logger, self.part, self.frozen, self.train_step = method, logger, part, frozen, train_step
     self.updates, self.minibatch, self.updates_per_step = updates, minibatch, updates_per_step
-    self.per_iteration = method.cfg.reward_model.steps_per_iteration if updates else 0
+    self.per_iteration = method.config.reward_model.steps_per_iteration if updates else 0
 
   def full(self, params):
     """The policy's whole params from the trained ones (with LoRA: joined to the frozen base)."""
@@ -140,7 +140,7 @@ class _Steps:
 
   def evaluate(self, state) -> dict:
     return self.method.evaluate(self.method.policy(self.full(state.params)),
-                                jax.random.PRNGKey(self.method.cfg.run.seed + 1))
+                                jax.random.PRNGKey(self.method.config.run.seed + 1))
 
   def step(self, state, step: int, position: int, step_key):
     """COLLECT, UPDATE and LOG of step `step`: `(state, data position)`."""
@@ -162,7 +162,7 @@ class _Steps:
     if self.per_iteration and step % self.per_iteration == 0:
       _retrain_reward_model(self.updates, self.method, self.full(state.params), step // self.per_iteration, step,
                             step_key, self.logger, lambda: self.evaluate(state))
-    cfg = self.method.cfg
+    cfg = self.method.config
     if cfg.eval.eval_every and step % cfg.eval.eval_every == 0 and step != cfg.optim.steps:
       self.logger.newline()
       values = self.logger.log(step, self.evaluate(state), prefix="eval/")
@@ -176,7 +176,7 @@ def _train_state(method: methods_lib.Method, policy, part: lora.TrainedPart, opt
   at each iteration; zero adapters until then keep the checkpoint's structure."""
   trained, frozen = part.split(method.init_params(policy, jax.random.fold_in(key, 1)))
   state, train_step = method.rollouts.placement.train(trained, optimizer, method.objective(),
-                                                      method.cfg.algorithm.grad_accum_steps, frozen=frozen,
+                                                      method.config.algorithm.grad_accum_steps, frozen=frozen,
                                                       bucketed=method.bucketed_update())
   if iterative and part.enabled:
     zero = jax.tree.map(jnp.zeros_like, lora.adapters(method.policy(part.join(state.params, frozen))))
@@ -210,7 +210,7 @@ def _update(method: methods_lib.Method, train_step, state, batch, stats: dict, s
   to the collect's `stats`."""
   t0 = time.time()
   step_metrics = []
-  for epoch in range(method.cfg.algorithm.num_epochs):
+  for epoch in range(method.config.algorithm.num_epochs):
     for part in method.minibatches(batch, step_key, epoch, minibatch):
       state, metrics = train_step(state, part)
       step_metrics.append(metrics)
@@ -345,7 +345,7 @@ def _stage2(method: methods_lib.Method, params, logger, start_accuracy, lora_bas
             signals: preemption.StopSignals):
   """STAGE 2 around `train`: π_ref and iterative RL's reward-model updates passed in, the checkpoints opened;
   returns `(final policy, the start policy's accuracy)`, the policy None when `--stop_after` stopped the run."""
-  cfg = method.cfg
+  cfg = method.config
   print(f"stage 2: {method.name}, {cfg.optim.steps} steps of {cfg.rollout.batch_size} prompts x "
         f"{cfg.rollout.group_size} samples", file=sys.stderr)
   # frozen π_ref: the start policy, a copy (`train` hands `params` to the train state, which deletes them); with
@@ -365,7 +365,7 @@ def _stage2(method: methods_lib.Method, params, logger, start_accuracy, lora_bas
 def _evaluate_and_export(method: methods_lib.Method, policy, lora_base: dict | None, source, logger):
   """The final policy's held-out (and, with --num_validation, validation) metrics, logged; the policy exported
   (merged: a plain model; with --lora_export_peft its adapters too). Returns `(final metrics, validation)`."""
-  cfg, task = method.cfg, method.task
+  cfg, task = method.config, method.task
   work_dir = pathlib.Path(cfg.run.work_dir)
   final_eval = method.evaluate(policy, jax.random.PRNGKey(cfg.run.seed + 1))
   logger.log(cfg.optim.steps, final_eval, prefix="eval/")
@@ -375,15 +375,15 @@ def _evaluate_and_export(method: methods_lib.Method, policy, lora_base: dict | N
     validation = {"val_accuracy": validation["accuracy"], "num_validation_problems": len(task.validation)}
     logger.log(cfg.optim.steps, {"val_accuracy": validation["val_accuracy"]}, prefix="eval/")
   if cfg.model.lora_export_peft:
-    policy_lib.export_adapters(policy, method.config, lora_base["path"], work_dir / "final_adapter")
-  policy_lib.export(*lora.merge(policy, method.config), source, work_dir / "final_policy")  # merged: a plain model
+    policy_lib.export_adapters(policy, method.model_config, lora_base["path"], work_dir / "final_adapter")
+  policy_lib.export(*lora.merge(policy, method.model_config), source, work_dir / "final_policy")  # merged: plain
   return final_eval, validation
 
 
 def _summary(method: methods_lib.Method, start_accuracy, start_eval: dict, final_eval: dict, validation: dict,
              times: dict) -> dict:
   """The run's summary, written to `<work_dir>/summary.json` (main process) and shown as the closing table."""
-  cfg, task = method.cfg, method.task
+  cfg, task = method.config, method.task
   work_dir = pathlib.Path(cfg.run.work_dir)
   peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
   summary = {"algo": method.name, "start_accuracy": start_accuracy, "final_accuracy": final_eval["accuracy"],

@@ -147,7 +147,7 @@ def _train_state(method, params, placement: placement_lib.Placement):
   `loop.train` builds them; with LoRA the state holds the trained leaves only and `frozen` is the rest (the base,
   the policy's own arrays), else None."""
   minibatch, updates_per_step, optimizer = plan.update_plan(method)
-  part = lora.TrainedPart(enabled=method.cfg.model.lora_rank > 0)  # as `loop.train` cuts it
+  part = lora.TrainedPart(enabled=method.config.model.lora_rank > 0)  # as `loop.train` cuts it
   frozen = part.split(params)[1]  # `init_params` keeps the policy's arrays (grpo, online_rft: the policy itself)
   shapes = jax.eval_shape(lambda p, k: training.init_train_state(part.trained(method.init_params(p, k)), optimizer),
                           params, jax.random.PRNGKey(0))
@@ -210,15 +210,16 @@ def _sampler(method, shapes: Shapes, placement: placement_lib.Placement, prompts
   (padded to a multiple of the data shards by the engine) x `samples`: the engine's (`rollout_engine.jit_generate`,
   its caps a sixth argument; at most ceil(N / slots) completions a slot, each up to T tokens) or the static
   sampler's (`sampling.jit_sample`)."""
-  cfg = method.cfg
+  cfg = method.config
   p, t = cfg.task.max_prompt_len, cfg.rollout.max_new_tokens
   mesh, rules, rows = placement.mesh, placement.rules, shapes.rows
   if cfg.rollout.sampler != "engine":
-    return (sampling.jit_sample(method.config, (prompts, p), mesh=mesh, rules=rules, num_samples=samples, **options),
+    return (sampling.jit_sample(method.model_config, (prompts, p), mesh=mesh, rules=rules, num_samples=samples,
+                                **options),
             (shapes.policy, rows(jnp.int32, prompts, p), rows(jnp.bool_, prompts, p), shapes.key, shapes.temperature),
             t - 1)
   prompts += -prompts % placement.data_parallel
-  fn = rollout_engine.jit_generate(method.config, (prompts, p), mesh=mesh, rules=rules, num_samples=samples,
+  fn = rollout_engine.jit_generate(method.model_config, (prompts, p), mesh=mesh, rules=rules, num_samples=samples,
                                    **options)
   if options["num_slots"] >= prompts * samples:  # no refill: the static sampler's loop (`jit_generate`)
     trips = t - 1
@@ -232,7 +233,7 @@ def _rollout_sampler(method, shapes: Shapes, placement: placement_lib.Placement)
   """The rollouts' sampler (`Rollouts.sampler_options`): each step's (`samples_each_step`), or an offline method's
   data, sampled once before the first step (`samples_offline`: `offline.sample_offline`, --offline_prompts / B
   calls in `prepare`)."""
-  cfg, rollout = method.cfg, method.cfg.rollout
+  cfg, rollout = method.config, method.config.rollout
   b, g, t = rollout.batch_size, rollout.group_size, rollout.max_new_tokens
   options = method.rollouts.sampler_options()
   fn, args, trips = _sampler(method, shapes, placement, b, g, **options)
@@ -276,7 +277,7 @@ def _update_program(method, shapes: Shapes, per_step: int, minibatch: int, optim
                     frozen) -> Program:
   """The runner's update (`Placement.train`'s step) over a minibatch's `update_rows`; with LoRA the frozen base a
   third, not donated, argument."""
-  algo, bucketed = method.cfg.algorithm, method.bucketed_update()
+  algo, bucketed = method.config.algorithm, method.bucketed_update()
   step = method.rollouts.placement.train_step(state_shardings, optimizer, method.objective(), algo.grad_accum_steps,
                                               frozen=frozen, bucketed=bucketed)
   m = method.update_rows(minibatch)
@@ -292,13 +293,13 @@ def _update_program(method, shapes: Shapes, per_step: int, minibatch: int, optim
 
 def _eval_samplers(method, shapes: Shapes, placement: placement_lib.Placement, held_out: int) -> dict[str, Program]:
   """Held-out evaluation's samplers (`evaluation.generate_options`): greedy, and k samples with --eval_samples=k."""
-  cfg = method.cfg
+  cfg = method.config
   p, t = cfg.task.max_prompt_len, cfg.rollout.max_new_tokens
   options = evaluation.generate_options(cfg, held_out, placement)
   e = options["batch_size"]
   calls = -(-held_out // e)
   engine = cfg.rollout.sampler == "engine"
-  slots = lambda k: dict(num_slots=placement.engine_slots(method.config, e, p, k, t, cfg.rollout.num_slots)) \
+  slots = lambda k: dict(num_slots=placement.engine_slots(method.model_config, e, p, k, t, cfg.rollout.num_slots)) \
       if engine else {}
   fn, args, trips = _sampler(method, shapes, placement, e, 1, max_new_tokens=t, greedy=True, **slots(1))
   out = {"eval_greedy": Program(fn, args, f"evaluation: greedy completions of {e} held-out prompts a call",
