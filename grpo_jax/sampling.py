@@ -423,6 +423,19 @@ def _static_args(config: ModelConfig, *, num_samples, max_new_tokens, top_k, top
               cache_segments=int(cache_segments), prompt_chunk=int(prompt_chunk))
 
 
+def sample_program(config: ModelConfig, *, num_samples: int = 1, max_new_tokens: int = 64, top_k: int = 0,
+                   top_p: float = 1.0, greedy: bool = False, eos_token_ids: Sequence[int] | None = None,
+                   stop_token_ids: Sequence[int] = (), pad_id: int | None = None, logprobs_at_temperature: bool = False,
+                   cache_segments: int = 1, prompt_chunk: int = 0):
+  """`(program, static)`: the jitted program that `sample(..., **options)` runs without a mesh, and its
+  compile-time keywords. Ahead of time: `program.trace(params, prompt_tokens, prompt_mask, key, temperature, None,
+  **static)` (None: no per-row caps); the arguments' shardings place it."""
+  return _sample, _static_args(config, num_samples=num_samples, max_new_tokens=max_new_tokens, top_k=top_k,
+                               top_p=top_p, greedy=greedy, eos_token_ids=eos_token_ids, stop_token_ids=stop_token_ids,
+                               pad_id=pad_id, logprobs_at_temperature=logprobs_at_temperature,
+                               cache_segments=cache_segments, prompt_chunk=prompt_chunk)
+
+
 def jit_sample(config: ModelConfig, prompt_shape: tuple[int, int], *, mesh: Mesh, rules: Mapping,
                num_samples: int = 1, max_new_tokens: int = 64, top_k: int = 0, top_p: float = 1.0,
                greedy: bool = False, eos_token_ids: Sequence[int] | None = None, stop_token_ids: Sequence[int] = (),

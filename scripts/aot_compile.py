@@ -15,8 +15,9 @@ config.json only; empty --model: the embedded tiny model). The script's own flag
 
 The programs are the runner's own, from `experiments.trainer.programs.programs(config)`: the update step, the
 π_ref / π_old log-prob forward, PPO's value forward, the rollouts' sampler, a learned reward model's scorer and
-evaluation's samplers (with --lora_rank: the LoRA update, the frozen base its third argument, and π_ref the base),
-each with abstract arguments (`jax.ShapeDtypeStruct`s carrying their shardings) at the widest shapes the runner
+evaluation's samplers (with --lora_rank: the LoRA update, the frozen base its third argument, and π_ref the base;
+--algo=flow_grpo, which runs on one device: the planner's turns, for the first device of --mesh), each with abstract
+arguments (`jax.ShapeDtypeStruct`s carrying their shardings) at the widest shapes the runner
 gives them. The real XLA compiler for the topology (libtpu, `pip install -e '.[tpu]'`) runs
 `jit(...).trace(...).lower().compile()`. For each program it prints, per chip, XLA's `memory_analysis()`:
 arguments, outputs, temporaries and generated code, minus the donated (aliased) bytes; then the same plus the

@@ -13,12 +13,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from experiments.methods import program as program_lib
 from experiments.runner import config as config_lib
 from experiments.runner import evaluation
 from experiments.runner import optimizer as optimizer_lib
 from experiments.runner import policy
 from experiments.runner import warm_start
 from grpo_jax import training
+from grpo_jax.models import lora
 
 
 class Method(abc.ABC):
@@ -31,15 +33,26 @@ class Method(abc.ABC):
   sft_marker = policy.SFT_MARKER  # the file in a stage-1 policy that says this method family fine-tuned it
 
   def __init__(self, config: config_lib.Config, model_config, task, rollouts, reference):
-    self.cfg, self.config, self.task, self.rollouts, self.reference = config, model_config, task, rollouts, reference
+    self.config, self.model_config, self.task = config, model_config, task
+    self.rollouts, self.reference = rollouts, reference
 
   def use_reference(self, reference) -> None:
     """π_ref from here on: the trainer passes the start policy in before stage 2, π_θ at each iteration start of
     iterative RL (and its checkpointed copy on resume), and None once stage 2 is over (its memory freed)."""
     self.reference = reference
 
+  def host_state(self) -> dict:
+    """What a checkpoint records of the method beyond its arrays: the prompts cut to --max_prompt_len since the
+    start (the rebuilt offline data's included), by `restore_host_state` on resume."""
+    return {"prompts_truncated": int(self.rollouts.prompts_truncated)}
+
+  def restore_host_state(self, meta: dict) -> None:
+    """`host_state` back from a checkpoint's metadata (a checkpoint saved before it was recorded has none)."""
+    if meta.get("prompts_truncated") is not None:
+      self.rollouts.prompts_truncated = int(meta["prompts_truncated"])
+
   def rows_per_step(self) -> int:
-    return self.cfg.rows_per_step
+    return self.config.rows_per_step
 
   def init_params(self, policy, key):
     """The pytree the optimiser trains, from the start policy's params."""
@@ -51,7 +64,7 @@ class Method(abc.ABC):
     return params
 
   def optimizer(self, total_updates: int, warmup: int) -> optax.GradientTransformation:
-    return optimizer_lib.make_optimizer(self.cfg.optim, self.cfg.optim.learning_rate, total_updates, warmup)
+    return optimizer_lib.make_optimizer(self.config.optim, self.config.optim.learning_rate, total_updates, warmup)
 
   def prepare(self, start_policy, key) -> dict:
     """Builds offline data from the start policy; returns stats to log. Online methods do nothing."""
@@ -76,17 +89,27 @@ class Method(abc.ABC):
     order = (order[:, None] * per_item + jnp.arange(per_item)[None, :]).reshape(-1)
     return [take(batch, order[i:i + minibatch]) for i in range(0, rows, minibatch)]
 
+  def update_rows(self, minibatch: int) -> int:
+    """The rows of the update's batch for a minibatch of `minibatch` rows (Flow-GRPO: trajectories' turns, padded)."""
+    return minibatch
+
   def abstract_batch(self, rows):
-    """The update's batch as abstract arrays: `rows(dtype)` is one [minibatch, P + T] array of `dtype`, placed.
-    A `training.Batch` built from samples (their log-probs included) by default."""
-    f32, bool_ = rows(jnp.float32), rows(jnp.bool_)
-    return training.Batch(tokens=rows(jnp.int32), attention_mask=bool_, loss_mask=bool_, old_logp=f32, ref_logp=f32,
-                          advantages=f32, sampler_logp=f32)
+    """The update's batch as abstract arrays: `rows(dtype, *shape)` is one placed [`update_rows`, *shape] array of
+    `dtype`. A `training.Batch` of [P + T] rows built from samples (their log-probs included) by default."""
+    width = self.config.task.max_prompt_len + self.config.rollout.max_new_tokens
+    f32, bool_ = rows(jnp.float32, width), rows(jnp.bool_, width)
+    return training.Batch(tokens=rows(jnp.int32, width), attention_mask=bool_, loss_mask=bool_, old_logp=f32,
+                          ref_logp=f32, advantages=f32, sampler_logp=f32)
 
   def scoring_forwards(self) -> tuple[str, ...]:
     """The policy forwards a step's `collect` runs over its rows ("π_old", "π_ref"): `collect` and
     `trainer.programs` read this one answer. None by default."""
     return ()
+
+  def scoring_shape(self) -> tuple[int, int]:
+    """`(rows, width)` of the widest token rows `scoring_forwards` run over: B·G samples of P + T tokens."""
+    rollout = self.config.rollout
+    return rollout.batch_size * rollout.group_size, self.config.task.max_prompt_len + rollout.max_new_tokens
 
   def scoring_logprobs(self):
     """The forward (`Placement.logprobs`) that runs `scoring_forwards`: the rollouts' ungrouped one by default."""
@@ -97,6 +120,45 @@ class Method(abc.ABC):
     each with its own prompt."""
     return {}
 
+  def step_programs(self, shapes: program_lib.Shapes) -> dict[str, program_lib.Program]:
+    """The programs a step's `collect` runs beyond the rollouts' sampler and a learned reward, by name, in the
+    order it runs them, built from the callables it calls (ahead of time: `trainer.programs`). By default the
+    forward `scoring_logprobs` over `scoring_shape`'s rows for `scoring_forwards`; with LoRA, π_ref reads the base
+    alone (the adapters off: another argument structure), so π_old over base + adapters is a second program,
+    old_logprobs. A subclass adds its own (PPO's values, the distillation teacher's forward, Flow-GRPO's planner)."""
+    forwards = self.scoring_forwards()
+    if not forwards:
+      return {}
+    n, width = self.scoring_shape()
+    layout, logprobs = self.forward_layout(), self.scoring_logprobs()
+    group, buckets = layout.get("group_size", 1), layout.get("buckets")
+    chunk = self.rollouts.placement.forward_chunk(self.model_config, n, width, group=group, cached=group > 1,
+                                                  logits_chunk=self.config.model.logprob_chunk)  # as its rows chunk
+    how = f" of the {n} rows, " + (f"{chunk or n} at a time" if buckets is None else
+                                   f"in {buckets.num_micro_batches} length-sorted micro-batches at widths "
+                                   f"{buckets.widths}") + (f", each prompt once per group of {group}" if group > 1
+                                                           else "")
+
+    def forward(params, uses: str, calls: int) -> program_lib.Program:  # its placement follows the tree's structure
+      return program_lib.Program(logprobs.program((n, width), params), (params, shapes.rows(jnp.int32, n, width),
+                                                                        shapes.rows(jnp.bool_, n, width)),
+                                 uses + how, per_step=calls)
+
+    if not self.config.model.lora_rank:
+      return {"logprobs": forward(shapes.policy, f"the {' and '.join(forwards)} forward", len(forwards))}
+    out = {}
+    if "π_old" in forwards:
+      out["old_logprobs"] = forward(shapes.policy, "the π_old forward (base + adapters)", 1)
+    if "π_ref" in forwards:
+      out["logprobs"] = forward(lora.disabled(shapes.policy), "the π_ref forward (the base, adapters off)", 1)
+    return out
+
+  def eval_programs(self, shapes: program_lib.Shapes, held_out: int) -> dict[str, program_lib.Program] | None:
+    """The programs `evaluate` runs over at most `held_out` problems; None: `runner.evaluation`'s samplers (the
+    trainer lists them from the config)."""
+    del shapes, held_out
+    return None
+
   def bucketed_update(self):
     """The update's length-bucketed layout (`training.update.BucketedRows`), or None: padded (the default)."""
     return None
@@ -105,7 +167,7 @@ class Method(abc.ABC):
     """Held-out metrics of the policy params (`runner.evaluation.evaluate`) on `task.test` (default: the method's
     task; the trainer passes `Task.validation_view()` for --num_validation)."""
     task = self.task if task is None else task
-    return evaluation.evaluate(params, self.config, task, self.cfg, key, self.rollouts.placement)
+    return evaluation.evaluate(params, self.model_config, task, self.config, key, self.rollouts.placement)
 
   def demonstrations(self) -> warm_start.Demonstrations:
     """Stage 1's data: the SFT pool's worked solutions after the task's prompts."""
@@ -113,7 +175,7 @@ class Method(abc.ABC):
     examples = [e for e in self.task.sft_pool if e.solution]
     pairs = [(tok.encode(self.task.prompt(e), add_special_tokens=False),
               tok.encode(e.solution, add_special_tokens=False) + [tok.eos_token_id]) for e in examples]
-    return warm_start.Demonstrations(pairs, self.cfg.task.max_prompt_len, self.cfg.rollout.max_new_tokens, 12345)
+    return warm_start.Demonstrations(pairs, self.config.task.max_prompt_len, self.config.rollout.max_new_tokens, 12345)
 
   def summary_rows(self, start: dict, final: dict) -> list[tuple[str, str]]:
     """Extra lines of the closing table (held-out metrics beyond accuracy)."""

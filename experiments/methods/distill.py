@@ -10,10 +10,10 @@ temperature, so the student is drawn to the teacher's logits up to a constant, w
 
 import time
 
-import jax
 import jax.numpy as jnp
 
 from experiments.methods import grpo
+from experiments.methods import program as program_lib
 from experiments.methods import rollouts as rollouts_lib
 from experiments.runner import config as config_lib
 from experiments.runner import policy as policy_lib
@@ -28,26 +28,27 @@ class Distill(grpo.GRPO):
 
   name = "distill"
 
-  def __init__(self, cfg, config, task, rollouts, reference):
+  def __init__(self, config, model_config, task, rollouts, reference):
     del reference  # no π_ref: the teacher takes its place
-    super().__init__(cfg, config, task, rollouts, None)
-    path = cfg.algorithm.teacher_checkpoint
+    super().__init__(config, model_config, task, rollouts, None)
+    path = config.algorithm.teacher_checkpoint
     # the policy's runtime options and attention implementation; the weights: `teacher`
-    self.teacher_config = models.read_config(path, **policy_lib.runtime(cfg.model)).replace(attention=config.attention)
-    if self.teacher_config.vocab_size != config.vocab_size:
+    self.teacher_config = models.read_config(path, **policy_lib.runtime(config.model)).replace(
+        attention=model_config.attention)
+    if self.teacher_config.vocab_size != model_config.vocab_size:
       raise config_lib.RunError(f"--teacher_checkpoint={path}: vocabulary of {self.teacher_config.vocab_size} "
-                                f"tokens, the policy's has {config.vocab_size}; a teacher must share the policy's "
+                                f"tokens, the policy's has {model_config.vocab_size}; a teacher must share the policy's "
                                 f"tokenizer")
     self._teacher = None
-    self.teacher_logprobs = rollouts.placement.logprobs(self.teacher_config, chunk_size=cfg.model.logprob_chunk,
-                                                        temperature=cfg.rollout.temperature, **self.forward_layout())
+    self.teacher_logprobs = rollouts.placement.logprobs(self.teacher_config, chunk_size=config.model.logprob_chunk,
+                                                        temperature=config.rollout.temperature, **self.forward_layout())
 
   @property
   def teacher(self):
     """The teacher's params, on the device(s) by the placement's rules; loaded at the first step's scoring."""
     if self._teacher is None:
-      self._teacher, _ = self.rollouts.placement.load_hf(self.cfg.algorithm.teacher_checkpoint,
-                                                         **policy_lib.runtime(self.cfg.model))
+      self._teacher, _ = self.rollouts.placement.load_hf(self.config.algorithm.teacher_checkpoint,
+                                                         **policy_lib.runtime(self.config.model))
     return self._teacher
 
   def use_reference(self, reference) -> None:
@@ -62,18 +63,32 @@ class Distill(grpo.GRPO):
     forward, `teacher_logprobs`, takes its place)."""
     return ("π_old",) if self.reads_old_logprobs() and self.rollouts.old_forward() else ()
 
+  def step_programs(self, shapes):
+    """π_old where `scoring_forwards` names it, then the teacher's forward over the same rows, grouped like it."""
+    out = super().step_programs(shapes)
+    n, width = self.scoring_shape()
+    teacher, group = shapes.frozen_model(self.teacher_config), self.forward_layout().get("group_size", 1)
+    chunk = self.rollouts.placement.forward_chunk(self.teacher_config, n, width, group=group, cached=group > 1,
+                                                  logits_chunk=self.config.model.logprob_chunk)
+    out["teacher_logprobs"] = program_lib.Program(
+        self.teacher_logprobs.program((n, width), teacher),
+        (teacher, shapes.rows(jnp.int32, n, width), shapes.rows(jnp.bool_, n, width)),
+        f"the teacher's forward of the {n} rows, {chunk or n} at a time"
+        + (f", each prompt once per group of {group}" if group > 1 else ""), per_step=1)
+    return out
+
   def objective(self):
-    algo = self.cfg.algorithm
+    algo = self.config.algorithm
     loss_kwargs = dict(epsilon=algo.epsilon, epsilon_high=algo.epsilon_high, aggregation=algo.loss_aggregation,
-                       max_len=self.cfg.rollout.max_new_tokens)
-    grouped = dict(group_size=self.cfg.rollout.group_size, prompt_len=self.cfg.task.max_prompt_len
+                       max_len=self.config.rollout.max_new_tokens)
+    grouped = dict(group_size=self.config.rollout.group_size, prompt_len=self.config.task.max_prompt_len
                    ) if self.grouped() else {}
-    return update_lib.bind(training.distill_objective, config=self.config, loss_kwargs=loss_kwargs,
-                           chunk_size=self.cfg.model.logprob_chunk, temperature=self.cfg.rollout.temperature,
+    return update_lib.bind(training.distill_objective, config=self.model_config, loss_kwargs=loss_kwargs,
+                           chunk_size=self.config.model.logprob_chunk, temperature=self.config.rollout.temperature,
                            on_policy=self.on_policy(), **grouped)
 
   def collect(self, params, position: int, key):
-    rollout = self.cfg.rollout
+    rollout = self.config.rollout
     b, g = rollout.batch_size, rollout.group_size
     t0 = time.time()
     examples = [self.task.train_example(position + i) for i in range(b)]
@@ -92,9 +107,8 @@ class Distill(grpo.GRPO):
       old_logp = self.rollouts.old_logprobs(params, samples, self.group_logprobs)
     sequences = logprobs_lib.sequences_from_samples(samples)
     teacher_logp = self.rollouts.completion(self.teacher_logprobs(self.teacher, *sequences), samples)
-    batch = training.batch_from_samples(samples, loss_mask, old_logp, teacher_logp,
+    batch = training.batch_from_samples(samples, loss_mask, old_logp, teacher_logp,  # not awaited (as GRPO's)
                                         jnp.zeros(samples.tokens.shape[:1], jnp.float32))
-    jax.block_until_ready(batch)
     stats = self.rollouts.stats(rollouts_lib.Scored(samples, scored.rewards, scored.correct, scored.score_time,
                                                     scored.host), g)
     stats.update(completion_width=float(samples.tokens.shape[1]), time_sampling=sample_time,
@@ -103,6 +117,6 @@ class Distill(grpo.GRPO):
 
   def summary_rows(self, start: dict, final: dict) -> list[tuple[str, str]]:
     return [(f"format rate, after {self.name}", f"{100 * final['format_rate']:.1f}%"),
-            ("teacher", self.cfg.algorithm.teacher_checkpoint)]
+            ("teacher", self.config.algorithm.teacher_checkpoint)]
 
 

@@ -28,9 +28,10 @@ class DPO(base.Method):
   rows_per_item = 2
   samples_each_step, samples_offline = False, True  # the pairs come from the start policy, sampled once
 
-  def __init__(self, cfg, config, task, rollouts, reference):
-    super().__init__(cfg, config, task, rollouts, reference)
-    self.ref = rollouts.placement.logprobs(config, chunk_size=cfg.model.logprob_chunk)  # π_ref of each step's pairs
+  def __init__(self, config, model_config, task, rollouts, reference):
+    super().__init__(config, model_config, task, rollouts, reference)
+    # π_ref of each step's pairs
+    self.ref = rollouts.placement.logprobs(model_config, chunk_size=config.model.logprob_chunk)
 
   def scoring_forwards(self) -> tuple[str, ...]:
     return ("π_ref",)
@@ -39,12 +40,12 @@ class DPO(base.Method):
     return self.ref
 
   def objective(self):
-    return update_lib.bind(objectives.dpo_objective, config=self.config, beta=self.cfg.algorithm.dpo_beta,
-                           nll_coef=self.cfg.algorithm.dpo_nll_coef, chunk_size=self.cfg.model.logprob_chunk)
+    return update_lib.bind(objectives.dpo_objective, config=self.model_config, beta=self.config.algorithm.dpo_beta,
+                           nll_coef=self.config.algorithm.dpo_nll_coef, chunk_size=self.config.model.logprob_chunk)
 
   def prepare(self, start_policy, key):
     scored, prompt_of_row, stats = offline.sample_offline(self.rollouts, start_policy, self.task, key)
-    self.pairs = make_pairs(scored.correct, prompt_of_row, self.cfg.algorithm.dpo_pairs_per_prompt)
+    self.pairs = make_pairs(scored.correct, prompt_of_row, self.config.algorithm.dpo_pairs_per_prompt)
     if not len(self.pairs):
       raise ValueError("DPO: no prompt has both a correct and a wrong sample from the start policy")
     self.data = scored.samples
@@ -54,7 +55,7 @@ class DPO(base.Method):
   def collect(self, params, position: int, key):
     del params, key
     n = self.rows_per_step() // 2
-    picks = [offline.epoch_order(len(self.pairs), position + i, self.cfg.run.seed) for i in range(n)]
+    picks = [offline.epoch_order(len(self.pairs), position + i, self.config.run.seed) for i in range(n)]
     rows = self.pairs[np.asarray(picks)].reshape(-1)  # interleaved: chosen, rejected, chosen, ...
     samples = rollouts_lib.take_rows(self.data, rows)
     tokens, attention = logprobs_lib.sequences_from_samples(samples)

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.methods import base
+from experiments.methods import program as program_lib
 from experiments.runner import config as config_lib
 from experiments.runner import warm_start
 from grpo_jax import agents
@@ -29,8 +30,8 @@ from grpo_jax.training import update as update_lib
 class Agent:
   """Everything but the planner: toolset, prompt format, executor, verifier, generator, budgets."""
 
-  def __init__(self, cfg: config_lib.Config, tokenizer):
-    self.cfg, agent = cfg, cfg.agent
+  def __init__(self, config: config_lib.Config, tokenizer):
+    self.config, agent = config, config.agent
     try:
       self.toolset = agents.math_toolset(agent.tools)
     except ValueError as err:
@@ -42,16 +43,10 @@ class Agent:
     self.generator = agents.RuleGenerator(use_last_result=agent.answer_from_memory)
     self.tokenizer = tokenizer
 
-  def planner(self, params, config, *, greedy: bool) -> agents.SamplerPlanner:
-    agent, rollout = self.cfg.agent, self.cfg.rollout
-    return agents.SamplerPlanner(params, config, self.tokenizer, max_prompt_len=agent.planner_prompt_len,
-                                 max_action_tokens=agent.action_tokens, temperature=rollout.temperature,
-                                 top_k=rollout.top_k, top_p=rollout.top_p, greedy=greedy, min_bucket=agent.min_bucket)
-
   def episodes(self, planner, examples, group_size: int, key) -> list[agents.Trajectory]:
     return agents.run_episodes(planner, [e.question for e in examples], group_size=group_size,
-                               max_turns=self.cfg.agent.max_turns, key=key, prompt_format=self.prompt_format,
-                               memory_budget=self.cfg.agent.memory_budget, executor=self.executor,
+                               max_turns=self.config.agent.max_turns, key=key, prompt_format=self.prompt_format,
+                               memory_budget=self.config.agent.memory_budget, executor=self.executor,
                                generator=self.generator)
 
 
@@ -79,30 +74,100 @@ class FlowGRPO(base.Method):
   name = "flow_grpo"
   sft_marker = "flow_grpo_sft.json"  # a planner fine-tuned on teacher trajectories, not a single-turn policy
 
-  def __init__(self, cfg, config, task, rollouts, reference):
-    super().__init__(cfg, config, task, rollouts, reference)
-    self.agent = Agent(cfg, task.tokenizer)
+  def __init__(self, config, model_config, task, rollouts, reference):
+    super().__init__(config, model_config, task, rollouts, reference)
     self.num_turns = 0  # turn rows of the last collected step
+    # The sampler's padding: the tokenizer's pad id; without a task (built to list its programs) the model's
+    self.pad_id = (model_config.pad_token_id if task is None else task.tokenizer.pad_token_id) or 0
+    self.agent = None if task is None else Agent(config, task.tokenizer)
+    if task is None:
+      return
     longest = max(self.agent.prompt_format.frame_tokens(e.question) for e in [*task.test, *task.rl_pool])
-    if longest > cfg.agent.planner_prompt_len:  # the sampler would cut the problem's head off, without a word
-      raise config_lib.RunError(f"--planner_prompt_len={cfg.agent.planner_prompt_len}: the planner's prompt (tool "
+    if longest > config.agent.planner_prompt_len:  # the sampler would cut the problem's head off, without a word
+      raise config_lib.RunError(f"--planner_prompt_len={config.agent.planner_prompt_len}: the planner's prompt (tool "
                                 f"header, problem, cue) takes {longest} tokens for the longest problem; give at "
                                 f"least that")
 
+  def planner(self, params, *, greedy: bool) -> agents.SamplerPlanner:
+    """π_θ as the agent's planner; `.program(num_samples)` is the sampler program a turn runs."""
+    agent, rollout = self.config.agent, self.config.rollout
+    return agents.SamplerPlanner(params, self.model_config, None if self.task is None else self.task.tokenizer,
+                                 max_prompt_len=agent.planner_prompt_len, max_action_tokens=agent.action_tokens,
+                                 temperature=rollout.temperature, top_k=rollout.top_k, top_p=rollout.top_p,
+                                 greedy=greedy, min_bucket=agent.min_bucket, pad_id=self.pad_id)
+
+  def row_unit(self, trajectories: int) -> int:
+    """Turn rows of `trajectories` trajectories are padded to a multiple of this (`row_bucket`): half of them, times
+    --grad_accum_steps, so the forwards and the update compile for a few row counts."""
+    return max(trajectories // 2, 1) * self.config.algorithm.grad_accum_steps
+
+  def turn_rows(self, trajectories: int) -> int:
+    """The most turn rows of `trajectories` trajectories: each of --max_turns turns, padded (`row_unit`)."""
+    return row_bucket(trajectories * self.config.agent.max_turns, self.row_unit(trajectories))
+
+  def scoring_forwards(self) -> tuple[str, ...]:
+    """π_old over every turn row, and π_ref with the KL term (β > 0), through the rollouts' forward."""
+    return ("π_old",) + (("π_ref",) if self.config.algorithm.beta > 0 else ())
+
+  def scoring_shape(self) -> tuple[int, int]:
+    rollout, agent = self.config.rollout, self.config.agent
+    return self.turn_rows(rollout.batch_size * rollout.group_size), agent.planner_prompt_len + agent.action_tokens
+
+  def update_rows(self, minibatch: int) -> int:
+    return self.turn_rows(minibatch)  # `minibatches`: a minibatch of trajectories is their turns, padded
+
+  def step_programs(self, shapes):
+    """The planner's turns (`planner(...).program`): a step's first (sampler: B queries' prompts, G actions each) and
+    its later ones (sampler_turns: one action for each of the B·G trajectories still active, at most --max_turns - 1
+    calls), then π_old / π_ref over the turns' rows."""
+    rollout, max_turns = self.config.rollout, self.config.agent.max_turns
+    b, g = rollout.batch_size, rollout.group_size
+    planner = self.planner(shapes.policy, greedy=False)
+    out = {"sampler": self._turn(planner, shapes, b, g, "the planner's first turn", per_step=1)}
+    if max_turns > 1:
+      out["sampler_turns"] = self._turn(planner, shapes, b * g, 1, f"the planner's later turns, at most "
+                                        f"{max_turns - 1} a step", per_step=max_turns - 1)
+    return out | super().step_programs(shapes)
+
+  def eval_programs(self, shapes, held_out: int):
+    """The greedy planner's turns (`evaluate`: one trajectory a query, --eval_batch_size queries at a time)."""
+    size = min(self.config.eval.eval_batch_size, held_out)
+    calls = -(-held_out // size) * self.config.agent.max_turns
+    return {"eval_greedy": self._turn(self.planner(shapes.policy, greedy=True), shapes, size, 1,
+                                      f"evaluation: the greedy planner's turns, at most {calls} calls", per_step=0,
+                                      per_eval=calls)}
+
+  def _turn(self, planner, shapes, requests: int, samples: int, uses: str, **calls) -> program_lib.Program:
+    """The sampler program of a turn of `requests` requests x `samples` actions, at its row bucket."""
+    fn, static = planner.program(samples)
+    n, p, a = planner.rows(requests), self.config.agent.planner_prompt_len, self.config.agent.action_tokens
+    return program_lib.Program(
+        fn, (shapes.policy, shapes.rows(jnp.int32, n, p), shapes.rows(jnp.bool_, n, p), shapes.key,
+             shapes.temperature, None),
+        f"{uses}: {n} prompts of {p} tokens x {samples} actions of up to {a} tokens", loop_trips=a - 1,
+        kwargs=static, **calls)
+
+  def abstract_batch(self, rows):
+    width = self.config.agent.planner_prompt_len + self.config.agent.action_tokens
+    f32, bool_, per_row = rows(jnp.float32, width), rows(jnp.bool_, width), rows(jnp.float32)
+    return agents.TurnBatch(tokens=rows(jnp.int32, width), attention_mask=bool_, loss_mask=bool_, old_logp=f32,
+                            ref_logp=f32, advantages=per_row, num_turns=per_row, num_trajectories=per_row,
+                            trajectory_ids=rows(jnp.int32))
+
   def objective(self):
-    algo = self.cfg.algorithm
+    algo = self.config.algorithm
     loss_kwargs = dict(epsilon=algo.epsilon, epsilon_high=algo.epsilon_high, beta=algo.beta, kl=algo.kl or "k3",
                        dual_clip=algo.dual_clip)
     # π ∝ exp(logits / T), the distribution the actions were sampled from
-    return update_lib.bind(agents.flow_grpo_objective, config=self.config, loss_kwargs=loss_kwargs,
-                           use_reference=algo.beta > 0, chunk_size=self.cfg.model.logprob_chunk,
-                           temperature=self.cfg.rollout.temperature)
+    return update_lib.bind(agents.flow_grpo_objective, config=self.model_config, loss_kwargs=loss_kwargs,
+                           use_reference=algo.beta > 0, chunk_size=self.config.model.logprob_chunk,
+                           temperature=self.config.rollout.temperature)
 
   def collect(self, params, position: int, key):
-    algo, b, g = self.cfg.algorithm, self.cfg.rollout.batch_size, self.cfg.rollout.group_size
+    algo, b, g = self.config.algorithm, self.config.rollout.batch_size, self.config.rollout.group_size
     t0 = time.time()
     examples = [self.task.train_example(position + i) for i in range(b)]
-    planner = self.agent.planner(params, self.config, greedy=False)
+    planner = self.planner(params, greedy=False)
     trajectories = self.agent.episodes(planner, examples, g, key)
     self.rollouts.prompts_truncated += planner.prompts_truncated  # the count the checkpoint records
     t1 = time.time()
@@ -111,15 +176,14 @@ class FlowGRPO(base.Method):
     rewards = rewards_lib.score(outputs, repeated, self.task.reward_fn).reshape(b, g)
     correct = rewards_lib.score(outputs, repeated, "correctness")
     n_turns = sum(t.num_turns for t in trajectories)
-    unit = max(b * g // 2, 1) * algo.grad_accum_steps
-    host = agents.turn_rows(trajectories, self.cfg.agent.planner_prompt_len, self.cfg.agent.action_tokens,
-                            self.task.tokenizer.pad_token_id or 0, rows=row_bucket(n_turns, unit))
+    host = agents.turn_rows(trajectories, self.config.agent.planner_prompt_len, self.config.agent.action_tokens,
+                            self.pad_id, rows=row_bucket(n_turns, self.row_unit(b * g)))
     advantages = flow_grpo.broadcast_outcome_advantages(rewards, host.trajectory_ids, scale=algo.advantage_scale,
                                                         eps=algo.advantage_eps)
     real = np.arange(len(host.advantages)) < n_turns
     old_logp = self.rollouts.logprobs(params, host.tokens, host.attention_mask)
-    ref_logp = (self.rollouts.logprobs(self.reference, host.tokens, host.attention_mask) if algo.beta > 0
-                else jnp.zeros_like(old_logp))
+    ref_logp = (self.rollouts.logprobs(self.reference, host.tokens, host.attention_mask)
+                if "π_ref" in self.scoring_forwards() else jnp.zeros_like(old_logp))
     batch = host._replace(old_logp=np.asarray(old_logp), ref_logp=np.asarray(ref_logp),
                           advantages=np.where(real, np.asarray(advantages), 0.0).astype(np.float32))
     self.num_turns = n_turns
@@ -145,8 +209,7 @@ class FlowGRPO(base.Method):
     parts = []
     for i in range(0, trajectories, minibatch):
       rows = real_rows[np.isin(batch.trajectory_ids[real_rows], order[i:i + minibatch])]
-      part = take_turn_rows(batch, rows, row_bucket(len(rows),
-                                                    max(minibatch // 2, 1) * self.cfg.algorithm.grad_accum_steps))
+      part = take_turn_rows(batch, rows, row_bucket(len(rows), self.row_unit(minibatch)))
       parts.append(jax.tree.map(jnp.asarray, part._replace(num_trajectories=np.full_like(part.num_trajectories,
                                                                                          minibatch))))
     return parts
@@ -155,10 +218,10 @@ class FlowGRPO(base.Method):
     """Greedy agent loop on the held-out set (`task.test`, default: the method's task): accuracy, mean turns, tool
     calls, tool-error rate, answer rate."""
     test = (self.task if task is None else task).test
-    size = min(self.cfg.eval.eval_batch_size, len(test))
+    size = min(self.config.eval.eval_batch_size, len(test))
     trajectories = []
     for start in range(0, len(test), size):
-      planner = self.agent.planner(params, self.config, greedy=True)
+      planner = self.planner(params, greedy=True)
       trajectories += self.agent.episodes(planner, test[start:start + size], 1, jax.random.fold_in(key, start))
     correct = rewards_lib.score([t.output for t in trajectories], test, "correctness")
     return {"accuracy": float(correct.mean()), **agents.episode_stats(trajectories)}
@@ -173,8 +236,8 @@ class FlowGRPO(base.Method):
                                 "pass --sft_steps=0 with an instruction-tuned --model") from None
     agent = self.agent
     trajectories = agents.run_episodes(agents.ScriptedPlanner(scripts), [e.question for e in examples],
-                                       group_size=1, max_turns=self.cfg.agent.max_turns, key=jax.random.PRNGKey(0),
-                                       prompt_format=agent.prompt_format, memory_budget=self.cfg.agent.memory_budget,
+                                       group_size=1, max_turns=self.config.agent.max_turns, key=jax.random.PRNGKey(0),
+                                       prompt_format=agent.prompt_format, memory_budget=self.config.agent.memory_budget,
                                        executor=agent.executor, generator=agent.generator)
     correct = rewards_lib.score([t.output for t in trajectories], examples, "correctness")
     tok = agent.tokenizer
@@ -183,8 +246,9 @@ class FlowGRPO(base.Method):
              for t, ok in zip(trajectories, correct) if ok for turn in t.turns]
     if not turns:
       raise config_lib.RunError(f"no teacher trajectory reaches its answer within --max_turns="
-                                f"{self.cfg.agent.max_turns}")
-    return warm_start.Demonstrations(turns, self.cfg.agent.planner_prompt_len, self.cfg.agent.action_tokens, 54321)
+                                f"{self.config.agent.max_turns}")
+    agent = self.config.agent
+    return warm_start.Demonstrations(turns, agent.planner_prompt_len, agent.action_tokens, 54321)
 
   def summary_rows(self, start: dict, final: dict) -> list[tuple[str, str]]:
     pct = lambda v: "n/a" if v is None else f"{100 * v:.1f}%"  # noqa: E731

@@ -24,17 +24,17 @@ from grpo_jax.training import update as update_lib
 class GRPO(base.Method):
   name = "grpo"
 
-  def __init__(self, cfg, config, task, rollouts, reference):
-    super().__init__(cfg, config, task, rollouts, reference)
+  def __init__(self, config, model_config, task, rollouts, reference):
+    super().__init__(config, model_config, task, rollouts, reference)
     # π_ref (and a recomputed π_old) of the sampler's rows, each prompt once per group when `grouped()`
-    self.group_logprobs = rollouts.placement.logprobs(config, chunk_size=cfg.model.logprob_chunk,
-                                                      temperature=cfg.rollout.temperature, **self.forward_layout())
+    self.group_logprobs = rollouts.placement.logprobs(model_config, chunk_size=config.model.logprob_chunk,
+                                                      temperature=config.rollout.temperature, **self.forward_layout())
 
   def grouped(self) -> bool:
     """Whether forwards share each prompt across its group (`shared_prompt_forward`, and always with length
     buckets): every micro-batch must then hold whole groups, so minibatches shuffle groups (`rows_per_item` = G)."""
-    algo, g = self.cfg.algorithm, self.cfg.rollout.group_size
-    if self.cfg.rollout.token_layout == "buckets":
+    algo, g = self.config.algorithm, self.config.rollout.group_size
+    if self.config.rollout.token_layout == "buckets":
       return True
     micro = (algo.minibatch_size or self.rows_per_step()) // algo.grad_accum_steps
     return algo.shared_prompt_forward and micro % g == 0
@@ -42,7 +42,7 @@ class GRPO(base.Method):
   def length_buckets(self, rows: int, at_least: int) -> length_buckets_lib.Buckets | None:
     """The length-bucketed layout of `rows` sampler rows in at least `at_least` micro-batches
     (`--token_layout=buckets`), or None (padded). Raises RunError where the rows are not whole groups."""
-    rollout = self.cfg.rollout
+    rollout = self.config.rollout
     if rollout.token_layout != "buckets":
       return None
     g = rollout.group_size
@@ -60,43 +60,43 @@ class GRPO(base.Method):
     forward's row chunks at the full width, so the memory budget holds)."""
     if not self.grouped():
       return {}
-    rollout, p = self.cfg.rollout, self.cfg.task.max_prompt_len
+    rollout, p = self.config.rollout, self.config.task.max_prompt_len
     layout = dict(group_size=rollout.group_size, prompt_len=p)
     if rollout.token_layout != "buckets":
       return layout
     # at least as many micro-batches as the padded forward's row chunks at full width (`--forward_memory_budget`)
     rows = self.rows_per_step()
-    chunk = self.rollouts.placement.forward_chunk(self.config, rows, p + rollout.max_new_tokens,
-                                                  logits_chunk=self.cfg.model.logprob_chunk, cached=True)
+    chunk = self.rollouts.placement.forward_chunk(self.model_config, rows, p + rollout.max_new_tokens,
+                                                  logits_chunk=self.config.model.logprob_chunk, cached=True)
     chunks = -(-rows // chunk) if chunk else 1
     return layout | dict(buckets=self.length_buckets(rows, max(rollout.bucket_micro_batches, chunks)))
 
   def bucketed_update(self) -> update_lib.BucketedRows | None:
     """The update's length-bucketed layout: each minibatch in at least max(--bucket_micro_batches,
     --grad_accum_steps) length-sorted micro-batches; None when padded."""
-    algo, rollout = self.cfg.algorithm, self.cfg.rollout
+    algo, rollout = self.config.algorithm, self.config.rollout
     minibatch = algo.minibatch_size or self.rows_per_step()
     buckets = self.length_buckets(minibatch, max(rollout.bucket_micro_batches, algo.grad_accum_steps))
     if buckets is None:
       return None
-    return update_lib.BucketedRows(buckets, self.config, rollout.group_size, self.cfg.task.max_prompt_len)
+    return update_lib.BucketedRows(buckets, self.model_config, rollout.group_size, self.config.task.max_prompt_len)
 
   @property
   def rows_per_item(self) -> int:
-    return self.cfg.rollout.group_size if self.grouped() else 1
+    return self.config.rollout.group_size if self.grouped() else 1
 
   def on_policy(self) -> bool:
     """Whether π_old is exactly the policy being updated: one epoch over one minibatch (the params that
     sampled are the params the single optimiser step differentiates), so the objective uses
     stop_gradient(π_θ) and no π_old forward runs. `recompute_old_logprobs` keeps the explicit forward."""
-    algo = self.cfg.algorithm
+    algo = self.config.algorithm
     return (algo.num_epochs == 1 and algo.minibatch_size in (0, self.rows_per_step())
             and not algo.recompute_old_logprobs)
 
   def reads_old_logprobs(self) -> bool:
     """Whether the step's batch carries π_old: not when the update is on-policy (the objective uses
     stop_gradient(π_θ)), unless REINFORCE++'s reward reads it."""
-    return not self.on_policy() or self.cfg.algorithm.advantage_estimator == "reinforce_pp"
+    return not self.on_policy() or self.config.algorithm.advantage_estimator == "reinforce_pp"
 
   def scoring_logprobs(self):
     return self.group_logprobs  # each prompt once per group where `grouped()`, in length buckets if asked
@@ -105,28 +105,28 @@ class GRPO(base.Method):
     """π_old where the batch reads it and the sampler's log-probs are not it (`Rollouts.old_forward`); π_ref with
     a KL term (β > 0)."""
     old = ("π_old",) if self.reads_old_logprobs() and self.rollouts.old_forward() else ()
-    return old + (("π_ref",) if self.cfg.algorithm.beta > 0 else ())
+    return old + (("π_ref",) if self.config.algorithm.beta > 0 else ())
 
   def objective(self):
-    algo = self.cfg.algorithm
+    algo = self.config.algorithm
     kl_in_loss = algo.advantage_estimator != "reinforce_pp"  # REINFORCE++ puts the KL in the reward
     loss_kwargs = dict(epsilon=algo.epsilon, epsilon_high=algo.epsilon_high,
                        beta=algo.beta if kl_in_loss else 0.0, kl=algo.kl or "k3",
                        aggregation=algo.loss_aggregation, importance=algo.importance,
-                       dual_clip=algo.dual_clip, max_len=self.cfg.rollout.max_new_tokens)
+                       dual_clip=algo.dual_clip, max_len=self.config.rollout.max_new_tokens)
     loss_kwargs.update(policy_loss=algo.loss, sapo_tau_pos=algo.sapo_tau_pos, sapo_tau_neg=algo.sapo_tau_neg,
                        entropy_coef=algo.entropy_coef, top_entropy_quantile=algo.top_entropy_quantile)
     # The policy trained is the sampling distribution π ∝ exp(logits / T): old, reference and new log-probs
     # all use T.
-    grouped = dict(group_size=self.cfg.rollout.group_size, prompt_len=self.cfg.task.max_prompt_len
+    grouped = dict(group_size=self.config.rollout.group_size, prompt_len=self.config.task.max_prompt_len
                    ) if self.grouped() else {}
-    return update_lib.bind(training.grpo_objective, config=self.config, loss_kwargs=loss_kwargs,
-                           use_reference=algo.beta > 0 and kl_in_loss, chunk_size=self.cfg.model.logprob_chunk,
-                           temperature=self.cfg.rollout.temperature, on_policy=self.on_policy(),
+    return update_lib.bind(training.grpo_objective, config=self.model_config, loss_kwargs=loss_kwargs,
+                           use_reference=algo.beta > 0 and kl_in_loss, chunk_size=self.config.model.logprob_chunk,
+                           temperature=self.config.rollout.temperature, on_policy=self.on_policy(),
                            correction_kwargs=base.correction_kwargs(algo), **grouped)
 
   def collect(self, params, position: int, key):
-    cfg, algo, rollout = self.cfg, self.cfg.algorithm, self.cfg.rollout
+    config, algo, rollout = self.config, self.config.algorithm, self.config.rollout
     b, g = rollout.batch_size, rollout.group_size
     rounds, round_examples, kept, spare = [], [], [], []
     score_time = 0.0
@@ -175,7 +175,7 @@ class GRPO(base.Method):
       ref_logp = self.rollouts.completion(self.group_logprobs(self.reference, *sequences), samples)
     else:
       ref_logp = jnp.zeros(samples.tokens.shape, jnp.float32)
-    if cfg.reward_model.supervision == "process":  # GRPO+PS: PRM rewards per step, normalised over the group's steps
+    if config.reward_model.supervision == "process":  # GRPO+PS: PRM rewards per step, normalised over the group's steps
       row_examples = [round_examples[r][row // g] for r, row in rows]
       step_rewards, ends, step_mask = self.rollouts.reward_model.steps(
           host, evaluation.decode(self.task.tokenizer, host), row_examples)
@@ -183,7 +183,7 @@ class GRPO(base.Method):
       advantages = losses.process_advantages(
           step_rewards.reshape(b, g, k), jnp.asarray(ends.reshape(b, g, k)), step_mask.reshape(b, g, k),
           jnp.asarray(samples.mask).reshape(b, g, t), scale="none" if algo.advantage_scale == "none" else "group",
-          center_tokens=cfg.reward_model.process_center_tokens, eps=algo.advantage_eps).reshape(b * g, t)
+          center_tokens=config.reward_model.process_center_tokens, eps=algo.advantage_eps).reshape(b * g, t)
     elif algo.advantage_estimator == "rloo":
       advantages = losses.rloo_advantages(jnp.asarray(rewards.reshape(b, g))).reshape(-1)
     elif algo.advantage_estimator == "reinforce_pp":
@@ -193,8 +193,8 @@ class GRPO(base.Method):
     else:
       advantages = losses.group_advantages(rewards.reshape(b, g), scale=algo.advantage_scale,
                                            eps=algo.advantage_eps).reshape(-1)
-    batch = training.batch_from_samples(samples, loss_mask, old_logp, ref_logp, advantages)
-    jax.block_until_ready(batch)
+    batch = training.batch_from_samples(samples, loss_mask, old_logp, ref_logp, advantages)  # not awaited: the
+    # update's metrics are the step's sync, and `time_update` counts the forwards' device time left by then
     stats = self.rollouts.stats(scored, g)
     stats.update(zero_variance_groups=float(np.mean(np.ptp(rewards.reshape(b, g), axis=1) == 0)),
                  sampling_rounds=float(len(rounds)), completion_width=float(samples.tokens.shape[1]),

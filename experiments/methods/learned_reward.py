@@ -76,32 +76,34 @@ def orm_steps_logits(params, config, tokens, attention_mask, positions_, step_ma
 OUTCOME_LOGITS = {"orm": _in_row_chunks(orm_logits), "orm_steps": _in_row_chunks(orm_steps_logits)}
 
 
-def learned(cfg: config_lib.Config) -> bool:
+def learned(config: config_lib.Config) -> bool:
   """Whether the reward is a learned reward model (`reward` orm or prm)."""
-  return cfg.task.reward in ("orm", "prm")
+  return config.task.reward in ("orm", "prm")
 
 
-def model_config(cfg: config_lib.Config, policy_config: models.ModelConfig) -> tuple[models.ModelConfig, str] | None:
+def model_config(config: config_lib.Config,
+                 policy_config: models.ModelConfig) -> tuple[models.ModelConfig, str] | None:
   """`(config, kind)` of the learned reward model as `LearnedReward` runs it, without reading a weight; None with a
   rule reward. The backbone's config.json (a saved reward model's ties its embeddings) in the run's dtype, with the
   policy's layer layout (--scan_layers) and attention. Ahead of time (`scripts/aot_compile.py`) a name of
   `models.presets` that is not a directory stands for its shapes, tied, of kind orm with --reward=orm, else prm."""
-  if not learned(cfg):
+  if not learned(config):
     return None
-  path, dtype = cfg.reward_model.reward_model, cfg.model.dtype
-  runtime = dict(dtype=dtype, param_dtype=dtype, scan_layers=cfg.model.scan_layers, attention=policy_config.attention)
+  path, dtype = config.reward_model.reward_model, config.model.dtype
+  runtime = dict(dtype=dtype, param_dtype=dtype, scan_layers=config.model.scan_layers,
+                 attention=policy_config.attention)
   if path in presets.PRESETS and not pathlib.Path(path).is_dir():
     return (presets.config(path, tie_word_embeddings=True, **runtime),  # as `rm.save_reward_model` writes it
-            "orm" if cfg.task.reward == "orm" else "prm")
+            "orm" if config.task.reward == "orm" else "prm")
   return rm.read_reward_model(path, **runtime)
 
 
-def make(cfg: config_lib.Config, tokenizer, policy_config, placement=None):
+def make(config: config_lib.Config, tokenizer, policy_config, placement=None):
   """The reward scorer of `reward`: a LearnedReward, an ExactStepReward, or None for a rule reward."""
-  if learned(cfg):
-    return LearnedReward(cfg, tokenizer, policy_config, placement)
-  if cfg.task.reward == "exact_steps":
-    return ExactStepReward(tokenizer, cfg.reward_model.prm_max_steps)
+  if learned(config):
+    return LearnedReward(config, tokenizer, policy_config, placement)
+  if config.task.reward == "exact_steps":
+    return ExactStepReward(tokenizer, config.reward_model.prm_max_steps)
   return None
 
 
@@ -113,20 +115,20 @@ def _min_step(rewards: np.ndarray, mask: np.ndarray) -> np.ndarray:
 class LearnedReward:
   """A frozen (within an iteration) ORM or PRM scoring the policy's samples."""
 
-  def __init__(self, cfg: config_lib.Config, tokenizer, policy_config, placement=None):
-    path, reward = cfg.reward_model.reward_model, cfg.task.reward
-    config, kind = model_config(cfg, policy_config)
-    params, _, _ = rm.load_reward_model(path, dtype=config.dtype, param_dtype=config.param_dtype,
-                                        scan_layers=config.scan_layers)
+  def __init__(self, config: config_lib.Config, tokenizer, policy_config, placement=None):
+    path, reward = config.reward_model.reward_model, config.task.reward
+    reward_config, kind = model_config(config, policy_config)
+    params, _, _ = rm.load_reward_model(path, dtype=reward_config.dtype, param_dtype=reward_config.param_dtype,
+                                        scan_layers=reward_config.scan_layers)
     if kind != reward and not (reward == "orm" and kind in rm.OUTCOME_KINDS):
       raise ValueError(f"--reward={reward} but {path} holds a reward model of kind {kind}")
-    if config.vocab_size != policy_config.vocab_size:
-      raise ValueError(f"{path}: vocabulary of {config.vocab_size} tokens, the policy's has "
+    if reward_config.vocab_size != policy_config.vocab_size:
+      raise ValueError(f"{path}: vocabulary of {reward_config.vocab_size} tokens, the policy's has "
                        f"{policy_config.vocab_size}; a reward model must share the policy's tokenizer")
-    self.max_steps = cfg.reward_model.prm_max_steps
+    self.max_steps = config.reward_model.prm_max_steps
     self.placement = placement or placement_lib.Placement()
     self.params = self.placement.put_params(params)
-    self.config, self.kind, self.tokenizer = config, kind, tokenizer
+    self.config, self.kind, self.tokenizer = reward_config, kind, tokenizer
     rows, host = self.placement.rows, self.placement.host
     chunk = lambda config, tokens: scorer_options(self.placement, config, *tokens.shape)
     self._outcome = lambda params, config, *arrays: host(OUTCOME_SCORES(params, config, *rows(arrays),
@@ -205,26 +207,26 @@ class RewardModelUpdates:
 
   def __init__(self, reward: LearnedReward, task, rollouts):
     self.reward, self.task, self.rollouts = reward, task, rollouts
-    self.cfg = cfg = rollouts.cfg
-    updates = cfg.reward_model
+    self.config = config = rollouts.config
+    updates = config.reward_model
     optimizer = training.make_optimizer(updates.rm_update_learning_rate, warmup_steps=10,
                                         total_steps=updates.rm_update_steps * updates.iterations, max_grad_norm=1.0)
     # A "loglik"-score model keeps its backbone frozen: fine-tuning it on a few thousand samples spoils the
     # likelihood it scores with (docs/reward_models.md).
     self.frozen = rm.score_of(reward.params) == "loglik"
-    self.prompt_len = cfg.task.max_prompt_len
+    self.prompt_len = config.task.max_prompt_len
     if self.frozen:
       optimizer = rm.frozen_backbone_optimizer(optimizer)
     self.train_step = rm.make_reward_train_step(reward.config, optimizer, kind=reward.kind, prompt_len=self.prompt_len,
                                                 freeze_backbone=self.frozen)
     self.state = training.init_train_state(reward.params, optimizer)
     k = 1 if reward.kind == "orm" else updates.prm_max_steps
-    length = cfg.task.max_prompt_len + cfg.rollout.max_new_tokens
+    length = config.task.max_prompt_len + config.rollout.max_new_tokens
     example = rm.RewardData(tokens=np.zeros((0, length), np.int32), attention_mask=np.zeros((0, length), bool),
                             positions=np.zeros((0, k), np.int32), labels=np.zeros((0, k), np.float32),
                             loss_mask=np.zeros((0, k), bool), group=np.zeros((0,), np.int32),
                             outcome=np.zeros((0,), np.float32))
-    self.replay = replay_lib.init_replay(example._asdict(), updates.replay_capacity, seed=cfg.run.seed)
+    self.replay = replay_lib.init_replay(example._asdict(), updates.replay_capacity, seed=config.run.seed)
 
   def checkpoint_state(self) -> dict:
     return {"reward_model": self.state, "replay": replay_lib.state_dict(self.replay)}
@@ -236,19 +238,19 @@ class RewardModelUpdates:
 
   def update(self, policy, iteration: int, key) -> dict:
     """Samples the current policy, labels, mixes in history, trains; returns the iteration's metrics."""
-    cfg, updates = self.cfg, self.cfg.reward_model
-    g = cfg.rollout.group_size
+    config, updates = self.config, self.config.reward_model
+    g = config.rollout.group_size
     t0 = time.time()
     examples = [self.task.train_example(10**9 + iteration * updates.rm_update_prompts + i)  # not the RL order
                 for i in range(updates.rm_update_prompts)]
     scored = self.rollouts.sample(policy, examples, key, g)
     texts = evaluation.decode(self.task.tokenizer, scored.host)
     repeated = [e for e in examples for _ in range(g)]
-    labels = "exact" if cfg.task.task == "synthetic" else "mc_hard"
+    labels = "exact" if config.task.task == "synthetic" else "mc_hard"
     new = rm.label_samples(scored.host, texts, repeated, self.task.tokenizer, kind=self.reward.kind,
                            step_labels=labels, max_steps=updates.prm_max_steps, policy=policy,
-                           config=self.rollouts.config, temperature=cfg.rollout.temperature,
-                           mc_max_new_tokens=cfg.rollout.max_new_tokens, key=jax.random.fold_in(key, 1))
+                           config=self.rollouts.model_config, temperature=config.rollout.temperature,
+                           mc_max_new_tokens=config.rollout.max_new_tokens, key=jax.random.fold_in(key, 1))
     before = rm.evaluate(self.state.params, self.reward.config, new, kind=self.reward.kind,  # on unseen samples
                          prompt_len=self.prompt_len)
     mixed, self.replay = replay_lib.mix(self.replay, new._asdict(), fraction=updates.replay_fraction)
@@ -256,7 +258,7 @@ class RewardModelUpdates:
     num_new = len(new.tokens)
     start = int(self.state.step)
     self.state, history = rm.fit(self.state, self.train_step, mixed, steps=updates.rm_update_steps,
-                                 batch_size=updates.rm_update_batch_size, seed=cfg.run.seed + iteration, start=start)
+                                 batch_size=updates.rm_update_batch_size, seed=config.run.seed + iteration, start=start)
     self.reward.params = self.state.params
     after = rm.evaluate(self.state.params, self.reward.config, new, kind=self.reward.kind, prompt_len=self.prompt_len)
     metrics = {f"before_{k}": v for k, v in before.items()}

@@ -15,9 +15,9 @@ from grpo_jax import sampling
 def sample_offline(rollouts: rollouts_lib.Rollouts, params, task, key) -> tuple[rollouts_lib.Scored, list, dict]:
   """`(scored, prompt_index_of_row, stats)`: G samples for each of the first `offline_prompts` prompts, as host
   arrays (the dataset is drawn once and indexed on the host)."""
-  cfg = rollouts.cfg
-  b, g = cfg.rollout.batch_size, cfg.rollout.group_size
-  num_prompts = min(cfg.algorithm.offline_prompts, len(task.rl_pool))
+  config = rollouts.config
+  b, g = config.rollout.batch_size, config.rollout.group_size
+  num_prompts = min(config.algorithm.offline_prompts, len(task.rl_pool))
   t0 = time.time()
   parts = []
   for start in range(0, num_prompts, b):

@@ -32,9 +32,10 @@ class _Paradigm(base.Method):
   def objective(self):
     # The likelihood of --likelihood_temperature (default 1, the model's own): these methods imitate, they do not
     # reweight; at --temperature every method of a comparison trains the same likelihood.
-    return update_lib.bind(objectives.paradigm_objective, config=self.config,
-                           aggregation=self.cfg.algorithm.loss_aggregation, chunk_size=self.cfg.model.logprob_chunk,
-                           temperature=self.cfg.algorithm.likelihood_temperature)
+    return update_lib.bind(objectives.paradigm_objective, config=self.model_config,
+                           aggregation=self.config.algorithm.loss_aggregation,
+                           chunk_size=self.config.model.logprob_chunk,
+                           temperature=self.config.algorithm.likelihood_temperature)
 
 
 class OnlineRFT(_Paradigm):
@@ -43,7 +44,7 @@ class OnlineRFT(_Paradigm):
 
   def collect(self, params, position: int, key):
     t0 = time.time()
-    b, g = self.cfg.rollout.batch_size, self.cfg.rollout.group_size
+    b, g = self.config.rollout.batch_size, self.config.rollout.group_size
     examples = [self.task.train_example(position + i) for i in range(b)]
     scored = self.rollouts.sample(self.sampling_params(params), examples, key, g)
     sample_time = time.time() - t0 - scored.score_time
@@ -94,7 +95,7 @@ class RFT(_Paradigm):
   def collect(self, params, position: int, key):
     del params, key
     n = self.rows_per_step()
-    rows = np.asarray([offline.epoch_order(len(self.data.tokens), position + i, self.cfg.run.seed)
+    rows = np.asarray([offline.epoch_order(len(self.data.tokens), position + i, self.config.run.seed)
                        for i in range(n)])
     samples = rollouts_lib.take_rows(self.data, rows)
     batch = _batch(samples, np.ones(n, np.float32))

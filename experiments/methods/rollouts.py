@@ -72,21 +72,22 @@ def trim_completions(samples: sampling.SampleOutput, width: int) -> sampling.Sam
 class Rollouts:
   """Samples completions of the task's prompts from a policy and scores them with the task's reward."""
 
-  def __init__(self, cfg: config_lib.Config, config, task, reward_model=None,
+  def __init__(self, config: config_lib.Config, model_config, task, reward_model=None,
                placement: placement_lib.Placement | None = None):
-    self.cfg, self.config, self.task = cfg, config, task
+    self.config, self.model_config, self.task = config, model_config, task
     # A `learned_reward.LearnedReward` or `ExactStepReward`, or None for the task's rule reward.
     self.reward_model = reward_model
     self.placement = placement or placement_lib.Placement()
     self.prompts_truncated = 0  # prompts cut from the left to --max_prompt_len, since the start
     # Log-probs of the sampling distribution π ∝ exp(logits / T), on the device(s); params are arguments, never
     # compile-time constants.
-    self.logprobs = self.placement.logprobs(config, chunk_size=cfg.model.logprob_chunk,
-                                            temperature=cfg.rollout.temperature)
+    self.logprobs = self.placement.logprobs(model_config, chunk_size=config.model.logprob_chunk,
+                                            temperature=config.rollout.temperature)
 
   def sample(self, params, examples, key, num_samples: int) -> Scored:
-    task, tok, rollout = self.task, self.task.tokenizer, self.cfg.rollout
-    tokens, mask, cut = training.encode_prompts(tok, [task.prompt(e) for e in examples], self.cfg.task.max_prompt_len)
+    task, tok, rollout = self.task, self.task.tokenizer, self.config.rollout
+    tokens, mask, cut = training.encode_prompts(tok, [task.prompt(e) for e in examples],
+                                                self.config.task.max_prompt_len)
     self.prompts_truncated += cut
     samples = self.generate(params, tokens, mask, key, num_samples)
     samples, host = self.placement.sampled(samples)  # every process scores every sample (host code is cheap)
@@ -105,14 +106,14 @@ class Rollouts:
 
   def generate(self, params, tokens, mask, key, num_samples: int) -> sampling.SampleOutput:
     """`num_samples` completions of each prompt (host arrays [B, P]) with the run's sampler (`--sampler`)."""
-    engine = self.cfg.rollout.sampler == "engine"
+    engine = self.config.rollout.sampler == "engine"
     kwargs = self.sampler_options(len(tokens), num_samples) | self.placement.sample_kwargs(len(tokens),
                                                                                             any_count=engine)
     if not engine or jax.process_count() > 1:  # each process provides its own rows of the prompts
       tokens, mask = self.placement.rows((tokens, mask))
     fn = rollout_engine.generate if engine else sampling.sample
-    return fn(params, self.config, tokens, mask, key, num_samples=num_samples,
-              temperature=self.cfg.rollout.temperature, **kwargs)
+    return fn(params, self.model_config, tokens, mask, key, num_samples=num_samples,
+              temperature=self.config.rollout.temperature, **kwargs)
 
   def sampler_options(self, num_prompts: int | None = None, num_samples: int | None = None) -> dict:
     """The sampler's compile-time options of the rollouts (`sampling.sample` / `rollout_engine.generate` keywords
@@ -121,8 +122,8 @@ class Rollouts:
     `prompt_chunk`, the prompts that fit the placement's memory budget at a time (`Placement.sampler_chunk`). The
     sampler's log-probs are those of the policy trained, softmax(logits / temperature), as the trainer's are, so the
     two compare (`losses.mismatch_metrics`); at temperature 1 they are the values the sampler gives without it."""
-    rollout = self.cfg.rollout
-    shapes = (self.config, num_prompts or rollout.batch_size, self.cfg.task.max_prompt_len,
+    rollout = self.config.rollout
+    shapes = (self.model_config, num_prompts or rollout.batch_size, self.config.task.max_prompt_len,
               num_samples or rollout.group_size, rollout.max_new_tokens)
     options = dict(max_new_tokens=rollout.max_new_tokens, top_k=rollout.top_k, top_p=rollout.top_p,
                    logprobs_at_temperature=True)
@@ -142,14 +143,14 @@ class Rollouts:
   def old_forward(self) -> bool:
     """Whether `old_logprobs` runs a forward: unless the sampler's own log-probs are π_old's (temperature 1, no
     `--recompute_old_logprobs`, no rollout correction, which compares the two)."""
-    algo = self.cfg.algorithm
-    return not (self.cfg.rollout.temperature == 1.0 and not algo.recompute_old_logprobs
+    algo = self.config.algorithm
+    return not (self.config.rollout.temperature == 1.0 and not algo.recompute_old_logprobs
                 and algo.rollout_correction == "none")
 
   def trim(self, samples: sampling.SampleOutput, lengths: np.ndarray) -> sampling.SampleOutput:
     """`samples` with the completion columns that a training batch reads (`completion_width`); all of them with
     length buckets (`--token_layout=buckets`), whose programs take one width for every length."""
-    rollout = self.cfg.rollout
+    rollout = self.config.rollout
     if rollout.token_layout == "buckets":
       return samples
     return trim_completions(samples, completion_width(lengths, samples.tokens.shape[1],

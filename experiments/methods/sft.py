@@ -35,8 +35,8 @@ class SFT(rft._Paradigm):
         examples.append(e)
     prompts = [tok.encode(self.task.prompt(e), add_special_tokens=False) for e in examples]
     targets = [tok.encode(e.solution, add_special_tokens=False) + [tok.eos_token_id] for e in examples]
-    batch = training.supervised_batch(prompts, targets, self.cfg.task.max_prompt_len,
-                                      self.cfg.rollout.max_new_tokens, tok.pad_token_id or 0)
+    batch = training.supervised_batch(prompts, targets, self.config.task.max_prompt_len,
+                                      self.config.rollout.max_new_tokens, tok.pad_token_id or 0)
     batch = batch._replace(advantages=batch.loss_mask.astype(jnp.float32))  # GC = 1
     lengths = np.asarray(batch.loss_mask).sum(-1)
     return batch, {"response_length": float(lengths.mean()), "prompts_per_step": float(n),

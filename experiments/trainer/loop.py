@@ -74,33 +74,19 @@ def train(method: methods_lib.Method, policy, logger, ckpt: stage_checkpoints.St
 
   Returns (final policy params, the start policy's accuracy, whether `stop_after` stopped it).
   """
-  cfg = method.cfg
-  run_cfg = cfg.run
+  run_cfg, steps = method.config.run, method.config.optim.steps
   minibatch, updates_per_step, optimizer = plan.update_plan(method)
-  steps = cfg.optim.steps
   key = jax.random.PRNGKey(run_cfg.seed)
   # Offline data comes from the start policy (the reference), so a resumed run rebuilds the same dataset; built
   # before the train state takes the start policy's buffers (logged once a resume has rewound the metrics).
   prepared = method.prepare(policy, jax.random.fold_in(key, 2))
-  # LoRA: only the adapters (and a value head) are trained, optimised and checkpointed
-  part = lora.TrainedPart(enabled=lora_base is not None)
+  part = lora.TrainedPart(enabled=lora_base is not None)  # LoRA: the adapters (and a value head) alone are trained
   state, train_step, frozen = _train_state(method, policy, part, optimizer, key, iterative=updates is not None)
   policy = None
-  full = lambda params: part.join(params, frozen)  # noqa: E731
-  per_iteration = cfg.reward_model.steps_per_iteration if updates else 0
-
-  def checkpoint_tree(state):
-    tree = {"train": state}
-    if updates:  # the reference resets each iteration, the reward model and its replay history train
-      tree.update(reference=part.trained(method.reference), **updates.checkpoint_state())
-    return tree
-
-  def evaluate(params):
-    return method.evaluate(method.policy(full(params)), jax.random.PRNGKey(run_cfg.seed + 1))
-
+  stage = _Steps(method, logger, part, frozen, train_step, updates, minibatch, updates_per_step)
   position, start = 0, 0
   if run_cfg.resume and ckpt.latest_step() is not None:
-    state, start, position, key, start_accuracy = _restore(ckpt, checkpoint_tree(state), method, part, updates,
+    state, start, position, key, start_accuracy = _restore(ckpt, stage.checkpoint_tree(state), method, part, updates,
                                                            lora_base, start_accuracy)
   if prepared:
     logger.log(start, prepared, prefix="data/")
@@ -115,38 +101,72 @@ def train(method: methods_lib.Method, policy, logger, ckpt: stage_checkpoints.St
     for step in range(start + 1, steps + 1):
       step_key = jax.random.fold_in(key, step)
       tracer.before(step)
-      if per_iteration and step > 1 and (step - 1) % per_iteration == 0:
-        # Algorithm 1: each iteration starts with π_ref ← π_θ (a copy: the train state is donated).
-        method.use_reference(method.policy(full(jax.tree.map(jnp.copy, state.params))))
-      # COLLECT: π_old is the current policy (online methods) or a fixed dataset (offline ones)
-      batch, stats, position = method.collect(full(state.params), position, step_key)
-      # UPDATE: μ epochs over the method's minibatches
-      state, stats = _update(method, train_step, state, batch, stats, step, step_key, minibatch, updates_per_step)
-      values = logger.log(step, stats, prefix="train/")
-      logger.progress(step, report.progress_line(values))
+      state, position = stage.step(state, step, position, step_key)
       tracer.after(step)
-      if per_iteration and step % per_iteration == 0:  # ITERATE: the iteration's end, retrain the reward model
-        _retrain_reward_model(updates, method, full(state.params), step // per_iteration, step, step_key, logger,
-                              lambda: evaluate(state.params))
-      # EVALUATE AND SAVE
-      if cfg.eval.eval_every and step % cfg.eval.eval_every == 0 and step != steps:
-        logger.newline()
-        values = logger.log(step, evaluate(state.params), prefix="eval/")
-        print(f"step {step}: held-out accuracy {values['eval/accuracy']:.3f}", file=sys.stderr)
+      stage.evaluate_and_iterate(state, step, step_key)
       interrupted = ckpt.stop_requested()  # every process: the same answer
       if (run_cfg.save_every and step % run_cfg.save_every == 0) or step in (steps, run_cfg.stop_after) \
           or interrupted:
-        ckpt.save(step, checkpoint_tree(state), {"data_position": position, "key": np.asarray(key).tolist(),
-                                                 "sft_accuracy": start_accuracy, "algo": method.name,
-                                                 "lora_base": lora_base,
-                                                 "prompts_truncated": int(method.rollouts.prompts_truncated)},
-                  interrupted=interrupted)
+        ckpt.save(step, stage.checkpoint_tree(state), {
+            "data_position": position, "key": np.asarray(key).tolist(), "sft_accuracy": start_accuracy,
+            "algo": method.name, "lora_base": lora_base, **method.host_state()}, interrupted=interrupted)
       if step == run_cfg.stop_after:
         logger.newline()
         print(f"stopping after step {step} (--stop_after); continue with --resume", file=sys.stderr)
-        return method.policy(full(state.params)), start_accuracy, True
+        return method.policy(stage.full(state.params)), start_accuracy, True
   logger.newline()
-  return method.policy(full(state.params)), start_accuracy, False
+  return method.policy(stage.full(state.params)), start_accuracy, False
+
+
+class _Steps:
+  """What stage 2's steps hold fixed (the method, its update step and the frozen part of the policy, the logger,
+  iterative RL's reward-model updates, the update plan) and what one step does with them."""
+
+  def __init__(self, method: methods_lib.Method, logger, part: lora.TrainedPart, frozen, train_step,
+               updates: learned_reward.RewardModelUpdates | None, minibatch: int, updates_per_step: int):
+    self.method, self.logger, self.part, self.frozen, self.train_step = method, logger, part, frozen, train_step
+    self.updates, self.minibatch, self.updates_per_step = updates, minibatch, updates_per_step
+    self.per_iteration = method.config.reward_model.steps_per_iteration if updates else 0
+
+  def full(self, params):
+    """The policy's whole params from the trained ones (with LoRA: joined to the frozen base)."""
+    return self.part.join(params, self.frozen)
+
+  def checkpoint_tree(self, state) -> dict:
+    tree = {"train": state}
+    if self.updates:  # the reference resets each iteration, the reward model and its replay history train
+      tree.update(reference=self.part.trained(self.method.reference), **self.updates.checkpoint_state())
+    return tree
+
+  def evaluate(self, state) -> dict:
+    return self.method.evaluate(self.method.policy(self.full(state.params)),
+                                jax.random.PRNGKey(self.method.config.run.seed + 1))
+
+  def step(self, state, step: int, position: int, step_key):
+    """COLLECT, UPDATE and LOG of step `step`: `(state, data position)`."""
+    method = self.method
+    if self.per_iteration and step > 1 and (step - 1) % self.per_iteration == 0:
+      # Algorithm 1: each iteration starts with π_ref ← π_θ (a copy: the train state is donated).
+      method.use_reference(method.policy(self.full(jax.tree.map(jnp.copy, state.params))))
+    # COLLECT: π_old is the current policy (online methods) or a fixed dataset (offline ones)
+    batch, stats, position = method.collect(self.full(state.params), position, step_key)
+    # UPDATE: μ epochs over the method's minibatches
+    state, stats = _update(method, self.train_step, state, batch, stats, step, step_key, self.minibatch,
+                           self.updates_per_step)
+    values = self.logger.log(step, stats, prefix="train/")
+    self.logger.progress(step, report.progress_line(values))
+    return state, position
+
+  def evaluate_and_iterate(self, state, step: int, step_key) -> None:
+    """ITERATE at an iteration's end (the reward model retrained), EVALUATE every `eval_every` steps."""
+    if self.per_iteration and step % self.per_iteration == 0:
+      _retrain_reward_model(self.updates, self.method, self.full(state.params), step // self.per_iteration, step,
+                            step_key, self.logger, lambda: self.evaluate(state))
+    cfg = self.method.config
+    if cfg.eval.eval_every and step % cfg.eval.eval_every == 0 and step != cfg.optim.steps:
+      self.logger.newline()
+      values = self.logger.log(step, self.evaluate(state), prefix="eval/")
+      print(f"step {step}: held-out accuracy {values['eval/accuracy']:.3f}", file=sys.stderr)
 
 
 def _train_state(method: methods_lib.Method, policy, part: lora.TrainedPart, optimizer, key, iterative: bool):
@@ -156,7 +176,7 @@ def _train_state(method: methods_lib.Method, policy, part: lora.TrainedPart, opt
   at each iteration; zero adapters until then keep the checkpoint's structure."""
   trained, frozen = part.split(method.init_params(policy, jax.random.fold_in(key, 1)))
   state, train_step = method.rollouts.placement.train(trained, optimizer, method.objective(),
-                                                      method.cfg.algorithm.grad_accum_steps, frozen=frozen,
+                                                      method.config.algorithm.grad_accum_steps, frozen=frozen,
                                                       bucketed=method.bucketed_update())
   if iterative and part.enabled:
     zero = jax.tree.map(jnp.zeros_like, lora.adapters(method.policy(part.join(state.params, frozen))))
@@ -166,8 +186,8 @@ def _train_state(method: methods_lib.Method, policy, part: lora.TrainedPart, opt
 
 def _restore(ckpt: stage_checkpoints.StageCheckpoints, abstract, method: methods_lib.Method,
              part: lora.TrainedPart, updates, lora_base: dict | None, start_accuracy):
-  """Stage 2 from its newest checkpoint: `(train state, step, data position, key, start accuracy)`; π_ref, the
-  reward model and the truncated-prompt count put back where iterative RL and the rollouts keep them."""
+  """Stage 2 from its newest checkpoint: `(train state, step, data position, key, start accuracy)`; π_ref and the
+  reward model put back where iterative RL keeps them, the method's host state (`Method.restore_host_state`)."""
 
   def same_base(meta):
     if meta.get("lora_base") != lora_base:
@@ -178,9 +198,7 @@ def _restore(ckpt: stage_checkpoints.StageCheckpoints, abstract, method: methods
   if updates:
     method.use_reference(part.join(tree["reference"], part.split(method.reference)[1]))
     updates.restore(tree)
-  prompts_truncated = meta.get("prompts_truncated")  # None in checkpoints saved before it was recorded
-  if prompts_truncated is not None:  # the count since the start, the rebuilt offline data's prompts included
-    method.rollouts.prompts_truncated = int(prompts_truncated)
+  method.restore_host_state(meta)
   return (tree["train"], int(meta["step"]), int(meta["data_position"]), jnp.asarray(meta["key"], jnp.uint32),
           meta.get("sft_accuracy", start_accuracy))
 
@@ -192,7 +210,7 @@ def _update(method: methods_lib.Method, train_step, state, batch, stats: dict, s
   to the collect's `stats`."""
   t0 = time.time()
   step_metrics = []
-  for epoch in range(method.cfg.algorithm.num_epochs):
+  for epoch in range(method.config.algorithm.num_epochs):
     for part in method.minibatches(batch, step_key, epoch, minibatch):
       state, metrics = train_step(state, part)
       step_metrics.append(metrics)
@@ -327,7 +345,7 @@ def _stage2(method: methods_lib.Method, params, logger, start_accuracy, lora_bas
             signals: preemption.StopSignals):
   """STAGE 2 around `train`: π_ref and iterative RL's reward-model updates passed in, the checkpoints opened;
   returns `(final policy, the start policy's accuracy)`, the policy None when `--stop_after` stopped the run."""
-  cfg = method.cfg
+  cfg = method.config
   print(f"stage 2: {method.name}, {cfg.optim.steps} steps of {cfg.rollout.batch_size} prompts x "
         f"{cfg.rollout.group_size} samples", file=sys.stderr)
   # frozen π_ref: the start policy, a copy (`train` hands `params` to the train state, which deletes them); with
@@ -347,7 +365,7 @@ def _stage2(method: methods_lib.Method, params, logger, start_accuracy, lora_bas
 def _evaluate_and_export(method: methods_lib.Method, policy, lora_base: dict | None, source, logger):
   """The final policy's held-out (and, with --num_validation, validation) metrics, logged; the policy exported
   (merged: a plain model; with --lora_export_peft its adapters too). Returns `(final metrics, validation)`."""
-  cfg, task = method.cfg, method.task
+  cfg, task = method.config, method.task
   work_dir = pathlib.Path(cfg.run.work_dir)
   final_eval = method.evaluate(policy, jax.random.PRNGKey(cfg.run.seed + 1))
   logger.log(cfg.optim.steps, final_eval, prefix="eval/")
@@ -357,15 +375,15 @@ def _evaluate_and_export(method: methods_lib.Method, policy, lora_base: dict | N
     validation = {"val_accuracy": validation["accuracy"], "num_validation_problems": len(task.validation)}
     logger.log(cfg.optim.steps, {"val_accuracy": validation["val_accuracy"]}, prefix="eval/")
   if cfg.model.lora_export_peft:
-    policy_lib.export_adapters(policy, method.config, lora_base["path"], work_dir / "final_adapter")
-  policy_lib.export(*lora.merge(policy, method.config), source, work_dir / "final_policy")  # merged: a plain model
+    policy_lib.export_adapters(policy, method.model_config, lora_base["path"], work_dir / "final_adapter")
+  policy_lib.export(*lora.merge(policy, method.model_config), source, work_dir / "final_policy")  # merged: plain
   return final_eval, validation
 
 
 def _summary(method: methods_lib.Method, start_accuracy, start_eval: dict, final_eval: dict, validation: dict,
              times: dict) -> dict:
   """The run's summary, written to `<work_dir>/summary.json` (main process) and shown as the closing table."""
-  cfg, task = method.cfg, method.task
+  cfg, task = method.config, method.task
   work_dir = pathlib.Path(cfg.run.work_dir)
   peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
   summary = {"algo": method.name, "start_accuracy": start_accuracy, "final_accuracy": final_eval["accuracy"],

@@ -13,7 +13,7 @@ RunError = config_lib.RunError
 
 def update_plan(method: methods_lib.Method):
   """`(minibatch rows, optimiser steps per step, optimiser)` of stage 2: the schedule spans the run's updates."""
-  cfg = method.cfg
+  cfg = method.config
   algo = cfg.algorithm
   rows = method.rows_per_step()
   minibatch = algo.minibatch_size or rows  # divides the rows, and by grad_accum_steps (`config.check`)

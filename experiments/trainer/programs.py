@@ -4,11 +4,9 @@ r"""The compiled programs of a run, built by the runner's own builders at abstra
   for name, p in programs(config, model_config, placement).items():
     p.jitted.trace(*p.args, **p.kwargs).lower().compile()   # nothing allocated: ShapeDtypeStruct args
 
-`programs` returns exactly the programs stage 2 of `loop.run(config)` runs (for --algo=grpo, online_rft,
-rft_table10, distill, sft, rft and dpo, with or without LoRA, and --algo=ppo without; flow_grpo is refused with one
-line), in
-the order a step runs them, each built by the code the runner calls (so a change there changes them here;
-tests/scripts/test_aot_compile.py checks them against a run's):
+`programs` returns exactly the programs stage 2 of `loop.run(config)` runs (every --algo, with or without LoRA;
+--algo=ppo without), in the order a step runs them, each built by the code the runner calls (so a change there
+changes them here; tests/scripts/test_aot_compile.py checks them against a run's):
 
   sampler       the rollouts' sampler (`Rollouts.sampler_options`): B prompts of P tokens, G samples each
   reward        a learned reward's scorer (`learned_reward.OUTCOME_SCORES` or `STEP_SCORES`), with --reward=orm|prm
@@ -27,6 +25,19 @@ tests/scripts/test_aot_compile.py checks them against a run's):
   eval_greedy   held-out evaluation's sampler (`evaluation.generate_options`), and eval_samples with
                 --eval_samples=k: k samples per prompt at --eval_temperature
 
+--algo=flow_grpo runs on one device (the runner refuses a mesh): its programs are the runner's without a mesh,
+compiled for the first device of `placement`'s mesh: the planner's sampler (`FlowGRPO.planner`) for a step's first
+turn (sampler: B queries x G actions) and its later turns (sampler_turns: one action for each of the B·G
+trajectories), π_old and π_ref over the turns' rows (`FlowGRPO.scoring_shape`), the update over a minibatch's turns
+(`FlowGRPO.update_rows`, an `agents.TurnBatch`), and evaluation's greedy turns (eval_greedy), at the widest row
+buckets. Without a tokenizer the sampler pads with the model config's pad id (the runner: the tokenizer's), a
+constant of the program that changes none of its shapes, memory or FLOPs.
+
+A method declares the programs its `collect` and `evaluate` run, from the callables they call
+(`Method.step_programs`, `Method.eval_programs`: `methods.program.Program`s over the abstract `Shapes` this module
+builds); this module adds the runner's own around them: the rollouts' sampler, a learned reward's scorer, the update
+and evaluation's samplers.
+
 Widths are the widest the runner gives: a step trims its completions to the longest one
 (`rollouts.completion_width`), which is at most T = --max_new_tokens. Every program's first argument is the
 resident tree it reads (the train state, policy, reference or reward-model params; `Program.resident_args` names
@@ -42,6 +53,7 @@ import jax.numpy as jnp
 
 from experiments import methods as methods_lib
 from experiments.methods import learned_reward
+from experiments.methods.program import Program, Shapes
 from experiments.runner import config as config_lib
 from experiments.runner import evaluation
 from experiments.runner import placement as placement_lib
@@ -53,23 +65,7 @@ from grpo_jax import sampling
 from grpo_jax import training
 from grpo_jax.models import lora
 
-ALGOS = ("grpo", "online_rft", "rft_table10", "ppo", "distill", "sft", "rft", "dpo")  # those whose programs are listed
-
-
-@dataclasses.dataclass(frozen=True)
-class Program:
-  """One jitted program of a run and its abstract arguments (`jax.ShapeDtypeStruct`s carrying shardings; static
-  arguments as they are)."""
-  jitted: Any  # jax.jit-wrapped: `.trace(*args, **kwargs)`
-  args: tuple
-  uses: str  # what the runner runs it for
-  per_step: int  # calls per stage-2 step (0: not a step's program, e.g. evaluation)
-  per_eval: int = 0  # calls per evaluation
-  per_run: int = 0  # calls once per run, before the steps (an offline method's sampling of its data)
-  # Trip count of its while loops (the sampler: its decode steps); a tuple, of nested ones (outermost first).
-  loop_trips: int | tuple[int, ...] = 1
-  kwargs: dict = dataclasses.field(default_factory=dict)  # static keyword arguments: `.trace(*args, **kwargs)`
-  resident_args: tuple = (0,)  # the arguments that are (parts of) resident trees, not the program's own
+ALGOS = ("grpo", "online_rft", "rft_table10", "ppo", "distill", "sft", "rft", "dpo", "flow_grpo")  # listed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,23 +97,38 @@ def _check(config: config_lib.Config, placement: placement_lib.Placement, reward
   plan.check_divisible(config, placement.data_parallel)
 
 
+def _one_device(placement: placement_lib.Placement) -> tuple[placement_lib.Placement, placement_lib.Placement]:
+  """`(the runner's placement, the abstract arguments')` of a run on one device (--algo=flow_grpo: the runner refuses
+  a mesh), compiled for the first device of `placement`'s mesh: the runner's programs without a mesh, their
+  arguments whole on that device (a one-device mesh)."""
+  budget = dict(forward_rows=placement.forward_rows, forward_budget=placement.forward_budget)
+  device = placement_lib.Placement(partitioning.single_device_mesh(placement.mesh.devices.flat[0]), placement.rules,
+                                   **budget)
+  return placement_lib.Placement(**budget), device
+
+
 def _setup(config: config_lib.Config, model_config: models.ModelConfig, placement: placement_lib.Placement,
            reward: RewardModel | None):
-  """The runner's method (its rollouts on `placement`, no task or weights) and the abstract policy params; with
-  --lora_rank the policy config and params are `loop.run`'s: the base's plus fresh adapters (`lora.add_adapters`)."""
+  """`(method, abstract policy params, placement of the abstract arguments)`: the runner's method (its rollouts on
+  the runner's placement, no task or weights); with --lora_rank the policy config and params are `loop.run`'s: the
+  base's plus fresh adapters (`lora.add_adapters`)."""
+  if config.algorithm.algo == "flow_grpo" and placement.mesh is not None:
+    runs_on, placement = _one_device(placement)
+  else:
+    runs_on = placement
   _check(config, placement, reward)
   lora_rank = config.model.lora_rank
   policy_config = lora.lora_config(model_config, rank=lora_rank, alpha=config.model.lora_alpha,
                                    targets=config_lib.lora_targets(config.model.lora_targets)
                                    ) if lora_rank else model_config
-  rollouts = methods_lib.Rollouts(config, policy_config, None, None, placement)
+  rollouts = methods_lib.Rollouts(config, policy_config, None, None, runs_on)
   method = methods_lib.METHODS[config.algorithm.algo](config, policy_config, None, rollouts, None)
   init = lambda key: models.init_params(model_config, key)
   if lora_rank:
     init = lambda key: lora.add_adapters(models.init_params(model_config, key), policy_config, key)
   shapes = jax.eval_shape(init, jax.random.key(0))
   params = _abstract(shapes, partitioning.param_shardings(placement.mesh, placement.rules, shapes))
-  return method, params
+  return method, params, placement
 
 
 def _model_params(config: models.ModelConfig, placement: placement_lib.Placement):
@@ -136,7 +147,7 @@ def _train_state(method, params, placement: placement_lib.Placement):
   `loop.train` builds them; with LoRA the state holds the trained leaves only and `frozen` is the rest (the base,
   the policy's own arrays), else None."""
   minibatch, updates_per_step, optimizer = plan.update_plan(method)
-  part = lora.TrainedPart(enabled=method.cfg.model.lora_rank > 0)  # as `loop.train` cuts it
+  part = lora.TrainedPart(enabled=method.config.model.lora_rank > 0)  # as `loop.train` cuts it
   frozen = part.split(params)[1]  # `init_params` keeps the policy's arrays (grpo, online_rft: the policy itself)
   shapes = jax.eval_shape(lambda p, k: training.init_train_state(part.trained(method.init_params(p, k)), optimizer),
                           params, jax.random.PRNGKey(0))
@@ -150,7 +161,7 @@ def resident(config: config_lib.Config, model_config: models.ModelConfig, placem
   frozen reference (`method.reference`, a copy of the start policy, whose own buffers the train state took:
   `Placement.train`) and the learned reward model. With LoRA: the train state (the adapters and their optimiser
   state) and the base ("base": the frozen part of the policy, and π_ref with β > 0: no copy)."""
-  method, params = _setup(config, model_config, placement, reward)
+  method, params, placement = _setup(config, model_config, placement, reward)
   state = _train_state(method, params, placement)[3]
   if config.model.lora_rank:
     out = {"train state": state, "base": lora.disabled(params)}
@@ -170,127 +181,132 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
   docstring). `model_config` is the policy's (`policy.load`'s), `placement` holds the mesh, `reward` the learned
   reward model's shapes (with --reward=orm|prm). Raises ConfigError (or RunError) with one line where the runner
   would refuse the config."""
-  method, params = _setup(config, model_config, placement, reward)  # method.config: the policy's (LoRA: adapted)
-  mesh, rules, rows_sharding = placement.mesh, placement.rules, placement.batch_sharding
-  rollout, algo = config.rollout, config.algorithm
-  b, g, p, t = rollout.batch_size, rollout.group_size, config.task.max_prompt_len, rollout.max_new_tokens
-  n, length = b * g, p + t
-  rows = lambda dtype, count, width=length: jax.ShapeDtypeStruct((count, width), dtype, sharding=rows_sharding)
-  scalar = partitioning.replicated(mesh)
-  key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=scalar)  # jax.random.PRNGKey's
-  temperature = jax.ShapeDtypeStruct((), jnp.float32, sharding=scalar)
-  out = {}
+  method, params, placement = _setup(config, model_config, placement, reward)
+  update = _train_state(method, params, placement)
+  shapes = _shapes(params, update[3].params, placement)
+  declared = method.step_programs(shapes)  # the forwards `collect` runs (Flow-GRPO: its planner's turns too)
+  out = {} if "sampler" in declared else _rollout_sampler(method, shapes, placement)
+  if reward is not None:
+    out["reward"] = _reward_program(config, reward, shapes, placement)
+  out.update(declared)
+  out["update"] = _update_program(method, shapes, *update)
+  held_out = config.task.num_test  # the held-out set has at most this many problems
+  evaluations = method.eval_programs(shapes, held_out)
+  return out | (_eval_samplers(method, shapes, placement, held_out) if evaluations is None else evaluations)
 
-  engine = rollout.sampler == "engine"
-  dp = placement.data_parallel
 
-  def sampler(prompts: int, samples: int, **options):
-    """(the program, its arguments, the most trips of its decode loop) for `prompts` (padded to a multiple of
-    the data shards by the engine) x `samples`: the engine's (`rollout_engine.jit_generate`, its caps a sixth
-    argument; at most ceil(N / slots) completions a slot, each up to T tokens) or the static sampler's."""
-    if not engine:
-      return (sampling.jit_sample(method.config, (prompts, p), mesh=mesh, rules=rules, num_samples=samples,
-                                  **options), (params, rows(jnp.int32, prompts, p), rows(jnp.bool_, prompts, p), key,
-                                               temperature), t - 1)
-    prompts += -prompts % dp
-    caps = jax.ShapeDtypeStruct((prompts * samples,), jnp.int32, sharding=rows_sharding)
-    fn = rollout_engine.jit_generate(method.config, (prompts, p), mesh=mesh, rules=rules, num_samples=samples,
-                                     **options)
-    if options["num_slots"] >= prompts * samples:  # no refill: the static sampler's loop (`jit_generate`)
-      trips = t - 1
-    else:  # one loop of phases around the steps: at most every step in one phase
-      trips = (1, -(-prompts * samples // options["num_slots"]) * t)
-    return fn, (params, rows(jnp.int32, prompts, p), rows(jnp.bool_, prompts, p), key, temperature, caps), trips
+def _shapes(params, trained, placement: placement_lib.Placement) -> Shapes:
+  scalar = partitioning.replicated(placement.mesh)
+  return Shapes(policy=params, trained=trained,
+                rows=lambda dtype, count, *shape: jax.ShapeDtypeStruct((count, *shape), dtype,
+                                                                       sharding=placement.batch_sharding),
+                key=jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=scalar),  # jax.random.PRNGKey's
+                temperature=jax.ShapeDtypeStruct((), jnp.float32, sharding=scalar),
+                frozen_model=lambda model_config: _model_params(model_config, placement))
 
-  rounds = rollout.dynamic_sampling_max_rounds if rollout.dynamic_sampling else 1
+
+def _sampler(method, shapes: Shapes, placement: placement_lib.Placement, prompts: int, samples: int, **options):
+  """(the program, its arguments, the most trips of its decode loop) of the rollouts' sampler for `prompts`
+  (padded to a multiple of the data shards by the engine) x `samples`: the engine's (`rollout_engine.jit_generate`,
+  its caps a sixth argument; at most ceil(N / slots) completions a slot, each up to T tokens) or the static
+  sampler's (`sampling.jit_sample`)."""
+  cfg = method.config
+  p, t = cfg.task.max_prompt_len, cfg.rollout.max_new_tokens
+  mesh, rules, rows = placement.mesh, placement.rules, shapes.rows
+  if cfg.rollout.sampler != "engine":
+    return (sampling.jit_sample(method.model_config, (prompts, p), mesh=mesh, rules=rules, num_samples=samples,
+                                **options),
+            (shapes.policy, rows(jnp.int32, prompts, p), rows(jnp.bool_, prompts, p), shapes.key, shapes.temperature),
+            t - 1)
+  prompts += -prompts % placement.data_parallel
+  fn = rollout_engine.jit_generate(method.model_config, (prompts, p), mesh=mesh, rules=rules, num_samples=samples,
+                                   **options)
+  if options["num_slots"] >= prompts * samples:  # no refill: the static sampler's loop (`jit_generate`)
+    trips = t - 1
+  else:  # one loop of phases around the steps: at most every step in one phase
+    trips = (1, -(-prompts * samples // options["num_slots"]) * t)
+  return fn, (shapes.policy, rows(jnp.int32, prompts, p), rows(jnp.bool_, prompts, p), shapes.key, shapes.temperature,
+              rows(jnp.int32, prompts * samples)), trips
+
+
+def _rollout_sampler(method, shapes: Shapes, placement: placement_lib.Placement) -> dict[str, Program]:
+  """The rollouts' sampler (`Rollouts.sampler_options`): each step's (`samples_each_step`), or an offline method's
+  data, sampled once before the first step (`samples_offline`: `offline.sample_offline`, --offline_prompts / B
+  calls in `prepare`)."""
+  cfg, rollout = method.config, method.config.rollout
+  b, g, t = rollout.batch_size, rollout.group_size, rollout.max_new_tokens
   options = method.rollouts.sampler_options()
-  fn, args, trips = sampler(b, g, **options)
-  if method.samples_offline:  # `offline.sample_offline`: the same program, --offline_prompts / B calls in `prepare`
-    calls = -(-min(algo.offline_prompts, config.task.num_train) // b)
-    out["sampler"] = Program(fn, args, f"offline data: {b} prompts x {g} samples of up to {t} tokens a call, "
-                             f"{calls} calls before the first step", per_step=0, per_run=calls, loop_trips=trips)
-  if method.samples_each_step:
-    out["sampler"] = Program(fn, args,
+  fn, args, trips = _sampler(method, shapes, placement, b, g, **options)
+  if method.samples_offline:
+    calls = -(-min(cfg.algorithm.offline_prompts, cfg.task.num_train) // b)
+    return {"sampler": Program(fn, args, f"offline data: {b} prompts x {g} samples of up to {t} tokens a call, "
+                               f"{calls} calls before the first step", per_step=0, per_run=calls, loop_trips=trips)}
+  if not method.samples_each_step:
+    return {}
+  rounds = rollout.dynamic_sampling_max_rounds if rollout.dynamic_sampling else 1
+  return {"sampler": Program(fn, args,
                              f"rollouts: {b} prompts x {g} samples of up to {t} tokens"
                              + (f", {options['prompt_chunk']} prompts at a time" if options.get("prompt_chunk")
                                 else "")
-                             + (f", {options['num_slots']} decode slots (continuous batching)" if engine else "")
+                             + (f", {options['num_slots']} decode slots (continuous batching)"
+                                if rollout.sampler == "engine" else "")
                              + (f" (1 to {rounds} rounds a step, --dynamic_sampling)" if rounds > 1 else ""),
-                             per_step=1, loop_trips=trips)
-  if reward is not None:
-    reward_params = _reward_params(reward, placement)
-    chunk = learned_reward.scorer_options(placement, reward.config, n, length)  # as `LearnedReward` calls it
-    if reward.kind == "orm" and config.reward_model.supervision == "outcome":
-      out["reward"] = Program(learned_reward.OUTCOME_SCORES,
-                              (reward_params, reward.config, rows(jnp.int32, n), rows(jnp.bool_, n)),
-                              f"the outcome reward model's score of the {n} rows, "
-                              f"{chunk['rows_per_chunk'] or n} at a time", per_step=1, kwargs=chunk)
-    else:
-      k = config.reward_model.prm_max_steps
-      out["reward"] = Program(learned_reward.STEP_SCORES,
-                              (reward_params, reward.config, rows(jnp.int32, n), rows(jnp.bool_, n),
-                               rows(jnp.int32, n, k), rows(jnp.bool_, n, k)),
-                              f"the {reward.kind} reward model's scores at up to {k} step ends of the {n} rows, "
-                              f"{chunk['rows_per_chunk'] or n} at a time", per_step=1, kwargs=chunk)
-  forwards = method.scoring_forwards()  # what `collect` runs (PPO: the rollouts' ungrouped forward)
-  if forwards:
-    logprobs = method.scoring_logprobs()
-    fn = lambda tree: logprobs.program((n, length), tree)  # its placement follows the tree's structure
-    layout = method.forward_layout()  # as `scoring_logprobs` was built
-    group = layout.get("group_size", 1)
-    chunk = placement.forward_chunk(model_config, n, length, group=group, logits_chunk=config.model.logprob_chunk,
-                                    cached=group > 1)  # the rows a chunk of `jit_token_logprobs` takes
-    buckets = layout.get("buckets")
-    how = f" of the {n} rows, " + (f"{chunk or n} at a time" if buckets is None else
-                                   f"in {buckets.num_micro_batches} length-sorted micro-batches at widths "
-                                   f"{buckets.widths}") + (f", each prompt once per group of {g}" if group > 1 else "")
-    if config.model.lora_rank:  # π_ref: the base alone; π_old: base + adapters, another argument structure
-      if "π_old" in forwards:
-        out["old_logprobs"] = Program(fn(params), (params, rows(jnp.int32, n), rows(jnp.bool_, n)),
-                                      "the π_old forward (base + adapters)" + how, per_step=1)
-      if "π_ref" in forwards:
-        base = lora.disabled(params)
-        out["logprobs"] = Program(fn(base), (base, rows(jnp.int32, n), rows(jnp.bool_, n)),
-                                  "the π_ref forward (the base, adapters off)" + how, per_step=1)
-    else:
-      out["logprobs"] = Program(fn(params), (params, rows(jnp.int32, n), rows(jnp.bool_, n)),
-                                f"the {' and '.join(forwards)} forward" + how, per_step=len(forwards))
-  if algo.algo == "distill":  # `Distill.collect`: the teacher's forward, grouped like π_ref's
-    teacher = _model_params(method.teacher_config, placement)
-    group = g if method.grouped() else 1
-    chunk = placement.forward_chunk(method.teacher_config, n, length, group=group,
-                                    logits_chunk=config.model.logprob_chunk, cached=group > 1)
-    out["teacher_logprobs"] = Program(
-        method.teacher_logprobs.program((n, length), teacher), (teacher, rows(jnp.int32, n), rows(jnp.bool_, n)),
-        f"the teacher's forward of the {n} rows, {chunk or n} at a time"
-        + (f", each prompt once per group of {g}" if group > 1 else ""), per_step=1)
-  per_step, minibatch, optimizer, state, state_shardings, frozen = _train_state(method, params, placement)
-  if algo.algo == "ppo":
-    out["values"] = Program(method.values.program(), (state.params["value"], rows(jnp.int32, n), rows(jnp.bool_, n)),
-                            f"the value forward V_ψ of the {n} rows", per_step=1)
-  bucketed = method.bucketed_update()
-  step = placement.train_step(state_shardings, optimizer, method.objective(), algo.grad_accum_steps, frozen=frozen,
-                              bucketed=bucketed)
-  batch = method.abstract_batch(lambda dtype: rows(dtype, minibatch))
-  out["update"] = Program(step.program(), (state, batch) if frozen is None else (state, batch, frozen),
-                          f"{method.name}: one optimiser step over {minibatch} rows in "
-                          + (f"{algo.grad_accum_steps} micro-batches" if bucketed is None else
-                             f"{bucketed.buckets.num_micro_batches} length-sorted micro-batches at widths "
-                             f"{bucketed.buckets.widths}")
-                          + ("" if frozen is None else " (LoRA: the adapters; the base frozen)"),
-                          per_step=per_step, resident_args=(0,) if frozen is None else (0, 2))
-  held_out = config.task.num_test  # the held-out set has at most this many problems
-  options = evaluation.generate_options(config, held_out, placement)
+                             per_step=1, loop_trips=trips)}
+
+
+def _reward_program(config: config_lib.Config, reward: RewardModel, shapes: Shapes,
+                    placement: placement_lib.Placement) -> Program:
+  """The learned reward's scorer over the B·G rows of P + T tokens, as `LearnedReward` calls it."""
+  n, length = config.rows_per_step, config.task.max_prompt_len + config.rollout.max_new_tokens
+  rows, reward_params = shapes.rows, _reward_params(reward, placement)
+  chunk = learned_reward.scorer_options(placement, reward.config, n, length)
+  at_a_time = f"{chunk['rows_per_chunk'] or n} at a time"
+  if reward.kind == "orm" and config.reward_model.supervision == "outcome":
+    return Program(learned_reward.OUTCOME_SCORES,
+                   (reward_params, reward.config, rows(jnp.int32, n, length), rows(jnp.bool_, n, length)),
+                   f"the outcome reward model's score of the {n} rows, {at_a_time}", per_step=1, kwargs=chunk)
+  k = config.reward_model.prm_max_steps
+  return Program(learned_reward.STEP_SCORES,
+                 (reward_params, reward.config, rows(jnp.int32, n, length), rows(jnp.bool_, n, length),
+                  rows(jnp.int32, n, k), rows(jnp.bool_, n, k)),
+                 f"the {reward.kind} reward model's scores at up to {k} step ends of the {n} rows, {at_a_time}",
+                 per_step=1, kwargs=chunk)
+
+
+def _update_program(method, shapes: Shapes, per_step: int, minibatch: int, optimizer, state, state_shardings,
+                    frozen) -> Program:
+  """The runner's update (`Placement.train`'s step) over a minibatch's `update_rows`; with LoRA the frozen base a
+  third, not donated, argument."""
+  algo, bucketed = method.config.algorithm, method.bucketed_update()
+  step = method.rollouts.placement.train_step(state_shardings, optimizer, method.objective(), algo.grad_accum_steps,
+                                              frozen=frozen, bucketed=bucketed)
+  m = method.update_rows(minibatch)
+  batch = method.abstract_batch(lambda dtype, *shape: shapes.rows(dtype, m, *shape))
+  return Program(step.program(), (state, batch) if frozen is None else (state, batch, frozen),
+                 f"{method.name}: one optimiser step over {m} rows in "
+                 + (f"{algo.grad_accum_steps} micro-batches" if bucketed is None else
+                    f"{bucketed.buckets.num_micro_batches} length-sorted micro-batches at widths "
+                    f"{bucketed.buckets.widths}")
+                 + ("" if frozen is None else " (LoRA: the adapters; the base frozen)"),
+                 per_step=per_step, resident_args=(0,) if frozen is None else (0, 2))
+
+
+def _eval_samplers(method, shapes: Shapes, placement: placement_lib.Placement, held_out: int) -> dict[str, Program]:
+  """Held-out evaluation's samplers (`evaluation.generate_options`): greedy, and k samples with --eval_samples=k."""
+  cfg = method.config
+  p, t = cfg.task.max_prompt_len, cfg.rollout.max_new_tokens
+  options = evaluation.generate_options(cfg, held_out, placement)
   e = options["batch_size"]
   calls = -(-held_out // e)
-  slots = lambda k: dict(num_slots=placement.engine_slots(method.config, e, p, k, t, rollout.num_slots)) if engine \
-      else {}
-  fn, args, trips = sampler(e, 1, max_new_tokens=t, greedy=True, **slots(1))
-  out["eval_greedy"] = Program(fn, args, f"evaluation: greedy completions of {e} held-out prompts a call",
-                               per_step=0, per_eval=calls, loop_trips=trips)
-  if config.eval.eval_samples:
-    k = config.eval.eval_samples
-    fn, args, trips = sampler(e, k, max_new_tokens=t, **slots(k))
-    out["eval_samples"] = Program(fn, args, f"evaluation: {k} samples of {e} held-out prompts a call (maj@k, pass@k)",
-                                  per_step=0, per_eval=calls, loop_trips=trips)
+  engine = cfg.rollout.sampler == "engine"
+  slots = lambda k: dict(num_slots=placement.engine_slots(method.model_config, e, p, k, t, cfg.rollout.num_slots)) \
+      if engine else {}
+  fn, args, trips = _sampler(method, shapes, placement, e, 1, max_new_tokens=t, greedy=True, **slots(1))
+  out = {"eval_greedy": Program(fn, args, f"evaluation: greedy completions of {e} held-out prompts a call",
+                                per_step=0, per_eval=calls, loop_trips=trips)}
+  if cfg.eval.eval_samples:
+    k = cfg.eval.eval_samples
+    fn, args, trips = _sampler(method, shapes, placement, e, k, max_new_tokens=t, **slots(k))
+    out["eval_samples"] = Program(fn, args, f"evaluation: {k} samples of {e} held-out prompts a call (maj@k, "
+                                  "pass@k)", per_step=0, per_eval=calls, loop_trips=trips)
   return out

@@ -30,28 +30,28 @@ class SamplerPlanner:
     max_action_tokens: the action budget per turn.
     temperature, top_k, top_p, greedy: sampling, as in `sampling.sample`.
     min_bucket: the smallest padded row count.
+    pad_id: fills the sampled tokens after the end; default the tokenizer's pad id, else 0.
   """
 
   def __init__(self, params, config, tokenizer, *, max_prompt_len: int, max_action_tokens: int,
                temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, greedy: bool = False,
-               min_bucket: int = 8):
+               min_bucket: int = 8, pad_id: int | None = None):
     self.params, self.config, self.tokenizer = params, config, tokenizer
     self.max_prompt_len, self.max_action_tokens = max_prompt_len, max_action_tokens
     self.sample_kwargs = dict(temperature=temperature, top_k=top_k, top_p=top_p, greedy=greedy)
     self.min_bucket = min_bucket
     self.prompts_truncated = 0
     self.rows_sampled = 0  # padded rows, for the cost of the bucketing
-    self.pad_id = tokenizer.pad_token_id or 0
+    self.pad_id = (tokenizer.pad_token_id or 0) if pad_id is None else pad_id
 
   def __call__(self, requests: Sequence[PlanRequest], key: jax.Array, num_samples: int = 1) -> list[PlannerOutput]:
     n = len(requests)
-    rows = bucket_size(n, self.min_bucket)
+    rows = self.rows(n)
     prompts = [r.prompt for r in requests] + [requests[0].prompt] * (rows - n)
     ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
     self.prompts_truncated += sum(len(x) > self.max_prompt_len for x in ids[:n])
     tokens, mask = batch_lib.pad_left(ids, self.max_prompt_len, self.pad_id)
-    out = sampling.sample(self.params, self.config, tokens, mask, key, num_samples=num_samples,
-                          max_new_tokens=self.max_action_tokens, pad_id=self.pad_id, **self.sample_kwargs)
+    out = sampling.sample(self.params, self.config, tokens, mask, key, **self._options(num_samples))
     out_tokens, lengths, truncated = (np.asarray(x) for x in (out.tokens, out.lengths, out.truncated))
     self.rows_sampled += rows * num_samples
     outputs = []
@@ -61,6 +61,23 @@ class SamplerPlanner:
       text = self.tokenizer.decode(list(action_ids), skip_special_tokens=True)
       outputs.append(PlannerOutput(text, prompt_ids, action_ids, bool(truncated[i])))
     return outputs
+
+
+  def rows(self, n: int) -> int:
+    """The sampler's rows for `n` requests (`bucket_size`): each count compiles one program."""
+    return bucket_size(n, self.min_bucket)
+
+  def program(self, num_samples: int = 1):
+    """`(program, static)` that a call with `num_samples` samples a request runs (`sampling.sample_program`):
+    ahead of time, `program.trace(params, tokens, mask, key, temperature, None, **static)` with tokens and mask
+    `[self.rows(n), max_prompt_len]`."""
+    options = self._options(num_samples)
+    del options["temperature"]  # traced
+    return sampling.sample_program(self.config, **options)
+
+  def _options(self, num_samples: int) -> dict:
+    return dict(num_samples=num_samples, max_new_tokens=self.max_action_tokens, pad_id=self.pad_id,
+                **self.sample_kwargs)
 
 
 class ScriptedPlanner:

@@ -195,7 +195,7 @@ def test_likelihood_temperature_is_the_imitation_methods_likelihood(sft_policy, 
   totals = {"num_sequences": batch.tokens.shape[0], "num_tokens": jnp.sum(batch.loss_mask)}
   loss, _ = method.objective()(params, batch, totals)
   for t, same in ((0.7, True), (1.0, False)):
-    logp = logprobs_lib.token_logprobs(params, method.config, batch.tokens, batch.attention_mask, temperature=t)
+    logp = logprobs_lib.token_logprobs(params, method.model_config, batch.tokens, batch.attention_mask, temperature=t)
     want = losses.paradigm_loss(logp, batch.advantages, batch.loss_mask)
     assert (abs(float(loss) - float(want)) < 1e-5) == same, t
   _parse("--algo=grpo", "--likelihood_temperature=0.7")  # GRPO trains --temperature's (0.7): it may say so
@@ -247,7 +247,7 @@ def test_advantage_estimators_replace_the_group_normalisation(sft_policy, known_
   method, params, reference = _method("grpo", sft_policy, f"--advantage_estimator={estimator}", "--beta=0.1")
   method.reference = jax.tree.map(lambda x: x * 1.5, reference)  # π_ref ≠ π_θ: a non-zero KL on every token
   batch, stats, _ = method.collect(params, 0, jax.random.key(0))
-  b, g = method.cfg.rollout.batch_size, method.cfg.rollout.group_size
+  b, g = method.config.rollout.batch_size, method.config.rollout.group_size
   adv, mask = np.asarray(batch.advantages), np.asarray(batch.loss_mask)
   assert adv.shape[0] == b * g
   if estimator == "rloo":  # Â_i = r_i − mean of the other G − 1 rewards of its prompt (correctness: 0/1)
@@ -410,7 +410,7 @@ def test_the_engine_and_the_static_sampler_roll_out_alike(sft_policy):
     method, params, _ = _method("grpo", sft_policy, f"--sampler={sampler}", "--num_slots=3", "--eval_samples=4")
     examples = [method.task.train_example(i) for i in range(5)]
     scored = method.rollouts.sample(params, examples, jax.random.key(3), 4)
-    metrics = evaluation_lib.evaluate(params, method.config, method.task, method.cfg, jax.random.key(4),
+    metrics = evaluation_lib.evaluate(params, method.model_config, method.task, method.config, jax.random.key(4),
                                       placement_lib.Placement())
     got[sampler] = scored, metrics
   (engine, engine_metrics), (static, static_metrics) = got["engine"], got["static"]
@@ -435,7 +435,7 @@ def test_dynamic_sampling_keeps_varied_groups_and_refills(sft_policy, monkeypatc
   round 2 none, round 3 groups 2 and 3 (of which one is needed)."""
   method, params, _ = _method("grpo", sft_policy, "--dynamic_sampling",
                               f"--dynamic_sampling_max_rounds={max_rounds}")
-  b, g = method.cfg.rollout.batch_size, method.cfg.rollout.group_size
+  b, g = method.config.rollout.batch_size, method.config.rollout.group_size
   rounds = []
   real_sample = method.rollouts.sample
 
@@ -455,7 +455,7 @@ def test_dynamic_sampling_keeps_varied_groups_and_refills(sft_policy, monkeypatc
   assert len(rounds) == stats["sampling_rounds"] == {2: 2, 4: 4}[max_rounds]
   assert position == b * len(rounds)  # every round draws B new prompts
   assert [e.question for e in rounds[0][0]] != [e.question for e in rounds[1][0]]
-  p = method.cfg.task.max_prompt_len
+  p = method.config.task.max_prompt_len
   tokens, mask = np.asarray(batch.tokens), np.asarray(batch.loss_mask)
   for slot, ((r, group), kept) in enumerate(zip(picked, in_loss)):
     expected = rounds[r][1][group * g:(group + 1) * g]  # the completions, as sampled
@@ -482,11 +482,11 @@ def test_length_buckets_collect_and_update_as_the_padded_layout(sft_policy):
     got[layout] = batch, stats, state.params, metrics, method
   (padded, _, padded_params, padded_metrics, _), (bucketed, stats, params, metrics, method) = got.values()
   assert method.bucketed_update().buckets.widths == (8, 12, 24) and method.bucketed_update().buckets.num_micro_batches == 8
-  lengths = np.asarray(bucketed.attention_mask.sum(1) - padded.attention_mask[:, :method.cfg.task.max_prompt_len].sum(1))
+  lengths = np.asarray(bucketed.attention_mask.sum(1) - padded.attention_mask[:, :method.config.task.max_prompt_len].sum(1))
   assert lengths.min() < lengths.max()  # unequal lengths
   width = padded.tokens.shape[1]
-  assert method.cfg.rollout.max_new_tokens == 24  # the tests' flags
-  assert bucketed.tokens.shape[1] == method.cfg.task.max_prompt_len + 24 >= width  # all columns vs the longest
+  assert method.config.rollout.max_new_tokens == 24  # the tests' flags
+  assert bucketed.tokens.shape[1] == method.config.task.max_prompt_len + 24 >= width  # all columns vs the longest
   assert stats["completion_width"] == 24.0
   for name in ("tokens", "attention_mask", "loss_mask", "advantages"):
     np.testing.assert_array_equal(getattr(bucketed, name)[:, :width], getattr(padded, name))
@@ -523,3 +523,31 @@ def test_collect_runs_the_forwards_the_method_declares(sft_policy, name, flags, 
   trained = method.init_params(params, jax.random.key(0))
   method.collect(trained, 0, jax.random.key(0))
   assert sorted("π_ref" if is_reference else "π_old" for is_reference in calls) == sorted(expected)
+
+
+@pytest.mark.parametrize("name,flags", [("grpo", ("--recompute_old_logprobs",)), ("ppo", ("--group_size=1",))])
+def test_collect_never_waits_only_to_time_itself(sft_policy, monkeypatch, name, flags):
+  """Issue 54: `collect` dispatches its forwards and returns; no wait on the batch is added to time the scoring
+  (the update's metrics are the step's sync, docs/train.md), and the times it logs are still there."""
+  method, params, _ = _method(name, sft_policy, "--batch_size=2", *flags)
+  trained = method.init_params(params, jax.random.key(0))
+  waits = []
+  monkeypatch.setattr(jax, "block_until_ready", lambda tree: waits.append(tree) or tree)
+  batch, stats, _ = method.collect(trained, 0, jax.random.key(0))
+  assert not waits
+  assert stats["time_sampling"] > 0 and stats["time_scoring"] >= 0
+  assert np.isfinite(np.asarray(batch.old_logp)).all()
+
+
+def test_the_host_state_a_checkpoint_records_comes_back(sft_policy):
+  # Issue 54: the loop passes the checkpoint's metadata in; the method restores its own counters (a checkpoint
+  # saved before the count was recorded leaves it as it is).
+  method, _, _ = _method("grpo", sft_policy)
+  method.rollouts.prompts_truncated = 3
+  meta = method.host_state()
+  assert meta == {"prompts_truncated": 3}
+  resumed, _, _ = _method("grpo", sft_policy)
+  resumed.restore_host_state({"step": 7, **meta})
+  assert resumed.rollouts.prompts_truncated == 3
+  resumed.restore_host_state({"step": 7})
+  assert resumed.rollouts.prompts_truncated == 3

@@ -157,16 +157,18 @@ class _Lowerings(logging.Handler):
     self.logger.setLevel(self.level)
 
 
-def _programs_match_a_run(config, names):
+def _programs_match_a_run(config, names, mesh=None):
   """programs(config) lists `names`, in order; a one-step run of `config` lowers every one of them with the same
-  names and argument shapes and types, and no other program of the model's (by name). Returns the listed programs,
-  the placement and the model config."""
+  names and argument shapes and types, and no other program of the model's (by name). `mesh`: the one to list them
+  for, where it is not the run's (a one-device run's). Returns the listed programs, the placement and the model
+  config."""
   from experiments.trainer import loop  # pylint: disable=import-outside-toplevel
   from experiments.runner import placement as placement_lib  # pylint: disable=import-outside-toplevel
   from experiments.trainer import programs  # pylint: disable=import-outside-toplevel
   jax.clear_caches()  # a program another test compiled (the same shapes) would not be lowered, nor logged, again
   with _Lowerings() as runner:
     loop.run(config)
+  config = config.replace(mesh=mesh) if mesh else config
   placement = placement_lib.Placement.from_config(config.mesh)
   model_config = aot.policy_config(config.model)
   listed = programs.programs(config, model_config, placement)
@@ -268,6 +270,33 @@ def test_the_ppo_programs_are_those_a_ppo_run_compiles(tmp_path):
                          (dict(value_init="some/dir"), "--value_init=some/dir")):
     with pytest.raises(config_lib.ConfigError, match=message):
       programs.programs(config.replace(**flags), model_config, placement)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_flow_grpo_programs_are_those_a_flow_grpo_run_compiles(tmp_path, lora):
+  # --algo=flow_grpo runs on one device: the planner's turns through the unsharded sampler (the first turn B
+  # prompts x G actions, later turns one action for each active trajectory; evaluation greedy), π_old and π_ref over
+  # the turns' rows, the update over a TurnBatch. Buckets at least B·G (--min_bucket) and rows padded to at least
+  # every turn (--grad_accum_steps) fix the shapes whatever the tiny policy writes; a one-step run lowers the same.
+  from experiments.trainer import programs  # pylint: disable=import-outside-toplevel
+  config = config_lib.Config().replace(**config_lib.PRESETS["flow_grpo"]).replace(
+      tiny_layers=1, tiny_hidden_size=32, num_train=120, num_test=4, eval_batch_size=4, batch_size=2, group_size=2,
+      max_turns=2, planner_prompt_len=40, action_tokens=8, memory_budget=28, min_bucket=4, grad_accum_steps=4,
+      beta=0.04, sft_steps=0, steps=1, eval_every=0, save_every=0, tensorboard=False, work_dir=str(tmp_path / "run"),
+      **(dict(lora_rank=4, lora_alpha=8.0) if lora else {}))
+  forwards = ["old_logprobs", "logprobs"] if lora else ["logprobs"]
+  listed, placement, model_config = _programs_match_a_run(
+      config, ["sampler", "sampler_turns", *forwards, "update", "eval_greedy"], mesh="data:1")
+  width = 40 + 8
+  assert listed["sampler"].args[1].shape == listed["sampler_turns"].args[1].shape == (4, 40)  # bucket_size(4, 4)
+  assert listed["sampler"].kwargs["num_samples"] == 2 and listed["sampler_turns"].kwargs["num_samples"] == 1
+  assert listed["eval_greedy"].kwargs["greedy"] and listed["eval_greedy"].per_eval == 2  # one batch of 4, 2 turns
+  # every turn of B·G = 4 trajectories, padded to a multiple of 2 x 4
+  assert listed["logprobs"].args[1].shape == (8, width) and listed["update"].args[1].tokens.shape == (8, width)
+  assert listed["update"].args[1].advantages.shape == (8,)
+  assert listed["sampler_turns"].per_step == 1 and listed["logprobs"].per_step == (1 if lora else 2)
+  resident = programs.resident(config.replace(mesh="data:1"), model_config, placement)
+  assert set(resident) == ({"train state", "base"} if lora else {"train state", "reference"})
 
 
 def test_the_lora_update_and_resident_trees_hold_the_base_once():

@@ -24,7 +24,7 @@ class SignedRFT(rft._Paradigm):
   name = "signed_rft"
 
   def collect(self, params, position, key):
-    b, g = self.cfg.rollout.batch_size, self.cfg.rollout.group_size
+    b, g = self.config.rollout.batch_size, self.config.rollout.group_size
     examples = [self.task.train_example(position + i) for i in range(b)]
     scored = self.rollouts.sample(params, examples, key, g)
     mask = jnp.asarray(scored.samples.mask)

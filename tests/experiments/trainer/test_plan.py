@@ -13,11 +13,11 @@ class _Method:
   """What `update_plan` reads of a method: its config, rows per step and item, layout, optimiser factory."""
   name = "m"
 
-  def __init__(self, cfg, rows_per_item=1):
-    self.cfg, self.rows_per_item, self.built = cfg, rows_per_item, None
+  def __init__(self, config, rows_per_item=1):
+    self.config, self.rows_per_item, self.built = config, rows_per_item, None
 
   def rows_per_step(self):
-    return self.cfg.rows_per_step
+    return self.config.rows_per_step
 
   def bucketed_update(self):  # the padded layout: a minibatch splits into --grad_accum_steps whole-item parts
     return None
