@@ -37,8 +37,8 @@ class Distill(grpo.GRPO):
         attention=model_config.attention)
     if self.teacher_config.vocab_size != model_config.vocab_size:
       raise config_lib.RunError(f"--teacher_checkpoint={path}: vocabulary of {self.teacher_config.vocab_size} "
-                                f"tokens, the policy's has {model_config.vocab_size}; a teacher must share the policy's "
-                                f"tokenizer")
+                                f"tokens, the policy's has {model_config.vocab_size}; a teacher must share the "
+                                f"policy's tokenizer")
     self._teacher = None
     self.teacher_logprobs = rollouts.placement.logprobs(self.teacher_config, chunk_size=config.model.logprob_chunk,
                                                         temperature=config.rollout.temperature, **self.forward_layout())

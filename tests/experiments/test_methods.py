@@ -482,7 +482,8 @@ def test_length_buckets_collect_and_update_as_the_padded_layout(sft_policy):
     got[layout] = batch, stats, state.params, metrics, method
   (padded, _, padded_params, padded_metrics, _), (bucketed, stats, params, metrics, method) = got.values()
   assert method.bucketed_update().buckets.widths == (8, 12, 24) and method.bucketed_update().buckets.num_micro_batches == 8
-  lengths = np.asarray(bucketed.attention_mask.sum(1) - padded.attention_mask[:, :method.config.task.max_prompt_len].sum(1))
+  p = method.config.task.max_prompt_len
+  lengths = np.asarray(bucketed.attention_mask.sum(1) - padded.attention_mask[:, :p].sum(1))
   assert lengths.min() < lengths.max()  # unequal lengths
   width = padded.tokens.shape[1]
   assert method.config.rollout.max_new_tokens == 24  # the tests' flags
