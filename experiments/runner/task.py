@@ -78,6 +78,16 @@ class Task:
     self.is_formatted = (rewards_lib.has_final_answer_format if config.task != "math"
                          else lambda c: rewards_lib.extract_boxed(c) is not None)
 
+  def check_batch(self, batch_size: int) -> None:
+    """Raises RunError when a file task's RL pool holds fewer problems than a step's `batch_size` prompts (a step
+    would hold a problem twice; the synthetic task's --num_train is checked before anything loads)."""
+    if self.config.task != "synthetic" and batch_size > len(self.rl_pool):
+      held = [f"{len(self.train) - len(self.rl_pool) - len(self.validation)} for SFT"] * (len(self.sft_pool) < len(
+          self.train)) + [f"{len(self.validation)} for --num_validation"] * bool(self.validation)
+      raise config_lib.RunError(f"--batch_size={batch_size} exceeds the {len(self.rl_pool)} RL problems of "
+                                f"--train_file={self.config.train_file}"
+                                + (f" ({', '.join(held)} held out of {len(self.train)})" if held else ""))
+
   def prompt(self, example: data.Example) -> str:
     if self.config.task == "synthetic" and self.template == "plain":
       return data.format_prompt(example)

@@ -284,6 +284,8 @@ def _stages(cfg: config_lib.Config, method_cls, placement: placement_lib.Placeme
   params, model_config, tokenizer, needs_sft, source = policy_lib.load(cfg, placement, method_cls.sft_marker)
   task = task_lib.Task(cfg.task, tokenizer, sft_lineage=needs_sft or policy_lib.sft_lineage(
       source, cfg.task, method_cls.sft_marker), seed=run_cfg.seed)
+  if method_cls.samples_each_step:
+    task.check_batch(cfg.rollout.batch_size)
   logger = logs.start(work_dir, run_cfg, resume_lib.record(cfg), cfg.optim.steps)
   reward_model = learned_reward.make(cfg, tokenizer, model_config, placement)
   lora_targets = config_lib.lora_targets(cfg.model.lora_targets)

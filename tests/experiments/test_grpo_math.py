@@ -146,6 +146,18 @@ def test_malformed_jsonl_names_the_line(tmp_path):
   assert "Traceback" not in result.stderr, result.stderr[-2000:]
 
 
+def test_a_batch_beyond_a_file_tasks_rl_pool_is_one_line(tmp_path):
+  """Issue #55's sweep: 4 prompts a step from a file of 3 problems (after SFT's share) would repeat a problem in
+  every step; the run stops with one line naming both numbers, before any checkpoint."""
+  model_dir = models.build_default_checkpoint(tmp_path / "hf_model", seed=3, num_hidden_layers=1)
+  records = [{"question": f"{a}+{a}?", "answer": f"{a}+{a}={2 * a}\n#### {2 * a}"} for a in range(3)]
+  (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+  with pytest.raises(grpo_math.RunError, match=r"^--batch_size=4 exceeds the 3 RL problems of --train_file=.*train\.jsonl$"):
+    _run(tmp_path / "run", f"--model={model_dir}", "--task=gsm8k", f"--train_file={tmp_path / 'train.jsonl'}",
+         f"--test_file={tmp_path / 'train.jsonl'}", "--steps=1", "--eval_every=0")
+  assert not (tmp_path / "run" / "checkpoints").exists()
+
+
 def test_existing_checkpoints_are_never_overwritten(tmp_path):
   _run(tmp_path, "--sft_steps=0", "--steps=1", "--eval_every=0")
   before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
