@@ -103,8 +103,7 @@ def train(method: methods_lib.Method, policy, logger, ckpt: stage_checkpoints.St
       tracer.before(step)
       state, position = stage.step(state, step, position, step_key)
       tracer.after(step)
-      stage.evaluate_and_iterate(state, step, step_key)
-      interrupted = ckpt.stop_requested()  # every process: the same answer
+      interrupted = stage.iterate_and_evaluate(state, step, step_key, ckpt.stop_requested)
       if (run_cfg.save_every and step % run_cfg.save_every == 0) or step in (steps, run_cfg.stop_after) \
           or interrupted:
         ckpt.save(step, stage.checkpoint_tree(state), {
@@ -157,16 +156,29 @@ class _Steps:
     self.logger.progress(step, report.progress_line(values))
     return state, position
 
-  def evaluate_and_iterate(self, state, step: int, step_key) -> None:
-    """ITERATE at an iteration's end (the reward model retrained), EVALUATE every `eval_every` steps."""
+  def iterate_and_evaluate(self, state, step: int, step_key, stop_requested) -> bool:
+    """ITERATE at an iteration's end (the reward model retrained: part of the step, whose checkpoint holds it), then
+    EVALUATE every `eval_every` steps (the last step's is the final evaluation's). Returns whether the run stops
+    after this step (`stop_requested()`: a signal noted on any process; every process asks at the same points).
+
+    A signal noted by the end of the step skips its evaluation, so that the step in flight is saved within a
+    preemption's grace period; one noted during the evaluation is answered right after it.
+    """
+    cfg = self.method.config
     if self.per_iteration and step % self.per_iteration == 0:
       _retrain_reward_model(self.updates, self.method, self.full(state.params), step // self.per_iteration, step,
                             step_key, self.logger, lambda: self.evaluate(state))
-    cfg = self.method.config
-    if cfg.eval.eval_every and step % cfg.eval.eval_every == 0 and step != cfg.optim.steps:
+    evaluates = cfg.eval.eval_every and step % cfg.eval.eval_every == 0 and step != cfg.optim.steps
+    if stop_requested():
+      if evaluates:
+        self.logger.newline()
+        print(f"step {step}: evaluation skipped, the run is stopping", file=sys.stderr)
+      return True
+    if evaluates:
       self.logger.newline()
       values = self.logger.log(step, self.evaluate(state), prefix="eval/")
       print(f"step {step}: held-out accuracy {values['eval/accuracy']:.3f}", file=sys.stderr)
+    return stop_requested()
 
 
 def _train_state(method: methods_lib.Method, policy, part: lora.TrainedPart, optimizer, key, iterative: bool):

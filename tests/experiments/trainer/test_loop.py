@@ -3,6 +3,7 @@ the loop runs it end to end from a Python config (the README's example)."""
 
 import gc
 import json
+import types
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +16,7 @@ from experiments.runner import config as config_lib
 from experiments.runner import git_commit
 from experiments.trainer import loop
 from grpo_jax import models
+from grpo_jax.models import lora
 from grpo_jax import training
 from tests.known_answers import known_answers  # noqa: F401  (a fixture)
 
@@ -119,3 +121,25 @@ def test_stage_2_holds_no_copy_of_the_start_policy_beyond_the_needed_ones(tmp_pa
   loop.run(config)
   loop.run(config.replace(stop_after=0, resume=True))
   assert counts == [copies] * 2
+
+
+@pytest.mark.parametrize("answers, evaluated, stops", [
+    ((False, False), True, False),  # no signal: the step's evaluation runs
+    ((True,), False, True),  # noted during the step: its evaluation is skipped, the step saved at once
+    ((False, True), True, True),  # noted during the evaluation: answered right after it
+])
+def test_a_signal_noted_by_the_end_of_a_step_skips_its_evaluation(answers, evaluated, stops, capsys):
+  """Preemption saves the step in flight within a grace period: a signal noted by the end of a step at which the
+  run evaluates stops the run before the evaluation (which can take longer than the grace period)."""
+  asked, evaluations, logged = [], [], []
+  config = config_lib.Config().replace(steps=10, eval_every=2)
+  method = types.SimpleNamespace(config=config, evaluate=lambda *a: evaluations.append(a) or {"accuracy": 0.5},
+                                 policy=lambda params: params)
+  logger = types.SimpleNamespace(newline=lambda: None, log=lambda step, values, prefix: logged.append(step) or {
+      prefix + k: v for k, v in values.items()})
+  steps = loop._Steps(method, logger, lora.TrainedPart(enabled=False), None, None, None, 8, 1)
+  state = types.SimpleNamespace(params={"w": 1.0})
+  stop = steps.iterate_and_evaluate(state, 4, None, lambda: asked.append(1) or answers[len(asked) - 1])
+  assert stop == stops and bool(evaluations) == evaluated and logged == ([4] if evaluated else [])
+  assert len(asked) == len(answers)  # every process asks the same number of times, whatever the answer
+  assert ("step 4: evaluation skipped, the run is stopping" in capsys.readouterr().err) == (not evaluated)
