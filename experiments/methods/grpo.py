@@ -4,6 +4,7 @@ the critic-free advantage estimators that replace the group normalisation (`adva
 RLOO's leave-one-out baseline, and REINFORCE++ (KL in the per-token reward, batch-whitened returns)."""
 
 import time
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -126,11 +127,50 @@ class GRPO(base.Method):
                            correction_kwargs=base.correction_kwargs(algo), **grouped)
 
   def collect(self, params, position: int, key):
-    config, algo, rollout = self.config, self.config.algorithm, self.config.rollout
+    """SAMPLE B prompts' groups (`_draw`: with DAPO's dynamic sampling, rounds until B groups vary), then SCORE:
+    π_old and π_ref where `scoring_forwards` names them, the advantages (`_advantages`), the training batch."""
+    rollout, g = self.config.rollout, self.config.rollout.group_size
+    t0 = time.time()
+    drawn = self._draw(params, position, key)
+    scored = drawn.scored
+    samples, rewards = scored.samples, scored.rewards
+    sample_time = time.time() - t0 - scored.score_time
+
+    # SCORE: the training batch, built on the device(s) from the sampler's arrays
+    t1 = time.time()
+    loss_mask = jnp.asarray(samples.mask).at[drawn.trained_groups * g:].set(False)
+    if rollout.mask_truncated:
+      loss_mask &= ~jnp.asarray(samples.truncated)[:, None]
+    if not self.reads_old_logprobs():
+      old_logp = jnp.zeros(samples.tokens.shape, jnp.float32)  # not read: the objective uses sg(π_θ)
+    else:  # a forward where `scoring_forwards` names π_old, else the sampler's log-probs
+      old_logp = self.rollouts.old_logprobs(params, samples, self.group_logprobs)
+    if "π_ref" in self.scoring_forwards():
+      sequences = logprobs_lib.sequences_from_samples(samples)
+      ref_logp = self.rollouts.completion(self.group_logprobs(self.reference, *sequences), samples)
+    else:
+      ref_logp = jnp.zeros(samples.tokens.shape, jnp.float32)
+    advantages = self._advantages(drawn, old_logp, ref_logp, loss_mask)
+    batch = training.batch_from_samples(samples, loss_mask, old_logp, ref_logp, advantages)  # not awaited: the
+    # update's metrics are the step's sync, and `time_update` counts the forwards' device time left by then
+    stats = self.rollouts.stats(scored, g)
+    b = rollout.batch_size
+    stats.update(zero_variance_groups=float(np.mean(np.ptp(rewards.reshape(b, g), axis=1) == 0)),
+                 sampling_rounds=float(drawn.rounds), completion_width=float(samples.tokens.shape[1]),
+                 prompts_per_step=float(drawn.trained_groups),  # and the rows with a positive advantage on some token
+                 positive_rows=float(np.sum(np.any(np.asarray(advantages).reshape(len(rewards), -1) > 0, axis=1))),
+                 time_sampling=sample_time,
+                 time_scoring=scored.score_time + time.time() - t1)
+    return batch, stats, drawn.position
+
+  def _draw(self, params, position: int, key) -> "Drawn":
+    """B groups of G samples from the next prompts. With DAPO's dynamic sampling, rounds of B prompts until B groups
+    have rewards that vary; a short batch is filled with zero-variance groups, left out of the loss (the first
+    `trained_groups` train), so shapes stay fixed."""
+    rollout = self.config.rollout
     b, g = rollout.batch_size, rollout.group_size
     rounds, round_examples, kept, spare = [], [], [], []
     score_time = 0.0
-    t0 = time.time()
     for r in range(rollout.dynamic_sampling_max_rounds if rollout.dynamic_sampling else 1):
       examples = [self.task.train_example(position + i) for i in range(b)]
       scored = self.rollouts.sample(params, examples, jax.random.fold_in(key, r), g)
@@ -143,11 +183,8 @@ class GRPO(base.Method):
         (kept if varied[i] or not rollout.dynamic_sampling else spare).append((r, i))
       if len(kept) >= b:
         break
-    # DAPO dynamic sampling: fill a short batch with zero-variance groups, left out of the loss, so shapes
-    # stay fixed.
     chosen = kept[:b]
-    dropped = spare[:b - len(chosen)]
-    rows = [(r, i * g + j) for r, i in chosen + dropped for j in range(g)]
+    rows = [(r, i * g + j) for r, i in chosen + spare[:b - len(chosen)] for j in range(g)]
     flat_rows = np.asarray([r * b * g + row for r, row in rows])
     if len(rounds) == 1 and np.array_equal(flat_rows, np.arange(b * g)):
       samples, host = rounds[0].samples, rounds[0].host
@@ -158,51 +195,42 @@ class GRPO(base.Method):
     samples = self.rollouts.trim(samples, host.lengths)  # the columns up to the longest completion
     rewards = np.concatenate([s.rewards for s in rounds])[flat_rows]
     correct = np.concatenate([s.correct for s in rounds])[flat_rows]
-    scored = rollouts_lib.Scored(samples, rewards, correct, score_time, host)
-    sample_time = time.time() - t0 - score_time
+    return Drawn(rollouts_lib.Scored(samples, rewards, correct, score_time, host),
+                 [round_examples[r][row // g] for r, row in rows], len(chosen), len(rounds), position)
 
-    # SCORE: the training batch, built on the device(s) from the sampler's arrays
-    t1 = time.time()
-    loss_mask = jnp.asarray(samples.mask).at[len(chosen) * g:].set(False)
-    if rollout.mask_truncated:
-      loss_mask &= ~jnp.asarray(samples.truncated)[:, None]
-    if not self.reads_old_logprobs():
-      old_logp = jnp.zeros(samples.tokens.shape, jnp.float32)  # not read: the objective uses sg(π_θ)
-    else:  # a forward where `scoring_forwards` names π_old, else the sampler's log-probs
-      old_logp = self.rollouts.old_logprobs(params, samples, self.group_logprobs)
-    if "π_ref" in self.scoring_forwards():
-      sequences = logprobs_lib.sequences_from_samples(samples)
-      ref_logp = self.rollouts.completion(self.group_logprobs(self.reference, *sequences), samples)
-    else:
-      ref_logp = jnp.zeros(samples.tokens.shape, jnp.float32)
-    if config.reward_model.supervision == "process":  # GRPO+PS: PRM rewards per step, normalised over the group's steps
-      row_examples = [round_examples[r][row // g] for r, row in rows]
+  def _advantages(self, drawn: "Drawn", old_logp, ref_logp, loss_mask):
+    """Â [B·G] (broadcast over tokens) or [B·G, T] of the estimator chosen: GRPO+PS's process advantages (PRM
+    step rewards normalised over the group's steps), RLOO's, REINFORCE++'s (the KL in the per-token reward), or
+    the group-normalised outcome rewards."""
+    config, algo = self.config, self.config.algorithm
+    b, g = config.rollout.batch_size, config.rollout.group_size
+    samples, host, rewards = drawn.scored.samples, drawn.scored.host, drawn.scored.rewards
+    if config.reward_model.supervision == "process":
       step_rewards, ends, step_mask = self.rollouts.reward_model.steps(
-          host, evaluation.decode(self.task.tokenizer, host), row_examples)
+          host, evaluation.decode(self.task.tokenizer, host), drawn.examples)
       k, t = step_rewards.shape[1], samples.tokens.shape[1]
-      advantages = losses.process_advantages(
+      return losses.process_advantages(
           step_rewards.reshape(b, g, k), jnp.asarray(ends.reshape(b, g, k)), step_mask.reshape(b, g, k),
           jnp.asarray(samples.mask).reshape(b, g, t), scale="none" if algo.advantage_scale == "none" else "group",
           center_tokens=config.reward_model.process_center_tokens, eps=algo.advantage_eps).reshape(b * g, t)
-    elif algo.advantage_estimator == "rloo":
-      advantages = losses.rloo_advantages(jnp.asarray(rewards.reshape(b, g))).reshape(-1)
-    elif algo.advantage_estimator == "reinforce_pp":
+    if algo.advantage_estimator == "rloo":
+      return losses.rloo_advantages(jnp.asarray(rewards.reshape(b, g))).reshape(-1)
+    if algo.advantage_estimator == "reinforce_pp":
       token_rewards = losses.kl_penalized_rewards(jnp.asarray(rewards), old_logp, ref_logp, loss_mask,
                                                   algo.beta, kl=algo.kl or "k1")
-      advantages = losses.reinforce_pp_advantages(token_rewards, loss_mask)
-    else:
-      advantages = losses.group_advantages(rewards.reshape(b, g), scale=algo.advantage_scale,
-                                           eps=algo.advantage_eps).reshape(-1)
-    batch = training.batch_from_samples(samples, loss_mask, old_logp, ref_logp, advantages)  # not awaited: the
-    # update's metrics are the step's sync, and `time_update` counts the forwards' device time left by then
-    stats = self.rollouts.stats(scored, g)
-    stats.update(zero_variance_groups=float(np.mean(np.ptp(rewards.reshape(b, g), axis=1) == 0)),
-                 sampling_rounds=float(len(rounds)), completion_width=float(samples.tokens.shape[1]),
-                 prompts_per_step=float(len(chosen)),  # and the rows with a positive advantage on some token
-                 positive_rows=float(np.sum(np.any(np.asarray(advantages).reshape(len(rewards), -1) > 0, axis=1))),
-                 time_sampling=sample_time,
-                 time_scoring=score_time + time.time() - t1)
-    return batch, stats, position
+      return losses.reinforce_pp_advantages(token_rewards, loss_mask)
+    return losses.group_advantages(rewards.reshape(b, g), scale=algo.advantage_scale,
+                                   eps=algo.advantage_eps).reshape(-1)
+
+
+class Drawn(NamedTuple):
+  """A step's sampled groups (`GRPO._draw`): their `Scored` rows, each row's example, how many groups train (the
+  rest fill a short dynamic-sampling batch), the sampling rounds run, and the data position after them."""
+  scored: rollouts_lib.Scored
+  examples: list
+  trained_groups: int
+  rounds: int
+  position: int
 
 
 def rows_of(parts, rows: np.ndarray):
