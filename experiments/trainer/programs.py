@@ -196,10 +196,8 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
     caps = jax.ShapeDtypeStruct((prompts * samples,), jnp.int32, sharding=rows_sharding)
     fn = rollout_engine.jit_generate(method.config, (prompts, p), mesh=mesh, rules=rules, num_samples=samples,
                                      **options)
-    if options["num_slots"] >= prompts * samples:  # no refill: the static sampler's loop (`jit_generate`)
-      trips = t - 1
-    else:  # one loop of phases around the steps: at most every step in one phase
-      trips = (1, -(-prompts * samples // options["num_slots"]) * t)
+    # one loop of phases around the steps: at most every step in one phase (one wave: t steps)
+    trips = (1, -(-prompts * samples // options["num_slots"]) * t)
     return fn, (params, rows(jnp.int32, prompts, p), rows(jnp.bool_, prompts, p), key, temperature, caps), trips
 
   rounds = rollout.dynamic_sampling_max_rounds if rollout.dynamic_sampling else 1
