@@ -44,25 +44,20 @@ _STATIC = ("config", "num_samples", "max_new_tokens", "top_k", "top_p", "greedy"
            "logprobs_at_temperature", "num_slots")
 
 
-# On a CPU, slots x max_new_tokens per device: the cached tokens a decode step walks through (`default_slots`).
-CPU_CACHE_TOKENS_PER_DEVICE = 4096
-
-
 def default_slots(num_completions: int, max_new_tokens: int, devices: int = 1, platform: str | None = None) -> int:
   """Slots when none are given, over `devices` data shards on `platform` (default: JAX's backend).
 
   A slot count trades the loop's steps (about the tokens / S, plus the longest completion's tail) against each
-  step's width. A decode step reads the weights once for all its slots and each slot's cache once. On a CPU a
-  few slots a device already use its matmul rate, and more grow the caches a step walks through: slots x
-  `max_new_tokens` = `CPU_CACHE_TOKENS_PER_DEVICE` a device, at least 8 (8 a device at 512 tokens, the fastest
-  of 2 to 128 a device that `scripts/bench_rollout.py` measured on a long tail; the rule keeps a step's caches
-  that size at other lengths). An accelerator
-  needs hundreds of rows a step to stop being bound by reading the weights: a quarter of the completions, at
-  least 64 (the runner takes no more than its memory budget holds: `Placement.engine_slots`).
+  step's width. On a CPU, one wave: a slot for every completion, whatever `max_new_tokens` and `devices` (the
+  runner's memory budget, `Placement.engine_slots`, may take fewer). Its steps are the static sampler's, so equal
+  lengths cost what they cost there, and the levels of fewer slots (`slot_levels`) drop a tail's finished rows;
+  fewer slots that refill gain more on a long tail but lose at equal lengths, each step narrower (BENCHMARKS.md,
+  "Rollouts with a long tail of lengths"). An accelerator needs hundreds of rows a step to stop being bound by
+  reading the weights: a quarter of the completions, at least 64.
   """
   platform = platform or jax.default_backend()
   if platform == "cpu":
-    return min(num_completions, max(8, CPU_CACHE_TOKENS_PER_DEVICE // max(max_new_tokens, 1)) * devices)
+    return num_completions
   return num_completions if num_completions <= 64 else max(64, num_completions // 4)
 
 
@@ -95,6 +90,11 @@ def _engine_impl(params, prompt_tokens, prompt_mask, key, temperature, caps, *, 
                  first=first, total=n * num_shards, **static)
 
 
+# The widths (`phase_widths`) that the narrower levels of slots step at: the widest ones only. A level is reached
+# late in a tail, when the longest live completion is long; each (level, width) is a compiled copy of the step.
+NARROWER_LEVEL_WIDTHS = 2
+
+
 def slot_levels(slots: int, levels: int = 4, narrowest: int = 8) -> tuple[int, ...]:
   """The slot counts of the engine's levels: `slots` and its halves (rounded up) down to `narrowest`, at most
   `levels` of them. Once no completion is pending and the live ones fit a narrower level, they are gathered into
@@ -120,6 +120,7 @@ def _engine(params, prompt_tokens, prompt_mask, key, temperature, caps, *, confi
   one_wave = slots >= n
   stop_ids = jnp.asarray(stop_ids, jnp.int32)
   choose = functools.partial(_choose, top_k=top_k, top_p=top_p, greedy=greedy, total=total)
+  draw = sampling._choose  # pylint: disable=protected-access
   row_axes = lambda x: constrain(x, ("batch",) + (None,) * (x.ndim - 1))
 
   # PREFILL: every prompt once. Its keys and values are the prefix its samples' slots point at; its last hidden
@@ -146,8 +147,8 @@ def _engine(params, prompt_tokens, prompt_mask, key, temperature, caps, *, confi
     # Choose each live slot's token t of its completion, and write it down.
     logits = transformer.logits_from_hidden(params, config, hidden)  # [S, V] float32
     if in_order:  # the static sampler's draw: rows first ... first + N - 1 of step t's noise
-      tok = sampling._choose(logits, jax.random.fold_in(key, t[0]), temperature, top_k=top_k,  # pylint: disable=protected-access
-                             top_p=top_p, greedy=greedy, rows=(first, total))
+      tok = draw(logits, jax.random.fold_in(key, t[0]), temperature, top_k=top_k, top_p=top_p, greedy=greedy,
+                 rows=(first, total))
     else:
       keys = jax.vmap(jax.random.fold_in, (None, 0))(key, t)
       tok = choose(logits, keys, temperature, first + c)
@@ -196,6 +197,7 @@ def _engine(params, prompt_tokens, prompt_mask, key, temperature, caps, *, confi
   # the narrowest of `levels` that holds them, and a phase's steps run on those alone, so a long tail's last
   # completions step without the finished ones' rows. The cut caches go in and out once a phase.
   widths, levels = phase_widths(own), slot_levels(slots)
+  wide = max(len(widths) - NARROWER_LEVEL_WIDTHS, 0)  # the narrower levels' first width: widths[wide:] only
   live_top = lambda c: jnp.max(jnp.where(c[3] < n, c[4], 0))  # the longest live completion's tokens so far
   slot_axis = lambda x: transformer.cache_batch_axis(x) if x.ndim >= 4 else 0
   per_slot = lambda c, fn: (jax.tree.map(lambda x: fn(x, -1, slot_axis(x)), c[0]),  # fn(array, its column
@@ -204,6 +206,7 @@ def _engine(params, prompt_tokens, prompt_mask, key, temperature, caps, *, confi
 
   def phase(j, i):
     width, rows, last = widths[i], levels[j], i == len(widths) - 1
+    narrowest = 0 if j == 0 else wide  # the narrowest width this level has
 
     def run(carry):
       def cut(x, cols, axis):
@@ -217,7 +220,7 @@ def _engine(params, prompt_tokens, prompt_mask, key, temperature, caps, *, confi
         going = jnp.any(live)
         if not last:
           going &= live_top(c) < width
-        if i >= 2:
+        if i >= narrowest + 2:
           going &= live_top(c) >= width // 4
         if j + 1 < len(levels):
           going &= (c[6] < n) | (jnp.sum(live) > levels[j + 1])
@@ -241,8 +244,9 @@ def _engine(params, prompt_tokens, prompt_mask, key, temperature, caps, *, confi
     scattered = jnp.any(live & (jnp.arange(slots) >= jnp.take(jnp.asarray(levels), j)))
     carry = jax.lax.cond(scattered, gather, lambda c: c, carry)
     i = jnp.sum(jnp.asarray(widths[:-1]) <= live_top(carry))  # the narrowest width above every live slot's tokens
-    return jax.lax.switch(j * len(widths) + i, [phase(jj, ii) for jj in range(len(levels))
-                                                for ii in range(len(widths))], carry)
+    branch = jnp.where(j == 0, i, len(widths) + (j - 1) * (len(widths) - wide) + jnp.maximum(i - wide, 0))
+    return jax.lax.switch(branch, [phase(0, ii) for ii in range(len(widths))] + [
+        phase(jj, ii) for jj in range(1, len(levels)) for ii in range(wide, len(widths))], carry)
 
   comp = jnp.arange(slots, dtype=jnp.int32)
   carry = (cache.k, cache.v, cache.mask, comp, jnp.zeros((slots,), jnp.int32),

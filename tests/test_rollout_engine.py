@@ -134,10 +134,9 @@ def test_argument_checks(params):
 
 
 def test_default_slots_and_the_budget():
-  # A CPU: 4096 cached tokens a device, at least 8 slots (512 tokens: 8 a device; 40 tokens: 102 a device).
+  # A CPU: one wave, a slot for every completion, whatever the lengths and the devices.
   slots = rollout_engine.default_slots
-  assert slots(1024, 512, 2, "cpu") == 16 and slots(5, 512, 2, "cpu") == 5
-  assert slots(1024, 40, 2, "cpu") == 204 and slots(99, 4096, 1, "cpu") == 8
+  assert slots(1024, 512, 2, "cpu") == 1024 and slots(5, 512, 2, "cpu") == 5 and slots(99, 4096, 1, "cpu") == 99
   assert slots(40, 64, 1, "gpu") == 40  # few completions: one slot each
   assert slots(1024, 64, 8, "tpu") == 256 and slots(100, 8, 1, "gpu") == 64
   # 1 GiB of prompts split over 2 shards beside slots of 1 MiB each in 1.5 GiB a shard: 1024 a shard, 2048 in all.
@@ -210,12 +209,14 @@ MASK8 = jnp.concatenate([MASK, MASK])
 @pytest.mark.parametrize("slots", [32, 20])
 @pytest.mark.parametrize("option", ["greedy", "sampled"])
 def test_levels_of_fewer_slots(params, option, slots):
-  """A long tail of caps (most completions short, a few at T = 40): once nothing is pending, the live slots are
+  """A long tail of caps (most completions short, a few at T = 72): once nothing is pending, the live slots are
   gathered into 16 then 8 slots (one wave of 32 slots: in lockstep, the first level's slots in completion order;
-  20 slots: refills first, then 10), and the completions are the static sampler's."""
-  caps = np.random.default_rng(2).choice([1, 2, 3, 6, 9, 40], p=[.2, .2, .2, .2, .1, .1], size=32).astype(np.int32)
-  caps[[5, 30]] = 40  # two long ones, far apart in the slots
-  kwargs = dict(num_samples=4, max_new_tokens=40, eos_token_ids=(), max_lengths=caps, **OPTIONS[option])
+  20 slots: refills first, then 10), which step at the widths 35 and 71 only (of 17, 35, 71), and the completions
+  are the static sampler's."""
+  caps = np.random.default_rng(2).choice([1, 2, 3, 6, 9, 72], p=[.2, .2, .2, .2, .1, .1], size=32).astype(np.int32)
+  caps[[5, 30]] = 72  # two long ones, far apart in the slots
+  assert rollout_engine.phase_widths(71)[-rollout_engine.NARROWER_LEVEL_WIDTHS:] == (35, 71)
+  kwargs = dict(num_samples=4, max_new_tokens=72, eos_token_ids=(), max_lengths=caps, **OPTIONS[option])
   expected = sampling.sample(params, CONFIG, PROMPTS8, MASK8, jax.random.key(9), **kwargs)
   assert rollout_engine.slot_levels(slots)[-1] == (8 if slots == 32 else 10)
   out = rollout_engine.generate(params, CONFIG, PROMPTS8, MASK8, jax.random.key(9), num_slots=slots, **kwargs)
