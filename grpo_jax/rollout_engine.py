@@ -13,10 +13,10 @@ completion. Completion c is sample c % G of prompt c // G (prompt-major, like `S
 
 When nothing is pending, the finished slots' rows are dropped from the steps: the live slots are gathered into
 the first slots of a narrower level (S, S/2, S/4, ...: `slot_levels`), so a long tail's last completions step
-alone. With as many slots as completions (one wave, the CPU's default) no slot refills: every slot steps in
-lockstep, and until the first narrower level slot c holds completion c, so a step is the static sampler's (one
-cache index for all, each prompt's prefix read once for its G samples, tokens written as a column) and equal
-lengths cost what they cost there; the levels then make a long tail cost about its tokens.
+alone. With as many slots as completions (one wave) no slot refills: every slot steps in lockstep, and until
+the first narrower level slot c holds completion c, so a step has the static sampler's ops (one cache index for
+all, each prompt's prefix read once for its G samples, tokens written as a column; on a CPU still 0.76-0.84x its
+speed at equal lengths, BENCHMARKS.md), and the levels cut a one-wave tail too.
 
 The draws are the static sampler's: completion c's token t uses row c of the Gumbel noise of
 `fold_in(key, t)` over all N completions (`gumbel_rows`), so with the same key the tokens equal
@@ -44,20 +44,27 @@ _STATIC = ("config", "num_samples", "max_new_tokens", "top_k", "top_p", "greedy"
            "logprobs_at_temperature", "num_slots")
 
 
+# On a CPU, slots x max_new_tokens per device: the cached tokens a decode step walks through (`default_slots`).
+CPU_CACHE_TOKENS_PER_DEVICE = 4096
+
+
 def default_slots(num_completions: int, max_new_tokens: int, devices: int = 1, platform: str | None = None) -> int:
   """Slots when none are given, over `devices` data shards on `platform` (default: JAX's backend).
 
   A slot count trades the loop's steps (about the tokens / S, plus the longest completion's tail) against each
-  step's width. On a CPU, one wave: a slot for every completion, whatever `max_new_tokens` and `devices` (the
-  runner's memory budget, `Placement.engine_slots`, may take fewer). Its steps are the static sampler's, so equal
-  lengths cost what they cost there, and the levels of fewer slots (`slot_levels`) drop a tail's finished rows;
-  fewer slots that refill gain more on a long tail but lose at equal lengths, each step narrower (BENCHMARKS.md,
-  "Rollouts with a long tail of lengths"). An accelerator needs hundreds of rows a step to stop being bound by
-  reading the weights: a quarter of the completions, at least 64.
+  step's width. A decode step reads the weights once for all its slots and each slot's cache once. On a CPU a
+  few slots a device already use its matmul rate, and more grow the caches a step walks through: slots x
+  `max_new_tokens` = `CPU_CACHE_TOKENS_PER_DEVICE` a device, at least 8 (8 a device at 512 tokens, the fastest
+  of 2 to 128 a device that `scripts/bench_rollout.py` measured on a long tail; the rule keeps a step's caches
+  that size at other lengths). One wave (a slot for every completion) was measured against it at 256 x 64 and
+  256 x 192: at equal lengths 0.76-0.84x the static sampler against 0.68-0.80x, on a long tail 1.4-1.9x against
+  2.0-2.1x (BENCHMARKS.md), so the rule stays. An accelerator needs hundreds of rows a step to stop being bound
+  by reading the weights: a quarter of the completions, at least 64 (the runner takes no more than its memory
+  budget holds: `Placement.engine_slots`).
   """
   platform = platform or jax.default_backend()
   if platform == "cpu":
-    return num_completions
+    return min(num_completions, max(8, CPU_CACHE_TOKENS_PER_DEVICE // max(max_new_tokens, 1)) * devices)
   return num_completions if num_completions <= 64 else max(64, num_completions // 4)
 
 

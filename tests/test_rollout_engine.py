@@ -134,9 +134,10 @@ def test_argument_checks(params):
 
 
 def test_default_slots_and_the_budget():
-  # A CPU: one wave, a slot for every completion, whatever the lengths and the devices.
+  # A CPU: 4096 cached tokens a device, at least 8 slots (512 tokens: 8 a device; 40 tokens: 102 a device).
   slots = rollout_engine.default_slots
-  assert slots(1024, 512, 2, "cpu") == 1024 and slots(5, 512, 2, "cpu") == 5 and slots(99, 4096, 1, "cpu") == 99
+  assert slots(1024, 512, 2, "cpu") == 16 and slots(5, 512, 2, "cpu") == 5
+  assert slots(1024, 40, 2, "cpu") == 204 and slots(99, 4096, 1, "cpu") == 8
   assert slots(40, 64, 1, "gpu") == 40  # few completions: one slot each
   assert slots(1024, 64, 8, "tpu") == 256 and slots(100, 8, 1, "gpu") == 64
   # 1 GiB of prompts split over 2 shards beside slots of 1 MiB each in 1.5 GiB a shard: 1024 a shard, 2048 in all.

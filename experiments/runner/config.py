@@ -149,8 +149,8 @@ class RolloutConfig:
       "decode slots: a finished completion's slot takes the next one, so a long tail of lengths costs its tokens) or "
       "static (every row decodes until the batch's longest ends). The same tokens for the same seed.",
       choices=("engine", "static"))
-  num_slots: int = flag(0, "Decode slots of --sampler=engine over all devices (0: one for every completion on a "
-      "CPU, one wave; a quarter of the completions, at least 64, on an accelerator; fewer where "
+  num_slots: int = flag(0, "Decode slots of --sampler=engine over all devices (0: 4096 / --max_new_tokens a device on "
+      "a CPU, at least 8; a quarter of the completions, at least 64, on an accelerator; fewer where "
       "--forward_memory_budget would not hold them).", minimum=0)
 
 
