@@ -156,7 +156,8 @@ def test_default_slots_and_the_budget():
 @pytest.mark.devices(8)
 def test_sharded_engine_equals_one_device(params, caps):
   """On a 2 x 2 x 2 mesh: one engine per data shard (weights whole, `dp`) or one GSPMD engine whose slots are split
-  (weights split, `fsdp_tp`): the one-device completions; and 3 prompts, not a multiple of the 4 data shards."""
+  (weights split, `fsdp_tp`), refilling or in one wave: the one-device completions; and 3 prompts, not a multiple
+  of the 4 data shards."""
   from grpo_jax import partitioning
   kwargs = dict(num_samples=G, max_new_tokens=T, temperature=0.7, eos_token_ids=(), max_lengths=caps)
   expected = rollout_engine.generate(params, CONFIG, PROMPTS, MASK, jax.random.key(4), num_slots=6, **kwargs)
@@ -169,6 +170,8 @@ def test_sharded_engine_equals_one_device(params, caps):
                                   rules=rules, **kwargs)
     _assert_same(out, expected)
     assert out.tokens.sharding.spec == PartitionSpec(("data", "fsdp"), None)
+    _assert_same(rollout_engine.generate(placed, CONFIG, PROMPTS, MASK, jax.random.key(4), num_slots=12, mesh=mesh,
+                                         rules=rules, **kwargs), expected)  # one wave: every shard in lockstep
     out3 = rollout_engine.generate(placed, CONFIG, PROMPTS[:3], MASK[:3], jax.random.key(4), num_slots=8, mesh=mesh,
                                    rules=rules, **three)
     _assert_same(out3, expected3)
