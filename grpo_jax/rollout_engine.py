@@ -11,6 +11,13 @@ its samples points at (`KVPrefix.rows`, gathered per step, never copied into a s
 its completion, token j in slot j (`KVCache` with per-row indices), and is cleared when the slot takes a new
 completion. Completion c is sample c % G of prompt c // G (prompt-major, like `SampleOutput`).
 
+When nothing is pending, the finished slots' rows are dropped from the steps: the live slots are gathered into
+the first slots of a narrower level (S, S/2, S/4, ...: `slot_levels`), so a long tail's last completions step
+alone. With as many slots as completions (one wave) no slot refills: every slot steps in lockstep, and until
+the first narrower level slot c holds completion c, so a step has the static sampler's ops (one cache index for
+all, each prompt's prefix read once for its G samples, tokens written as a column; on a CPU still 0.76-0.84x its
+speed at equal lengths, BENCHMARKS.md), and the levels cut a one-wave tail too.
+
 The draws are the static sampler's: completion c's token t uses row c of the Gumbel noise of
 `fold_in(key, t)` over all N completions (`gumbel_rows`), so with the same key the tokens equal
 `sampling.sample`'s, and the log-probs too up to float rounding (the attention's sums run over other shapes).
@@ -49,9 +56,11 @@ def default_slots(num_completions: int, max_new_tokens: int, devices: int = 1, p
   few slots a device already use its matmul rate, and more grow the caches a step walks through: slots x
   `max_new_tokens` = `CPU_CACHE_TOKENS_PER_DEVICE` a device, at least 8 (8 a device at 512 tokens, the fastest
   of 2 to 128 a device that `scripts/bench_rollout.py` measured on a long tail; the rule keeps a step's caches
-  that size at other lengths). An accelerator
-  needs hundreds of rows a step to stop being bound by reading the weights: a quarter of the completions, at
-  least 64 (the runner takes no more than its memory budget holds: `Placement.engine_slots`).
+  that size at other lengths). One wave (a slot for every completion) was measured against it at 256 x 64 and
+  256 x 192: at equal lengths 0.76-0.84x the static sampler against 0.68-0.80x, on a long tail 1.4-1.9x against
+  2.0-2.1x (BENCHMARKS.md), so the rule stays. An accelerator needs hundreds of rows a step to stop being bound
+  by reading the weights: a quarter of the completions, at least 64 (the runner takes no more than its memory
+  budget holds: `Placement.engine_slots`).
   """
   platform = platform or jax.default_backend()
   if platform == "cpu":
@@ -88,6 +97,21 @@ def _engine_impl(params, prompt_tokens, prompt_mask, key, temperature, caps, *, 
                  first=first, total=n * num_shards, **static)
 
 
+# The widths (`phase_widths`) that the narrower levels of slots step at: the widest ones only. A level is reached
+# late in a tail, when the longest live completion is long; each (level, width) is a compiled copy of the step.
+NARROWER_LEVEL_WIDTHS = 2
+
+
+def slot_levels(slots: int, levels: int = 4, narrowest: int = 8) -> tuple[int, ...]:
+  """The slot counts of the engine's levels: `slots` and its halves (rounded up) down to `narrowest`, at most
+  `levels` of them. Once no completion is pending and the live ones fit a narrower level, they are gathered into
+  its first slots and the steps run on those alone (each level a compiled copy of the decode step per width)."""
+  counts = [slots]
+  while len(counts) < levels and -(-counts[-1] // 2) >= narrowest:
+    counts.append(-(-counts[-1] // 2))
+  return tuple(counts)
+
+
 def _engine(params, prompt_tokens, prompt_mask, key, temperature, caps, *, config: ModelConfig, num_samples: int,
             max_new_tokens: int, top_k: int, top_p: float, greedy: bool, stop_ids: tuple[int, ...], pad_id: int,
             logprobs_at_temperature: bool, num_slots: int, first, total: int) -> SampleOutput:
@@ -96,8 +120,14 @@ def _engine(params, prompt_tokens, prompt_mask, key, temperature, caps, *, confi
   g, steps = num_samples, max_new_tokens
   n = n_prompts * g
   slots = min(num_slots, n)
+  # ONE WAVE (as many slots as completions): no slot ever takes another, so every slot steps in lockstep (one
+  # cache index for all, written as the static sampler writes it) and, until the first gather into a narrower
+  # level, slot c holds completion c: its prompt's prefix is read once for its G samples, its tokens written as a
+  # column. With fewer slots, each slot its own index, its prompt's prefix rows gathered (`KVPrefix.rows`).
+  one_wave = slots >= n
   stop_ids = jnp.asarray(stop_ids, jnp.int32)
   choose = functools.partial(_choose, top_k=top_k, top_p=top_p, greedy=greedy, total=total)
+  draw = sampling._choose  # pylint: disable=protected-access
   row_axes = lambda x: constrain(x, ("batch",) + (None,) * (x.ndim - 1))
 
   # PREFILL: every prompt once. Its keys and values are the prefix its samples' slots point at; its last hidden
@@ -116,36 +146,52 @@ def _engine(params, prompt_tokens, prompt_mask, key, temperature, caps, *, confi
   cache = transformer.init_cache(config, slots, own)
   prompt_of = lambda c: jnp.minimum(c, n - 1) // g
 
-  def step(carry):
+  def step(carry, in_order: bool):
+    """One token for every slot; `in_order`: slot c holds completion c (one wave, before any gather)."""
     k, v, own_mask, comp, t, hidden, next_comp, tokens, logprobs, lengths = carry
     live = comp < n
     c = jnp.minimum(comp, n - 1)
     # Choose each live slot's token t of its completion, and write it down.
     logits = transformer.logits_from_hidden(params, config, hidden)  # [S, V] float32
-    keys = jax.vmap(jax.random.fold_in, (None, 0))(key, t)
-    tok = choose(logits, keys, temperature, first + c)
+    if in_order:  # the static sampler's draw: rows first ... first + N - 1 of step t's noise
+      tok = draw(logits, jax.random.fold_in(key, t[0]), temperature, top_k=top_k, top_p=top_p, greedy=greedy,
+                 rows=(first, total))
+    else:
+      keys = jax.vmap(jax.random.fold_in, (None, 0))(key, t)
+      tok = choose(logits, keys, temperature, first + c)
     scored = logits / temperature if logprobs_at_temperature else logits
     logp = jnp.take_along_axis(jax.nn.log_softmax(scored, axis=-1), tok[:, None], axis=-1)[:, 0]
     tok = jnp.where(live, tok, pad_id)
     ends = live & (jnp.isin(tok, stop_ids) | (t + 1 >= jnp.take(caps, c)))
-    at = jnp.where(live, comp, n)  # idle slots write to row n: dropped
-    tokens = tokens.at[at, t].set(tok, mode="drop")
-    logprobs = logprobs.at[at, t].set(logp, mode="drop")
-    lengths = lengths.at[at].set(t + 1, mode="drop")
+    if in_order:
+      tokens = jax.lax.dynamic_update_slice(tokens, tok[:, None], (0, t[0]))
+      logprobs = jax.lax.dynamic_update_slice(logprobs, jnp.where(live, logp, 0.0)[:, None], (0, t[0]))
+      lengths = jnp.where(live, t + 1, lengths)
+    else:
+      at = jnp.where(live, comp, n)  # idle slots write to row n: dropped
+      tokens = tokens.at[at, t].set(tok, mode="drop")
+      logprobs = logprobs.at[at, t].set(logp, mode="drop")
+      lengths = lengths.at[at].set(t + 1, mode="drop")
     # Feed it back: one token a slot, written at the slot's own index t, attending to its prompt's prefix.
     positions = jnp.take(n_prompt_tokens, prompt_of(comp)) + t
     rope = tuple(jnp.take(x, positions, axis=0)[:, None] for x in tables)  # [S, 1, D] rows of the tables
-    step_cache = transformer.KVCache(k=k, v=v, mask=own_mask, index=t, prefix=prefix._replace(rows=prompt_of(comp)))
+    index = t[0] if one_wave else t
+    step_prefix = prefix if in_order else prefix._replace(rows=prompt_of(comp))
+    step_cache = transformer.KVCache(k=k, v=v, mask=own_mask, index=index, prefix=step_prefix)
     out, step_cache = transformer.hidden_states(params, config, tok[:, None], attention_mask=(live & ~ends)[:, None],
                                                 cache=step_cache, rope=rope)
-    # Refill: a slot whose completion ended takes the next pending one (in order), with a cleared cache and its
-    # prompt's last hidden state in place of the step's.
-    fresh = next_comp + jnp.cumsum(ends, dtype=jnp.int32) - 1
-    comp = jnp.where(ends, jnp.minimum(fresh, n), comp)
-    next_comp = jnp.minimum(next_comp + jnp.sum(ends, dtype=jnp.int32), n)
-    t = jnp.where(ends | ~live, 0, t + 1)
     own_mask = step_cache.mask & ~ends[:, None]
-    hidden = jnp.where(ends[:, None], jnp.take(prompt_hidden, prompt_of(comp), axis=0), out[:, 0])
+    if one_wave:  # an ended slot stays idle; every slot's index moves on together
+      comp = jnp.where(ends, n, comp)
+      t, hidden = t + 1, out[:, 0]
+    else:
+      # Refill: a slot whose completion ended takes the next pending one (in order), with a cleared cache and its
+      # prompt's last hidden state in place of the step's.
+      fresh = next_comp + jnp.cumsum(ends, dtype=jnp.int32) - 1
+      comp = jnp.where(ends, jnp.minimum(fresh, n), comp)
+      next_comp = jnp.minimum(next_comp + jnp.sum(ends, dtype=jnp.int32), n)
+      t = jnp.where(ends | ~live, 0, t + 1)
+      hidden = jnp.where(ends[:, None], jnp.take(prompt_hidden, prompt_of(comp), axis=0), out[:, 0])
     k, v = (jax.tree.map(row_axes, x) for x in (step_cache.k, step_cache.v))
     return (k, v, row_axes(own_mask), row_axes(comp), row_axes(t), row_axes(hidden), next_comp, tokens, logprobs,
             lengths)
@@ -153,39 +199,61 @@ def _engine(params, prompt_tokens, prompt_mask, key, temperature, caps, *, confi
   # PHASES: the steps run with the caches cut to the narrowest of `widths` that holds every live slot's tokens
   # (the longest live completion's), so a step attends over about the slots that can be filled, not T - 1; a phase
   # ends when a live slot needs more room, or when all of them fit two widths down (no back-and-forth at a
-  # boundary). The cut caches go in and out once a phase. A slot's mask is False past its own length, so the
-  # columns a phase leaves out hold nothing a later, wider phase would read.
-  widths = phase_widths(own)
+  # boundary). A slot's mask is False past its own length, so the columns a phase leaves out hold nothing a later,
+  # wider phase would read. LEVELS: once nothing is pending, the live slots are gathered into the first slots of
+  # the narrowest of `levels` that holds them, and a phase's steps run on those alone, so a long tail's last
+  # completions step without the finished ones' rows. The cut caches go in and out once a phase.
+  widths, levels = phase_widths(own), slot_levels(slots)
+  wide = max(len(widths) - NARROWER_LEVEL_WIDTHS, 0)  # the narrower levels' first width: widths[wide:] only
   live_top = lambda c: jnp.max(jnp.where(c[3] < n, c[4], 0))  # the longest live completion's tokens so far
+  slot_axis = lambda x: transformer.cache_batch_axis(x) if x.ndim >= 4 else 0
+  per_slot = lambda c, fn: (jax.tree.map(lambda x: fn(x, -1, slot_axis(x)), c[0]),  # fn(array, its column
+                            jax.tree.map(lambda x: fn(x, -2, slot_axis(x)), c[1]),  # axis or None, its slot axis)
+                            fn(c[2], -1, 0), *(fn(x, None, 0) for x in c[3:6]), *c[6:])
 
-  def phase(i):
-    width, last = widths[i], i == len(widths) - 1
+  def phase(j, i):
+    width, rows, last = widths[i], levels[j], i == len(widths) - 1
+    narrowest = 0 if j == 0 else wide  # the narrowest width this level has
 
     def run(carry):
-      k, v, own_mask, *rest = carry
-      cut = lambda x, axis: jax.lax.slice_in_dim(x, 0, width, axis=axis % x.ndim)
-      narrow = (jax.tree.map(lambda x: cut(x, -1), k), jax.tree.map(lambda x: cut(x, -2), v), cut(own_mask, -1),
-                *rest)
+      def cut(x, cols, axis):
+        x = jax.lax.slice_in_dim(x, 0, rows, axis=axis)
+        return x if cols is None else jax.lax.slice_in_dim(x, 0, width, axis=cols % x.ndim)
+
+      narrow = per_slot(carry, cut)
 
       def cond(c):
-        top = live_top(c)
-        going = jnp.any(c[3] < n)
+        live = c[3] < n
+        going = jnp.any(live)
         if not last:
-          going &= top < width
-        if i >= 2:
-          going &= top >= width // 4
+          going &= live_top(c) < width
+        if i >= narrowest + 2:
+          going &= live_top(c) >= width // 4
+        if j + 1 < len(levels):
+          going &= (c[6] < n) | (jnp.sum(live) > levels[j + 1])
         return going
 
-      k_w, v_w, mask_w, *rest = jax.lax.while_loop(cond, step, narrow)
+      out = jax.lax.while_loop(cond, functools.partial(step, in_order=one_wave and j == 0), narrow)
       put = lambda full, part: jax.lax.dynamic_update_slice(full, part, (0,) * full.ndim)
-      return (jax.tree.map(put, k, k_w), jax.tree.map(put, v, v_w), put(own_mask, mask_w), *rest)
+      return (jax.tree.map(put, carry[0], out[0]), jax.tree.map(put, carry[1], out[1]),
+              *(put(full, part) for full, part in zip(carry[2:6], out[2:6])), *out[6:])
 
     return run
 
+  def gather(carry):
+    """The live slots first (in order), the idle ones after: every slot array permuted alike."""
+    order = jnp.argsort(carry[3] >= n, stable=True)
+    return per_slot(carry, lambda x, _, axis: jnp.take(x, order, axis=axis))
+
   def next_phase(carry):
-    top = live_top(carry)
-    i = jnp.sum(jnp.asarray(widths[:-1]) <= top)  # the narrowest width above every live slot's tokens
-    return jax.lax.switch(i, [phase(j) for j in range(len(widths))], carry)
+    live = carry[3] < n
+    j = jnp.where(carry[6] < n, 0, jnp.sum(jnp.asarray(levels[1:]) >= jnp.sum(live)))  # the narrowest level
+    scattered = jnp.any(live & (jnp.arange(slots) >= jnp.take(jnp.asarray(levels), j)))
+    carry = jax.lax.cond(scattered, gather, lambda c: c, carry)
+    i = jnp.sum(jnp.asarray(widths[:-1]) <= live_top(carry))  # the narrowest width above every live slot's tokens
+    branch = jnp.where(j == 0, i, len(widths) + (j - 1) * (len(widths) - wide) + jnp.maximum(i - wide, 0))
+    return jax.lax.switch(branch, [phase(0, ii) for ii in range(len(widths))] + [
+        phase(jj, ii) for jj in range(1, len(levels)) for ii in range(wide, len(widths))], carry)
 
   comp = jnp.arange(slots, dtype=jnp.int32)
   carry = (cache.k, cache.v, cache.mask, comp, jnp.zeros((slots,), jnp.int32),
@@ -255,8 +323,8 @@ def generate(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask:
     max_lengths: [B * G] int, each completion's own cap (<= `max_new_tokens`; a completion that reaches it is
       truncated); None: `max_new_tokens` for all. Per-request limits, and the length schedules of benchmarks.
 
-  With as many slots as completions no slot would ever take another, and the static sampler's loop runs (the
-  same draws; its steps carry no refill). Compiles once per (shapes, config, static options, slots);
+  With as many slots as completions no slot ever takes another: one wave in lockstep, the static sampler's steps
+  until the finished rows are dropped (`slot_levels`). Compiles once per (shapes, config, static options, slots);
   `temperature` and `key` are traced. With `mesh`,
   a batch of any number of prompts: it is padded to a multiple of the data shards with one-token completions
   that are dropped from the result.
@@ -278,12 +346,6 @@ def generate(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask:
   if caps.shape != (n,) or caps.min() < 1 or caps.max() > max_new_tokens:
     raise ValueError(f"max_lengths must be [{n}] ints in [1, {max_new_tokens}], got shape {caps.shape}")
   pad = -b % shards
-  if static["num_slots"] >= n and not pad:  # no slot would ever refill: the static sampler's loop, the same draws
-    return sampling.sample(params, config, prompt_tokens, prompt_mask, key, num_samples=num_samples,
-                           max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                           greedy=greedy, eos_token_ids=eos_token_ids, stop_token_ids=stop_token_ids,
-                           pad_id=pad_id, logprobs_at_temperature=logprobs_at_temperature, max_lengths=caps,
-                           mesh=mesh, rules=rules)
   if mesh is None:
     return _generate(params, jnp.asarray(prompt_tokens, jnp.int32), jnp.asarray(prompt_mask, bool), key,
                      jnp.asarray(temperature, jnp.float32), jnp.asarray(caps), **static)
@@ -317,6 +379,4 @@ def jit_generate(config: ModelConfig, prompt_shape: tuple[int, int], *, mesh: Me
                  logprobs_at_temperature=logprobs_at_temperature)
   static = _static_args(config, num_slots=num_slots, num_prompts=prompt_shape[0],
                         shards=sharding.data_parallel_size(mesh, rules), **options)
-  if static["num_slots"] >= prompt_shape[0] * static["num_samples"]:  # as `generate`: the static sampler's loop
-    return sampling.jit_sample(config, prompt_shape, mesh=mesh, rules=rules, max_lengths=True, **options)
   return _sharded_engine(mesh, sharding.freeze_rules(rules), tuple(prompt_shape), **static)[0]

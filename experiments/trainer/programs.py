@@ -221,10 +221,8 @@ def _sampler(method, shapes: Shapes, placement: placement_lib.Placement, prompts
   prompts += -prompts % placement.data_parallel
   fn = rollout_engine.jit_generate(method.model_config, (prompts, p), mesh=mesh, rules=rules, num_samples=samples,
                                    **options)
-  if options["num_slots"] >= prompts * samples:  # no refill: the static sampler's loop (`jit_generate`)
-    trips = t - 1
-  else:  # one loop of phases around the steps: at most every step in one phase
-    trips = (1, -(-prompts * samples // options["num_slots"]) * t)
+  # one loop of phases around the steps: at most every step in one phase (one wave: t steps)
+  trips = (1, -(-prompts * samples // options["num_slots"]) * t)
   return fn, (shapes.policy, rows(jnp.int32, prompts, p), rows(jnp.bool_, prompts, p), shapes.key, shapes.temperature,
               rows(jnp.int32, prompts * samples)), trips
 

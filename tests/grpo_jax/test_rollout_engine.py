@@ -156,7 +156,8 @@ def test_default_slots_and_the_budget():
 @pytest.mark.devices(8)
 def test_sharded_engine_equals_one_device(params, caps):
   """On a 2 x 2 x 2 mesh: one engine per data shard (weights whole, `dp`) or one GSPMD engine whose slots are split
-  (weights split, `fsdp_tp`): the one-device completions; and 3 prompts, not a multiple of the 4 data shards."""
+  (weights split, `fsdp_tp`), refilling or in one wave: the one-device completions; and 3 prompts, not a multiple
+  of the 4 data shards."""
   from grpo_jax import partitioning
   kwargs = dict(num_samples=G, max_new_tokens=T, temperature=0.7, eos_token_ids=(), max_lengths=caps)
   expected = rollout_engine.generate(params, CONFIG, PROMPTS, MASK, jax.random.key(4), num_slots=6, **kwargs)
@@ -169,6 +170,8 @@ def test_sharded_engine_equals_one_device(params, caps):
                                   rules=rules, **kwargs)
     _assert_same(out, expected)
     assert out.tokens.sharding.spec == PartitionSpec(("data", "fsdp"), None)
+    _assert_same(rollout_engine.generate(placed, CONFIG, PROMPTS, MASK, jax.random.key(4), num_slots=12, mesh=mesh,
+                                         rules=rules, **kwargs), expected)  # one wave: every shard in lockstep
     out3 = rollout_engine.generate(placed, CONFIG, PROMPTS[:3], MASK[:3], jax.random.key(4), num_slots=8, mesh=mesh,
                                    rules=rules, **three)
     _assert_same(out3, expected3)
@@ -194,3 +197,45 @@ def test_phases_of_narrower_caches(params, slots):
   expected = sampling.sample(params, CONFIG, PROMPTS, MASK, jax.random.key(8), **kwargs)
   out = rollout_engine.generate(params, CONFIG, PROMPTS, MASK, jax.random.key(8), num_slots=slots, **kwargs)
   _assert_same(out, expected)
+
+
+def test_slot_levels_by_hand():
+  assert rollout_engine.slot_levels(128) == (128, 64, 32, 16)
+  assert rollout_engine.slot_levels(21) == (21, 11) and rollout_engine.slot_levels(12) == (12,)
+  assert rollout_engine.slot_levels(100, levels=2) == (100, 50) and rollout_engine.slot_levels(8) == (8,)
+
+
+# 8 prompts x 4 samples: 32 completions, enough for the slots to narrow (levels down to 8 slots).
+PROMPTS8 = jnp.concatenate([PROMPTS, jnp.where(MASK, (PROMPTS * 7 + 3) % CONFIG.vocab_size, 0)])
+MASK8 = jnp.concatenate([MASK, MASK])
+
+
+@pytest.mark.parametrize("slots", [32, 20])
+@pytest.mark.parametrize("option", ["greedy", "sampled"])
+def test_levels_of_fewer_slots(params, option, slots):
+  """A long tail of caps (most completions short, a few at T = 72): once nothing is pending, the live slots are
+  gathered into 16 then 8 slots (one wave of 32 slots: in lockstep, the first level's slots in completion order;
+  20 slots: refills first, then 10), which step at the widths 35 and 71 only (of 17, 35, 71), and the completions
+  are the static sampler's."""
+  caps = np.random.default_rng(2).choice([1, 2, 3, 6, 9, 72], p=[.2, .2, .2, .2, .1, .1], size=32).astype(np.int32)
+  caps[[5, 30]] = 72  # two long ones, far apart in the slots
+  assert rollout_engine.phase_widths(71)[-rollout_engine.NARROWER_LEVEL_WIDTHS:] == (35, 71)
+  kwargs = dict(num_samples=4, max_new_tokens=72, eos_token_ids=(), max_lengths=caps, **OPTIONS[option])
+  expected = sampling.sample(params, CONFIG, PROMPTS8, MASK8, jax.random.key(9), **kwargs)
+  assert rollout_engine.slot_levels(slots)[-1] == (8 if slots == 32 else 10)
+  out = rollout_engine.generate(params, CONFIG, PROMPTS8, MASK8, jax.random.key(9), num_slots=slots, **kwargs)
+  _assert_same(out, expected)
+
+
+def test_one_wave_with_end_tokens(params):
+  """As many slots as completions, ended by end tokens of their own samples (not caps): the static sampler's."""
+  free = sampling.sample(params, CONFIG, PROMPTS8, MASK8, jax.random.key(1), num_samples=4, max_new_tokens=24,
+                         temperature=1.0, eos_token_ids=())
+  drawn, counts = np.unique(np.asarray(free.tokens[:, :6]), return_counts=True)
+  stops = tuple(int(t) for t in drawn[np.argsort(-counts)][:8])  # the policy's eight commonest early tokens
+  kwargs = dict(num_samples=4, max_new_tokens=24, temperature=1.0, eos_token_ids=(), stop_token_ids=stops, pad_id=99)
+  expected = sampling.sample(params, CONFIG, PROMPTS8, MASK8, jax.random.key(1), **kwargs)
+  lengths = np.asarray(expected.lengths)
+  assert 0 < (lengths > 6).sum() <= 8  # most end early: the live ones narrow to 16 then 8 slots
+  _assert_same(rollout_engine.generate(params, CONFIG, PROMPTS8, MASK8, jax.random.key(1), num_slots=32, **kwargs),
+               expected)
