@@ -164,3 +164,16 @@ def test_the_runner_builds_the_paths_task_and_refuses_the_chain_tasks_flags():
     base.replace(paths_min_steps=7, paths_max_steps=6)
   with pytest.raises(config_lib.ConfigError, match=r"^--reward=exact_steps needs --task=synthetic or synthetic_paths"):
     config_lib.Config().replace(task="gsm8k", reward="exact_steps", supervision="process")
+
+
+def test_grpo_with_exact_step_labels_runs_on_the_paths_task(tmp_path):
+  """One GRPO+PS step end to end: SFT on the paths task's solutions, exact step labels as the step rewards."""
+  from tests.conftest import run_grpo_math  # pylint: disable=import-outside-toplevel
+  summary = run_grpo_math(
+      f"--work_dir={tmp_path}", "--task=synthetic_paths", "--max_prompt_len=24", "--max_new_tokens=96",
+      "--num_train=100", "--num_test=4", "--sft_examples=50", "--batch_size=2", "--group_size=4",
+      "--eval_batch_size=4", "--tiny_layers=1", "--tiny_hidden_size=32", "--sft_steps=2", "--sft_batch_size=4",
+      "--steps=1", "--eval_every=0", "--notensorboard", "--reward=exact_steps", "--supervision=process",
+      "--prm_max_steps=9")
+  assert summary["config"]["task"] == "synthetic_paths" and summary["config"]["supervision"] == "process"
+  assert 0.0 <= summary["final_accuracy"] <= 1.0
