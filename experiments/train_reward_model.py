@@ -367,8 +367,8 @@ def _step_labels(cfg: config_lib.Config, rmc: RewardModelTrainingConfig) -> str:
   """--rm_step_labels resolved: auto is exact on the synthetic task, else mc_hard."""
   step_labels = rmc.rm_step_labels
   if step_labels == "auto":
-    step_labels = "exact" if cfg.task.task == "synthetic" else "mc_hard"
-  if rmc.rm_kind == "prm" and step_labels == "exact" and cfg.task.task != "synthetic":
+    step_labels = "exact" if cfg.task.task in config_lib.SYNTHETIC_TASKS else "mc_hard"
+  if rmc.rm_kind == "prm" and step_labels == "exact" and cfg.task.task not in config_lib.SYNTHETIC_TASKS:
     raise RunError(f"--rm_step_labels=exact needs the synthetic task; --task={cfg.task.task} has no step "
                    "truth (use mc_hard or mc_soft)")
   return step_labels
@@ -412,7 +412,7 @@ def _sample(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, params, conf
   eval_data, eval_texts = _collect(cfg, rmc, params, config, task, eval_examples, jax.random.fold_in(key, 2),
                                    step_labels)
   hidden = None  # orm_steps on the synthetic task: exact step labels, never trained on, to check its step scores
-  if rmc.rm_kind == "orm_steps" and cfg.task.task == "synthetic":
+  if rmc.rm_kind == "orm_steps" and cfg.task.task in config_lib.SYNTHETIC_TASKS:
     repeated = [e for e in eval_examples for _ in range(rmc.rm_samples_per_prompt)]
     hidden, hidden_mask = positions.pad_segments(rm.exact_step_labels(eval_texts, repeated), rmc.rm_max_steps,
                                                  np.float32)

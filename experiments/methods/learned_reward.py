@@ -246,7 +246,7 @@ class RewardModelUpdates:
     scored = self.rollouts.sample(policy, examples, key, g)
     texts = evaluation.decode(self.task.tokenizer, scored.host)
     repeated = [e for e in examples for _ in range(g)]
-    labels = "exact" if config.task.task == "synthetic" else "mc_hard"
+    labels = "exact" if config.task.task in config_lib.SYNTHETIC_TASKS else "mc_hard"
     new = rm.label_samples(scored.host, texts, repeated, self.task.tokenizer, kind=self.reward.kind,
                            step_labels=labels, max_steps=updates.prm_max_steps, policy=policy,
                            config=self.rollouts.model_config, temperature=config.rollout.temperature,

@@ -74,7 +74,9 @@ class PolicyConfig:
 @dataclasses.dataclass(frozen=True)
 class TaskConfig:
   """Problems, prompt format and the rule reward."""
-  task: str = flag("synthetic", "The task.", choices=("synthetic", "gsm8k", "math"))
+  task: str = flag("synthetic", "The task: synthetic (2-3 step chains, one solution path each), synthetic_paths (sums "
+      "of products in 4-8 steps, many valid paths each; experiments/configs/synthetic_paths.cfg), gsm8k, math.",
+      choices=("synthetic", "synthetic_paths", "gsm8k", "math"))
   train_file: str = flag("", "Training problems (gsm8k: question/answer; math: problem/solution[/level/type]): a JSONL "
       "or parquet file (or a glob of parquet files), a `datasets` save_to_disk folder, or a folder with train.jsonl, "
       "train[-*].parquet or a DatasetDict's train split (docs/integrations.md).")
@@ -85,6 +87,8 @@ class TaskConfig:
   synthetic_max_steps: int = flag(3, "Synthetic task: most operations per problem.")
   synthetic_digits: int = flag(1, "Synthetic task: digits of + and - operands.")
   synthetic_ops: str = flag("+-*", "Synthetic task: operations.")
+  paths_min_steps: int = flag(4, "--task=synthetic_paths: fewest steps per problem (numbers - 1), at least 2.")
+  paths_max_steps: int = flag(8, "--task=synthetic_paths: most steps per problem.")
   prompt_template: str = flag("auto", "auto: chat template for real datasets when the tokenizer has one, else plain "
       "text.", choices=("auto", "plain", "chat"))
   max_prompt_len: int = flag(16, "Prompt tokens (longer prompts are cut from the left).", minimum=1)
@@ -524,10 +528,16 @@ READ_WITH = (
     ("lora_targets", lambda v: v["lora_rank"] > 0, "--lora_rank > 0"),
     ("math_verify_time_limit", lambda v: "math_verify" in v["reward"], "--reward=math_verify:..."),
     ("math_verify_workers", lambda v: "math_verify" in v["reward"], "--reward=math_verify:..."),
+    *((name, lambda v: v["task"] != "synthetic_paths", "--task=synthetic (the paths task has --paths_min_steps "
+       "and --paths_max_steps)") for name in ("synthetic_min_steps", "synthetic_max_steps", "synthetic_digits",
+                                               "synthetic_ops")),
+    *((name, lambda v: v["task"] == "synthetic_paths", "--task=synthetic_paths")
+      for name in ("paths_min_steps", "paths_max_steps")),
 )
 MAX_FORWARD_MEMORY_BUDGET = 1 << 20  # GiB: --forward_memory_budget above a PiB per device is a typo
 MAX_TIME_LIMIT = 86400.0  # seconds: --math_verify_time_limit and --tool_time_limit
 MAX_SYNTHETIC = 10_000_000  # problems of the synthetic task, all generated up front (tens of seconds per million)
+SYNTHETIC_TASKS = ("synthetic", "synthetic_paths")  # the generated tasks, whose steps can be checked exactly
 
 
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")  # grpo_jax.models.config.LORA_TARGETS
@@ -596,7 +606,7 @@ def check(config: Config) -> str | None:
   for name in ("math_verify_time_limit", "tool_time_limit"):
     if not 0 < v[name] <= MAX_TIME_LIMIT:
       return f"--{name} must be in (0, {MAX_TIME_LIMIT:g}] seconds, not {v[name]}"
-  if v["task"] == "synthetic" and v["num_train"] + v["num_test"] > MAX_SYNTHETIC:
+  if v["task"] in SYNTHETIC_TASKS and v["num_train"] + v["num_test"] > MAX_SYNTHETIC:
     return f"--num_train + --num_test of the synthetic task must be at most {MAX_SYNTHETIC:,} (generated up front)"
   if v["forward_memory_budget"] > MAX_FORWARD_MEMORY_BUDGET:
     return f"--forward_memory_budget must be at most {MAX_FORWARD_MEMORY_BUDGET} GiB, not {v['forward_memory_budget']}"
@@ -639,8 +649,10 @@ def check(config: Config) -> str | None:
   reward = v["reward"]
   if v["supervision"] == "process" and reward not in STEP_REWARDS:
     return "--supervision=process needs --reward=prm (a process reward model) or exact_steps (synthetic task)"
-  if reward == "exact_steps" and v["task"] != "synthetic":
-    return "--reward=exact_steps needs --task=synthetic, whose steps can be checked exactly"
+  if reward == "exact_steps" and v["task"] not in SYNTHETIC_TASKS:
+    return "--reward=exact_steps needs --task=synthetic or synthetic_paths, whose steps can be checked exactly"
+  if not 2 <= v["paths_min_steps"] <= v["paths_max_steps"]:
+    return "--paths_min_steps and --paths_max_steps need 2 <= min <= max"
   if (reward in ("orm", "prm")) != bool(v["reward_model"]):
     return "--reward=orm|prm and --reward_model=DIR go together"
   if v["iterations"] > 1 and (v["steps_per_iteration"] < 1 or reward not in ("orm", "prm")):

@@ -91,8 +91,8 @@ def check_inputs(config: config_lib.Config) -> None:
   problems, are refused."""
   check_start(config.model)
   check_context(config)
-  if config.task.task == "synthetic" and config.rollout.batch_size > config.task.num_train:
-    raise config_lib.RunError(f"--batch_size={config.rollout.batch_size} exceeds the synthetic task's "
+  if config.task.task in config_lib.SYNTHETIC_TASKS and config.rollout.batch_size > config.task.num_train:
+    raise config_lib.RunError(f"--batch_size={config.rollout.batch_size} exceeds the {config.task.task} task's "
                               f"--num_train={config.task.num_train} problems: a step would hold every problem more "
                               f"than once")
   value_init = config.algorithm.value_init

@@ -10,13 +10,14 @@ import numpy as np
 from experiments.runner import config as config_lib
 from grpo_jax import data
 from grpo_jax import rewards as rewards_lib
+from grpo_jax.data import synthetic_paths
 from grpo_jax.rewards import math_verify_reward
 
 
 def check_files(config: config_lib.TaskConfig) -> None:
   """Raises RunError naming `--train_file` / `--test_file` when a dataset task lacks one or it matches no path, so
   a run can refuse before it writes anything (`Task` reads them)."""
-  if config.task == "synthetic":
+  if config.task in config_lib.SYNTHETIC_TASKS:
     return
   for name in ("train_file", "test_file"):
     path = getattr(config, name)
@@ -40,6 +41,9 @@ class Task:
       synthetic = data.SyntheticConfig(min_steps=config.synthetic_min_steps, max_steps=config.synthetic_max_steps,
                                        max_digits=config.synthetic_digits, ops=config.synthetic_ops)
       self.train, self.test = data.make_splits(config.num_train, config.num_test, seed=seed, config=synthetic)
+    elif config.task == "synthetic_paths":
+      paths = synthetic_paths.PathsConfig(min_steps=config.paths_min_steps, max_steps=config.paths_max_steps)
+      self.train, self.test = synthetic_paths.make_splits(config.num_train, config.num_test, seed=seed, config=paths)
     else:
       for name in ("train_file", "test_file"):
         if not getattr(config, name):
@@ -51,7 +55,7 @@ class Task:
         raise config_lib.RunError(f"no problems in {config.train_file if not self.train else config.test_file}")
     template = config.prompt_template
     if template == "auto":
-      template = "chat" if config.task != "synthetic" and getattr(tokenizer, "chat_template", None) else "plain"
+      template = "chat" if config.task not in config_lib.SYNTHETIC_TASKS and getattr(tokenizer, "chat_template", None) else "plain"
     self.template = template
     self.tokenizer = tokenizer
     # SFT needs worked solutions, RL only answers: split the pool so RL trains on problems SFT never saw.
@@ -80,8 +84,8 @@ class Task:
 
   def check_batch(self, batch_size: int) -> None:
     """Raises RunError when a file task's RL pool holds fewer problems than a step's `batch_size` prompts (a step
-    would hold a problem twice; the synthetic task's --num_train is checked before anything loads)."""
-    if self.config.task != "synthetic" and batch_size > len(self.rl_pool):
+    would hold a problem twice; a synthetic task's --num_train is checked before anything loads)."""
+    if self.config.task not in config_lib.SYNTHETIC_TASKS and batch_size > len(self.rl_pool):
       held = [f"{len(self.train) - len(self.rl_pool) - len(self.validation)} for SFT"] * (len(self.sft_pool) < len(
           self.train)) + [f"{len(self.validation)} for --num_validation"] * bool(self.validation)
       raise config_lib.RunError(f"--batch_size={batch_size} exceeds the {len(self.rl_pool)} RL problems of "
@@ -89,7 +93,7 @@ class Task:
                                 + (f" ({', '.join(held)} held out of {len(self.train)})" if held else ""))
 
   def prompt(self, example: data.Example) -> str:
-    if self.config.task == "synthetic" and self.template == "plain":
+    if self.config.task in config_lib.SYNTHETIC_TASKS and self.template == "plain":
       return data.format_prompt(example)
     instruction = ("Solve step by step and put the final answer in \\boxed{}." if self.config.task == "math"
                    else "Solve step by step and end with a line '#### <answer>'.")

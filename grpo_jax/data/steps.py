@@ -113,7 +113,9 @@ def check_steps(example: Example, completion: str) -> list[bool]:
        result, the reference's j-th intermediate value.
   The reference path is unique for synthetic problems (a left-to-right chain),
   so a step that builds on an earlier mistake is wrong, and steps beyond the
-  reference's count are wrong.
+  reference's count are wrong. Problems of the paths task (metadata task
+  "synthetic_paths") have several valid paths and are checked by
+  `synthetic_paths.check_steps` instead: against the state the steps reached.
 
   Args:
     example: an example whose `solution` consists of `a<op>b=c` steps.
@@ -122,6 +124,9 @@ def check_steps(example: Example, completion: str) -> list[bool]:
   Returns:
     One bool per step of the completion, in order.
   """
+  if example.metadata.get("task") == "synthetic_paths":  # several valid paths: checked against the state reached
+    from grpo_jax.data import synthetic_paths  # pylint: disable=import-outside-toplevel  (it imports this module)
+    return synthetic_paths.check_steps(example, completion)
   ref = reference_steps(example.solution)
   result = []
   for j, line in enumerate(split_steps(completion)):
