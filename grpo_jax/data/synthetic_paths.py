@@ -22,7 +22,7 @@ import random
 from typing import Iterable, Iterator
 
 from grpo_jax.data.example import Example
-from grpo_jax.data.steps import FINAL_MARKER, Step, apply_op, parse_step, split_steps
+from grpo_jax.data.step_text import FINAL_MARKER, Step, apply_op, parse_step, split_steps
 
 TASK = "synthetic_paths"  # `Example.metadata["task"]` of these problems: `steps.check_steps` dispatches on it
 MAX_FACTORS = 4  # most factors of one product
