@@ -29,7 +29,7 @@ from grpo_jax.training import checkpointing
 from grpo_jax.training import logger as logger_lib
 
 FLAGS = flags.FLAGS
-ERRORS = (config_lib.RunError, models.CheckpointError, data.DatasetError, checkpointing.CheckpointError,
+ERRORS = (config_lib.RunError, models.CheckpointError, data.DatasetError,
           FloatingPointError, ValueError, OSError)  # reported as one line, exit status 1
 
 # THE FLAGS: one per field of `runner.Config`'s sections, of the field's name, type and default, with the help text

@@ -24,7 +24,8 @@ _ARCHITECTURES = {
 
 
 class CheckpointError(ValueError):
-  """A checkpoint directory or config that cannot be loaded; the message names the path or tensor."""
+  """A checkpoint that cannot be loaded or restored (an HF directory, its config or tensors, a reward model, a train
+  state: `training.checkpointing` raises this one too); the message names the path, step or tensor."""
 
 
 @dataclasses.dataclass(frozen=True)

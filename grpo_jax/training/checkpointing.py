@@ -45,15 +45,12 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from grpo_jax import partitioning
+from grpo_jax.models.config import CheckpointError  # one error for every checkpoint: HF directories, train states
 
 
 HOST_TRANSFER_GB = 1  # a save's bound on the state it copies to host memory at once (GB)
 # A failed save's temporary directory: removed until two looks this far apart find nothing, for at most this long.
 REMOVE_QUIET_S, REMOVE_WAIT_S = 0.2, 10.0
-
-
-class CheckpointError(ValueError):
-  """A checkpoint directory that cannot be restored (missing, incompatible)."""
 
 
 class CheckpointSaveError(CheckpointError):
