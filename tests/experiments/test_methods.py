@@ -370,6 +370,7 @@ def test_batches_keep_the_columns_up_to_the_longest_completion(sft_policy, short
   of 24, the same tokens, masks and log-probs as the full batch's first columns, and the same loss and gradient. Known
   answers (`#### <answer>` and EOS, at most 9 tokens) make rows right and wrong: non-zero advantages and GC."""
   args = ("--temperature=0.7",) + (("--beta=0.1",) if algo != "online_rft" else ())  # Online RFT has no KL term
+  args += ("--sampler=static",)  # `short_samples` shortens the static sampler's rows
   trimmed, params, reference = _method(algo, sft_policy, *args, "--completion_pad_multiple=4")
   full, _, _ = _method(algo, sft_policy, *args, "--completion_pad_multiple=0")
   for method in (trimmed, full):
