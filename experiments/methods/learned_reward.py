@@ -203,7 +203,8 @@ class ExactStepReward:
 
 
 class RewardModelUpdates:
-  """Iterative RL's reward-model side: its optimiser state and the replay buffer, both checkpointed."""
+  """Iterative RL's reward-model side: its optimiser state and the replay buffer, both checkpointed. With
+  `rm_update_lora_rank` the reward model carries adapters from the start (`rm.adapters`), trained across rounds."""
 
   def __init__(self, reward: LearnedReward, task, rollouts):
     self.reward, self.task, self.rollouts = reward, task, rollouts
@@ -211,9 +212,16 @@ class RewardModelUpdates:
     updates = config.reward_model
     optimizer = training.make_optimizer(updates.rm_update_learning_rate, warmup_steps=10,
                                         total_steps=updates.rm_update_steps * updates.iterations, max_grad_norm=1.0)
-    # A "loglik"-score model keeps its backbone frozen: fine-tuning it on a few thousand samples spoils the
-    # likelihood it scores with (docs/reward_models.md).
-    self.frozen = rm.score_of(reward.params) == "loglik"
+    # With --rm_update_lora_rank the backbone trains through adapters (its base weights as loaded), from exactly the
+    # loaded model; without, a "loglik"-score model keeps its backbone frozen: fine-tuning it on a few thousand
+    # samples spoils the likelihood it scores with (docs/reward_models.md).
+    if updates.rm_update_lora_rank:
+      params, reward.config = rm.adapters.add(reward.params, reward.config,
+                                              jax.random.fold_in(jax.random.key(config.run.seed), 7),
+                                              rank=updates.rm_update_lora_rank, alpha=updates.rm_update_lora_alpha)
+      reward.params = reward.placement.put_params(params)
+      optimizer = rm.adapters.optimizer(optimizer)
+    self.frozen = rm.score_of(reward.params) == "loglik" and not updates.rm_update_lora_rank
     self.prompt_len = config.task.max_prompt_len
     if self.frozen:
       optimizer = rm.frozen_backbone_optimizer(optimizer)

@@ -273,6 +273,10 @@ class RewardModelConfig:
   rm_update_batch_size: int = flag(64, "Iterative RL: reward-model rows per step.", minimum=1)
   rm_update_learning_rate: float = flag(1e-4, "Iterative RL: reward-model learning rate (constant after a 10-step "
       "warm-up).")
+  rm_update_lora_rank: int = flag(0, "Iterative RL: > 0 retrains rank-r LoRA adapters on every projection of the "
+      "reward model's backbone (and its head, alpha; the base weights as loaded), so a retraining can change which "
+      "samples it prefers; 0: the whole backbone (a loglik-score model's stays frozen).", minimum=0)
+  rm_update_lora_alpha: float = flag(16.0, "Iterative RL: --rm_update_lora_rank's scale (x·A)·B·alpha/rank.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -522,6 +526,7 @@ READ_WITH = (
     ("eval_temperature", lambda v: v["eval_samples"] > 0, "--eval_samples > 0"),
     ("lora_alpha", lambda v: v["lora_rank"] > 0, "--lora_rank > 0"),
     ("lora_targets", lambda v: v["lora_rank"] > 0, "--lora_rank > 0"),
+    ("rm_update_lora_alpha", lambda v: v["rm_update_lora_rank"] > 0, "--rm_update_lora_rank > 0"),
     ("math_verify_time_limit", lambda v: "math_verify" in v["reward"], "--reward=math_verify:..."),
     ("math_verify_workers", lambda v: "math_verify" in v["reward"], "--reward=math_verify:..."),
 )
@@ -570,7 +575,7 @@ def check(config: Config) -> str | None:
     return ("--group_size must be >= 2 (GRPO compares samples within a group, RFT and DPO pick among them; "
             "PPO and distill accept 1)")
   for name in ("epsilon", "temperature", "eval_temperature", "learning_rate", "sft_learning_rate",
-               "rm_update_learning_rate", "dpo_beta", "likelihood_temperature"):
+               "rm_update_learning_rate", "rm_update_lora_alpha", "dpo_beta", "likelihood_temperature"):
     if v[name] <= 0:
       return f"--{name} must be > 0"
   for name in ("epsilon_high", "value_learning_rate"):

@@ -342,6 +342,57 @@ def test_iterative_updates_of_a_loglik_model_train_head_and_alpha_only(tmp_path,
   assert float(states[-1]["alpha"]) != pytest.approx(0.01, abs=1e-7)
 
 
+def test_iterative_updates_with_adapters_train_the_likelihood_and_keep_the_base(tmp_path, checkpoints, monkeypatch):
+  """--rm_update_lora_rank: the loglik-score ORM's retraining moves adapters on its backbone (so the likelihood it
+  ranks with changes: a frozen backbone's cannot), its head and α; the loaded weights stay bitwise."""
+  from grpo_jax.models import lora
+  policy_dir = checkpoints[0]
+  params, config = models.load_hf(policy_dir)
+  rm_params = rm.init_reward_params(params, config, jax.random.key(8), head_scale=3.0, score="loglik", alpha=0.5)
+  rm.save_reward_model(rm_params, config, tmp_path / "orm", kind="orm")
+  seen = []
+  original = methods.learned_reward.RewardModelUpdates.update
+
+  def update(self, policy, iteration, key):
+    metrics = original(self, policy, iteration, key)
+    seen.append((jax.tree.map(np.array, self.state.params), self.reward.config,
+                 self.reward.params is self.state.params))
+    return metrics
+
+  monkeypatch.setattr(methods.learned_reward.RewardModelUpdates, "update", update)
+  _run(tmp_path / "run", policy_dir, "--reward=orm", f"--reward_model={tmp_path / 'orm'}", "--iterations=2",
+       "--steps_per_iteration=1", "--rm_update_prompts=4", "--rm_update_steps=3", "--rm_update_batch_size=8",
+       "--rm_update_lora_rank=2", "--rm_update_lora_alpha=4", "--rm_update_learning_rate=1e-2")
+  assert len(seen) == 2
+  trained, reward_config, scores_with_them = seen[-1]
+  assert reward_config.lora_rank == 2 and scores_with_them  # the RL reward is the retrained model's
+  loaded = rm.load_reward_model(tmp_path / "orm")[0]
+  adapters, base = lora.split(trained["backbone"], lora.is_adapter)
+  jax.tree.map(np.testing.assert_array_equal, base, jax.tree.map(np.array, loaded["backbone"]))
+  assert not np.allclose(adapters["layers_0"]["mlp"]["down_proj"]["lora_b"], 0.0)
+  assert float(trained["alpha"]) != pytest.approx(0.5, abs=1e-7)
+  tokens = np.asarray(jax.random.randint(jax.random.key(0), (4, 20), 1, config.vocab_size))
+  mask, starts = np.ones_like(tokens, bool), np.full(4, 8, np.int32)
+  before = rm.completion_loglik(loaded, reward_config.replace(lora_rank=0, lora_alpha=0.0, lora_targets=()),
+                                tokens, mask, starts)
+  after = rm.completion_loglik(trained, reward_config, tokens, mask, starts)
+  assert np.abs(np.asarray(after) - np.asarray(before)).max() > 1e-3  # the likelihood itself moved
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--rm_update_lora_alpha=8"], "--rm_update_lora_alpha"),
+    (["--rm_update_lora_rank=-1"], "--rm_update_lora_rank must be >= 0"),
+])
+def test_bad_adapter_flags(tmp_path, args, message):
+  FLAGS.unparse_flags()
+  FLAGS(["grpo_math", f"--work_dir={tmp_path}", *args])
+  try:
+    with pytest.raises(config_lib.ConfigError, match=message):
+      cli.config_from_flags()
+  finally:
+    FLAGS.unparse_flags()
+
+
 def test_model_config_is_what_learned_reward_loads(checkpoints):
   """`model_config` (aot_compile's reward shapes) gives the config and kind LearnedReward runs with, without weights;
   a preset name stands for its shapes, tied, of the --reward's kind."""
