@@ -269,10 +269,17 @@ class RewardModelConfig:
       "rows seen).", minimum=1)
   rm_update_prompts: int = flag(256, "Iterative RL: prompts sampled (G each) from the current policy to retrain the "
       "reward model at the end of an iteration.", minimum=1)
-  rm_update_steps: int = flag(100, "Iterative RL: reward-model optimiser steps per iteration.", minimum=1)
+  rm_update_steps: int = flag(100, "Iterative RL: reward-model optimiser steps per iteration (0: never retrained; its "
+      "accuracy and AUC on fresh samples are still measured).", minimum=0)
   rm_update_batch_size: int = flag(64, "Iterative RL: reward-model rows per step.", minimum=1)
   rm_update_learning_rate: float = flag(1e-4, "Iterative RL: reward-model learning rate (constant after a 10-step "
       "warm-up).")
+  rm_update_eval_prompts: int = flag(0, "Iterative RL: further prompts (G samples each) of the current policy at each "
+      "iteration's end, never trained on: the reward model's accuracy and within-problem AUC on them before and "
+      "after its retraining (rm/held_out_before_*, rm/held_out_after_*): does it go stale, does a round catch up.",
+      minimum=0)
+  reset_reference: bool = flag(True, "Iterative RL: pi_ref <- pi_theta at each iteration's start (Algorithm 1); false "
+      "keeps the start policy as the reference throughout.")
   rm_update_lora_rank: int = flag(0, "Iterative RL: > 0 retrains rank-r LoRA adapters on every projection of the "
       "reward model's backbone (and its head, alpha; the base weights as loaded), so a retraining can change which "
       "samples it prefers; 0: the whole backbone (a loglik-score model's stays frozen).", minimum=0)
