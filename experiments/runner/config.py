@@ -534,6 +534,8 @@ READ_WITH = (
     ("lora_alpha", lambda v: v["lora_rank"] > 0, "--lora_rank > 0"),
     ("lora_targets", lambda v: v["lora_rank"] > 0, "--lora_rank > 0"),
     ("rm_update_lora_alpha", lambda v: v["rm_update_lora_rank"] > 0, "--rm_update_lora_rank > 0"),
+    *((name, lambda v: v["iterations"] > 1, "--iterations > 1")
+      for name in ("rm_update_eval_prompts", "reset_reference", "rm_update_lora_rank")),
     ("math_verify_time_limit", lambda v: "math_verify" in v["reward"], "--reward=math_verify:..."),
     ("math_verify_workers", lambda v: "math_verify" in v["reward"], "--reward=math_verify:..."),
 )

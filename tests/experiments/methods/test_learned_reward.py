@@ -448,6 +448,9 @@ def test_the_two_by_two_switches_reference_reset_and_retraining_apart(tmp_path, 
 @pytest.mark.parametrize("args,message", [
     (["--rm_update_lora_alpha=8"], "--rm_update_lora_alpha"),
     (["--rm_update_lora_rank=-1"], "--rm_update_lora_rank must be >= 0"),
+    (["--rm_update_lora_rank=2"], "--rm_update_lora_rank is read only with --iterations > 1"),
+    (["--rm_update_eval_prompts=4"], "--rm_update_eval_prompts is read only with --iterations > 1"),
+    (["--reset_reference=false"], "--reset_reference is read only with --iterations > 1"),
 ])
 def test_bad_adapter_flags(tmp_path, args, message):
   FLAGS.unparse_flags()
