@@ -98,10 +98,12 @@ def test_iterative_rl_resets_the_reference_and_freezes_it(tmp_path, checkpoints,
   assert rm_records[0]["rm/rows_replayed"] == 0 and rm_records[1]["rm/rows_replayed"] == round(16 * 0.1 / 0.9)
 
 
-def test_iterative_rl_resumes_exactly(tmp_path, checkpoints):
+@pytest.mark.parametrize("extra", [[], ["--rm_update_lora_rank=2", "--rm_update_eval_prompts=2", "--reset_reference=false",
+                                         "--rm_update_learning_rate=1e-2"]], ids=["plain", "adapters"])
+def test_iterative_rl_resumes_exactly(tmp_path, checkpoints, extra):
   policy_dir, orm_dir, _ = checkpoints
   common = ["--reward=orm", f"--reward_model={orm_dir}", "--iterations=2", "--steps_per_iteration=2",
-            "--rm_update_prompts=4", "--rm_update_steps=3", "--rm_update_batch_size=8", "--save_every=1"]
+            "--rm_update_prompts=4", "--rm_update_steps=3", "--rm_update_batch_size=8", "--save_every=1", *extra]
   _run(tmp_path / "straight", policy_dir, *common)
   _run(tmp_path / "stopped", policy_dir, *common, "--stop_after=3")  # inside iteration 2, after an RM update
   _run(tmp_path / "stopped", policy_dir, *common, "--resume")
