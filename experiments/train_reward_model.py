@@ -88,6 +88,8 @@ class RewardModelTrainingConfig:
   rm_loss: str = "bce"
   rm_score: str = "head"
   rm_freeze_backbone: bool = False
+  rm_lora_rank: int = 0
+  rm_lora_alpha: float = 16.0
   rm_steps: int = 300
   rm_batch_size: int = 64
   rm_learning_rate: float = 3e-4
@@ -99,7 +101,7 @@ class RewardModelTrainingConfig:
                  "rm_batch_size", "mc_rollouts"):
       if getattr(self, name) < 1:
         raise config_lib.ConfigError(f"--{name} must be >= 1")
-    for name in ("rm_steps", "rm_eval_every"):
+    for name in ("rm_steps", "rm_eval_every", "rm_lora_rank"):
       if getattr(self, name) < 0:
         raise config_lib.ConfigError(f"--{name} must be >= 0")
     if not (math.isfinite(self.rm_learning_rate) and self.rm_learning_rate > 0):
@@ -110,6 +112,11 @@ class RewardModelTrainingConfig:
       raise config_lib.ConfigError(f"--rm_score must be one of {', '.join(rm.SCORES)}")
     if self.rm_score == "loglik" and self.rm_kind not in rm.OUTCOME_KINDS:
       raise config_lib.ConfigError("--rm_score=loglik needs an outcome reward model (--rm_kind=orm or orm_steps)")
+    if self.rm_lora_rank and self.rm_freeze_backbone:
+      raise config_lib.ConfigError("--rm_lora_rank trains adapters on the backbone, --rm_freeze_backbone none of it: "
+                                   "pass one of them")
+    if self.rm_lora_rank and not (math.isfinite(self.rm_lora_alpha) and self.rm_lora_alpha > 0):
+      raise config_lib.ConfigError(f"--rm_lora_alpha must be a finite number > 0, not {self.rm_lora_alpha}")
 
 
 _D = RewardModelTrainingConfig()
@@ -153,6 +160,11 @@ flags.DEFINE_enum("rm_score", _D.rm_score, list(rm.SCORES), "head: the scalar he
                   "sum of its token log-probs), saved with the model so --reward=orm scores the same way.")
 flags.DEFINE_bool("rm_freeze_backbone", _D.rm_freeze_backbone, "Train only the head (and alpha): the backbone stays "
                   "as loaded (with --rm_score=loglik fine-tuning it on a few thousand samples spoils its likelihood).")
+flags.DEFINE_integer("rm_lora_rank", _D.rm_lora_rank, "> 0: train rank-r LoRA adapters on every projection of the "
+                     "backbone (and the head, alpha), its base weights as loaded: the likelihood a loglik score ranks "
+                     "with trains too, from exactly the loaded model; saved merged (a plain reward model). 0: the "
+                     "whole backbone trains (or none, --rm_freeze_backbone).")
+flags.DEFINE_float("rm_lora_alpha", _D.rm_lora_alpha, "--rm_lora_rank's scale: the adapters add (x·A)·B·alpha/rank.")
 flags.DEFINE_integer("rm_steps", _D.rm_steps, "Reward-model optimiser steps.")
 flags.DEFINE_integer("rm_batch_size", _D.rm_batch_size, "Completions per reward-model step (pairwise: batches hold whole "
                      "problems, so make it a multiple of --rm_samples_per_prompt).")
@@ -297,6 +309,9 @@ def run(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, signals: preempt
     raise RunError(f"--rm_score=loglik needs a backbone whose output layer is its embedding table; "
                    f"{rmc.rm_init or policy_dir} has an untied lm_head, which a reward model does not keep")
   rm_params = rm.init_reward_params(params, config, jax.random.fold_in(key, 3), score=rmc.rm_score)
+  if rmc.rm_lora_rank:  # adapters on the backbone: from exactly the loaded model, its base weights as loaded
+    rm_params, config = rm.adapters.add(rm_params, config, jax.random.fold_in(key, 4), rank=rmc.rm_lora_rank,
+                                        alpha=rmc.rm_lora_alpha)
   del params  # from here on, `config` is the reward model's
   ckpt = stage_checkpoints.StageCheckpoints(ckpt_dir, run_cfg.keep_checkpoints, logger, recorded,
                                             lambda then, step: _check_flags(then, recorded, step),
@@ -316,9 +331,9 @@ def run(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, signals: preempt
   logger.close()
   _print_eval("held-out after training", after)
 
-  # SAVE
+  # SAVE (adapters merged into the backbone: a plain reward model, as `--reward=orm` loads it)
   with training.atomic_directory(out_dir / "reward_model") as tmp:  # whole or not at all: never half-written
-    rm.save_reward_model(state.params, config, tmp, kind=rmc.rm_kind, tokenizer_dir=policy_dir)
+    rm.save_reward_model(*rm.adapters.merge(state.params, config), tmp, kind=rmc.rm_kind, tokenizer_dir=policy_dir)
   summary = _summary(rmc, state.params, labelled, step_labels, before, after, train_fit,
                      {"time_collect_s": labelled.collect_time, "time_train_s": train_time,
                       "time_total_s": time.time() - t_start})
@@ -337,7 +352,8 @@ def _summary(rmc: RewardModelTrainingConfig, params, labelled: _Labelled, step_l
   mixed, problems = _mixed_problems(train_data)
   return {"kind": rmc.rm_kind, "loss": rmc.rm_loss, "score": rmc.rm_score,
           **({"alpha": float(params["alpha"])} if "alpha" in params else {}),
-          "frozen_backbone": rmc.rm_freeze_backbone, "backbone": rmc.rm_init or str(pathlib.Path(rmc.policy)),
+          "frozen_backbone": rmc.rm_freeze_backbone, "lora_rank": rmc.rm_lora_rank,
+          "backbone": rmc.rm_init or str(pathlib.Path(rmc.policy)),
           "step_labels": "outcome" if rmc.rm_kind in rm.OUTCOME_KINDS else step_labels,
           "train_completions": int(train_data.tokens.shape[0]), "eval_completions": int(held_out.tokens.shape[0]),
           "train_answer_accuracy": float(train_data.outcome.mean()),
@@ -431,6 +447,8 @@ def _fit(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, rm_params, conf
                                            min(cfg.optim.warmup_steps, rmc.rm_steps // 10))
   if rmc.rm_freeze_backbone:
     optimizer = rm.frozen_backbone_optimizer(optimizer)
+  elif rmc.rm_lora_rank:
+    optimizer = rm.adapters.optimizer(optimizer)
   prompt_len = labelled.train.tokens.shape[1] - cfg.rollout.max_new_tokens  # the padded prompt, then the completion
   state = training.init_train_state(rm_params, optimizer)
   train_step = rm.make_reward_train_step(config, optimizer, kind=rmc.rm_kind, loss=rmc.rm_loss, prompt_len=prompt_len,

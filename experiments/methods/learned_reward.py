@@ -203,17 +203,26 @@ class ExactStepReward:
 
 
 class RewardModelUpdates:
-  """Iterative RL's reward-model side: its optimiser state and the replay buffer, both checkpointed."""
+  """Iterative RL's reward-model side: its optimiser state and the replay buffer, both checkpointed. With
+  `rm_update_lora_rank` the reward model carries adapters from the start (`rm.adapters`), trained across rounds."""
 
   def __init__(self, reward: LearnedReward, task, rollouts):
     self.reward, self.task, self.rollouts = reward, task, rollouts
     self.config = config = rollouts.config
     updates = config.reward_model
     optimizer = training.make_optimizer(updates.rm_update_learning_rate, warmup_steps=10,
-                                        total_steps=updates.rm_update_steps * updates.iterations, max_grad_norm=1.0)
-    # A "loglik"-score model keeps its backbone frozen: fine-tuning it on a few thousand samples spoils the
-    # likelihood it scores with (docs/reward_models.md).
-    self.frozen = rm.score_of(reward.params) == "loglik"
+                                        total_steps=max(updates.rm_update_steps * updates.iterations, 1),
+                                        max_grad_norm=1.0)
+    # With --rm_update_lora_rank the backbone trains through adapters (its base weights as loaded), from exactly the
+    # loaded model; without, a "loglik"-score model keeps its backbone frozen: fine-tuning it on a few thousand
+    # samples spoils the likelihood it scores with (docs/reward_models.md).
+    if updates.rm_update_lora_rank:
+      params, reward.config = rm.adapters.add(reward.params, reward.config,
+                                              jax.random.fold_in(jax.random.key(config.run.seed), 7),
+                                              rank=updates.rm_update_lora_rank, alpha=updates.rm_update_lora_alpha)
+      reward.params = reward.placement.put_params(params)
+      optimizer = rm.adapters.optimizer(optimizer)
+    self.frozen = rm.score_of(reward.params) == "loglik" and not updates.rm_update_lora_rank
     self.prompt_len = config.task.max_prompt_len
     if self.frozen:
       optimizer = rm.frozen_backbone_optimizer(optimizer)
@@ -236,33 +245,53 @@ class RewardModelUpdates:
     self.replay = replay_lib.from_state_dict(saved["replay"])
     self.reward.params = self.state.params
 
-  def update(self, policy, iteration: int, key) -> dict:
-    """Samples the current policy, labels, mixes in history, trains; returns the iteration's metrics."""
-    config, updates = self.config, self.config.reward_model
-    g = config.rollout.group_size
-    t0 = time.time()
-    examples = [self.task.train_example(10**9 + iteration * updates.rm_update_prompts + i)  # not the RL order
-                for i in range(updates.rm_update_prompts)]
+  def _labelled(self, policy, examples, key) -> rm.RewardData:
+    """G samples of the current policy for each of `examples`, labelled."""
+    config, g = self.config, self.config.rollout.group_size
     scored = self.rollouts.sample(policy, examples, key, g)
     texts = evaluation.decode(self.task.tokenizer, scored.host)
     repeated = [e for e in examples for _ in range(g)]
     labels = "exact" if config.task.task in config_lib.SYNTHETIC_TASKS else "mc_hard"
-    new = rm.label_samples(scored.host, texts, repeated, self.task.tokenizer, kind=self.reward.kind,
-                           step_labels=labels, max_steps=updates.prm_max_steps, policy=policy,
-                           config=self.rollouts.model_config, temperature=config.rollout.temperature,
-                           mc_max_new_tokens=config.rollout.max_new_tokens, key=jax.random.fold_in(key, 1))
-    before = rm.evaluate(self.state.params, self.reward.config, new, kind=self.reward.kind,  # on unseen samples
-                         prompt_len=self.prompt_len)
+    return rm.label_samples(scored.host, texts, repeated, self.task.tokenizer, kind=self.reward.kind,
+                            step_labels=labels, max_steps=config.reward_model.prm_max_steps, policy=policy,
+                            config=self.rollouts.model_config, temperature=config.rollout.temperature,
+                            mc_max_new_tokens=config.rollout.max_new_tokens, key=jax.random.fold_in(key, 1))
+
+  def _evaluate(self, data: rm.RewardData) -> dict:
+    return rm.evaluate(self.state.params, self.reward.config, data, kind=self.reward.kind, prompt_len=self.prompt_len)
+
+  def update(self, policy, iteration: int, key) -> dict:
+    """Samples the current policy, labels, mixes in history, trains; returns the iteration's metrics.
+
+    "before_*" and "after_*": the reward model on the new training samples before (unseen: how stale it is) and
+    after its training on them; with `rm_update_eval_prompts`, "held_out_before_*" and "held_out_after_*" the same
+    on further fresh samples it never trains on (`rm.evaluate`'s keys, "outcome/group_auc" among them).
+    """
+    config, updates = self.config, self.config.reward_model
+    t0 = time.time()
+    examples = [self.task.train_example(10**9 + iteration * updates.rm_update_prompts + i)  # not the RL order
+                for i in range(updates.rm_update_prompts)]
+    new = self._labelled(policy, examples, key)
+    held_out = None
+    if updates.rm_update_eval_prompts:  # problems of their own (neither the RL order nor the training samples')
+      held_out = self._labelled(policy, [self.task.train_example(2 * 10**9 + iteration * updates.rm_update_eval_prompts
+                                                                 + i) for i in range(updates.rm_update_eval_prompts)],
+                                jax.random.fold_in(key, 2))
+    metrics = {f"before_{k}": v for k, v in self._evaluate(new).items()}  # on unseen samples
+    if held_out is not None:
+      metrics.update({f"held_out_before_{k}": v for k, v in self._evaluate(held_out).items()})
     mixed, self.replay = replay_lib.mix(self.replay, new._asdict(), fraction=updates.replay_fraction)
     mixed = rm.RewardData(**mixed)
     num_new = len(new.tokens)
-    start = int(self.state.step)
-    self.state, history = rm.fit(self.state, self.train_step, mixed, steps=updates.rm_update_steps,
-                                 batch_size=updates.rm_update_batch_size, seed=config.run.seed + iteration, start=start)
-    self.reward.params = self.state.params
-    after = rm.evaluate(self.state.params, self.reward.config, new, kind=self.reward.kind, prompt_len=self.prompt_len)
-    metrics = {f"before_{k}": v for k, v in before.items()}
-    metrics.update({f"after_{k}": v for k, v in after.items()})
-    metrics.update(rows_new=float(num_new), rows_replayed=float(len(mixed.tokens) - num_new),
-                   loss=history[-1][1]["loss"], time=time.time() - t0)
+    if updates.rm_update_steps:
+      self.state, history = rm.fit(self.state, self.train_step, mixed, steps=updates.rm_update_steps,
+                                   batch_size=updates.rm_update_batch_size, seed=config.run.seed + iteration,
+                                   start=int(self.state.step))
+      self.reward.params = self.state.params
+      metrics.update({f"after_{k}": v for k, v in self._evaluate(new).items()}, loss=history[-1][1]["loss"])
+      if held_out is not None:
+        metrics.update({f"held_out_after_{k}": v for k, v in self._evaluate(held_out).items()})
+    else:  # never retrained: after is before
+      metrics.update({k.replace("before_", "after_", 1): v for k, v in list(metrics.items())})
+    metrics.update(rows_new=float(num_new), rows_replayed=float(len(mixed.tokens) - num_new), time=time.time() - t0)
     return metrics

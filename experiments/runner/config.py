@@ -273,10 +273,21 @@ class RewardModelConfig:
       "rows seen).", minimum=1)
   rm_update_prompts: int = flag(256, "Iterative RL: prompts sampled (G each) from the current policy to retrain the "
       "reward model at the end of an iteration.", minimum=1)
-  rm_update_steps: int = flag(100, "Iterative RL: reward-model optimiser steps per iteration.", minimum=1)
+  rm_update_steps: int = flag(100, "Iterative RL: reward-model optimiser steps per iteration (0: never retrained; its "
+      "accuracy and AUC on fresh samples are still measured).", minimum=0)
   rm_update_batch_size: int = flag(64, "Iterative RL: reward-model rows per step.", minimum=1)
   rm_update_learning_rate: float = flag(1e-4, "Iterative RL: reward-model learning rate (constant after a 10-step "
       "warm-up).")
+  rm_update_eval_prompts: int = flag(0, "Iterative RL: further prompts (G samples each) of the current policy at each "
+      "iteration's end, never trained on: the reward model's accuracy and within-problem AUC on them before and "
+      "after its retraining (rm/held_out_before_*, rm/held_out_after_*): does it go stale, does a round catch up.",
+      minimum=0)
+  reset_reference: bool = flag(True, "Iterative RL: pi_ref <- pi_theta at each iteration's start (Algorithm 1); false "
+      "keeps the start policy as the reference throughout.")
+  rm_update_lora_rank: int = flag(0, "Iterative RL: > 0 retrains rank-r LoRA adapters on every projection of the "
+      "reward model's backbone (and its head, alpha; the base weights as loaded), so a retraining can change which "
+      "samples it prefers; 0: the whole backbone (a loglik-score model's stays frozen).", minimum=0)
+  rm_update_lora_alpha: float = flag(16.0, "Iterative RL: --rm_update_lora_rank's scale (x·A)·B·alpha/rank.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -526,6 +537,9 @@ READ_WITH = (
     ("eval_temperature", lambda v: v["eval_samples"] > 0, "--eval_samples > 0"),
     ("lora_alpha", lambda v: v["lora_rank"] > 0, "--lora_rank > 0"),
     ("lora_targets", lambda v: v["lora_rank"] > 0, "--lora_rank > 0"),
+    ("rm_update_lora_alpha", lambda v: v["rm_update_lora_rank"] > 0, "--rm_update_lora_rank > 0"),
+    *((name, lambda v: v["iterations"] > 1, "--iterations > 1")
+      for name in ("rm_update_eval_prompts", "reset_reference", "rm_update_lora_rank")),
     ("math_verify_time_limit", lambda v: "math_verify" in v["reward"], "--reward=math_verify:..."),
     ("math_verify_workers", lambda v: "math_verify" in v["reward"], "--reward=math_verify:..."),
     *((name, lambda v: v["task"] != "synthetic_paths", "--task=synthetic (the paths task has --paths_min_steps "
@@ -580,7 +594,7 @@ def check(config: Config) -> str | None:
     return ("--group_size must be >= 2 (GRPO compares samples within a group, RFT and DPO pick among them; "
             "PPO and distill accept 1)")
   for name in ("epsilon", "temperature", "eval_temperature", "learning_rate", "sft_learning_rate",
-               "rm_update_learning_rate", "dpo_beta", "likelihood_temperature"):
+               "rm_update_learning_rate", "rm_update_lora_alpha", "dpo_beta", "likelihood_temperature"):
     if v[name] <= 0:
       return f"--{name} must be > 0"
   for name in ("epsilon_high", "value_learning_rate"):

@@ -3,9 +3,85 @@
 import dataclasses
 
 from experiments.studies import common
-from experiments.studies.spec import TRAIN_REWARD_MODEL, Claim, Contrast, Metric, Panel, Plot, Run, Study
+from experiments.studies.spec import TRAIN_REWARD_MODEL, Claim, Contrast, Design, Metric, Panel, Plot, Run, Study
 
 RL_RUNS = ("grpo", "one_round", "iterative")
+OLD = ("quick", "full")  # the profiles run and decided before issue 56's design
+
+# THE FAIR PROFILE (issue 56, goal 4): Fig 6 with a reward model whose training moves its ranking, declared here
+# before its runs. The reward model is the verifier's backbone with rank-8 LoRA adapters (`--rm_lora_rank`: the
+# likelihood it ranks with trains, from exactly the verifier), trained on the seed's SFT samples. Every RL arm is
+# GRPO+OS from the seed's SFT policy for I = 3 iterations of 40 steps of 32 prompts x 8 (120 steps), and at each
+# iteration's end measures the reward model on 64 fresh held-out prompts x 8 of the current policy
+# (`--rm_update_eval_prompts`): the 2x2 of reference reset (`--reset_reference`) x reward-model retraining
+# (`--rm_update_steps` 0 or 100 on 128 fresh prompts x 8, adapters trained) has Algorithm 1 in one corner and one
+# round (no reset, no retraining: the same policy trajectory as a plain run, measured) in the other. The control
+# "more labels" is one round on a reward model trained up front on as many labelled samples as the iterative one
+# has seen before its last iteration (1,000 + 2 x 128 prompts x 8, 600 + 2 x 100 steps), so an iterative gain is
+# not just more labels.
+FAIR_ITERATIONS, FAIR_STEPS_PER_ITERATION = 3, 40
+FAIR_RM = {"policy": "{run:sft}/sft_policy", "rm_init": "{run:verifier}/sft_policy", "rm_kind": "orm_steps",
+           "rm_score": "loglik", "rm_lora_rank": 8, "rm_loss": "pairwise", "rm_samples_per_prompt": 8,
+           "rm_eval_prompts": 100, "rm_learning_rate": 3e-4, "tensorboard": False}
+FAIR_RM_PROMPTS, FAIR_RM_STEPS = 1000, 600
+FAIR_UPDATE = {"rm_update_prompts": 128, "rm_update_steps": 100, "rm_update_lora_rank": 8,
+               "rm_update_learning_rate": 3e-4}
+FAIR_RL = {"init_checkpoint": "{run:sft}/sft_policy", "reward": "orm", "reward_model": "{run:fair_rm}/reward_model",
+           "iterations": FAIR_ITERATIONS,
+           "steps_per_iteration": FAIR_STEPS_PER_ITERATION, "rm_update_eval_prompts": 64, "eval_every": 40,
+           "save_every": 40, "tensorboard": False}
+FAIR_NO_RETRAIN = {"rm_update_steps": 0}
+FAIR_RUNS = ("fair_one_round", "fair_reset", "fair_retrain", "fair_iterative", "fair_more_labels")
+
+
+def _fair_rl(name: str, label: str, **flags) -> Run:
+  return Run(name, {**FAIR_RL, **flags}, label=label, only_in=("fair",))
+
+
+FAIR = (
+    Run("fair_rm", {**FAIR_RM, "rm_prompts": FAIR_RM_PROMPTS, "rm_steps": FAIR_RM_STEPS}, module=TRAIN_REWARD_MODEL,
+        label="reward model (verifier + LoRA r = 8)", only_in=("fair",)),
+    Run("fair_rm_more", {**FAIR_RM,
+                         "rm_prompts": FAIR_RM_PROMPTS + (FAIR_ITERATIONS - 1) * FAIR_UPDATE["rm_update_prompts"],
+                         "rm_steps": FAIR_RM_STEPS + (FAIR_ITERATIONS - 1) * FAIR_UPDATE["rm_update_steps"]},
+        module=TRAIN_REWARD_MODEL, label="reward model, as many labels as the iterative one", only_in=("fair",)),
+    _fair_rl("fair_one_round", "one round (no reset, no retraining)", reset_reference=False, **FAIR_NO_RETRAIN),
+    _fair_rl("fair_reset", "reference reset only", reset_reference=True, **FAIR_NO_RETRAIN),
+    _fair_rl("fair_retrain", "reward model retrained only", reset_reference=False, **FAIR_UPDATE),
+    _fair_rl("fair_iterative", "iterative (Algorithm 1: reset and retraining)", reset_reference=True, **FAIR_UPDATE),
+    _fair_rl("fair_more_labels", "one round, reward model with as many labels", reset_reference=False,
+             reward_model="{run:fair_rm_more}/reward_model", **FAIR_NO_RETRAIN),
+)
+FAIR_CONTRASTS = (("fair_iterative", "fair_one_round"), ("fair_iterative", "fair_more_labels"),
+                  ("fair_iterative", "fair_reset"), ("fair_retrain", "fair_one_round"),
+                  ("fair_iterative", "fair_retrain"), ("fair_reset", "fair_one_round"))
+FAIR_MARGIN = common.ORDERING_MARGIN  # ±3 points of accuracy: no ordering larger than that either way
+FAIR_AUC_MARGIN = 0.02  # two points of within-problem AUC
+FAIR_DESIGN = Design(
+    claims=(Claim("Fig 6: iterative RL beats one round of the same length", "fair_iterative - fair_one_round",
+                  "final", margin=FAIR_MARGIN),
+            Claim("Fig 6: iterative RL beats one round whose reward model had as many labels",
+                  "fair_iterative - fair_more_labels", "final", margin=FAIR_MARGIN),
+            Claim("retraining the reward model helps (reference reset in both)", "fair_iterative - fair_reset",
+                  "final", margin=FAIR_MARGIN),
+            Claim("retraining the reward model helps (no reference reset)", "fair_retrain - fair_one_round",
+                  "final", margin=FAIR_MARGIN),
+            Claim("the frozen reward model goes stale: its within-problem AUC on fresh samples falls over the run",
+                  "fair_one_round", "rm_staleness", "<", margin=FAIR_AUC_MARGIN),
+            Claim("a retraining round raises its within-problem AUC on fresh held-out samples", "fair_iterative",
+                  "rm_catch_up", ">", margin=FAIR_AUC_MARGIN),
+            Claim("GRPO on the learned reward model raises accuracy over its SFT start", "fair_one_round", "gain"),
+            Claim("reference reset beside none (reward model retrained in both)", "fair_iterative - fair_retrain",
+                  "final", ""),
+            Claim("reference reset beside none (reward model frozen in both)", "fair_reset - fair_one_round", "final",
+                  "")),
+    seeds=8,
+    note=("Fig 6's ordering against one round and against one round with as many labels, the two simple effects "
+          "of retraining in the 2x2, staleness and catch-up of the reward model, and GRPO's gain: seven claims, "
+          "the orderings with a ±3-point margin and the AUC claims with ±0.02 (thirteen hypotheses: an ordering "
+          "against zero and inside its margin), Holm at 0.05; the reset's two simple effects reported without a "
+          "claim (the paper does not separate reset from retraining). No interaction claim: a contrast is one "
+          "paired difference of two arms."))
 
 STUDY = Study(
     name="iterative",
@@ -34,28 +110,42 @@ STUDY = Study(
                    "rm_score": "loglik", "rm_freeze_backbone": True, "rm_loss": "pairwise",
                    "rm_prompts": 8000, "rm_samples_per_prompt": 8, "rm_steps": 3000},
             module=TRAIN_REWARD_MODEL, label="reward model (orm_steps + α · log-likelihood)",
-            profiles={"quick": {"rm_prompts": 1000, "rm_steps": 400}}),
-        common.GRPO,
-        common.rl("one_round", "GRPO+OS, learned ORM, one round", reward="orm",
-                  reward_model="{run:rm}/reward_model"),
-        common.rl("iterative", "GRPO+OS, learned ORM, iterative (I = 2)", reward="orm",
-                  reward_model="{run:rm}/reward_model", iterations=2,
-                  steps_per_iteration=100,
-                  quick={"steps_per_iteration": common.QUICK_STEPS // 2, "rm_update_prompts": 128,
-                         "rm_update_steps": 50}),
+            profiles={"quick": {"rm_prompts": 1000, "rm_steps": 400}}, only_in=OLD),
+        dataclasses.replace(common.GRPO, only_in=OLD),
+        dataclasses.replace(common.rl("one_round", "GRPO+OS, learned ORM, one round", reward="orm",
+                                      reward_model="{run:rm}/reward_model"), only_in=OLD),
+        dataclasses.replace(common.rl("iterative", "GRPO+OS, learned ORM, iterative (I = 2)", reward="orm",
+                                      reward_model="{run:rm}/reward_model", iterations=2,
+                                      steps_per_iteration=100,
+                                      quick={"steps_per_iteration": common.QUICK_STEPS // 2, "rm_update_prompts": 128,
+                                             "rm_update_steps": 50}), only_in=OLD),
+        *FAIR,
     ),
     metrics=(
-        Metric("accuracy", "eval/accuracy", source="curve", runs=RL_RUNS,
+        Metric("accuracy", "eval/accuracy", source="curve", runs=RL_RUNS + FAIR_RUNS,
                label="held-out greedy accuracy"),
-        dataclasses.replace(common.CHANGE, runs=RL_RUNS),
+        dataclasses.replace(common.CHANGE, runs=RL_RUNS + FAIR_RUNS),
         Metric("iteration_accuracy", "iteration/accuracy", source="curve", runs=("iterative",),
                label="held-out accuracy at each iteration's end"),
-        *(dataclasses.replace(m, runs=RL_RUNS) for m in (common.START, common.FINAL, common.GAIN)),
-        Metric("rm_auc", "after/outcome/auc", runs=("rm",), percent=False, label="reward model AUC"),
-        Metric("rm_group_auc", "after/outcome/group_auc", runs=("rm",), percent=False,
+        *(dataclasses.replace(m, runs=RL_RUNS + FAIR_RUNS) for m in (common.START, common.FINAL, common.GAIN)),
+        Metric("rm_auc", "after/outcome/auc", runs=("rm", "fair_rm", "fair_rm_more"), percent=False,
+               label="reward model AUC"),
+        Metric("rm_group_auc", "after/outcome/group_auc", runs=("rm", "fair_rm", "fair_rm_more"), percent=False,
                label="reward model AUC within problems"),
-        Metric("rm_train_group_auc", "train/outcome/group_auc", runs=("rm",), percent=False,
-               label="the same on its training samples"),
+        Metric("rm_group_auc_before", "before/outcome/group_auc", runs=("fair_rm", "fair_rm_more"), percent=False,
+               label="the same before its training (the verifier's likelihood)"),
+        Metric("rm_train_group_auc", "train/outcome/group_auc", runs=("rm", "fair_rm", "fair_rm_more"),
+               percent=False, label="the same on its training samples"),
+        # The fair profile's reward model on fresh held-out samples of the current policy at each iteration's end.
+        Metric("rm_fresh_before", "rm/held_out_before_outcome/group_auc", source="curve", runs=FAIR_RUNS,
+               percent=False, label="reward model AUC within problems on fresh samples, before the round"),
+        Metric("rm_fresh_after", "rm/held_out_after_outcome/group_auc", source="curve", runs=FAIR_RUNS,
+               percent=False, label="the same after the round"),
+        Metric("rm_staleness", "rm/held_out_before_outcome/group_auc", source="curve", since_start=True,
+               runs=FAIR_RUNS, percent=False, label="its change since the first iteration's end"),
+        Metric("rm_catch_up", "rm/held_out_after_outcome/group_auc", minus="rm/held_out_before_outcome/group_auc",
+               source="curve", reduce="mean", runs=("fair_retrain", "fair_iterative"), percent=False,
+               label="after minus before a retraining round, mean over rounds"),
     ),
     plots=(
         Plot("fig6.png", (Panel("accuracy", ("one_round", "iterative", "grpo"),
@@ -63,14 +153,28 @@ STUDY = Study(
                           Panel("change", ("one_round", "iterative", "grpo"),
                                 title="change since the SFT start, paired by seed", ylabel="points")),
              title="DeepSeekMath Fig 6: iterative RL against one round of the same length", xlabel="RL step"),
+        Plot("fig6_fair.png", (Panel("change", FAIR_RUNS, title="change since the SFT start, paired by seed",
+                                     ylabel="points"),
+                               Panel("rm_fresh_before", FAIR_RUNS,
+                                     title="reward model on fresh samples of the current policy, before each round")),
+             title="Fig 6, reset x retraining (profile fair): a reward model whose training moves its ranking",
+             xlabel="RL step"),
     ),
-    contrasts=(Contrast("iterative", "one_round", "final"), Contrast("one_round", "grpo", "final")),
+    contrasts=(Contrast("iterative", "one_round", "final"), Contrast("one_round", "grpo", "final"),
+               *(Contrast(a, b, "final") for a, b in FAIR_CONTRASTS)),
     claims=(Claim("Fig 6: iterative RL beats one round of the same length", "iterative - one_round", "final",
                   margin=common.ORDERING_MARGIN),
             Claim("GRPO on the learned ORM raises accuracy over its SFT start", "one_round", "gain"),
             Claim("the learned ORM beside the rule reward (no ordering claimed)", "one_round - grpo", "final", "")),
-    profiles={"quick": common.QUICK},
-    notes={"quick": common.QUICK_NOTE + " The reward model trains its head and α (the backbone frozen) on 1,000 "
+    profiles={"quick": common.QUICK, "fair": {}},
+    designs={"fair": FAIR_DESIGN},
+    notes={"fair": ("Fig 6 with a reward model whose training moves its ranking (issue 56): the verifier's backbone "
+                    "with rank-8 LoRA adapters, trained on 1,000 SFT prompts x 8 for 600 steps; every arm 3 "
+                    "iterations of 40 GRPO steps of 32 prompts x 8 (120 steps; the full profile: 200) with the reward "
+                    "model measured on 64 fresh held-out prompts x 8 at each iteration's end; retraining: 128 fresh "
+                    "prompts x 8 and 100 steps of the adapters a round; reference reset x retraining as a 2x2, and "
+                    "one round on a reward model with as many labels (1,256 prompts x 8, 800 steps)."),
+           "quick": common.QUICK_NOTE + " The reward model trains its head and α (the backbone frozen) on 1,000 "
                                         "prompts x 8 SFT samples for 400 steps from the verifier's backbone (full: "
                                         "8,000 x 8, 3,000 steps); each "
                                         "iteration retrains it on 128 prompts x 8 for 50 steps (full: 256 x 8, "

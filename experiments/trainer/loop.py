@@ -144,7 +144,8 @@ class _Steps:
   def step(self, state, step: int, position: int, step_key):
     """COLLECT, UPDATE and LOG of step `step`: `(state, data position)`."""
     method = self.method
-    if self.per_iteration and step > 1 and (step - 1) % self.per_iteration == 0:
+    reset = self.method.config.reward_model.reset_reference
+    if self.per_iteration and reset and step > 1 and (step - 1) % self.per_iteration == 0:
       # Algorithm 1: each iteration starts with π_ref ← π_θ (a copy: the train state is donated).
       method.use_reference(method.policy(self.full(jax.tree.map(jnp.copy, state.params))))
     # COLLECT: π_old is the current policy (online methods) or a fixed dataset (offline ones)
@@ -245,9 +246,13 @@ def _retrain_reward_model(updates: learned_reward.RewardModelUpdates, method: me
   rm_metrics = updates.update(method.policy(params), iteration, jax.random.fold_in(step_key, 20_000))
   values = logger.log(step, {"iteration": float(iteration), **rm_metrics}, prefix="rm/")
   policy_eval = logger.log(step, evaluate(), prefix="iteration/")
+  held_out = ""
+  if "rm/held_out_before_outcome/group_auc" in values:
+    held_out = (f", AUC within problems on fresh held-out samples {values['rm/held_out_before_outcome/group_auc']:.3f}"
+                f" -> {values['rm/held_out_after_outcome/group_auc']:.3f}")
   print(f"iteration {iteration}: held-out accuracy {policy_eval['iteration/accuracy']:.3f}; reward model on "
         f"fresh policy samples: accuracy {values['rm/before_outcome/accuracy']:.3f} -> "
-        f"{values['rm/after_outcome/accuracy']:.3f}", file=sys.stderr)
+        f"{values['rm/after_outcome/accuracy']:.3f}{held_out}", file=sys.stderr)
 
 
 # THE RUN

@@ -6,10 +6,12 @@
   s = rm.outcome_logits(params, config, tokens, mask, ends, step_mask, starts, kind="orm_steps")  # + α·loglik
   s = rm.step_scores(params, config, tokens, mask, step_ends, step_mask) # [N, K] logits (PRM, orm_steps)
   rm.save_reward_model(params, config, out_dir, kind="prm"); rm.load_reward_model(out_dir)
+  params, config = rm.adapters.add(params, config, key, rank=8)        # LoRA on the backbone: its likelihood trains
 
 DeepSeekMath §4.1.2-4.1.4 (arXiv 2402.03300); step labels as in Math-Shepherd (arXiv 2312.08935).
 """
 
+from grpo_jax.reward_models import adapters
 from grpo_jax.reward_models.collect import STEP_LABELS, label_samples, sample_reward_data
 from grpo_jax.reward_models.data import (RewardData, build_reward_data, concat, exact_step_labels,
                                          monte_carlo_step_labels, outcome_labels, problem_id, take)
@@ -33,6 +35,7 @@ __all__ = (
     "SCORES",
     "STEP_KINDS",
     "STEP_LABELS",
+    "adapters",
     "batch_indices",
     "binary_accuracy",
     "binary_auc",

@@ -19,6 +19,7 @@ import optax
 
 from grpo_jax.losses import reward as reward_losses
 from grpo_jax.models.config import ModelConfig
+from grpo_jax.reward_models import adapters
 from grpo_jax.reward_models import metrics as metrics_lib
 from grpo_jax.reward_models import model
 from grpo_jax.reward_models.data import RewardData, num_rows, take
@@ -58,10 +59,13 @@ def reward_objective(params, batch: RewardData, totals: dict, *, config: ModelCo
 
   With the "loglik" score (params with "alpha") both losses apply to `model.outcome_logits` (the pooled
   logit + α · the completion's backbone log-likelihood; `prompt_len` the padded prompt length); BCE then on
-  that one logit per completion. `freeze_backbone`: no gradient reaches the backbone.
+  that one logit per completion. `freeze_backbone`: no gradient reaches the backbone. With adapters
+  (`config.lora_rank` > 0, `adapters.add`) no gradient reaches the backbone's base weights.
   """
   if freeze_backbone:
     params = {**params, "backbone": jax.lax.stop_gradient(params["backbone"])}
+  elif config.lora_rank:
+    params = adapters.stop_base_gradient(params)
   if "alpha" in params:
     if kind not in model.OUTCOME_KINDS:
       raise ValueError(f"the loglik score is for outcome reward models, not kind {kind!r}")
@@ -93,7 +97,8 @@ def make_reward_train_step(config: ModelConfig, optimizer: optax.GradientTransfo
                            loss: str = "bce", num_micro_batches: int = 1, pairs_within_problem: bool = True,
                            donate: bool = True, prompt_len: int = 0, freeze_backbone: bool = False):
   """Jitted `step(TrainState, RewardData batch) -> (TrainState, metrics)` of a reward model (`prompt_len`,
-  `freeze_backbone`: see `reward_objective`; pair a frozen backbone with `frozen_backbone_optimizer`)."""
+  `freeze_backbone`: see `reward_objective`; pair a frozen backbone with `frozen_backbone_optimizer`, adapters
+  (`config.lora_rank` > 0) with `adapters.optimizer`)."""
   if kind not in model.KINDS:
     raise ValueError(f"unknown reward model kind {kind!r}; expected one of {model.KINDS}")
   if loss not in LOSSES or (loss == "pairwise" and kind not in model.OUTCOME_KINDS):

@@ -125,6 +125,24 @@ def test_loglik_score_with_a_frozen_backbone(tmp_path, right_and_wrong):
   assert summary["after/outcome/group_pairs"] == 4  # the held-out problems' (right, wrong) pairs, one each
 
 
+def test_lora_adapters_train_and_save_merged(tmp_path, right_and_wrong):
+  """--rm_lora_rank: adapters train on the backbone (its base weights as loaded) and are saved merged, a plain
+  reward model whose backbone differs from the policy's by a rank-2 update of each adapted projection."""
+  summary = _run(tmp_path, "--rm_kind=orm", "--rm_score=loglik", "--rm_lora_rank=2", "--rm_lora_alpha=4",
+                 "--rm_loss=pairwise", "--rm_steps=3", "--rm_learning_rate=1e-2")
+  assert summary["lora_rank"] == 2 and not summary["frozen_backbone"]
+  params, config, _ = rm.load_reward_model(tmp_path / "rm" / "reward_model")
+  assert config.lora_rank == 0 and "lora_a" not in str(jax.tree_util.tree_structure(params))
+  start, _ = models.load_hf(tmp_path / "policy")
+  np.testing.assert_array_equal(params["backbone"]["embed"]["embedding"], start["embed"]["embedding"])  # no adapter
+  for name in ("q_proj", "o_proj"):
+    delta = np.asarray(params["backbone"]["layers_0"]["attn"][name]["kernel"]
+                       - start["layers_0"]["attn"][name]["kernel"])
+    assert np.abs(delta).max() > 0  # the adapters moved it ...
+    assert np.linalg.matrix_rank(delta.reshape(delta.shape[0], -1) if name == "q_proj"
+                                 else delta.reshape(-1, delta.shape[-1]), tol=1e-7) <= 2  # ... at rank 2
+
+
 def test_rm_init_starts_from_another_backbone(tmp_path):
   verifier = models.build_default_checkpoint(tmp_path / "verifier", seed=7, num_hidden_layers=2, hidden_size=48,
                                              intermediate_size=96)
@@ -158,6 +176,9 @@ def test_errors_are_one_line(tmp_path, main_in_process, monkeypatch):
            (["--rm_kind=prm", "--rm_score=loglik"], "--rm_score=loglik needs an outcome reward model"),
            (["--policy=p", "--mesh=data:1"], "train_reward_model runs on one device in one process"),
            (["--policy=p", "--rm_learning_rate=nan"], "--rm_learning_rate must be a finite number > 0, not nan"),
+           (["--policy=p", "--rm_lora_rank=2", "--rm_freeze_backbone"], "--rm_lora_rank trains adapters on the "
+                                                                       "backbone, --rm_freeze_backbone none of it"),
+           (["--policy=p", "--rm_lora_rank=-1"], "--rm_lora_rank must be >= 0"),
            # issue 55: a shared flag this runner does not read is refused, with the one it reads instead
            (["--policy=p", "--lora_rank=4"], "--lora_rank: train_reward_model does not read it; leave it at its "
                                              "default"),

@@ -98,10 +98,12 @@ def test_iterative_rl_resets_the_reference_and_freezes_it(tmp_path, checkpoints,
   assert rm_records[0]["rm/rows_replayed"] == 0 and rm_records[1]["rm/rows_replayed"] == round(16 * 0.1 / 0.9)
 
 
-def test_iterative_rl_resumes_exactly(tmp_path, checkpoints):
+@pytest.mark.parametrize("extra", [[], ["--rm_update_lora_rank=2", "--rm_update_eval_prompts=2", "--reset_reference=false",
+                                         "--rm_update_learning_rate=1e-2"]], ids=["plain", "adapters"])
+def test_iterative_rl_resumes_exactly(tmp_path, checkpoints, extra):
   policy_dir, orm_dir, _ = checkpoints
   common = ["--reward=orm", f"--reward_model={orm_dir}", "--iterations=2", "--steps_per_iteration=2",
-            "--rm_update_prompts=4", "--rm_update_steps=3", "--rm_update_batch_size=8", "--save_every=1"]
+            "--rm_update_prompts=4", "--rm_update_steps=3", "--rm_update_batch_size=8", "--save_every=1", *extra]
   _run(tmp_path / "straight", policy_dir, *common)
   _run(tmp_path / "stopped", policy_dir, *common, "--stop_after=3")  # inside iteration 2, after an RM update
   _run(tmp_path / "stopped", policy_dir, *common, "--resume")
@@ -340,6 +342,126 @@ def test_iterative_updates_of_a_loglik_model_train_head_and_alpha_only(tmp_path,
   jax.tree.map(np.testing.assert_array_equal, states[-1]["backbone"], jax.tree.map(np.array, loaded["backbone"]))
   assert not np.array_equal(states[-1]["head"]["kernel"], np.asarray(loaded["head"]["kernel"]))
   assert float(states[-1]["alpha"]) != pytest.approx(0.01, abs=1e-7)
+
+
+def test_iterative_updates_with_adapters_train_the_likelihood_and_keep_the_base(tmp_path, checkpoints, monkeypatch):
+  """--rm_update_lora_rank: the loglik-score ORM's retraining moves adapters on its backbone (so the likelihood it
+  ranks with changes: a frozen backbone's cannot), its head and α; the loaded weights stay bitwise."""
+  from grpo_jax.models import lora
+  policy_dir = checkpoints[0]
+  params, config = models.load_hf(policy_dir)
+  rm_params = rm.init_reward_params(params, config, jax.random.key(8), head_scale=3.0, score="loglik", alpha=0.5)
+  rm.save_reward_model(rm_params, config, tmp_path / "orm", kind="orm")
+  seen = []
+  original = methods.learned_reward.RewardModelUpdates.update
+
+  def update(self, policy, iteration, key):
+    metrics = original(self, policy, iteration, key)
+    seen.append((jax.tree.map(np.array, self.state.params), self.reward.config,
+                 self.reward.params is self.state.params))
+    return metrics
+
+  monkeypatch.setattr(methods.learned_reward.RewardModelUpdates, "update", update)
+  _run(tmp_path / "run", policy_dir, "--reward=orm", f"--reward_model={tmp_path / 'orm'}", "--iterations=2",
+       "--steps_per_iteration=1", "--rm_update_prompts=4", "--rm_update_steps=3", "--rm_update_batch_size=8",
+       "--rm_update_lora_rank=2", "--rm_update_lora_alpha=4", "--rm_update_learning_rate=1e-2")
+  assert len(seen) == 2
+  trained, reward_config, scores_with_them = seen[-1]
+  assert reward_config.lora_rank == 2 and scores_with_them  # the RL reward is the retrained model's
+  loaded = rm.load_reward_model(tmp_path / "orm")[0]
+  adapters, base = lora.split(trained["backbone"], lora.is_adapter)
+  jax.tree.map(np.testing.assert_array_equal, base, jax.tree.map(np.array, loaded["backbone"]))
+  assert not np.allclose(adapters["layers_0"]["mlp"]["down_proj"]["lora_b"], 0.0)
+  assert float(trained["alpha"]) != pytest.approx(0.5, abs=1e-7)
+  tokens = np.asarray(jax.random.randint(jax.random.key(0), (4, 20), 1, config.vocab_size))
+  mask, starts = np.ones_like(tokens, bool), np.full(4, 8, np.int32)
+  before = rm.completion_loglik(loaded, reward_config.replace(lora_rank=0, lora_alpha=0.0, lora_targets=()),
+                                tokens, mask, starts)
+  after = rm.completion_loglik(trained, reward_config, tokens, mask, starts)
+  assert np.abs(np.asarray(after) - np.asarray(before)).max() > 1e-3  # the likelihood itself moved
+
+
+def _rm_records(work_dir):
+  return [r for r in (json.loads(l) for l in (work_dir / "metrics.jsonl").read_text().splitlines())
+          if "rm/iteration" in r]
+
+
+def test_staleness_is_measured_on_fresh_held_out_samples_before_and_after_each_round(tmp_path, checkpoints,
+                                                                                     monkeypatch):
+  """--rm_update_eval_prompts: each round scores further fresh samples of the current policy, never trained on,
+  with the reward model before its retraining and after it (logged as rm/held_out_before_*, rm/held_out_after_*)."""
+  policy_dir, orm_dir, _ = checkpoints
+  calls = []  # (what rm.evaluate scored, with which params) inside the updates
+  fits = []
+  evaluate, fit = rm.evaluate, rm.fit
+  monkeypatch.setattr(rm, "evaluate", lambda params, config, data, **kw: calls.append(
+      (np.array(data.tokens), jax.tree.map(np.array, params))) or evaluate(params, config, data, **kw))
+  monkeypatch.setattr(rm, "fit", lambda state, step, data, **kw: fits.append(np.array(data.tokens)) or fit(
+      state, step, data, **kw))
+  _run(tmp_path, policy_dir, "--reward=orm", f"--reward_model={orm_dir}", "--iterations=2",
+       "--steps_per_iteration=2", "--rm_update_prompts=4", "--rm_update_steps=3", "--rm_update_batch_size=8",
+       "--rm_update_eval_prompts=3", "--rm_update_learning_rate=1e-2")
+  records = _rm_records(tmp_path)
+  assert [r["step"] for r in records] == [2, 4]
+  for r in records:
+    assert r["rm/held_out_before_outcome/count"] == r["rm/held_out_after_outcome/count"] == 3 * 4  # 3 prompts x G
+    assert r["rm/before_outcome/count"] == r["rm/rows_new"] == 4 * 4
+    assert {"rm/held_out_before_outcome/group_auc", "rm/held_out_after_outcome/group_auc"} <= set(r)
+  assert len(calls) == 8 and len(fits) == 2  # per round: new and held-out before, new and held-out after
+  for round_ in range(2):
+    new_before, held_before, new_after, held_after = calls[4 * round_:4 * round_ + 4]
+    np.testing.assert_array_equal(held_before[0], held_after[0])
+    np.testing.assert_array_equal(new_before[0], new_after[0])
+    trained_rows = {row.tobytes() for row in fits[round_]}
+    assert not {row.tobytes() for row in held_before[0]} & trained_rows  # never trained on
+    assert {row.tobytes() for row in new_before[0]} <= trained_rows
+    jax.tree.map(np.testing.assert_array_equal, held_before[1], new_before[1])  # before: the model as it was
+    jax.tree.map(np.testing.assert_array_equal, held_after[1], new_after[1])
+    assert not np.array_equal(held_before[1]["head"]["kernel"], held_after[1]["head"]["kernel"])  # it trained
+  # round 2's "before" is the model round 1 left: the staleness of what the last round trained
+  jax.tree.map(np.testing.assert_array_equal, calls[4][1], calls[3][1])
+
+
+def test_the_two_by_two_switches_reference_reset_and_retraining_apart(tmp_path, checkpoints, monkeypatch):
+  """--reset_reference=false keeps π_ref at the start policy over iterations; --rm_update_steps=0 keeps the reward
+  model as loaded, its measurements logged with after = before."""
+  policy_dir, orm_dir, _ = checkpoints
+  calls = _record_collects(monkeypatch)
+  _run(tmp_path, policy_dir, "--reward=orm", f"--reward_model={orm_dir}", "--iterations=2",
+       "--steps_per_iteration=2", "--rm_update_prompts=4", "--rm_update_steps=0", "--rm_update_eval_prompts=2",
+       "--reset_reference=false", "--beta=0.1")
+  assert len(calls) == 4
+  for later in calls[1:]:
+    jax.tree.map(np.testing.assert_array_equal, later[1], calls[0][0])  # π_ref: the start policy throughout
+  assert not np.array_equal(calls[2][0]["embed"]["embedding"], calls[0][0]["embed"]["embedding"])
+  records = _rm_records(tmp_path)
+  assert len(records) == 2 and "rm/loss" not in records[0]
+  for r in records:
+    for key in [k for k in r if k.startswith(("rm/before_", "rm/held_out_before_"))]:
+      assert r[key.replace("before_", "after_", 1)] == r[key]
+  # The rewards of iteration 2 come from the loaded model: the same as a one-round run's on the same samples
+  _run(tmp_path / "one_round", policy_dir, "--reward=orm", f"--reward_model={orm_dir}", "--steps=4", "--beta=0.1")
+  curves = [[json.loads(l) for l in (d / "metrics.jsonl").read_text().splitlines() if '"train/reward_mean"' in l]
+            for d in (tmp_path, tmp_path / "one_round")]
+  assert len(curves[0]) == 4 and [r["train/reward_mean"] for r in curves[0]] == [r["train/reward_mean"]
+                                                                                 for r in curves[1]]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--rm_update_lora_alpha=8"], "--rm_update_lora_alpha"),
+    (["--rm_update_lora_rank=-1"], "--rm_update_lora_rank must be >= 0"),
+    (["--rm_update_lora_rank=2"], "--rm_update_lora_rank is read only with --iterations > 1"),
+    (["--rm_update_eval_prompts=4"], "--rm_update_eval_prompts is read only with --iterations > 1"),
+    (["--reset_reference=false"], "--reset_reference is read only with --iterations > 1"),
+])
+def test_bad_adapter_flags(tmp_path, args, message):
+  FLAGS.unparse_flags()
+  FLAGS(["grpo_math", f"--work_dir={tmp_path}", *args])
+  try:
+    with pytest.raises(config_lib.ConfigError, match=message):
+      cli.config_from_flags()
+  finally:
+    FLAGS.unparse_flags()
 
 
 def test_model_config_is_what_learned_reward_loads(checkpoints):
