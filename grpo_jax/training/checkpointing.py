@@ -33,7 +33,9 @@ import pathlib
 import re
 import shutil
 import sys
+import threading
 import time
+import traceback
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -174,6 +176,23 @@ def _quiet_writer_threads():
         logger.removeFilter(quiet)
 
 
+def _quiet_failed_writer_threads() -> None:
+  """After a failed save, orbax's other writer threads can end with the same error (a full disk) once the save has
+  been reported, and Python would print each one's traceback (`threading.excepthook`): from then on, exceptions
+  that end a thread inside orbax are dropped; any other thread's still reach the hook before."""
+  previous = threading.excepthook
+  if getattr(previous, "quiets_orbax", False):
+    return
+
+  def hook(args):
+    frames = traceback.extract_tb(args.exc_traceback) if args.exc_traceback is not None else []
+    if not any(f"{os.sep}orbax{os.sep}" in frame.filename for frame in frames):
+      previous(args)
+
+  hook.quiets_orbax = True
+  threading.excepthook = hook
+
+
 def _state_handler(host_transfer_gb: float | None) -> ocp.PyTreeCheckpointHandler:
   """The handler behind orbax's StandardSave (the same files: checkpoints of either restore with the other), with
   its device -> host copies in batches of `host_transfer_gb` (None: orbax's default, all at once).
@@ -249,6 +268,7 @@ class Checkpointer:
       # The same failure, once per other write task: its record, or its coroutine never awaited, at collection.
       logging.getLogger("asyncio").addFilter(_NEVER_RETRIEVED)
       warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
+      _quiet_failed_writer_threads()  # or the same failure again, raised in orbax's writer threads
       space = free_space(self.directory)  # as the write found it, before the partial step is removed
       self._remove_partial(step)
       previous = [s for s in self.all_steps() if s != step]
