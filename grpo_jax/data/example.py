@@ -1,7 +1,7 @@
 """`Example`: one problem with its reference answer, shared by every task."""
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 
 @dataclasses.dataclass(frozen=True)
@@ -20,3 +20,25 @@ class Example:
   answer: str
   solution: str | None = None
   metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
+
+
+def distinct(draw: Callable[[], Example], count: int, exclude: set[str], what: Any) -> list[Example]:
+  """`count` examples of `draw()` with distinct questions outside `exclude` (a generated task's split).
+
+  Raises:
+    ValueError: naming `what` (the generator's config) when 100 * count + 1000 draws in a row bring no new
+      question: the problem space is too small.
+  """
+  examples, seen, misses = [], set(exclude), 0
+  while len(examples) < count:
+    example = draw()
+    if example.question in seen:
+      misses += 1
+      if misses > 100 * count + 1000:
+        raise ValueError(f"found only {len(examples)} of {count} distinct problems under {what}; "
+                         "the problem space is too small")
+      continue
+    misses = 0
+    seen.add(example.question)
+    examples.append(example)
+  return examples

@@ -18,7 +18,7 @@ import dataclasses
 import random
 from typing import Iterable, Iterator
 
-from grpo_jax.data.example import Example
+from grpo_jax.data.example import Example, distinct
 from grpo_jax.data.steps import FINAL_MARKER, OPS, Step, apply_op
 
 _MAX_TRIES_PER_STEP = 32
@@ -117,25 +117,9 @@ def sample_example(rng: random.Random, config: SyntheticConfig = SyntheticConfig
   raise ValueError(f"no problem satisfies {config}; loosen max_value or allow_negative")
 
 
-def _unique(rng: random.Random, config: SyntheticConfig, count: int,
-            exclude: set[str]) -> list[Example]:
+def _unique(rng: random.Random, config: SyntheticConfig, count: int, exclude: set[str]) -> list[Example]:
   """`count` problems with distinct questions outside `exclude`."""
-  examples, seen = [], set(exclude)
-  budget = 100 * count + 1000  # consecutive draws without a new question
-  misses = 0
-  while len(examples) < count:
-    example = sample_example(rng, config)
-    if example.question in seen:
-      misses += 1
-      if misses > budget:
-        raise ValueError(
-            f"found only {len(examples)} of {count} distinct problems under {config}; "
-            "the problem space is too small")
-      continue
-    misses = 0
-    seen.add(example.question)
-    examples.append(example)
-  return examples
+  return distinct(lambda: sample_example(rng, config), count, exclude, config)
 
 
 def make_splits(num_train: int, num_test: int, seed: int = 0,

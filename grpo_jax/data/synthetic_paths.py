@@ -21,7 +21,7 @@ import functools
 import random
 from typing import Iterable, Iterator
 
-from grpo_jax.data.example import Example
+from grpo_jax.data.example import Example, distinct
 from grpo_jax.data.step_text import FINAL_MARKER, Step, apply_op, parse_step, split_steps
 
 TASK = "synthetic_paths"  # `Example.metadata["task"]` of these problems: `steps.check_steps` dispatches on it
@@ -238,19 +238,7 @@ def sample_example(rng: random.Random, config: PathsConfig = PathsConfig()) -> E
 
 
 def _unique(rng: random.Random, config: PathsConfig, count: int, exclude: set[str]) -> list[Example]:
-  examples, seen, misses = [], set(exclude), 0
-  while len(examples) < count:
-    example = sample_example(rng, config)
-    if example.question in seen:
-      misses += 1
-      if misses > 100 * count + 1000:
-        raise ValueError(f"found only {len(examples)} of {count} distinct problems under {config}; "
-                         "the problem space is too small")
-      continue
-    misses = 0
-    seen.add(example.question)
-    examples.append(example)
-  return examples
+  return distinct(lambda: sample_example(rng, config), count, exclude, config)
 
 
 def make_splits(num_train: int, num_test: int, seed: int = 0,
