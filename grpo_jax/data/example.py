@@ -1,7 +1,7 @@
 """`Example`: one problem with its reference answer, shared by every task."""
 
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,3 +42,23 @@ def distinct(draw: Callable[[], Example], count: int, exclude: set[str], what: A
     seen.add(example.question)
     examples.append(example)
   return examples
+
+
+MAX_STREAM_MISSES = 100_000  # excluded draws in a row before a stream gives up
+
+
+def avoiding(draw: Callable[[], Example], exclude: Iterable[str], what: Any) -> Iterator[Example]:
+  """An endless stream of `draw()`s whose questions are not in `exclude` (they may repeat within it).
+
+  Raises:
+    ValueError: naming `what` after `MAX_STREAM_MISSES` excluded draws in a row (the exclusion covers all or nearly
+      all of the problem space).
+  """
+  excluded, misses = set(exclude), 0
+  while True:
+    example = draw()
+    if example.question not in excluded:
+      misses = 0
+      yield example
+    elif (misses := misses + 1) > MAX_STREAM_MISSES:
+      raise ValueError(f"{misses} excluded problems in a row under {what}; the exclusion covers the problem space")

@@ -18,12 +18,11 @@ import dataclasses
 import random
 from typing import Iterable, Iterator
 
-from grpo_jax.data.example import Example, distinct
+from grpo_jax.data.example import Example, avoiding, distinct
 from grpo_jax.data.steps import FINAL_MARKER, OPS, Step, apply_op
 
 _MAX_TRIES_PER_STEP = 32
 _MAX_TRIES_PER_PROBLEM = 1000
-_MAX_STREAM_MISSES = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,17 +154,8 @@ def stream(seed: int = 0, config: SyntheticConfig = SyntheticConfig(),
   without leaking the test set. Questions may repeat within the stream.
 
   Raises:
-    ValueError: after `_MAX_STREAM_MISSES` excluded draws in a row (the
+    ValueError: after `example.MAX_STREAM_MISSES` excluded draws in a row (the
       exclusion covers all or nearly all of the problem space).
   """
-  excluded = set(exclude)
   rng = random.Random(f"synthetic/{seed}/stream")
-  misses = 0
-  while True:
-    example = sample_example(rng, config)
-    if example.question not in excluded:
-      misses = 0
-      yield example
-    elif (misses := misses + 1) > _MAX_STREAM_MISSES:
-      raise ValueError(f"{misses} excluded problems in a row under {config}; "
-                       "the exclusion covers the problem space")
+  return avoiding(lambda: sample_example(rng, config), exclude, config)

@@ -21,13 +21,12 @@ import functools
 import random
 from typing import Iterable, Iterator
 
-from grpo_jax.data.example import Example, distinct
+from grpo_jax.data.example import Example, avoiding, distinct
 from grpo_jax.data.step_text import FINAL_MARKER, Step, apply_op, parse_step, split_steps
 
 TASK = "synthetic_paths"  # `Example.metadata["task"]` of these problems: `steps.check_steps` dispatches on it
 MAX_FACTORS = 4  # most factors of one product
 _MAX_TRIES = 1000
-_MAX_STREAM_MISSES = 100_000
 
 # A state: the terms still to combine, each the sorted values of its remaining factors; sorted, so that states
 # reached in different orders compare equal. A term of one value is finished.
@@ -254,12 +253,5 @@ def make_splits(num_train: int, num_test: int, seed: int = 0,
 
 def stream(seed: int = 0, config: PathsConfig = PathsConfig(), exclude: Iterable[str] = ()) -> Iterator[Example]:
   """An endless deterministic stream of problems whose questions avoid `exclude` (see `synthetic.stream`)."""
-  excluded, misses = set(exclude), 0
   rng = random.Random(f"{TASK}/{seed}/stream")
-  while True:
-    example = sample_example(rng, config)
-    if example.question not in excluded:
-      misses = 0
-      yield example
-    elif (misses := misses + 1) > _MAX_STREAM_MISSES:
-      raise ValueError(f"{misses} excluded problems in a row under {config}; the exclusion covers the problem space")
+  return avoiding(lambda: sample_example(rng, config), exclude, config)
