@@ -139,6 +139,30 @@ def execute(runs: list[Run], out_dir: pathlib.Path, parallel: int) -> dict[str, 
   return status
 
 
+def run_plan(runs: list[Run], out_dir: pathlib.Path, parallel: int, dry_run: bool) -> dict[str, str] | int:
+  """`execute(runs)` as a script's `main` runs it: the runs' status, or an exit status (0: `dry_run`, the commands
+  printed; 2: a plan that cannot start, in one line). SIGTERM ends the script with 143 (the runs keep what they
+  saved; a rerun skips the finished ones)."""
+  if dry_run:
+    for run in runs:
+      print(" ".join(argv(run, out_dir)[1:]))
+    return 0
+  signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+  try:
+    return execute(runs, out_dir, parallel)
+  except ValueError as err:
+    print(err, file=sys.stderr)
+    return 2
+
+
+def unfinished(status: dict[str, str], out_dir: pathlib.Path) -> int:
+  """The script's exit status: 1, with a line naming them, when runs failed or were blocked; else 0."""
+  bad = [n for n, s in status.items() if s in ("failed", "blocked")]
+  if bad:
+    print(f"not finished: {', '.join(bad)} (logs in {out_dir})", file=sys.stderr)
+  return 1 if bad else 0
+
+
 def mean_se(values: list[float]) -> tuple[float, float]:
   """Mean and standard error s / √n (s with n − 1; NaN for one value)."""
   n = len(values)
@@ -207,16 +231,9 @@ def main(argv_=None) -> int:
       return 2
   out_dir = pathlib.Path(args.out_dir)
   runs = plan(args)
-  if args.dry_run:
-    for run in runs:
-      print(" ".join(argv(run, out_dir)[1:]))
-    return 0
-  signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
-  try:
-    status = execute(runs, out_dir, args.parallel)
-  except ValueError as err:
-    print(err, file=sys.stderr)
-    return 2
+  status = run_plan(runs, out_dir, args.parallel, args.dry_run)
+  if isinstance(status, int):
+    return status
   summaries = {r.name: finished(r, out_dir) for r in runs if status[r.name] in ("done", "cached")}
   result = aggregate(summaries, args.seeds, setting(args))
   table = markdown(result, args.seeds)
@@ -224,10 +241,7 @@ def main(argv_=None) -> int:
                                                                     indent=1))
   (out_dir / f"results-{setting(args)}.md").write_text(table)
   print(table)
-  bad = [n for n, s in status.items() if s in ("failed", "blocked")]
-  if bad:
-    print(f"not finished: {', '.join(bad)} (logs in {out_dir})", file=sys.stderr)
-  return 1 if bad else 0
+  return unfinished(status, out_dir)
 
 
 if __name__ == "__main__":

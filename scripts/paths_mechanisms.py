@@ -40,7 +40,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-import distill_vs_grpo as runs_lib  # noqa: E402  (the run plan's scheduling: Run, execute, finished)
+import distill_vs_grpo as runs_lib  # noqa: E402  (the run plan's scheduling: Run, run_plan, finished)
 
 PATHS_TASK = dict(task="synthetic_paths", paths_min_steps=4, paths_max_steps=8, num_train=20000, max_prompt_len=24,
                   max_new_tokens=96)  # experiments/configs/synthetic_paths.cfg
@@ -299,17 +299,9 @@ def main(argv_=None) -> int:
     return 2
   out_dir = pathlib.Path(args.out_dir)
   runs = plan(args)
-  if args.dry_run:
-    for run in runs:
-      print(" ".join(runs_lib.argv(run, out_dir)[1:]))
-    return 0
-  import signal  # pylint: disable=import-outside-toplevel
-  signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
-  try:
-    status = runs_lib.execute(runs, out_dir, args.parallel)
-  except ValueError as err:
-    print(err, file=sys.stderr)
-    return 2
+  status = runs_lib.run_plan(runs, out_dir, args.parallel, args.dry_run)
+  if isinstance(status, int):
+    return status
   if status["sft"] not in ("done", "cached"):
     print(f"the SFT run did not finish (log: {out_dir}/sft.log)", file=sys.stderr)
     return 1
@@ -323,10 +315,7 @@ def main(argv_=None) -> int:
   (out_dir / "results.json").write_text(json.dumps({"args": vars(args), "status": status, **result}, indent=1))
   (out_dir / "results.md").write_text(table)
   print(table)
-  bad = [n for n, s in status.items() if s in ("failed", "blocked")]
-  if bad:
-    print(f"not finished: {', '.join(bad)} (logs in {out_dir})", file=sys.stderr)
-  return 1 if bad else 0
+  return runs_lib.unfinished(status, out_dir)
 
 
 if __name__ == "__main__":
