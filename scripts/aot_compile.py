@@ -415,7 +415,7 @@ def define_flags():
   flags.DEFINE_string("topology", "v5e:2x4", "TPU topology (v4:2x2x1, v5e:2x4, v5p:2x2x1, v6e:2x4, ...) or 'cpu' "
                       "(this machine's devices; XLA_FLAGS=--xla_force_host_platform_device_count=8 fakes 8).")
   flags.DEFINE_list("programs", [], "Programs to compile (default: all of the run's: sampler, reward, logprobs, "
-                    "update, eval_greedy, eval_samples, those the config runs).")
+                    "batch, update, eval_greedy, eval_samples, those the config runs).")
   flags.DEFINE_float("hbm_gib", None, "HBM per chip to check against (default: the chip's; none on the host).")
   flags.DEFINE_string("json_out", "", "Append one JSON record of the figures to this file.")
   flags.DEFINE_bool("isolate", True, "Compile each program in a child process (a compiler crash is then reported "

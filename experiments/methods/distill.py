@@ -8,8 +8,10 @@ scoring forward, grouped by prompt like π_ref's. Teacher and student log-probs 
 temperature, so the student is drawn to the teacher's logits up to a constant, whatever the temperature.
 """
 
+import functools
 import time
 
+import jax
 import jax.numpy as jnp
 
 from experiments.methods import grpo
@@ -19,6 +21,7 @@ from experiments.runner import config as config_lib
 from experiments.runner import policy as policy_lib
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import models
+from grpo_jax import sampling
 from grpo_jax import training
 from grpo_jax.training import update as update_lib
 
@@ -64,8 +67,10 @@ class Distill(grpo.GRPO):
     return ("π_old",) if self.reads_old_logprobs() and self.rollouts.old_forward() else ()
 
   def step_programs(self, shapes):
-    """π_old where `scoring_forwards` names it, then the teacher's forward over the same rows, grouped like it."""
+    """π_old where `scoring_forwards` names it, then the teacher's forward over the same rows, grouped like it, then
+    the step's batch."""
     out = super().step_programs(shapes)
+    batch = out.pop("batch")  # after the teacher's forward, as `collect` runs them
     n, width = self.scoring_shape()
     teacher, group = shapes.frozen_model(self.teacher_config), self.forward_layout().get("group_size", 1)
     chunk = self.rollouts.placement.forward_chunk(self.teacher_config, n, width, group=group, cached=group > 1,
@@ -75,7 +80,19 @@ class Distill(grpo.GRPO):
         (teacher, shapes.rows(jnp.int32, n, width), shapes.rows(jnp.bool_, n, width)),
         f"the teacher's forward of the {n} rows, {chunk or n} at a time"
         + (f", each prompt once per group of {group}" if group > 1 else ""), per_step=1)
+    out["batch"] = batch
     return out
+
+  def _step_batch(self):
+    return jax.jit(functools.partial(step_batch, mask_truncated=self.config.rollout.mask_truncated))
+
+  def _batch_program(self, shapes) -> program_lib.Program:
+    n, p, t = self.rows_per_step(), self.config.task.max_prompt_len, self.config.rollout.max_new_tokens
+    logp = shapes.rows(jnp.float32, n, t)
+    return program_lib.Program(self.step_batch, (program_lib.samples(shapes, n, p, t),
+                                                 logp if self.reads_old_logprobs() else None, logp),
+                               f"the training batch of the {n} rows (loss mask, the teacher's log-probs)",
+                               per_step=1, resident_args=())
 
   def objective(self):
     algo = self.config.algorithm
@@ -98,17 +115,11 @@ class Distill(grpo.GRPO):
 
     # SCORE: the teacher's log-probs of the student's tokens (and π_old when the update is not on-policy)
     t1 = time.time()
-    loss_mask = jnp.asarray(samples.mask)
-    if rollout.mask_truncated:
-      loss_mask &= ~jnp.asarray(samples.truncated)[:, None]
-    if not self.reads_old_logprobs():
-      old_logp = jnp.zeros(samples.tokens.shape, jnp.float32)  # not read: the objective uses sg(π_θ)
-    else:
-      old_logp = self.rollouts.old_logprobs(params, samples, self.group_logprobs)
+    old_logp = (self.rollouts.old_logprobs(params, samples, self.group_logprobs) if self.reads_old_logprobs()
+                else None)  # None: not read (the objective uses sg(π_θ))
     sequences = logprobs_lib.sequences_from_samples(samples)
     teacher_logp = self.rollouts.completion(self.teacher_logprobs(self.teacher, *sequences), samples)
-    batch = training.batch_from_samples(samples, loss_mask, old_logp, teacher_logp,  # not awaited (as GRPO's)
-                                        jnp.zeros(samples.tokens.shape[:1], jnp.float32))
+    batch = self.step_batch(samples, old_logp, teacher_logp)  # not awaited (as GRPO's)
     stats = self.rollouts.stats(rollouts_lib.Scored(samples, scored.rewards, scored.correct, scored.score_time,
                                                     scored.host), g)
     stats.update(completion_width=float(samples.tokens.shape[1]), time_sampling=sample_time,
@@ -120,3 +131,12 @@ class Distill(grpo.GRPO):
             ("teacher", self.config.algorithm.teacher_checkpoint)]
 
 
+def step_batch(samples: sampling.SampleOutput, old_logp, teacher_logp, *, mask_truncated: bool) -> training.Batch:
+  """A distillation step's training batch, as one program: the sampler's mask (less the truncated completions with
+  `mask_truncated`), π_old (None: not read, zeros), the teacher's log-probs in `ref_logp`, no advantages."""
+  loss_mask = jnp.asarray(samples.mask)
+  if mask_truncated:
+    loss_mask &= ~jnp.asarray(samples.truncated)[:, None]
+  zeros = jnp.zeros(samples.tokens.shape, jnp.float32)
+  return training.batch_from_samples(samples, loss_mask, zeros if old_logp is None else old_logp, teacher_logp,
+                                     zeros[:, 0])

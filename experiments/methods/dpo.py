@@ -1,11 +1,13 @@
 """DPO as a paradigm baseline (DeepSeekMath §5.2.1, Table 10; arXiv 2305.18290): (correct, wrong)
 pairs from the SFT policy's samples of the same prompt, the frozen reference is the SFT policy."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from experiments.methods import base
 from experiments.methods import offline
+from experiments.methods import program as program_lib
 from experiments.methods import rollouts as rollouts_lib
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import training
@@ -39,6 +41,14 @@ class DPO(base.Method):
   def scoring_logprobs(self):
     return self.ref
 
+  def step_programs(self, shapes):
+    """π_ref's forward over the step's pairs (`Method.step_programs`), then the step's batch (`step_batch`)."""
+    n, width = self.scoring_shape()
+    p = self.config.task.max_prompt_len
+    return super().step_programs(shapes) | {"batch": program_lib.Program(
+        step_batch, (program_lib.samples(shapes, n, p, width - p), shapes.rows(jnp.float32, n, width)),
+        f"the training batch of the {n} rows (chosen, rejected, ...)", per_step=1, resident_args=())}
+
   def objective(self):
     return update_lib.bind(objectives.dpo_objective, config=self.model_config, beta=self.config.algorithm.dpo_beta,
                            nll_coef=self.config.algorithm.dpo_nll_coef, chunk_size=self.config.model.logprob_chunk)
@@ -60,7 +70,14 @@ class DPO(base.Method):
     samples = rollouts_lib.take_rows(self.data, rows)
     tokens, attention = logprobs_lib.sequences_from_samples(samples)
     ref_logp = self.ref(self.reference, tokens, attention)
-    zeros = jnp.zeros(samples.tokens.shape, jnp.float32)
-    batch = training.batch_from_samples(samples, jnp.asarray(samples.mask), zeros, zeros, zeros[:, 0])
-    batch = batch._replace(ref_logp=jnp.where(batch.loss_mask, ref_logp, 0.0))
+    batch = step_batch(samples, ref_logp)
     return batch, {"response_length": float(np.mean(samples.lengths))}, position + n
+
+
+@jax.jit
+def step_batch(samples, ref_logp) -> training.Batch:
+  """A DPO step's `Batch` of pairs, as one program: every completion token in the loss, π_ref's log-probs
+  `[N, P + T]` on them (0 elsewhere), no advantages."""
+  zeros = jnp.zeros(samples.tokens.shape, jnp.float32)
+  batch = training.batch_from_samples(samples, jnp.asarray(samples.mask), zeros, zeros, zeros[:, 0])
+  return batch._replace(ref_logp=jnp.where(batch.loss_mask, ref_logp, 0.0))

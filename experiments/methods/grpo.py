@@ -3,6 +3,7 @@ the clipped surrogate with the k3 KL to the frozen reference in the loss; DAPO/D
 the critic-free advantage estimators that replace the group normalisation (`advantage_estimator`):
 RLOO's leave-one-out baseline, and REINFORCE++ (KL in the per-token reward, batch-whitened returns)."""
 
+import functools
 import time
 from typing import NamedTuple
 
@@ -11,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.methods import base
+from experiments.methods import program as program_lib
 from experiments.runner import config as config_lib
 from experiments.methods import rollouts as rollouts_lib
 from grpo_jax import evaluation
@@ -30,6 +32,7 @@ class GRPO(base.Method):
     # π_ref (and a recomputed π_old) of the sampler's rows, each prompt once per group when `grouped()`
     self.group_logprobs = rollouts.placement.logprobs(model_config, chunk_size=config.model.logprob_chunk,
                                                       temperature=config.rollout.temperature, **self.forward_layout())
+    self.step_batch = self._step_batch()  # the training batch of a step's rows, one program
 
   def grouped(self) -> bool:
     """Whether forwards share each prompt across its group (`shared_prompt_forward`, and always with length
@@ -108,6 +111,24 @@ class GRPO(base.Method):
     old = ("π_old",) if self.reads_old_logprobs() and self.rollouts.old_forward() else ()
     return old + (("π_ref",) if self.config.algorithm.beta > 0 else ())
 
+  def step_programs(self, shapes):
+    """The forwards of `scoring_forwards` (`Method.step_programs`), then the step's batch (`_batch_program`)."""
+    return super().step_programs(shapes) | {"batch": self._batch_program(shapes)}
+
+  def _batch_program(self, shapes) -> program_lib.Program:
+    """`step_batch` over the B·G rows at the widest completion width, as `collect` calls it."""
+    n, p, t = self.rows_per_step(), self.config.task.max_prompt_len, self.config.rollout.max_new_tokens
+    logp = shapes.rows(jnp.float32, n, t)
+    process = None
+    if self.config.reward_model.supervision == "process":  # the PRM's step rewards, step ends and step mask
+      k = self.config.reward_model.prm_max_steps
+      process = (shapes.rows(jnp.float32, n, k), shapes.rows(jnp.int32, n, k), shapes.rows(jnp.bool_, n, k))
+    args = (program_lib.samples(shapes, n, p, t), shapes.rows(jnp.float32, n), shapes.scalar(jnp.int32),
+            logp if self.reads_old_logprobs() else None, logp if "π_ref" in self.scoring_forwards() else None,
+            process)
+    return program_lib.Program(self.step_batch, args, f"the training batch of the {n} rows (loss mask, "
+                               f"advantages)", per_step=1, resident_args=())
+
   def objective(self):
     algo = self.config.algorithm
     kl_in_loss = algo.advantage_estimator != "reinforce_pp"  # REINFORCE++ puts the KL in the reward
@@ -128,7 +149,8 @@ class GRPO(base.Method):
 
   def collect(self, params, position: int, key):
     """SAMPLE B prompts' groups (`_draw`: with DAPO's dynamic sampling, rounds until B groups vary), then SCORE:
-    π_old and π_ref where `scoring_forwards` names them, the advantages (`_advantages`), the training batch."""
+    π_old and π_ref where `scoring_forwards` names them, then the training batch with its advantages in one
+    program (`step_batch`)."""
     rollout, g = self.config.rollout, self.config.rollout.group_size
     t0 = time.time()
     drawn = self._draw(params, position, key)
@@ -136,29 +158,23 @@ class GRPO(base.Method):
     samples, rewards = scored.samples, scored.rewards
     sample_time = time.time() - t0 - scored.score_time
 
-    # SCORE: the training batch, built on the device(s) from the sampler's arrays
+    # SCORE: π_old and π_ref where `scoring_forwards` names them, then the training batch in one program
     t1 = time.time()
-    loss_mask = jnp.asarray(samples.mask).at[drawn.trained_groups * g:].set(False)
-    if rollout.mask_truncated:
-      loss_mask &= ~jnp.asarray(samples.truncated)[:, None]
-    if not self.reads_old_logprobs():
-      old_logp = jnp.zeros(samples.tokens.shape, jnp.float32)  # not read: the objective uses sg(π_θ)
-    else:  # a forward where `scoring_forwards` names π_old, else the sampler's log-probs
-      old_logp = self.rollouts.old_logprobs(params, samples, self.group_logprobs)
+    old_logp = (self.rollouts.old_logprobs(params, samples, self.group_logprobs) if self.reads_old_logprobs()
+                else None)  # None: not read (the objective uses sg(π_θ))
+    ref_logp = None
     if "π_ref" in self.scoring_forwards():
       sequences = logprobs_lib.sequences_from_samples(samples)
       ref_logp = self.rollouts.completion(self.group_logprobs(self.reference, *sequences), samples)
-    else:
-      ref_logp = jnp.zeros(samples.tokens.shape, jnp.float32)
-    advantages = self._advantages(drawn, old_logp, ref_logp, loss_mask)
-    batch = training.batch_from_samples(samples, loss_mask, old_logp, ref_logp, advantages)  # not awaited: the
-    # update's metrics are the step's sync, and `time_update` counts the forwards' device time left by then
+    batch, positive_rows = self.step_batch(samples, rewards, np.int32(drawn.trained_groups * g), old_logp, ref_logp,
+                                           self._process_steps(drawn))  # not awaited: the update's metrics are
+    # the step's sync, and `time_update` counts the device time of the forwards left by then
     stats = self.rollouts.stats(scored, g)
     b = rollout.batch_size
     stats.update(zero_variance_groups=float(np.mean(np.ptp(rewards.reshape(b, g), axis=1) == 0)),
                  sampling_rounds=float(drawn.rounds), completion_width=float(samples.tokens.shape[1]),
                  prompts_per_step=float(drawn.trained_groups),  # and the rows with a positive advantage on some token
-                 positive_rows=float(np.sum(np.any(np.asarray(advantages).reshape(len(rewards), -1) > 0, axis=1))),
+                 positive_rows=positive_rows,  # a device scalar: the trainer reads it with the update's metrics
                  time_sampling=sample_time,
                  time_scoring=scored.score_time + time.time() - t1)
     return batch, stats, drawn.position
@@ -198,29 +214,62 @@ class GRPO(base.Method):
     return Drawn(rollouts_lib.Scored(samples, rewards, correct, score_time, host),
                  [round_examples[r][row // g] for r, row in rows], len(chosen), len(rounds), position)
 
-  def _advantages(self, drawn: "Drawn", old_logp, ref_logp, loss_mask):
-    """Â [B·G] (broadcast over tokens) or [B·G, T] of the estimator chosen: GRPO+PS's process advantages (PRM
-    step rewards normalised over the group's steps), RLOO's, REINFORCE++'s (the KL in the per-token reward), or
-    the group-normalised outcome rewards."""
+  def _process_steps(self, drawn: "Drawn"):
+    """GRPO+PS's PRM step rewards, step ends and step mask of the drawn rows ([B·G, K] each, host-side scoring of
+    the decoded steps), or None with outcome supervision."""
+    if self.config.reward_model.supervision != "process":
+      return None
+    host = drawn.scored.host
+    step_rewards, ends, step_mask = self.rollouts.reward_model.steps(
+        host, evaluation.decode(self.task.tokenizer, host), drawn.examples)
+    return step_rewards, np.asarray(ends), np.asarray(step_mask)
+
+  def _step_batch(self):
+    """`step_batch` with this run's settings, jitted: one program a step (and one more per new width)."""
     config, algo = self.config, self.config.algorithm
-    b, g = config.rollout.batch_size, config.rollout.group_size
-    samples, host, rewards = drawn.scored.samples, drawn.scored.host, drawn.scored.rewards
-    if config.reward_model.supervision == "process":
-      step_rewards, ends, step_mask = self.rollouts.reward_model.steps(
-          host, evaluation.decode(self.task.tokenizer, host), drawn.examples)
-      k, t = step_rewards.shape[1], samples.tokens.shape[1]
-      return losses.process_advantages(
-          step_rewards.reshape(b, g, k), jnp.asarray(ends.reshape(b, g, k)), step_mask.reshape(b, g, k),
-          jnp.asarray(samples.mask).reshape(b, g, t), scale="none" if algo.advantage_scale == "none" else "group",
-          center_tokens=config.reward_model.process_center_tokens, eps=algo.advantage_eps).reshape(b * g, t)
-    if algo.advantage_estimator == "rloo":
-      return losses.rloo_advantages(jnp.asarray(rewards.reshape(b, g))).reshape(-1)
-    if algo.advantage_estimator == "reinforce_pp":
-      token_rewards = losses.kl_penalized_rewards(jnp.asarray(rewards), old_logp, ref_logp, loss_mask,
-                                                  algo.beta, kl=algo.kl or "k1")
-      return losses.reinforce_pp_advantages(token_rewards, loss_mask)
-    return losses.group_advantages(rewards.reshape(b, g), scale=algo.advantage_scale,
-                                   eps=algo.advantage_eps).reshape(-1)
+    return jax.jit(functools.partial(
+        step_batch, group_size=config.rollout.group_size, mask_truncated=config.rollout.mask_truncated,
+        estimator=algo.advantage_estimator, scale=algo.advantage_scale, eps=algo.advantage_eps, beta=algo.beta,
+        kl=algo.kl or "k1", center_tokens=config.reward_model.process_center_tokens))
+
+
+def step_batch(samples: sampling.SampleOutput, rewards, trained_rows, old_logp, ref_logp, process_steps=None, *,
+               group_size: int, mask_truncated: bool, estimator: str, scale: str, eps: float, beta: float, kl: str,
+               center_tokens: bool):
+  """A GRPO step's training batch from the sampler's rows, as one program: `(training.Batch, positive rows)`.
+
+  The loss mask is the sampler's, less the rows past `trained_rows` (a short dynamic-sampling batch's filler groups)
+  and, with `mask_truncated`, the truncated completions. Â [N] (broadcast over tokens) or [N, T] is the estimator's:
+  GRPO+PS's process advantages from `process_steps` (PRM step rewards normalised over the group's steps), RLOO's,
+  REINFORCE++'s (the `kl` estimate, scaled by β, in the per-token reward, batch-whitened returns), or the
+  group-normalised outcome rewards (DeepSeekMath eq. 3, `scale`). `old_logp` / `ref_logp` None: not read (zeros).
+  The positive rows are those with Â > 0 on some token.
+  """
+  n, t = samples.tokens.shape
+  g, b = group_size, samples.tokens.shape[0] // group_size
+  loss_mask = jnp.asarray(samples.mask) & (jnp.arange(n) < trained_rows)[:, None]
+  if mask_truncated:
+    loss_mask &= ~jnp.asarray(samples.truncated)[:, None]
+  zeros = jnp.zeros((n, t), jnp.float32)
+  old_logp = zeros if old_logp is None else old_logp
+  ref_logp = zeros if ref_logp is None else ref_logp
+  rewards = jnp.asarray(rewards)
+  if process_steps is not None:
+    step_rewards, ends, step_mask = process_steps
+    k = step_rewards.shape[1]
+    advantages = losses.process_advantages(
+        step_rewards.reshape(b, g, k), ends.reshape(b, g, k), step_mask.reshape(b, g, k),
+        jnp.asarray(samples.mask).reshape(b, g, t), scale="none" if scale == "none" else "group",
+        center_tokens=center_tokens, eps=eps).reshape(n, t)
+  elif estimator == "rloo":
+    advantages = losses.rloo_advantages(rewards.reshape(b, g)).reshape(-1)
+  elif estimator == "reinforce_pp":
+    token_rewards = losses.kl_penalized_rewards(rewards, old_logp, ref_logp, loss_mask, beta, kl=kl)
+    advantages = losses.reinforce_pp_advantages(token_rewards, loss_mask)
+  else:
+    advantages = losses.group_advantages(rewards.reshape(b, g), scale=scale, eps=eps).reshape(-1)
+  positive_rows = jnp.sum(jnp.any(advantages.reshape(n, -1) > 0, axis=1))
+  return training.batch_from_samples(samples, loss_mask, old_logp, ref_logp, advantages), positive_rows
 
 
 class Drawn(NamedTuple):

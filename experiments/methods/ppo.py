@@ -5,11 +5,11 @@ Models by role: the policy and the value model are trained (one pytree `{"policy
 each with its own optimiser); the reference and the reward are frozen.
 """
 
+import functools
 import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from experiments.methods import base
@@ -20,6 +20,7 @@ from grpo_jax import losses
 from grpo_jax import partitioning
 from grpo_jax import placed
 from grpo_jax import row_chunks
+from grpo_jax import sampling
 from grpo_jax import models
 from grpo_jax.models import lora
 from grpo_jax import training
@@ -28,12 +29,50 @@ from grpo_jax.training import update as update_lib
 
 
 
-def explained_variance(values: np.ndarray, returns: np.ndarray, mask: np.ndarray) -> float:
-  """1 − Var(R − V) / Var(R) over the masked tokens (1: perfect critic, 0: a constant one)."""
-  m = np.asarray(mask, bool)
-  r, v = np.asarray(returns)[m], np.asarray(values)[m]
-  var = np.var(r)
-  return float(1.0 - np.var(r - v) / var) if var > 0 else 0.0
+def explained_variance(values, returns, mask):
+  """1 − Var(R − V) / Var(R) over the masked tokens (1: perfect critic, 0: a constant one; 0 where Var(R) = 0)."""
+  m = jnp.asarray(mask, bool)
+  count = jnp.maximum(m.sum(), 1)
+
+  def var(x):
+    mean = jnp.sum(jnp.where(m, x, 0.0)) / count
+    return jnp.sum(jnp.where(m, (x - mean) ** 2, 0.0)) / count
+
+  r, v = jnp.asarray(returns, jnp.float32), jnp.asarray(values, jnp.float32)
+  var_r = var(r)
+  return jnp.where(var_r > 0, 1.0 - var(r - v) / jnp.where(var_r > 0, var_r, 1.0), 0.0)
+
+
+def step_batch(samples: sampling.SampleOutput, rewards, old_logp, ref_logp, old_values, *, mask_truncated: bool,
+               beta: float, kl: str, gamma: float, lam: float, whiten: bool):
+  """A PPO step's training batch and its statistics, as one program: `(training.PPOBatch, stats)`.
+
+  DeepSeekMath eq. 2: the score on the last token, −β·KL(π_old ‖ π_ref) (the `kl` estimate) on every token; GAE(γ,
+  λ) over the completion against the value forward's V(s_t); the advantages whitened over the completion tokens
+  with `whiten`. The mask is the sampler's, less the truncated completions with `mask_truncated`. The stats are
+  device scalars over the masked tokens (the trainer reads them with the update's metrics).
+  """
+  mask = jnp.asarray(samples.mask)
+  if mask_truncated:
+    mask &= ~jnp.asarray(samples.truncated)[:, None]
+  token_rewards = losses.kl_penalized_rewards(jnp.asarray(rewards), old_logp, ref_logp, mask, beta=beta, kl=kl)
+  advantages, returns = losses.gae(token_rewards, old_values, mask, gamma=gamma, lam=lam)
+  batch = training.batch_from_samples(samples, mask, old_logp, ref_logp,
+                                      losses.whiten(advantages, mask) if whiten else advantages)
+  zeros = jnp.zeros(samples.prompt_tokens.shape, jnp.float32)
+  full = lambda x: jnp.concatenate([zeros, jnp.where(mask, x, 0.0)], axis=1)  # noqa: E731
+  batch = training.PPOBatch(**batch._asdict(), old_values=full(old_values), returns=full(returns))
+
+  count = jnp.maximum(mask.sum(), 1)
+  mean = lambda x: jnp.sum(jnp.where(mask, x, 0.0)) / count  # noqa: E731
+  kl_total = losses.kl_divergence(old_logp, ref_logp, "k1", mask).sum(-1).mean()  # Σ_t k1 a completion
+  stats = dict(advantage_mean=mean(advantages),
+               advantage_std=jnp.sqrt(mean((advantages - mean(advantages)) ** 2)),
+               return_mean=mean(returns), value_start_mean=mean(old_values),
+               explained_variance=explained_variance(old_values, returns, mask),
+               kl_reward=kl_total,  # the penalty's total before β
+               non_score_reward=-beta * kl_total)
+  return batch, stats
 
 
 class PPO(base.Method):
@@ -52,6 +91,10 @@ class PPO(base.Method):
     # `.program()`: the program itself (ahead of time: `experiments.trainer.programs`)
     self.values = placed.Placed(lambda params, tokens, mask: values(params, *place.device((tokens, mask))),
                                 lambda: values)
+    algo = config.algorithm
+    self.step_batch = jax.jit(functools.partial(
+        step_batch, mask_truncated=config.rollout.mask_truncated, beta=algo.beta, kl=algo.kl or "k1",
+        gamma=algo.gamma, lam=algo.gae_lambda, whiten=algo.whiten_advantages))  # the step's batch, one program
 
   def init_params(self, policy, key):
     value_init, dtype = self.config.algorithm.value_init, self.config.model.dtype
@@ -97,12 +140,19 @@ class PPO(base.Method):
 
   def step_programs(self, shapes):
     """The π_old / π_ref forward of `scoring_forwards`, then the value forward V_ψ over the train state's value
-    model."""
+    model, then the step's batch (`step_batch`)."""
     n, width = self.scoring_shape()
     value = shapes.trained["value"]
-    return super().step_programs(shapes) | {"values": program_lib.Program(
-        self.values.program(), (value, shapes.rows(jnp.int32, n, width), shapes.rows(jnp.bool_, n, width)),
-        f"the value forward V_ψ of the {n} rows", per_step=1)}
+    t = self.config.rollout.max_new_tokens
+    logp = shapes.rows(jnp.float32, n, t)
+    return super().step_programs(shapes) | {
+        "values": program_lib.Program(
+            self.values.program(), (value, shapes.rows(jnp.int32, n, width), shapes.rows(jnp.bool_, n, width)),
+            f"the value forward V_ψ of the {n} rows", per_step=1),
+        "batch": program_lib.Program(
+            self.step_batch, (program_lib.samples(shapes, n, width - t, t), shapes.rows(jnp.float32, n), logp, logp,
+                              logp), f"the training batch of the {n} rows (KL rewards, GAE, statistics)",
+            per_step=1, resident_args=())}
 
   def objective(self):
     algo = self.config.algorithm
@@ -114,7 +164,7 @@ class PPO(base.Method):
                            correction_kwargs=base.correction_kwargs(algo))
 
   def collect(self, params, position: int, key):
-    algo, rollout = self.config.algorithm, self.config.rollout
+    rollout = self.config.rollout
     b, g = rollout.batch_size, rollout.group_size
     t0 = time.time()
     examples = [self.task.train_example(position + i) for i in range(b)]
@@ -122,40 +172,16 @@ class PPO(base.Method):
     samples = self.rollouts.trim(scored.samples, scored.host.lengths)  # the columns up to the longest completion
     sample_time = time.time() - t0 - scored.score_time
 
+    # SCORE: π_old, π_ref and the values, then the batch in one program (not awaited: the update's metrics are the
+    # step's sync, with this step's statistics)
     t1 = time.time()
-    mask = jnp.asarray(samples.mask)
-    if rollout.mask_truncated:
-      mask &= ~jnp.asarray(samples.truncated)[:, None]
     sequences = logprobs_lib.sequences_from_samples(samples)
     completion = lambda full: self.rollouts.completion(full, samples)  # noqa: E731
     old_logp = self.rollouts.old_logprobs(params["policy"], samples)
     ref_logp = (completion(self.rollouts.logprobs(self.reference, *sequences)) if "π_ref" in self.scoring_forwards()
                 else old_logp)
     old_values = completion(self.values(params["value"], *sequences))
-    # Eq. 2: the score on the last token, −β·KL(π_old ‖ π_ref) per token; then GAE over the completion.
-    token_rewards = losses.kl_penalized_rewards(jnp.asarray(scored.rewards), old_logp, ref_logp, mask,
-                                                beta=algo.beta, kl=algo.kl or "k1")
-    advantages, returns = losses.gae(token_rewards, old_values, mask, gamma=algo.gamma, lam=algo.gae_lambda)
-    raw_advantages = advantages
-    if algo.whiten_advantages:
-      advantages = losses.whiten(advantages, mask)
-    batch = training.batch_from_samples(samples, mask, old_logp, ref_logp, advantages)
-    zeros = jnp.zeros(samples.prompt_tokens.shape, jnp.float32)
-    full = lambda x: jnp.concatenate([zeros, jnp.where(mask, x, 0.0)], axis=1)  # noqa: E731
-    batch = training.PPOBatch(**batch._asdict(), old_values=full(old_values), returns=full(returns))
-
-    # The statistics, in one transfer (it waits for the forwards: `time_scoring` includes them).
-    m, adv, ret, val, kl = jax.device_get((mask, raw_advantages, returns, old_values,
-                                           losses.kl_divergence(old_logp, ref_logp, "k1", mask)))
-    m = np.asarray(m, bool)
-    stats = self.rollouts.stats(scored)
-    stats.update(
-        advantage_mean=float(adv[m].mean()) if m.any() else 0.0,
-        advantage_std=float(adv[m].std()) if m.any() else 0.0,
-        return_mean=float(ret[m].mean()) if m.any() else 0.0,
-        value_start_mean=float(val[m].mean()) if m.any() else 0.0,
-        explained_variance=explained_variance(val, ret, m),
-        kl_reward=float(kl.sum(-1).mean()),  # Σ_t k1 per completion, the penalty's total before β
-        non_score_reward=float(-algo.beta * kl.sum(-1).mean()),
-        time_sampling=sample_time, time_scoring=scored.score_time + time.time() - t1)
+    batch, batch_stats = self.step_batch(samples, scored.rewards, old_logp, ref_logp, old_values)
+    stats = self.rollouts.stats(scored) | batch_stats
+    stats.update(time_sampling=sample_time, time_scoring=scored.score_time + time.time() - t1)
     return batch, stats, position + b

@@ -10,6 +10,10 @@ params, how often).
 import dataclasses
 from typing import Any, Callable
 
+import jax.numpy as jnp
+
+from grpo_jax import sampling
+
 
 @dataclasses.dataclass(frozen=True)
 class Program:
@@ -35,4 +39,15 @@ class Shapes:
   rows: Callable[..., Any]  # rows(dtype, count, *shape): a [count, *shape] array split like the batch
   key: Any  # a `jax.random.PRNGKey`
   temperature: Any  # a float32 scalar
+  scalar: Callable[[Any], Any]  # scalar(dtype): a replicated scalar
   frozen_model: Callable[[Any], Any]  # frozen_model(model_config): a frozen model's params (a teacher), placed
+
+
+def samples(shapes: Shapes, rows: int, prompt_len: int, width: int) -> sampling.SampleOutput:
+  """The sampler's output for `rows` completions of up to `width` tokens after `prompt_len`-token prompts, split
+  like the batch (as a step's `collect` holds it, trimmed to the widest)."""
+  return sampling.SampleOutput(
+      prompt_tokens=shapes.rows(jnp.int32, rows, prompt_len), prompt_mask=shapes.rows(jnp.bool_, rows, prompt_len),
+      tokens=shapes.rows(jnp.int32, rows, width), logprobs=shapes.rows(jnp.float32, rows, width),
+      mask=shapes.rows(jnp.bool_, rows, width), lengths=shapes.rows(jnp.int32, rows),
+      truncated=shapes.rows(jnp.bool_, rows))

@@ -9,19 +9,23 @@
 
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from experiments.methods import base
 from experiments.methods import offline
+from experiments.methods import program as program_lib
 from experiments.methods import rollouts as rollouts_lib
 from grpo_jax import losses
 from grpo_jax import training
 from grpo_jax.training import objectives
 from grpo_jax.training import update as update_lib
 
-def _batch(samples, correct) -> training.Batch:
-  """A `Batch` whose advantages hold the paradigm coefficient GC = I(o correct) on every token."""
+@jax.jit
+def step_batch(samples, correct) -> training.Batch:
+  """A paradigm step's `Batch`, as one program: the advantages hold the coefficient GC = I(o correct) on every
+  token (DeepSeekMath §5.2.1), no π_old or π_ref."""
   mask = jnp.asarray(samples.mask)
   gc = losses.rft_coefficient(jnp.asarray(correct), mask)
   zeros = jnp.zeros(samples.tokens.shape, jnp.float32)
@@ -29,6 +33,13 @@ def _batch(samples, correct) -> training.Batch:
 
 
 class _Paradigm(base.Method):
+  def step_programs(self, shapes):
+    """The step's batch (`step_batch`) over its rows at the widest completion width."""
+    n, p, t = self.rows_per_step(), self.config.task.max_prompt_len, self.config.rollout.max_new_tokens
+    return super().step_programs(shapes) | {"batch": program_lib.Program(
+        step_batch, (program_lib.samples(shapes, n, p, t), shapes.rows(jnp.float32, n)),
+        f"the training batch of the {n} rows (GC on every token)", per_step=1, resident_args=())}
+
   def objective(self):
     # The likelihood of --likelihood_temperature (default 1, the model's own): these methods imitate, they do not
     # reweight; at --temperature every method of a comparison trains the same likelihood.
@@ -48,7 +59,7 @@ class OnlineRFT(_Paradigm):
     examples = [self.task.train_example(position + i) for i in range(b)]
     scored = self.rollouts.sample(self.sampling_params(params), examples, key, g)
     sample_time = time.time() - t0 - scored.score_time
-    batch = _batch(self.rollouts.trim(scored.samples, scored.host.lengths), scored.correct)
+    batch = step_batch(self.rollouts.trim(scored.samples, scored.host.lengths), scored.correct)
     stats = self.rollouts.stats(scored)
     stats.update(time_sampling=sample_time, time_scoring=scored.score_time, prompts_per_step=float(b),
                  positive_rows=float(np.sum(scored.correct > 0)))
@@ -98,7 +109,7 @@ class RFT(_Paradigm):
     rows = np.asarray([offline.epoch_order(len(self.data.tokens), position + i, self.config.run.seed)
                        for i in range(n)])
     samples = rollouts_lib.take_rows(self.data, rows)
-    batch = _batch(samples, np.ones(n, np.float32))
+    batch = step_batch(samples, np.ones(n, np.float32))
     return batch, {"response_length": float(np.mean(samples.lengths)),
                    "prompts_per_step": float(len(set(self.prompt_of_row[rows].tolist()))),
                    "positive_rows": float(n)}, position + n

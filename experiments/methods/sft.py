@@ -17,6 +17,11 @@ class SFT(rft._Paradigm):
   def abstract_batch(self, rows):
     return super().abstract_batch(rows)._replace(sampler_logp=None)  # `training.supervised_batch`: no sampler
 
+  def step_programs(self, shapes):
+    """None: the batch is the task's tokenized solutions, laid out on the host (`training.supervised_batch`)."""
+    del shapes
+    return {}
+
   def prepare(self, start_policy, key):
     del start_policy, key
     if not any(e.solution for e in self.task.rl_pool[:100]):

@@ -227,9 +227,11 @@ def _update(method: methods_lib.Method, train_step, state, batch, stats: dict, s
     for part in method.minibatches(batch, step_key, epoch, minibatch):
       state, metrics = train_step(state, part)
       step_metrics.append(metrics)
-  step_metrics = jax.device_get(step_metrics)  # LOG: one transfer for all of the step's metrics
+  on_device = {k: v for k, v in stats.items() if isinstance(v, jax.Array)}  # the collect's, left on the device
+  step_metrics, on_device = jax.device_get((step_metrics, on_device))  # LOG: one transfer for all of it
   metrics = {k: report.combine(k, [float(m[k]) for m in step_metrics]) for k in step_metrics[0]}
   update_time = time.time() - t0
+  stats.update({k: float(v) for k, v in on_device.items()})
   warm_start.check_finite(metrics, f"{method.name} step {step}")
   stats.update(metrics, time_update=update_time, optimizer_steps=float(updates_per_step))
   step_time = stats.get("time_sampling", 0.0) + stats.get("time_scoring", 0.0) + update_time

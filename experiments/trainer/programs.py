@@ -18,6 +18,9 @@ changes them here; tests/scripts/test_aot_compile.py checks them against a run's
                 its params abstract from its config.json
   values        PPO's value forward V_ψ over the [B·G, P + T] rows (`PPO.values`), its value model's params from
                 the train state
+  batch         the step's training batch from the sampler's rows, one program (`GRPO.step_batch`: loss mask and
+                advantages; PPO's KL rewards, GAE and statistics; the paradigm methods' coefficients), reading no
+                resident tree
   update        the method's objective and optimiser schedule (`plan.update_plan`) through `Placement.train_step`,
                 over a minibatch of [M, P + T] rows in `grad_accum_steps` micro-batches; the train state donated
                 (with LoRA the state holds the adapters and their moments only, and the frozen base is a third,
@@ -202,6 +205,7 @@ def _shapes(params, trained, placement: placement_lib.Placement) -> Shapes:
                                                                        sharding=placement.batch_sharding),
                 key=jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=scalar),  # jax.random.PRNGKey's
                 temperature=jax.ShapeDtypeStruct((), jnp.float32, sharding=scalar),
+                scalar=lambda dtype: jax.ShapeDtypeStruct((), dtype, sharding=scalar),
                 frozen_model=lambda model_config: _model_params(model_config, placement))
 
 

@@ -209,9 +209,10 @@ def test_likelihood_temperature_is_the_imitation_methods_likelihood(sft_policy, 
 def test_ppo_explained_variance():
   returns = np.array([[1.0, 2.0, 3.0, 0.0]])
   mask = np.array([[1, 1, 1, 0]], bool)
-  assert ppo_lib.explained_variance(returns, returns, mask) == 1.0
-  assert ppo_lib.explained_variance(np.full_like(returns, 2.0), returns, mask) == pytest.approx(0.0)
-  assert ppo_lib.explained_variance(np.array([[1.0, 3.0, 2.0, 9.0]]), returns, mask) == pytest.approx(1 - 1.0)
+  assert float(ppo_lib.explained_variance(returns, returns, mask)) == 1.0
+  assert float(ppo_lib.explained_variance(np.full_like(returns, 2.0), returns, mask)) == pytest.approx(0.0)
+  assert float(ppo_lib.explained_variance(np.array([[1.0, 3.0, 2.0, 9.0]]), returns, mask)) == pytest.approx(1 - 1.0)
+  assert float(ppo_lib.explained_variance(returns, np.ones_like(returns), mask)) == 0.0  # Var(R) = 0
 
 
 @pytest.mark.parametrize("algo", ["ppo", "online_rft", "rft", "rft_table10", "dpo", "sft"])

@@ -75,7 +75,7 @@ def test_tiny_programs_compile_for_v5e_2x2(tmp_path):
   (record,) = records
   programs = {p["name"]: p for p in record["programs"]}
   # With --recompute_old_logprobs the π_old forward runs besides π_ref (else on-policy: stop_gradient(π_θ)).
-  assert list(programs) == ["sampler", "reward", "logprobs", "update", "eval_greedy"]
+  assert list(programs) == ["sampler", "reward", "logprobs", "batch", "update", "eval_greedy"]
   assert programs["logprobs"]["calls"] == 2 and programs["update"]["calls"] == 1
   assert programs["eval_greedy"]["calls"] == 2 and programs["eval_greedy"]["per"] == "eval"  # 8 prompts, 4 a call
   resident = record["resident"]
@@ -83,7 +83,8 @@ def test_tiny_programs_compile_for_v5e_2x2(tmp_path):
   assert resident["reference"] > 0 and resident["reward model"] > 0
   assert resident["train state"] >= 3 * resident["reference"]  # params and AdamW's two moments
   for p in programs.values():
-    assert p["argument"] > 0 and p["code"] > 0 and p["flops"] > 0 and p["temp"] >= 0
+    assert p["argument"] > 0 and p["code"] > 0 and p["temp"] >= 0
+    assert p["flops"] > 0 or p["name"] == "batch"  # matmul FLOPs: the step's batch has none
     assert p["peak_bytes"] == p["argument"] + p["output"] + p["temp"] + p["code"] - p["alias"] + p["resident_other"]
     assert p["peak_bytes"] < 15.75 * 2 ** 30
   # Resident trees that are not a program's arguments: the update takes the whole train state, the forwards and
@@ -92,6 +93,7 @@ def test_tiny_programs_compile_for_v5e_2x2(tmp_path):
   assert programs["update"]["resident_other"] == total - resident["train state"]
   assert programs["reward"]["resident_other"] == total - resident["reward model"]
   assert programs["logprobs"]["resident_other"] == total - resident["reference"]
+  assert programs["batch"]["resident_other"] == total  # reads no resident tree
   assert programs["update"]["alias"] > 0  # the train state is donated
   # Trip counts: the update's FLOPs cover both micro-batches, the sampler's every decode step.
   assert programs["update"]["flops"] > 2 * programs["logprobs"]["flops"]
@@ -116,12 +118,12 @@ def test_the_papers_flagfile_loads_and_names_the_runners_programs(tmp_path):
                           run=_PAPER)
   assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
   assert result.stderr.strip().splitlines()[-1] == (
-      "aot_compile: --programs: nothing not among this run's programs (sampler, logprobs, update, eval_greedy)")
+      "aot_compile: --programs: nothing not among this run's programs (sampler, logprobs, batch, update, eval_greedy)")
   # An outcome reward model adds its scorer; --eval_samples the evaluation's sampler; β = 0 drops the forward.
   result, _ = _run_script(tmp_path, "--model=qwen2.5-0.5b", "--topology=cpu", "--mesh=data:1", "--programs=nothing",
                           "--reward=orm", "--reward_model=qwen2.5-0.5b", "--eval_samples=4", "--beta=0", run=_PAPER)
   assert result.stderr.strip().splitlines()[-1].endswith(
-      "(sampler, reward, update, eval_greedy, eval_samples)"), result.stderr[-3000:]
+      "(sampler, reward, batch, update, eval_greedy, eval_samples)"), result.stderr[-3000:]
 
 
 def _lowered(config, name, **overrides):
@@ -190,7 +192,7 @@ def test_the_programs_are_those_the_runner_compiles(tmp_path):
       mesh="data:1", tiny_layers=1, batch_size=2, group_size=2, max_new_tokens=6, completion_pad_multiple=0,
       temperature=0.7, recompute_old_logprobs=True, steps=1, sft_steps=0, eval_every=0, num_test=2,
       eval_batch_size=2, save_every=0, tensorboard=False, work_dir=str(tmp_path / "run"))
-  _programs_match_a_run(config, ["sampler", "logprobs", "update", "eval_greedy"])
+  _programs_match_a_run(config, ["sampler", "logprobs", "batch", "update", "eval_greedy"])
 
 
 def test_the_bucketed_programs_are_those_a_bucketed_run_compiles(tmp_path):
@@ -199,16 +201,16 @@ def test_the_bucketed_programs_are_those_a_bucketed_run_compiles(tmp_path):
       mesh="data:1", tiny_layers=1, batch_size=2, group_size=2, max_new_tokens=6, temperature=0.7,
       recompute_old_logprobs=True, steps=1, sft_steps=0, eval_every=0, num_test=2, eval_batch_size=2, save_every=0,
       tensorboard=False, work_dir=str(tmp_path / "run"), token_layout="buckets", bucket_micro_batches=2)
-  listed, _, _ = _programs_match_a_run(config, ["sampler", "logprobs", "update", "eval_greedy"])
+  listed, _, _ = _programs_match_a_run(config, ["sampler", "logprobs", "batch", "update", "eval_greedy"])
   assert "2 length-sorted micro-batches at widths (4, 6)" in listed["update"].uses
   assert listed["update"].args[1].tokens.shape == (4, config.task.max_prompt_len + 6)
 
 
-@pytest.mark.parametrize("algo,names", [("online_rft", ["sampler", "update", "eval_greedy"]),
-                                        ("rft_table10", ["sampler", "update", "eval_greedy"]),
+@pytest.mark.parametrize("algo,names", [("online_rft", ["sampler", "batch", "update", "eval_greedy"]),
+                                        ("rft_table10", ["sampler", "batch", "update", "eval_greedy"]),
                                         ("sft", ["update", "eval_greedy"]),
-                                        ("rft", ["sampler", "update", "eval_greedy"]),
-                                        ("dpo", ["sampler", "logprobs", "update", "eval_greedy"])])
+                                        ("rft", ["sampler", "batch", "update", "eval_greedy"]),
+                                        ("dpo", ["sampler", "logprobs", "batch", "update", "eval_greedy"])])
 def test_the_paradigm_programs_are_those_a_run_compiles(tmp_path, algo, names, known_answers):
   # Online RFT samples the current policy, Table 10's RFT the frozen start policy (π_ref's params, the same
   # structure), SFT nothing (the task's solutions, a batch without sampler log-probs), RFT and DPO the start policy
@@ -229,7 +231,7 @@ def test_the_lora_programs_are_those_a_lora_run_compiles(tmp_path):
       temperature=0.7, recompute_old_logprobs=True, steps=1, sft_steps=0, eval_every=0, num_test=2,
       eval_batch_size=2, save_every=0, tensorboard=False, work_dir=str(tmp_path / "run"), lora_rank=4,
       lora_alpha=8.0)
-  _programs_match_a_run(config, ["sampler", "old_logprobs", "logprobs", "update", "eval_greedy"])
+  _programs_match_a_run(config, ["sampler", "old_logprobs", "logprobs", "batch", "update", "eval_greedy"])
 
 
 @pytest.mark.parametrize("lora", [False, True])
@@ -245,7 +247,7 @@ def test_the_distill_programs_are_those_a_distill_run_compiles(tmp_path, lora):
       sft_steps=0, eval_every=0, num_test=2, eval_batch_size=2, save_every=0, tensorboard=False,
       work_dir=str(tmp_path / "run"), **(dict(lora_rank=4, lora_alpha=8.0) if lora else {}))
   listed, placement, model_config = _programs_match_a_run(
-      config, ["sampler", "old_logprobs" if lora else "logprobs", "teacher_logprobs", "update", "eval_greedy"])
+      config, ["sampler", "old_logprobs" if lora else "logprobs", "teacher_logprobs", "batch", "update", "eval_greedy"])
   teacher_params = listed["teacher_logprobs"].args[0]
   assert teacher_params["embed"]["embedding"].shape == (model_config.vocab_size, 64)
   resident = programs.resident(config, model_config, placement)
@@ -262,7 +264,7 @@ def test_the_ppo_programs_are_those_a_ppo_run_compiles(tmp_path):
       completion_pad_multiple=0, temperature=0.7, steps=1, sft_steps=0, eval_every=0, num_test=2, eval_batch_size=2,
       save_every=0, tensorboard=False, work_dir=str(tmp_path / "run"))
   listed, placement, model_config = _programs_match_a_run(
-      config, ["sampler", "logprobs", "values", "update", "eval_greedy"])
+      config, ["sampler", "logprobs", "values", "batch", "update", "eval_greedy"])
   assert listed["logprobs"].per_step == 2
   state = programs.resident(config, model_config, placement)["train state"]
   assert set(state.params) == {"policy", "value"} and listed["values"].args[0] == state.params["value"]
@@ -358,12 +360,14 @@ def test_the_update_follows_the_policy_loss():
 
 @pytest.mark.devices(4)
 @pytest.mark.parametrize("flags,names,metrics", [
-    (dict(loss="cispo", epsilon_high=3.0, entropy_coef=0.01), ["sampler", "logprobs", "update", "eval_greedy"],
+    (dict(loss="cispo", epsilon_high=3.0, entropy_coef=0.01), ["sampler", "logprobs", "batch", "update",
+                                                                "eval_greedy"],
      ("clip_frac_high", "entropy_loss")),
     (dict(loss="sapo", top_entropy_quantile=0.5, lora_rank=4, lora_alpha=8.0),
-     ["sampler", "old_logprobs", "logprobs", "update", "eval_greedy"], ("sapo_gradient_scale", "entropy_mask_frac")),
+     ["sampler", "old_logprobs", "logprobs", "batch", "update", "eval_greedy"],
+     ("sapo_gradient_scale", "entropy_mask_frac")),
     (dict(token_layout="buckets", bucket_micro_batches=2, bucket_widths=2, beta=0.04),
-     ["sampler", "logprobs", "update", "eval_greedy"], ("kl", "entropy")),  # length buckets, sorted per shard
+     ["sampler", "logprobs", "batch", "update", "eval_greedy"], ("kl", "entropy")),  # length buckets, per shard
 ])
 def test_the_policy_losses_run_on_a_mesh_and_with_lora(tmp_path, flags, names, metrics):
   # A one-step run on a 2 x 2 (data, fsdp) mesh with π_old recomputed (ratios off 1) logs the loss's metrics,
