@@ -277,59 +277,29 @@ def run(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, signals: preempt
   """
   t_start = time.time()
   _check(cfg, rmc)
-  run_cfg = cfg.run
   out_dir = pathlib.Path(rmc.rm_dir)
   ckpt_dir = out_dir / CHECKPOINTS
   held = resume_lib.holds_checkpoints(ckpt_dir)
   recorded = _record(cfg, rmc)
-  labelled = _load_data(ckpt_dir, recorded) if run_cfg.resume else None  # refuses other flags before any write
+  labelled = _load_data(ckpt_dir, recorded) if cfg.run.resume else None  # refuses other flags before any write
   policy_dir = pathlib.Path(rmc.policy)
   params, config = placement_lib.Placement().load_hf(policy_dir, dtype=cfg.model.dtype, param_dtype=cfg.model.dtype,
                                                      remat=cfg.model.remat)
-  task = task_lib.Task(cfg.task, models.load_tokenizer(policy_dir), sft_lineage=True, seed=run_cfg.seed)
+  task = task_lib.Task(cfg.task, models.load_tokenizer(policy_dir), sft_lineage=True, seed=cfg.run.seed)
   step_labels = _step_labels(cfg, rmc)
-  if held and not run_cfg.resume:  # --rm_overwrite: start over
-    shutil.rmtree(ckpt_dir)
-  logs.check(out_dir, run_cfg)  # a missing wandb or a damaged id file is named before anything is written
-  out_dir.mkdir(parents=True, exist_ok=True)
-  (out_dir / "config.json").write_text(json.dumps({**cfg.flat(), **dataclasses.asdict(rmc)}, indent=2,
-                                                  default=str))
-  key = jax.random.PRNGKey(run_cfg.seed)
+  _prepare_rm_dir(cfg, rmc, start_over=held and not cfg.run.resume)
+  key = jax.random.PRNGKey(cfg.run.seed)
 
   # COLLECT: samples of the policy, labelled (or, resumed, the checkpoint's)
   labelled = _collect_labelled(cfg, rmc, labelled, params, config, task, key, step_labels, recorded, signals)
-  train_data = labelled.train
 
   # TRAIN
   # resumed: the same W&B run (REVIEW B1), as the loop's
-  logger = logs.start(out_dir, run_cfg, {**cfg.flat(), **dataclasses.asdict(rmc)}, rmc.rm_steps)
-  if rmc.rm_init:
-    params, config = _load_backbone(rmc.rm_init, config, cfg.model)
-  if rmc.rm_score == "loglik" and not config.tie_word_embeddings:
-    raise RunError(f"--rm_score=loglik needs a backbone whose output layer is its embedding table; "
-                   f"{rmc.rm_init or policy_dir} has an untied lm_head, which a reward model does not keep")
-  rm_params = rm.init_reward_params(params, config, jax.random.fold_in(key, 3), score=rmc.rm_score)
-  if rmc.rm_lora_rank:  # adapters on the backbone: from exactly the loaded model, its base weights as loaded
-    rm_params, config = rm.adapters.add(rm_params, config, jax.random.fold_in(key, 4), rank=rmc.rm_lora_rank,
-                                        alpha=rmc.rm_lora_alpha)
+  logger = logs.start(out_dir, cfg.run, {**cfg.flat(), **dataclasses.asdict(rmc)}, rmc.rm_steps)
+  rm_params, config = _init_reward_model(cfg, rmc, params, config, key)
   del params  # from here on, `config` is the reward model's
-  ckpt = stage_checkpoints.StageCheckpoints(ckpt_dir, run_cfg.keep_checkpoints, logger, recorded,
-                                            lambda then, step: _check_flags(then, recorded, step),
-                                            "reward-model training", signals)
-  try:
-    state, before, train_time = _fit(cfg, rmc, rm_params, config, labelled, logger, ckpt)
-  except BaseException:
-    logger.close()  # an interrupted or failed run closes its logs and finishes its W&B run, as the loop's does
-    raise
-  finally:
-    ckpt.close()
-  prompt_len = train_data.tokens.shape[1] - cfg.rollout.max_new_tokens
-  after = rm.evaluate(state.params, config, labelled.held_out, kind=rmc.rm_kind, step_labels=labelled.hidden,
-                      prompt_len=prompt_len)
-  train_fit = rm.evaluate(state.params, config, train_data, kind=rmc.rm_kind, prompt_len=prompt_len)
-  logger.log(rmc.rm_steps, after, prefix="eval/")
-  logger.close()
-  _print_eval("held-out after training", after)
+  state, before, train_time = _train(cfg, rmc, rm_params, config, labelled, logger, recorded, signals)
+  after, train_fit = _evaluate_trained(cfg, rmc, state.params, config, labelled, logger)
 
   # SAVE (adapters merged into the backbone: a plain reward model, as `--reward=orm` loads it)
   with training.atomic_directory(out_dir / "reward_model") as tmp:  # whole or not at all: never half-written
@@ -342,6 +312,64 @@ def run(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, signals: preempt
   report.print_table(f"reward model ({rmc.rm_kind})", _summary_rows(summary, before, after, train_fit))
   print(f"reward model: {out_dir / 'reward_model'}")
   return summary
+
+
+def _prepare_rm_dir(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, start_over: bool) -> None:
+  """--rm_dir before anything is written there: its checkpoints removed on `start_over` (--rm_overwrite), the
+  logs' inputs checked, then the directory and its `config.json`."""
+  out_dir = pathlib.Path(rmc.rm_dir)
+  if start_over:
+    shutil.rmtree(out_dir / CHECKPOINTS)
+  logs.check(out_dir, cfg.run)  # a missing wandb or a damaged id file is named before anything is written
+  out_dir.mkdir(parents=True, exist_ok=True)
+  (out_dir / "config.json").write_text(json.dumps({**cfg.flat(), **dataclasses.asdict(rmc)}, indent=2,
+                                                  default=str))
+
+
+def _init_reward_model(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, params, config, key):
+  """The reward model's initial parameters and config: on the policy (`params`, `config`) or --rm_init's backbone,
+  with a score head for --rm_score and, with --rm_lora_rank, adapters on the backbone."""
+  if rmc.rm_init:
+    params, config = _load_backbone(rmc.rm_init, config, cfg.model)
+  if rmc.rm_score == "loglik" and not config.tie_word_embeddings:
+    raise RunError(f"--rm_score=loglik needs a backbone whose output layer is its embedding table; "
+                   f"{rmc.rm_init or pathlib.Path(rmc.policy)} has an untied lm_head, which a reward model does not "
+                   f"keep")
+  rm_params = rm.init_reward_params(params, config, jax.random.fold_in(key, 3), score=rmc.rm_score)
+  if rmc.rm_lora_rank:  # adapters on the backbone: from exactly the loaded model, its base weights as loaded
+    rm_params, config = rm.adapters.add(rm_params, config, jax.random.fold_in(key, 4), rank=rmc.rm_lora_rank,
+                                        alpha=rmc.rm_lora_alpha)
+  return rm_params, config
+
+
+def _train(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, rm_params, config, labelled: _Labelled, logger,
+           recorded: dict, signals: preemption.StopSignals | None):
+  """TRAIN: `_fit` with the train states checkpointed under `<rm_dir>/checkpoints`; a run that fails or is
+  interrupted closes its logs (and finishes its W&B run), as the loop's does."""
+  ckpt = stage_checkpoints.StageCheckpoints(pathlib.Path(rmc.rm_dir) / CHECKPOINTS, cfg.run.keep_checkpoints, logger,
+                                            recorded, lambda then, step: _check_flags(then, recorded, step),
+                                            "reward-model training", signals)
+  try:
+    return _fit(cfg, rmc, rm_params, config, labelled, logger, ckpt)
+  except BaseException:
+    logger.close()
+    raise
+  finally:
+    ckpt.close()
+
+
+def _evaluate_trained(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, params, config, labelled: _Labelled,
+                      logger) -> tuple[dict, dict]:
+  """The trained model's held-out metrics (logged, then `logger` closed, and printed) and its fit to its training
+  samples."""
+  prompt_len = labelled.train.tokens.shape[1] - cfg.rollout.max_new_tokens
+  after = rm.evaluate(params, config, labelled.held_out, kind=rmc.rm_kind, step_labels=labelled.hidden,
+                      prompt_len=prompt_len)
+  train_fit = rm.evaluate(params, config, labelled.train, kind=rmc.rm_kind, prompt_len=prompt_len)
+  logger.log(rmc.rm_steps, after, prefix="eval/")
+  logger.close()
+  _print_eval("held-out after training", after)
+  return after, train_fit
 
 
 def _summary(rmc: RewardModelTrainingConfig, params, labelled: _Labelled, step_labels: str, before: dict,
