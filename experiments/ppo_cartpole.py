@@ -26,6 +26,7 @@ Writes `metrics.jsonl` (env steps, mean return of the episodes that ended in eac
 loss statistics), `learning_curve.png` and `summary.json` to `--output_dir`.
 """
 
+import functools
 import json
 import pathlib
 import sys
@@ -175,7 +176,12 @@ def episode_gae(rewards, values, next_values, terminated, truncated, gamma, lam)
 
 
 def make_train(config: Config):
-  """Returns `train(key) -> (params, per-update metrics)`, the whole run as one jitted function."""
+  """Returns `train(key) -> (params, per-update metrics)`, the whole run as one jitted function.
+
+  purejaxrl's layout: `train` is a `lax.scan` over updates, each `collect`, then `rollout_batch`, then
+  `config.epochs` of `update_epoch` on the loss `ppo_loss`; the environment, the network and the optimiser are
+  built here, once, and handed to those.
+  """
   # Imported here, not at the top: gymnax's import is slow, and a bad flag should not wait for it.
   import gymnax  # pylint: disable=import-outside-toplevel
   env, env_params = gymnax.make("CartPole-v1")
@@ -188,84 +194,104 @@ def make_train(config: Config):
   clip = optax.clip_by_global_norm(config.max_grad_norm) if config.max_grad_norm else optax.identity()
   optimizer = optax.chain(clip, optax.adam(lr, eps=1e-5))
   env_reset = jax.vmap(env.reset, in_axes=(0, None))
-  env_step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
-  num_envs, batch_size = config.num_envs, config.steps_per_update
+  loss = functools.partial(ppo_loss, apply=apply, config=config)
 
-  def loss_fn(params, mb: Batch):
-    logits, values = apply(params, mb.obs)
-    logp_all = jax.nn.log_softmax(logits)
-    logp = jnp.take_along_axis(logp_all, mb.action[:, None], axis=-1)  # [M, 1]: M one-step sequences
-    mask = jnp.ones_like(logp)
-    adv = losses.whiten(mb.advantage[:, None], mask)
-    policy = losses.aggregate(losses.clipped_surrogate(logp, mb.logp[:, None], adv, mask, config.clip_eps),
-                              mask, "token-mean")
-    value = losses.aggregate(losses.value_loss(values[:, None], mb.value[:, None], mb.ret[:, None], mask,
-                                               clip=config.clip_eps), mask, "token-mean")
-    entropy = jnp.mean(-jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1))
-    clip_frac = losses.clip_fractions(logp, mb.logp[:, None], adv, mask, config.clip_eps)["clip_frac"]
-    total = policy + config.value_coef * value - config.entropy_coef * entropy
-    return total, {"policy_loss": policy, "value_loss": value, "entropy": entropy, "clip_frac": clip_frac}
+  def update(runner, _):
+    params, opt_state, env_state, obs, episode_return, key = runner
+    (env_state, obs, episode_return, key), traj, finished = collect(
+        params, (env_state, obs, episode_return, key), apply, env, env_params, config)
+    batch = rollout_batch(params, traj, apply, config)
+    (params, opt_state, key), metrics = jax.lax.scan(
+        lambda carry, _: update_epoch(carry, batch, loss, optimizer, config.minibatches), (params, opt_state, key),
+        length=config.epochs)
+    metrics = jax.tree.map(jnp.mean, metrics)
+    metrics["return_sum"], metrics["episodes"] = jax.tree.map(jnp.sum, finished)
+    return (params, opt_state, env_state, obs, episode_return, key), metrics
 
   def train(key):
     key, k_init, k_reset = jax.random.split(key, 3)
     params = nnx.state(model(nnx.Rngs(k_init)))
-    obs, env_state = env_reset(jax.random.split(k_reset, num_envs), env_params)
-    runner = (params, optimizer.init(params), env_state, obs, jnp.zeros(num_envs), key)
-
-    def update(runner, _):
-      params, opt_state, env_state, obs, episode_return, key = runner
-
-      # COLLECT
-      def step(carry, _):
-        env_state, obs, episode_return, key = carry
-        key, k_act, k_env = jax.random.split(key, 3)
-        logits, value = apply(params, obs)
-        action = jax.random.categorical(k_act, logits)
-        logp = jnp.take_along_axis(jax.nn.log_softmax(logits), action[:, None], axis=-1)[:, 0]
-        next_obs, env_state, reward, terminated, truncated, info = env_step(
-            jax.random.split(k_env, num_envs), env_state, action, env_params)
-        done = terminated | truncated
-        episode_return = episode_return + reward
-        finished = (jnp.sum(jnp.where(done, episode_return, 0.0)), jnp.sum(done))
-        transition = Transition(obs, action, logp, value, reward, terminated, truncated, info["final_observation"])
-        return (env_state, next_obs, jnp.where(done, 0.0, episode_return), key), (transition, finished)
-
-      (env_state, obs, episode_return, key), (traj, finished) = jax.lax.scan(
-          step, (env_state, obs, episode_return, key), length=config.rollout_len)
-
-      # ADVANTAGE
-      _, next_values = apply(params, traj.next_obs)
-      env_major = lambda x: x.T  # [T, N] -> [N, T]
-      adv, ret = episode_gae(env_major(traj.reward), env_major(traj.value), env_major(next_values),
-                             env_major(traj.terminated), env_major(traj.truncated), config.gamma, config.gae_lambda)
-      flat = lambda x: x.reshape(batch_size, *x.shape[2:])
-      batch = Batch(flat(traj.obs), flat(traj.action), flat(traj.logp), flat(traj.value), flat(adv.T), flat(ret.T))
-
-      # UPDATE
-      def epoch(carry, _):
-        params, opt_state, key = carry
-        key, k_perm = jax.random.split(key)
-        perm = jax.random.permutation(k_perm, batch_size)
-        minibatches = jax.tree.map(lambda x: x[perm].reshape(config.minibatches, -1, *x.shape[1:]), batch)
-
-        def sgd_step(carry, mb):
-          params, opt_state = carry
-          grads, metrics = jax.grad(loss_fn, has_aux=True)(params, mb)
-          updates, opt_state = optimizer.update(grads, opt_state, params)
-          return (optax.apply_updates(params, updates), opt_state), metrics
-
-        (params, opt_state), metrics = jax.lax.scan(sgd_step, (params, opt_state), minibatches)
-        return (params, opt_state, key), metrics
-
-      (params, opt_state, key), metrics = jax.lax.scan(epoch, (params, opt_state, key), length=config.epochs)
-      metrics = jax.tree.map(jnp.mean, metrics)
-      metrics["return_sum"], metrics["episodes"] = jax.tree.map(jnp.sum, finished)
-      return (params, opt_state, env_state, obs, episode_return, key), metrics
-
+    obs, env_state = env_reset(jax.random.split(k_reset, config.num_envs), env_params)
+    runner = (params, optimizer.init(params), env_state, obs, jnp.zeros(config.num_envs), key)
     runner, metrics = jax.lax.scan(update, runner, length=config.num_updates)
     return runner[0], metrics
 
   return jax.jit(train)
+
+
+def collect(params, carry, apply, env, env_params, config: Config):
+  """COLLECT: `config.rollout_len` steps of every environment under the policy `params`, auto-resetting.
+
+  `carry` is `(env_state, obs, episode_return, key)`, returned advanced; also returns the `Transition`s,
+  `[T, N, ...]`, and per step the summed return and the number of the episodes that ended there.
+  """
+  env_step = jax.vmap(env.step, in_axes=(0, 0, 0, None))
+
+  def step(carry, _):
+    env_state, obs, episode_return, key = carry
+    key, k_act, k_env = jax.random.split(key, 3)
+    logits, value = apply(params, obs)
+    action = jax.random.categorical(k_act, logits)
+    logp = jnp.take_along_axis(jax.nn.log_softmax(logits), action[:, None], axis=-1)[:, 0]
+    next_obs, env_state, reward, terminated, truncated, info = env_step(
+        jax.random.split(k_env, config.num_envs), env_state, action, env_params)
+    done = terminated | truncated
+    episode_return = episode_return + reward
+    finished = (jnp.sum(jnp.where(done, episode_return, 0.0)), jnp.sum(done))
+    transition = Transition(obs, action, logp, value, reward, terminated, truncated, info["final_observation"])
+    return (env_state, next_obs, jnp.where(done, 0.0, episode_return), key), (transition, finished)
+
+  carry, (traj, finished) = jax.lax.scan(step, carry, length=config.rollout_len)
+  return carry, traj, finished
+
+
+def rollout_batch(params, traj: Transition, apply, config: Config) -> Batch:
+  """ADVANTAGE: a rollout `[T, N, ...]` as `N·T` transitions with their `episode_gae` advantages and returns,
+  V(s_{t+1}) from the value of `params`."""
+  _, next_values = apply(params, traj.next_obs)
+  env_major = lambda x: x.T  # [T, N] -> [N, T]
+  adv, ret = episode_gae(env_major(traj.reward), env_major(traj.value), env_major(next_values),
+                         env_major(traj.terminated), env_major(traj.truncated), config.gamma, config.gae_lambda)
+  flat = lambda x: x.reshape(config.steps_per_update, *x.shape[2:])
+  return Batch(flat(traj.obs), flat(traj.action), flat(traj.logp), flat(traj.value), flat(adv.T), flat(ret.T))
+
+
+def update_epoch(carry, batch: Batch, loss, optimizer: optax.GradientTransformation, minibatches: int):
+  """UPDATE: one pass over `batch` in `minibatches` shuffled minibatches, an optimiser step on `loss` each.
+
+  `carry` is `(params, opt_state, key)`, returned advanced; also returns `loss`'s statistics per minibatch.
+  """
+  params, opt_state, key = carry
+  key, k_perm = jax.random.split(key)
+  perm = jax.random.permutation(k_perm, batch.obs.shape[0])
+  batches = jax.tree.map(lambda x: x[perm].reshape(minibatches, -1, *x.shape[1:]), batch)
+
+  def sgd_step(carry, mb):
+    params, opt_state = carry
+    grads, metrics = jax.grad(loss, has_aux=True)(params, mb)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state), metrics
+
+  (params, opt_state), metrics = jax.lax.scan(sgd_step, (params, opt_state), batches)
+  return (params, opt_state, key), metrics
+
+
+def ppo_loss(params, mb: Batch, apply, config: Config):
+  """The loss of the module docstring on a minibatch, each transition a one-token sequence, and its statistics
+  (policy and value loss, entropy, clip fraction)."""
+  logits, values = apply(params, mb.obs)
+  logp_all = jax.nn.log_softmax(logits)
+  logp = jnp.take_along_axis(logp_all, mb.action[:, None], axis=-1)  # [M, 1]: M one-step sequences
+  mask = jnp.ones_like(logp)
+  adv = losses.whiten(mb.advantage[:, None], mask)
+  policy = losses.aggregate(losses.clipped_surrogate(logp, mb.logp[:, None], adv, mask, config.clip_eps),
+                            mask, "token-mean")
+  value = losses.aggregate(losses.value_loss(values[:, None], mb.value[:, None], mb.ret[:, None], mask,
+                                             clip=config.clip_eps), mask, "token-mean")
+  entropy = jnp.mean(-jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1))
+  clip_frac = losses.clip_fractions(logp, mb.logp[:, None], adv, mask, config.clip_eps)["clip_frac"]
+  total = policy + config.value_coef * value - config.entropy_coef * entropy
+  return total, {"policy_loss": policy, "value_loss": value, "entropy": entropy, "clip_frac": clip_frac}
 
 
 def summarise(metrics, config: Config, log_every: int):

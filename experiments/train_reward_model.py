@@ -177,10 +177,11 @@ flags.DEFINE_bool("rm_overwrite", _D.rm_overwrite, "Replace an existing reward m
 FLAGS = flags.FLAGS
 
 
-def _collect(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, params, config, task, examples, key, step_labels):
+def _collect(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, params, model_config, task, examples, key,
+             step_labels):
   prompts = [task.prompt(e) for e in examples]
   return rm.sample_reward_data(
-      params, config, task.tokenizer, examples, prompts, key, kind=rmc.rm_kind,
+      params, model_config, task.tokenizer, examples, prompts, key, kind=rmc.rm_kind,
       samples_per_prompt=rmc.rm_samples_per_prompt, max_prompt_len=cfg.task.max_prompt_len,
       max_new_tokens=cfg.rollout.max_new_tokens, batch_size=min(rmc.rm_sample_batch, len(examples)),
       temperature=cfg.rollout.temperature, top_k=cfg.rollout.top_k, top_p=cfg.rollout.top_p,
@@ -188,15 +189,15 @@ def _collect(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, params, con
 
 
 def _load_backbone(path: str, policy_config, model: config_lib.PolicyConfig):
-  """--rm_init's params and config, after checking it reads the policy's tokens."""
+  """--rm_init's params and model config, after checking it reads the policy's tokens."""
   rm_dir = pathlib.Path(path)
   if not rm_dir.is_dir():
     raise RunError(f"--rm_init={path} is not a directory")
-  params, config = models.load_hf(rm_dir, dtype=model.dtype, param_dtype=model.dtype, remat=model.remat)
-  if config.vocab_size != policy_config.vocab_size:
-    raise RunError(f"--rm_init={path} has a vocabulary of {config.vocab_size} tokens, the policy "
+  params, model_config = models.load_hf(rm_dir, dtype=model.dtype, param_dtype=model.dtype, remat=model.remat)
+  if model_config.vocab_size != policy_config.vocab_size:
+    raise RunError(f"--rm_init={path} has a vocabulary of {model_config.vocab_size} tokens, the policy "
                              f"{policy_config.vocab_size}; the reward model must read the policy's tokens")
-  return params, config
+  return params, model_config
 
 
 def _mixed_problems(data) -> tuple[int, int]:
@@ -277,63 +278,34 @@ def run(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, signals: preempt
   """
   t_start = time.time()
   _check(cfg, rmc)
-  run_cfg = cfg.run
   out_dir = pathlib.Path(rmc.rm_dir)
   ckpt_dir = out_dir / CHECKPOINTS
   held = resume_lib.holds_checkpoints(ckpt_dir)
   recorded = _record(cfg, rmc)
-  labelled = _load_data(ckpt_dir, recorded) if run_cfg.resume else None  # refuses other flags before any write
+  labelled = _load_data(ckpt_dir, recorded) if cfg.run.resume else None  # refuses other flags before any write
   policy_dir = pathlib.Path(rmc.policy)
-  params, config = placement_lib.Placement().load_hf(policy_dir, dtype=cfg.model.dtype, param_dtype=cfg.model.dtype,
-                                                     remat=cfg.model.remat)
-  task = task_lib.Task(cfg.task, models.load_tokenizer(policy_dir), sft_lineage=True, seed=run_cfg.seed)
+  params, model_config = placement_lib.Placement().load_hf(policy_dir, dtype=cfg.model.dtype,
+                                                           param_dtype=cfg.model.dtype, remat=cfg.model.remat)
+  task = task_lib.Task(cfg.task, models.load_tokenizer(policy_dir), sft_lineage=True, seed=cfg.run.seed)
   step_labels = _step_labels(cfg, rmc)
-  if held and not run_cfg.resume:  # --rm_overwrite: start over
-    shutil.rmtree(ckpt_dir)
-  logs.check(out_dir, run_cfg)  # a missing wandb or a damaged id file is named before anything is written
-  out_dir.mkdir(parents=True, exist_ok=True)
-  (out_dir / "config.json").write_text(json.dumps({**cfg.flat(), **dataclasses.asdict(rmc)}, indent=2,
-                                                  default=str))
-  key = jax.random.PRNGKey(run_cfg.seed)
+  _prepare_rm_dir(cfg, rmc, start_over=held and not cfg.run.resume)
+  key = jax.random.PRNGKey(cfg.run.seed)
 
   # COLLECT: samples of the policy, labelled (or, resumed, the checkpoint's)
-  labelled = _collect_labelled(cfg, rmc, labelled, params, config, task, key, step_labels, recorded, signals)
-  train_data = labelled.train
+  labelled = _collect_labelled(cfg, rmc, labelled, params, model_config, task, key, step_labels, recorded, signals)
 
   # TRAIN
   # resumed: the same W&B run (REVIEW B1), as the loop's
-  logger = logs.start(out_dir, run_cfg, {**cfg.flat(), **dataclasses.asdict(rmc)}, rmc.rm_steps)
-  if rmc.rm_init:
-    params, config = _load_backbone(rmc.rm_init, config, cfg.model)
-  if rmc.rm_score == "loglik" and not config.tie_word_embeddings:
-    raise RunError(f"--rm_score=loglik needs a backbone whose output layer is its embedding table; "
-                   f"{rmc.rm_init or policy_dir} has an untied lm_head, which a reward model does not keep")
-  rm_params = rm.init_reward_params(params, config, jax.random.fold_in(key, 3), score=rmc.rm_score)
-  if rmc.rm_lora_rank:  # adapters on the backbone: from exactly the loaded model, its base weights as loaded
-    rm_params, config = rm.adapters.add(rm_params, config, jax.random.fold_in(key, 4), rank=rmc.rm_lora_rank,
-                                        alpha=rmc.rm_lora_alpha)
-  del params  # from here on, `config` is the reward model's
-  ckpt = stage_checkpoints.StageCheckpoints(ckpt_dir, run_cfg.keep_checkpoints, logger, recorded,
-                                            lambda then, step: _check_flags(then, recorded, step),
-                                            "reward-model training", signals)
-  try:
-    state, before, train_time = _fit(cfg, rmc, rm_params, config, labelled, logger, ckpt)
-  except BaseException:
-    logger.close()  # an interrupted or failed run closes its logs and finishes its W&B run, as the loop's does
-    raise
-  finally:
-    ckpt.close()
-  prompt_len = train_data.tokens.shape[1] - cfg.rollout.max_new_tokens
-  after = rm.evaluate(state.params, config, labelled.held_out, kind=rmc.rm_kind, step_labels=labelled.hidden,
-                      prompt_len=prompt_len)
-  train_fit = rm.evaluate(state.params, config, train_data, kind=rmc.rm_kind, prompt_len=prompt_len)
-  logger.log(rmc.rm_steps, after, prefix="eval/")
-  logger.close()
-  _print_eval("held-out after training", after)
+  logger = logs.start(out_dir, cfg.run, {**cfg.flat(), **dataclasses.asdict(rmc)}, rmc.rm_steps)
+  rm_params, model_config = _init_reward_model(cfg, rmc, params, model_config, key)
+  del params  # from here on, `model_config` is the reward model's
+  state, before, train_time = _train(cfg, rmc, rm_params, model_config, labelled, logger, recorded, signals)
+  after, train_fit = _evaluate_trained(cfg, rmc, state.params, model_config, labelled, logger)
 
   # SAVE (adapters merged into the backbone: a plain reward model, as `--reward=orm` loads it)
   with training.atomic_directory(out_dir / "reward_model") as tmp:  # whole or not at all: never half-written
-    rm.save_reward_model(*rm.adapters.merge(state.params, config), tmp, kind=rmc.rm_kind, tokenizer_dir=policy_dir)
+    rm.save_reward_model(*rm.adapters.merge(state.params, model_config), tmp, kind=rmc.rm_kind,
+                         tokenizer_dir=policy_dir)
   summary = _summary(rmc, state.params, labelled, step_labels, before, after, train_fit,
                      {"time_collect_s": labelled.collect_time, "time_train_s": train_time,
                       "time_total_s": time.time() - t_start})
@@ -342,6 +314,64 @@ def run(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, signals: preempt
   report.print_table(f"reward model ({rmc.rm_kind})", _summary_rows(summary, before, after, train_fit))
   print(f"reward model: {out_dir / 'reward_model'}")
   return summary
+
+
+def _prepare_rm_dir(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, start_over: bool) -> None:
+  """--rm_dir before anything is written there: its checkpoints removed on `start_over` (--rm_overwrite), the
+  logs' inputs checked, then the directory and its `config.json`."""
+  out_dir = pathlib.Path(rmc.rm_dir)
+  if start_over:
+    shutil.rmtree(out_dir / CHECKPOINTS)
+  logs.check(out_dir, cfg.run)  # a missing wandb or a damaged id file is named before anything is written
+  out_dir.mkdir(parents=True, exist_ok=True)
+  (out_dir / "config.json").write_text(json.dumps({**cfg.flat(), **dataclasses.asdict(rmc)}, indent=2,
+                                                  default=str))
+
+
+def _init_reward_model(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, params, model_config, key):
+  """The reward model's initial parameters and model config: on the policy (`params`, `model_config`) or
+  --rm_init's backbone, with a score head for --rm_score and, with --rm_lora_rank, adapters on the backbone."""
+  if rmc.rm_init:
+    params, model_config = _load_backbone(rmc.rm_init, model_config, cfg.model)
+  if rmc.rm_score == "loglik" and not model_config.tie_word_embeddings:
+    raise RunError(f"--rm_score=loglik needs a backbone whose output layer is its embedding table; "
+                   f"{rmc.rm_init or pathlib.Path(rmc.policy)} has an untied lm_head, which a reward model does not "
+                   f"keep")
+  rm_params = rm.init_reward_params(params, model_config, jax.random.fold_in(key, 3), score=rmc.rm_score)
+  if rmc.rm_lora_rank:  # adapters on the backbone: from exactly the loaded model, its base weights as loaded
+    rm_params, model_config = rm.adapters.add(rm_params, model_config, jax.random.fold_in(key, 4),
+                                              rank=rmc.rm_lora_rank, alpha=rmc.rm_lora_alpha)
+  return rm_params, model_config
+
+
+def _train(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, rm_params, model_config, labelled: _Labelled,
+           logger, recorded: dict, signals: preemption.StopSignals | None):
+  """TRAIN: `_fit` with the train states checkpointed under `<rm_dir>/checkpoints`; a run that fails or is
+  interrupted closes its logs (and finishes its W&B run), as the loop's does."""
+  ckpt = stage_checkpoints.StageCheckpoints(pathlib.Path(rmc.rm_dir) / CHECKPOINTS, cfg.run.keep_checkpoints, logger,
+                                            recorded, lambda then, step: _check_flags(then, recorded, step),
+                                            "reward-model training", signals)
+  try:
+    return _fit(cfg, rmc, rm_params, model_config, labelled, logger, ckpt)
+  except BaseException:
+    logger.close()
+    raise
+  finally:
+    ckpt.close()
+
+
+def _evaluate_trained(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, params, model_config,
+                      labelled: _Labelled, logger) -> tuple[dict, dict]:
+  """The trained model's held-out metrics (logged, then `logger` closed, and printed) and its fit to its training
+  samples."""
+  prompt_len = labelled.train.tokens.shape[1] - cfg.rollout.max_new_tokens
+  after = rm.evaluate(params, model_config, labelled.held_out, kind=rmc.rm_kind, step_labels=labelled.hidden,
+                      prompt_len=prompt_len)
+  train_fit = rm.evaluate(params, model_config, labelled.train, kind=rmc.rm_kind, prompt_len=prompt_len)
+  logger.log(rmc.rm_steps, after, prefix="eval/")
+  logger.close()
+  _print_eval("held-out after training", after)
+  return after, train_fit
 
 
 def _summary(rmc: RewardModelTrainingConfig, params, labelled: _Labelled, step_labels: str, before: dict,
@@ -391,7 +421,7 @@ def _step_labels(cfg: config_lib.Config, rmc: RewardModelTrainingConfig) -> str:
 
 
 def _collect_labelled(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, labelled: _Labelled | None, params,
-                      config, task, key, step_labels: str, recorded: dict,
+                      model_config, task, key, step_labels: str, recorded: dict,
                       signals: preemption.StopSignals | None) -> _Labelled:
   """COLLECT: the checkpoint's labelled samples (`labelled`, on --resume), or the policy's, sampled and saved (then
   `preemption.Interrupted` if a stop signal came meanwhile); a line of their statistics."""
@@ -399,7 +429,7 @@ def _collect_labelled(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, la
   if labelled is not None:
     print(f"resumed: the labelled samples from {ckpt_dir / DATA}", file=sys.stderr)
   else:
-    labelled = _sample(cfg, rmc, params, config, task, key, step_labels)
+    labelled = _sample(cfg, rmc, params, model_config, task, key, step_labels)
     _save_data(ckpt_dir, recorded, *labelled)
     if signals is not None and signals.stop_requested():
       raise preemption.Interrupted(signals.signum, 0, "reward-model training", ckpt_dir)
@@ -413,7 +443,7 @@ def _collect_labelled(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, la
   return labelled
 
 
-def _sample(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, params, config, task, key,
+def _sample(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, params, model_config, task, key,
             step_labels: str) -> _Labelled:
   """COLLECT: the policy's completions of --rm_prompts training and --rm_eval_prompts held-out problems,
   labelled."""
@@ -423,9 +453,9 @@ def _sample(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, params, conf
   print(f"sampling {rmc.rm_samples_per_prompt} completions for {len(train_examples)} training and "
         f"{len(eval_examples)} held-out problems from {pathlib.Path(rmc.policy)} ({rmc.rm_kind}, labels: "
         f"{'outcome' if rmc.rm_kind in rm.OUTCOME_KINDS else step_labels})", file=sys.stderr)
-  train_data, _ = _collect(cfg, rmc, params, config, task, train_examples, jax.random.fold_in(key, 1),
+  train_data, _ = _collect(cfg, rmc, params, model_config, task, train_examples, jax.random.fold_in(key, 1),
                            step_labels)
-  eval_data, eval_texts = _collect(cfg, rmc, params, config, task, eval_examples, jax.random.fold_in(key, 2),
+  eval_data, eval_texts = _collect(cfg, rmc, params, model_config, task, eval_examples, jax.random.fold_in(key, 2),
                                    step_labels)
   hidden = None  # orm_steps on the synthetic task: exact step labels, never trained on, to check its step scores
   if rmc.rm_kind == "orm_steps" and cfg.task.task in config_lib.SYNTHETIC_TASKS:
@@ -438,8 +468,8 @@ def _sample(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, params, conf
   return _Labelled(train_data, eval_data, hidden, time.time() - t0, metrics.stat().st_size if metrics.is_file() else 0)
 
 
-def _fit(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, rm_params, config, labelled: _Labelled, logger,
-         ckpt: stage_checkpoints.StageCheckpoints):
+def _fit(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, rm_params, model_config, labelled: _Labelled,
+         logger, ckpt: stage_checkpoints.StageCheckpoints):
   """TRAIN: --rm_steps optimiser steps (continued from `ckpt` on --resume), held-out evaluation every
   --rm_eval_every, a checkpoint every --save_every; returns `(train state, held-out metrics before, train time)`."""
   # --lr_schedule (cosine: the flag is not read here) after a tenth of the steps' warm-up
@@ -451,9 +481,9 @@ def _fit(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, rm_params, conf
     optimizer = rm.adapters.optimizer(optimizer)
   prompt_len = labelled.train.tokens.shape[1] - cfg.rollout.max_new_tokens  # the padded prompt, then the completion
   state = training.init_train_state(rm_params, optimizer)
-  train_step = rm.make_reward_train_step(config, optimizer, kind=rmc.rm_kind, loss=rmc.rm_loss, prompt_len=prompt_len,
-                                         freeze_backbone=rmc.rm_freeze_backbone)
-  evaluate = lambda params: rm.evaluate(params, config, labelled.held_out, kind=rmc.rm_kind,  # noqa: E731
+  train_step = rm.make_reward_train_step(model_config, optimizer, kind=rmc.rm_kind, loss=rmc.rm_loss,
+                                         prompt_len=prompt_len, freeze_backbone=rmc.rm_freeze_backbone)
+  evaluate = lambda params: rm.evaluate(params, model_config, labelled.held_out, kind=rmc.rm_kind,  # noqa: E731
                                         step_labels=labelled.hidden, prompt_len=prompt_len)
   done, before = 0, None
   if cfg.run.resume and ckpt.latest_step() is not None:  # records after the checkpoint: logged again
@@ -523,11 +553,11 @@ def config_from_flags() -> tuple[config_lib.Config, RewardModelTrainingConfig]:
                                        for f in dataclasses.fields(RewardModelTrainingConfig)}))
 
 
-def _job(config: config_lib.Config) -> dict:
+def _job(cfg: config_lib.Config) -> dict:
   """The command line's run: `--rm_dir` locked while it runs (`work_dir_lock`), SIGTERM / SIGINT noted."""
   rmc = config_from_flags()[1]
   with work_dir_lock.WorkDirLock(rmc.rm_dir, flag="--rm_dir"), preemption.StopSignals() as signals:
-    return run(config, rmc, signals)
+    return run(cfg, rmc, signals)
 
 
 main = cli.main_for("train_reward_model", _job)

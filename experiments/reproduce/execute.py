@@ -2,6 +2,7 @@
 summary.json exists) is skipped, an interrupted one resumes from its checkpoint, SIGTERM stops them all."""
 
 import concurrent.futures
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -110,29 +111,21 @@ def execute(jobs: list[plan_lib.Job], parallel: int, echo=print) -> dict[tuple[s
   processes: dict = {}
   lock = threading.Lock()
   running: dict[concurrent.futures.Future, plan_lib.Job] = {}
-  # SIGTERM (a preempted machine, `kill`) stops reproduce as Ctrl-C does: the runs in flight get SIGTERM, save the
-  # step they are on and exit; the pool waits for them. A process started in the background ignores SIGINT, so
-  # SIGTERM is the signal that reaches it.
-  main_thread = threading.current_thread() is threading.main_thread()
-  previous = signal.signal(signal.SIGTERM, _stop) if main_thread else None
-  stopped: list[str] = []
-  with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+  with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, parallel)) as pool, _sigterm_stops():
     try:
       while pending or running:
         progressed = False
         for job in list(pending):
           if len(running) >= max(1, parallel):
             break
-          states = [outcomes.get(k) for k in job.waits_for]
-          bad = [f"{n}" + (f" seed {s_}" if s_ != job.seed else "")
-                 for (n, s_), s in zip(job.waits_for, states) if s is not None and s.status in ("failed", "blocked")]
-          if bad:
-            outcomes[job.key] = Outcome("blocked", f"needs {', '.join(bad)}, which did not finish")
+          failed = _failed_needs(job, outcomes)
+          if failed:
+            outcomes[job.key] = Outcome("blocked", f"needs {', '.join(failed)}, which did not finish")
             pending.remove(job)
             progressed = True
             echo(f"[{job.run.name} seed {job.seed}] not started: {outcomes[job.key].message}")
             continue
-          if all(s is not None for s in states):
+          if all(outcomes.get(k) is not None for k in job.waits_for):
             pending.remove(job)
             progressed = True
             outcome = _settle(job, by_key)
@@ -154,16 +147,40 @@ def execute(jobs: list[plan_lib.Job], parallel: int, echo=print) -> dict[tuple[s
           job = running.pop(future)
           outcomes[job.key] = _finished(job, future, echo)
     except (KeyboardInterrupt, Stopped) as err:
-      with lock:
-        for key, proc in processes.items():
-          proc.terminate()
-          stopped.append(f"{key[0]} seed {key[1]}")
       signum = err.signum if isinstance(err, Stopped) else signal.SIGINT
-      raise Stopped(signum, stopped) from None
-    finally:
-      if main_thread:
-        signal.signal(signal.SIGTERM, previous)
+      raise Stopped(signum, _terminate(processes, lock)) from None
   return outcomes
+
+
+@contextlib.contextmanager
+def _sigterm_stops():
+  """SIGTERM (a preempted machine, `kill`) raises `Stopped` while in the block, as Ctrl-C raises KeyboardInterrupt:
+  `execute` then stops the runs in flight, which save the step they are on and exit, and the pool waits for them.
+  A process started in the background ignores SIGINT, so SIGTERM is the signal that reaches it. Only the main
+  thread can set a handler; elsewhere this does nothing."""
+  main_thread = threading.current_thread() is threading.main_thread()
+  previous = signal.signal(signal.SIGTERM, _stop) if main_thread else None
+  try:
+    yield
+  finally:
+    if main_thread:
+      signal.signal(signal.SIGTERM, previous)
+
+
+def _failed_needs(job: plan_lib.Job, outcomes: dict[tuple[str, int], Outcome]) -> list[str]:
+  """The runs `job` needs that failed or were blocked ("name", or "name seed s" for another seed's)."""
+  return [f"{name}" + (f" seed {seed}" if seed != job.seed else "") for name, seed in job.waits_for
+          if outcomes.get((name, seed)) is not None and outcomes[(name, seed)].status in ("failed", "blocked")]
+
+
+def _terminate(processes: dict, lock: threading.Lock) -> list[str]:
+  """Sends SIGTERM to the runs in flight (each saves its step and exits); their names."""
+  stopped = []
+  with lock:
+    for key, proc in processes.items():
+      proc.terminate()
+      stopped.append(f"{key[0]} seed {key[1]}")
+  return stopped
 
 
 def _triage(jobs: list[plan_lib.Job]) -> tuple[dict[tuple[str, int], Outcome], list[plan_lib.Job]]:

@@ -575,8 +575,20 @@ def profile_window(spec: str) -> tuple[int, int] | None:
 
 
 def check(config: Config) -> str | None:
-  """The first problem of `config` as one line, or None."""
+  """The first problem of `config` as one line, or None.
+
+  The sections are checked in this order, and each in its own order: the first problem found is the one a user
+  sees, so a later check may assume what an earlier one accepted (a number that is finite, a value among its choices).
+  """
   v = config.flat()
+  return (_check_each_field(v) or _check_ranges(v) or _check_limits(v) or _check_wandb(v)
+          or _check_sizes(v, config.rows_per_step) or _check_model(v) or _check_reward(v)
+          or _check_methods_options(v) or _check_policy_loss(v) or _check_distill(v)
+          or _check_dpo_and_flow_grpo(v, config.rows_per_step) or _check_unread(v) or None)
+
+
+def _check_each_field(v: dict) -> str | None:
+  """Each field alone: a finite number, at least its `minimum`, one of its `choices`."""
   for name, value in v.items():  # NaN passes every comparison below, inf overflows whatever it sizes
     if isinstance(value, float) and not math.isfinite(value):
       return f"--{name} must be a finite number, not {value}"
@@ -589,6 +601,11 @@ def check(config: Config) -> str | None:
   for name, choices in CHOICES.items():
     if v[name] not in choices:
       return f"--{name} must be one of {', '.join(str(c) for c in choices if c is not None)}, not {v[name]!r}"
+  return None
+
+
+def _check_ranges(v: dict) -> str | None:
+  """The sampling and objective numbers in their ranges, and the rollout correction with the methods it weights."""
   algo = v["algo"]
   if v["group_size"] < (1 if algo in ("ppo", "distill") else 2):
     return ("--group_size must be >= 2 (GRPO compares samples within a group, RFT and DPO pick among them; "
@@ -617,6 +634,11 @@ def check(config: Config) -> str | None:
             f"--algo=grpo or ppo")
   if not 0 <= v["replay_fraction"] < 1:
     return "--replay_fraction must be in [0, 1)"
+  return None
+
+
+def _check_limits(v: dict) -> str | None:
+  """What a run may claim of the machine: time limits, the synthetic task's size, memory, verifier workers."""
   for name in ("math_verify_time_limit", "tool_time_limit"):
     if not 0 < v[name] <= MAX_TIME_LIMIT:
       return f"--{name} must be in (0, {MAX_TIME_LIMIT:g}] seconds, not {v[name]}"
@@ -626,10 +648,21 @@ def check(config: Config) -> str | None:
     return f"--forward_memory_budget must be at most {MAX_FORWARD_MEMORY_BUDGET} GiB, not {v['forward_memory_budget']}"
   if v["math_verify_workers"] < 0:
     return "--math_verify_workers must be >= 0"
+  return None
+
+
+def _check_wandb(v: dict) -> str | None:
+  """The W&B options: a known mode, and a project for any of them."""
   if v["wandb_mode"] not in ("", "online", "offline", "disabled"):
     return f"--wandb_mode must be online, offline or disabled (empty: W&B's default), not {v['wandb_mode']!r}"
   if (v["wandb_entity"] or v["wandb_run_name"] or v["wandb_mode"]) and not v["wandb_project"]:
     return "--wandb_mode, --wandb_entity and --wandb_run_name need --wandb_project (W&B logging is off without it)"
+  return None
+
+
+def _check_sizes(v: dict, rows: int) -> str | None:
+  """Sizes that must fit one another: the overlong buffer in a completion, the profiled steps in the run, the
+  minibatches and forward chunks in a step's `rows`, the SFT batch in its accumulation."""
   if v["overlong_buffer"] > v["max_new_tokens"]:
     return "--overlong_buffer must be <= --max_new_tokens"
   try:
@@ -638,7 +671,6 @@ def check(config: Config) -> str | None:
     return str(err)
   if window and window[1] > v["steps"]:
     return f"--profile_steps={v['profile_steps']} ends after the run's last step (--steps={v['steps']})"
-  rows = config.rows_per_step
   minibatch = v["minibatch_size"] or rows
   if minibatch % v["grad_accum_steps"] or rows % minibatch:
     return ("--minibatch_size (0: batch_size*group_size) must divide batch_size*group_size and be divisible by "
@@ -647,6 +679,11 @@ def check(config: Config) -> str | None:
     return "--forward_rows must be a multiple of --group_size (a chunk holds whole groups)"
   if v["sft_steps"] and v["sft_batch_size"] % v["grad_accum_steps"]:
     return "--sft_batch_size must be divisible by --grad_accum_steps"
+  return None
+
+
+def _check_model(v: dict) -> str | None:
+  """The embedded model's width and the LoRA adapters."""
   if v["tiny_hidden_size"] < 1 or v["tiny_hidden_size"] % (2 * TINY_HEADS):
     return (f"--tiny_hidden_size must be a positive multiple of {2 * TINY_HEADS} (the embedded model's "
             f"{TINY_HEADS} attention heads each need an even head size for RoPE)")
@@ -660,6 +697,12 @@ def check(config: Config) -> str | None:
   if v["lora_rank"] and (not lora_targets(v["lora_targets"])
                          or not set(lora_targets(v["lora_targets"])) <= set(LORA_TARGETS)):
     return f"--lora_targets must be a comma-separated list of {','.join(LORA_TARGETS)}, not {v['lora_targets']!r}"
+  return None
+
+
+def _check_reward(v: dict) -> str | None:
+  """The reward and its supervision: step rewards and the tasks whose steps they check, a reward model for a
+  learned reward, and iterative RL's learned reward."""
   reward = v["reward"]
   if v["supervision"] == "process" and reward not in STEP_REWARDS:
     return "--supervision=process needs --reward=prm (a process reward model) or exact_steps (synthetic task)"
@@ -671,6 +714,13 @@ def check(config: Config) -> str | None:
     return "--reward=orm|prm and --reward_model=DIR go together"
   if v["iterations"] > 1 and (v["steps_per_iteration"] < 1 or reward not in ("orm", "prm")):
     return "--iterations > 1 needs --steps_per_iteration >= 1 and a learned reward (--reward=orm|prm)"
+  return None
+
+
+def _check_methods_options(v: dict) -> str | None:
+  """Options only some methods take: process supervision, advantage estimators, iterative RL, a likelihood
+  temperature."""
+  algo = v["algo"]
   if v["supervision"] == "process" and algo != "grpo":
     return "--supervision=process is GRPO's (GRPO+PS); use --algo=grpo"
   if v["advantage_estimator"] != "group" and (algo != "grpo" or v["supervision"] == "process"):
@@ -682,26 +732,6 @@ def check(config: Config) -> str | None:
       and not (algo in ("grpo", "ppo") and v["likelihood_temperature"] == v["temperature"])):
     return ("--likelihood_temperature is the imitation methods' (sft, rft, rft_table10, online_rft); GRPO and PPO "
             "train the likelihood of --temperature (it may equal that), the others T = 1's")
-  problem = _check_policy_loss(v) or _check_distill(v)
-  if problem:
-    return problem
-  if algo == "dpo" and rows % 2:
-    return "--algo=dpo needs an even batch_size*group_size (rows come in pairs)"
-  if algo == "flow_grpo":
-    for name in FLOW_UNSUPPORTED:
-      if v[name] != default(name):
-        return f"--{name} is a GRPO option that Flow-GRPO does not use; leave it at its default"
-    if reward in ("orm", "prm", "exact_steps"):
-      return "--reward: Flow-GRPO scores the generator's answer with rule rewards, not a reward model"
-  for name, readers in READ_BY.items():
-    if algo not in readers and v[name] != default(name):
-      return (f"--{name} is read only by --algo={'|'.join(readers)}; --algo={algo} does not use it: leave it at its "
-              f"default")
-  for name, used, needs in READ_WITH:
-    if v[name] != default(name) and not used(v):
-      return f"--{name} is read only with {needs}; leave it at its default"
-  if v["process_center_tokens"] and v["supervision"] != "process":
-    return "--process_center_tokens centres process advantages: it needs --supervision=process"
   return None
 
 
@@ -742,4 +772,32 @@ def _check_distill(v: dict) -> str | None:
         return f"--{name}: --algo=distill learns from its teacher, not a reward; leave it at its default"
     if v["reward"] in ("orm", "prm", "exact_steps"):
       return "--reward: --algo=distill only reports a rule reward; its signal is the teacher's"
+  return None
+
+
+def _check_dpo_and_flow_grpo(v: dict, rows: int) -> str | None:
+  """DPO's pairs of rows, and the GRPO options and rewards Flow-GRPO does not use."""
+  if v["algo"] == "dpo" and rows % 2:
+    return "--algo=dpo needs an even batch_size*group_size (rows come in pairs)"
+  if v["algo"] == "flow_grpo":
+    for name in FLOW_UNSUPPORTED:
+      if v[name] != default(name):
+        return f"--{name} is a GRPO option that Flow-GRPO does not use; leave it at its default"
+    if v["reward"] in ("orm", "prm", "exact_steps"):
+      return "--reward: Flow-GRPO scores the generator's answer with rule rewards, not a reward model"
+  return None
+
+
+def _check_unread(v: dict) -> str | None:
+  """Options moved from their default that this run would not read (`READ_BY`, `READ_WITH`)."""
+  algo = v["algo"]
+  for name, readers in READ_BY.items():
+    if algo not in readers and v[name] != default(name):
+      return (f"--{name} is read only by --algo={'|'.join(readers)}; --algo={algo} does not use it: leave it at its "
+              f"default")
+  for name, used, needs in READ_WITH:
+    if v[name] != default(name) and not used(v):
+      return f"--{name} is read only with {needs}; leave it at its default"
+  if v["process_center_tokens"] and v["supervision"] != "process":
+    return "--process_center_tokens centres process advantages: it needs --supervision=process"
   return None

@@ -192,15 +192,29 @@ def decide_family(cells: list[Cell], alpha: float = ALPHA) -> list[Verdict]:
       raise ValueError(f"expect must be one of {EXPECT}, not {c.expect!r}")
     if c.expect == "=" and c.margin <= 0:
       raise ValueError("a claim of no change ('=') needs a margin > 0 under the design rule")
-  pending = [c for c in cells if c.mean is None or c.se is None or c.n < 2]
-  out: list[Verdict | None] = [None] * len(cells)
+  pending = [c for c in cells if not _has_seeds(c)]
+  p_of, m = ({}, 0) if pending else _holm_family(cells)
+  return [_family_verdict(c, p_of.get(i, {}), m, alpha, pending) if _has_seeds(c) else _waiting(c)
+          for i, c in enumerate(cells)]
+
+
+def _has_seeds(c: Cell) -> bool:
+  """Whether the cell has a mean and a standard error over two seeds or more."""
+  return not (c.mean is None or c.se is None or c.n < 2)
+
+
+def _waiting(c: Cell) -> Verdict:
+  """A cell still without its seeds: pending (or reported, with no claim), no verdict."""
+  why = f"{c.have} of {c.declared} declared seeds"
+  return Verdict(PENDING if c.expect else "reported", f"{why}; no verdict before all have finished", why)
+
+
+def _holm_family(cells: list[Cell]) -> tuple[dict[int, dict[str, float]], int]:
+  """The family's hypotheses (each claim's "zero", "wide", "narrow" of the rule above), Holm-adjusted: the p-values
+  by cell index and kind, and their number m."""
   hypotheses = []  # (cell index, kind, p)
   for i, c in enumerate(cells):
-    if c.mean is None or c.se is None or c.n < 2:
-      why = f"{c.have} of {c.declared} declared seeds"
-      out[i] = Verdict(PENDING if c.expect else "reported", f"{why}; no verdict before all have finished", why)
-      continue
-    if not c.expect or pending:
+    if not c.expect:
       continue
     if c.expect in (">", "<"):
       hypotheses.append((i, "zero", p_zero(c.mean, c.se, c.n)))
@@ -212,39 +226,36 @@ def decide_family(cells: list[Cell], alpha: float = ALPHA) -> list[Verdict]:
   p_of: dict[int, dict[str, float]] = {}
   for (i, kind, _), p in zip(hypotheses, adjusted):
     p_of.setdefault(i, {})[kind] = p
-  m = len(hypotheses)
-  for i, c in enumerate(cells):
-    if out[i] is not None:
-      continue
-    num = lambda x, c=c: f"{c.scale * x:+.{c.digits}f}"  # noqa: E731
-    lo, hi = t_interval(c.mean, c.se, c.n)
-    bracket = f"[{num(lo)}, {num(hi)}]"
-    interval = f"95% t interval {bracket} on {c.n} seeds"
-    fields = dict(z=abs(c.mean) / c.se if c.se > 0 else (math.inf if c.mean else 0.0), lo=c.scale * lo,
-                  hi=c.scale * hi)
-    if not c.expect:
-      out[i] = Verdict("reported", interval, f"no ordering claimed; {bracket} (95% t)", **fields)
-      continue
-    if pending:
-      short = ", ".join(f"{p.have} of {p.declared}" for p in pending[:1])
-      out[i] = Verdict(PENDING, f"{interval}; the family waits for every claim's declared seeds ({short} seeds "
-                                "in one)", f"{bracket} (95% t); waiting for the family's declared seeds", **fields)
-      continue
-    ps = p_of[i]
-    bound = f"±{c.scale * c.margin:.{c.digits}f}"
-    said = "; ".join(f"{name} {ps[key]:.3g}" for key, name in (("zero", "against zero"), ("wide", f"inside {bound}"),
-                                                              ("narrow", f"outside {bound}")) if key in ps)
-    detail = f"{interval}; Holm-adjusted p ({m} hypotheses, α = {alpha:g}): {said}"
-    if c.expect in (">", "<"):
-      sign = 1.0 if c.expect == ">" else -1.0
-      if ps["zero"] <= alpha:
-        word = "reproduced" if sign * c.mean > 0 else "contradicted"
-      elif ps.get("wide", 1.0) <= alpha:
-        word = EQUAL
-      else:
-        word = "undecided"
-    else:
-      word = EQUAL if ps["wide"] <= alpha else "contradicted" if ps["narrow"] <= alpha else "undecided"
-    best = min(ps.values())
-    out[i] = Verdict(word, detail, f"{bracket} (95% t), Holm p {best:.2g}", **fields)
-  return out  # type: ignore[return-value]
+  return p_of, len(hypotheses)
+
+
+def _family_verdict(c: Cell, ps: dict[str, float], m: int, alpha: float, pending: list[Cell]) -> Verdict:
+  """The verdict of a cell with its seeds, from its Holm-adjusted p-values `ps` among the family's `m`; with its
+  95% t interval: reported (no claim), pending (while any of `pending` waits for seeds), or the rule's word."""
+  num = lambda x: f"{c.scale * x:+.{c.digits}f}"  # noqa: E731
+  lo, hi = t_interval(c.mean, c.se, c.n)
+  bracket = f"[{num(lo)}, {num(hi)}]"
+  interval = f"95% t interval {bracket} on {c.n} seeds"
+  fields = dict(z=abs(c.mean) / c.se if c.se > 0 else (math.inf if c.mean else 0.0), lo=c.scale * lo,
+                hi=c.scale * hi)
+  if not c.expect:
+    return Verdict("reported", interval, f"no ordering claimed; {bracket} (95% t)", **fields)
+  if pending:
+    short = ", ".join(f"{p.have} of {p.declared}" for p in pending[:1])
+    return Verdict(PENDING, f"{interval}; the family waits for every claim's declared seeds ({short} seeds "
+                            "in one)", f"{bracket} (95% t); waiting for the family's declared seeds", **fields)
+  bound = f"±{c.scale * c.margin:.{c.digits}f}"
+  said = "; ".join(f"{name} {ps[key]:.3g}" for key, name in (("zero", "against zero"), ("wide", f"inside {bound}"),
+                                                            ("narrow", f"outside {bound}")) if key in ps)
+  detail = f"{interval}; Holm-adjusted p ({m} hypotheses, α = {alpha:g}): {said}"
+  return Verdict(_family_word(c, ps, alpha), detail, f"{bracket} (95% t), Holm p {min(ps.values()):.2g}", **fields)
+
+
+def _family_word(c: Cell, ps: dict[str, float], alpha: float) -> str:
+  """The rule's word for a claim from the hypotheses its adjusted p-values `ps` reject at `alpha`."""
+  if c.expect in (">", "<"):
+    sign = 1.0 if c.expect == ">" else -1.0
+    if ps["zero"] <= alpha:
+      return "reproduced" if sign * c.mean > 0 else "contradicted"
+    return EQUAL if ps.get("wide", 1.0) <= alpha else "undecided"
+  return EQUAL if ps["wide"] <= alpha else "contradicted" if ps["narrow"] <= alpha else "undecided"

@@ -191,3 +191,30 @@ def test_an_option_without_its_feature_is_refused(fields, needs):
         "--reward=math_verify:...": {"reward": "math_verify:1.0"}, "--token_layout=buckets": {"token_layout": "buckets"},
         "--token_layout=padded": {"token_layout": "padded"}}[needs]
   config_lib.Config().replace(**fields | on)  # with it: accepted
+
+
+# One problem from each section of `check`, in its order; each pair of neighbours is also checked together.
+_ONE_PROBLEM_PER_SECTION = (
+    ({"batch_size": 0}, "--batch_size must be >= 1"),  # each field
+    ({"top_p": 1.5}, "--top_p must be in (0, 1]"),  # ranges
+    ({"tool_time_limit": 0.0}, "--tool_time_limit must be in (0, 86400] seconds"),  # limits
+    ({"wandb_entity": "me"}, "--wandb_mode, --wandb_entity and --wandb_run_name need --wandb_project"),  # W&B
+    ({"forward_rows": 12}, "--forward_rows must be a multiple of --group_size"),  # sizes
+    ({"tiny_hidden_size": 36}, "--tiny_hidden_size must be a positive multiple of 8"),  # model
+    ({"paths_min_steps": 1}, "--paths_min_steps and --paths_max_steps need 2 <= min <= max"),  # reward
+    ({"algo": "ppo", "advantage_estimator": "rloo"}, "--advantage_estimator=rloo replaces GRPO's"),  # methods' options
+    ({"algo": "ppo", "loss": "sapo"}, "--loss=sapo: GRPO's objective only"),  # policy loss
+    ({"algo": "dpo", "teacher_checkpoint": "DIR"}, "--algo=distill and --teacher_checkpoint=DIR"),  # distill
+    ({"algo": "dpo", "batch_size": 3, "group_size": 3}, "--algo=dpo needs an even"),  # DPO and Flow-GRPO
+    ({"dynamic_sampling": True, "algo": "dpo"}, "--dynamic_sampling is read only by --algo=grpo"),  # unread
+)
+
+
+@pytest.mark.parametrize("earlier,later", list(zip(_ONE_PROBLEM_PER_SECTION, _ONE_PROBLEM_PER_SECTION[1:])))
+def test_the_first_problem_in_check_order_is_reported(earlier, later):
+  """A user sees the first problem: `check`'s sections keep their order (a config wrong twice names the same flag)."""
+  for fields, message in (earlier, later):  # each alone is refused with its own line
+    with pytest.raises(config_lib.ConfigError, match=re.escape(message)):
+      config_lib.Config().replace(**fields)
+  with pytest.raises(config_lib.ConfigError, match=re.escape(earlier[1])):
+    config_lib.Config().replace(**later[0] | earlier[0])
