@@ -294,11 +294,11 @@ def run(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, signals: preempt
   # COLLECT: samples of the policy, labelled (or, resumed, the checkpoint's)
   labelled = _collect_labelled(cfg, rmc, labelled, params, model_config, task, key, step_labels, recorded, signals)
 
-  # TRAIN
-  # resumed: the same W&B run (REVIEW B1), as the loop's
-  logger = logs.start(out_dir, cfg.run, {**cfg.flat(), **dataclasses.asdict(rmc)}, rmc.rm_steps)
+  # TRAIN (the logs start once --rm_init has loaded: a bad one leaves no W&B run open)
   rm_params, model_config = _init_reward_model(cfg, rmc, params, model_config, key)
   del params  # from here on, `model_config` is the reward model's
+  # resumed: the same W&B run (REVIEW B1), as the loop's
+  logger = logs.start(out_dir, cfg.run, {**cfg.flat(), **dataclasses.asdict(rmc)}, rmc.rm_steps)
   state, before, train_time = _train(cfg, rmc, rm_params, model_config, labelled, logger, recorded, signals)
   after, train_fit = _evaluate_trained(cfg, rmc, state.params, model_config, labelled, logger)
 

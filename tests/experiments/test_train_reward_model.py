@@ -154,11 +154,16 @@ def test_rm_init_starts_from_another_backbone(tmp_path):
   np.testing.assert_array_equal(params["backbone"]["embed"]["embedding"], start["embed"]["embedding"])  # 0 steps
 
 
-def test_rm_init_must_read_the_policys_tokens(tmp_path):
+def test_rm_init_must_read_the_policys_tokens(tmp_path, monkeypatch):
+  # Refused before the logs start: no W&B run or TensorBoard writer is left open by a bad --rm_init.
+  from experiments import train_reward_model  # pylint: disable=import-outside-toplevel
+  started = []
+  monkeypatch.setattr(train_reward_model.logs, "start", lambda *a, **k: started.append(a))
   other = models.build_default_checkpoint(tmp_path / "other", num_hidden_layers=1, hidden_size=32,
                                           intermediate_size=64, vocab_size=300)
   with pytest.raises(grpo_math.RunError, match="vocabulary of 300 tokens"):
     _run(tmp_path, "--rm_kind=orm", "--rm_steps=0", f"--rm_init={other}")
+  assert not started
 
 
 def test_errors_are_one_line(tmp_path, main_in_process, monkeypatch):
