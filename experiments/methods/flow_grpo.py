@@ -21,6 +21,7 @@ optimiser update per step at the defaults (one epoch over one minibatch of the s
                    over one minibatch, the gradient is the demonstrations' log-likelihood gradient).
 """
 
+import dataclasses
 import time
 
 import jax
@@ -63,12 +64,28 @@ class Agent:
 OBJECTIVES = ("flow_grpo", "trajectory_grpo", "sft")
 
 
-def planner_objective(config: config_lib.Config) -> str:
-  """`--planner_objective`: stage 2's update of the planner, one of OBJECTIVES.
+@dataclasses.dataclass(frozen=True)
+class AgentObjectiveConfig(config_lib.AgentConfig):
+  """The agent section with stage 2's update of the planner, `planner_objective` (one of OBJECTIVES).
 
-  Read from `config.agent.planner_objective`; until `runner.config.AgentConfig` declares that field, every run is
-  "flow_grpo" (eq. 5).
+  A bridge: `runner.config.AgentConfig` does not declare the field, so the flow runner defines its flag
+  (`experiments/flow_grpo.py`) and puts its value in the config with `with_planner_objective`. Once AgentConfig has
+  the field, this class and that flag go, and `with_planner_objective` is `config.replace(planner_objective=...)`.
   """
+  planner_objective: str = "flow_grpo"
+
+
+def with_planner_objective(config: config_lib.Config, objective: str) -> config_lib.Config:
+  """`config` whose agent section says `planner_objective=objective`."""
+  if "planner_objective" in {f.name for f in dataclasses.fields(config_lib.AgentConfig)}:
+    return config.replace(planner_objective=objective)
+  fields = {f.name: getattr(config.agent, f.name) for f in dataclasses.fields(config_lib.AgentConfig)}
+  return dataclasses.replace(config, agent=AgentObjectiveConfig(**fields, planner_objective=objective))
+
+
+def planner_objective(config: config_lib.Config) -> str:
+  """Stage 2's update of the planner: `config.agent.planner_objective`, "flow_grpo" (eq. 5) when the config was
+  built without one (`with_planner_objective`)."""
   return getattr(config.agent, "planner_objective", "flow_grpo")
 
 

@@ -12,12 +12,10 @@ import jax
 import numpy as np
 import pytest
 
-from experiments import cli
 from experiments import flow_grpo
 from experiments import methods
 from experiments.methods import flow_grpo as flow_method
 from experiments.runner import config as config_lib
-from experiments.trainer import loop
 from grpo_jax import models
 from tests.conftest import HANG_GUARD_S
 
@@ -91,35 +89,12 @@ def test_resume_is_exact(tmp_path, monkeypatch):
   assert step2["straight"]["train/grad_norm"] > 0 and step2["straight"]["train/reward_std"] > 0
 
 
-def with_objective(config: config_lib.Config, objective: str) -> config_lib.Config:
-  """`config` with `planner_objective` set: the AgentConfig field, or (until runner.config declares it) a subclass of
-  the agent section that adds it."""
-  if "planner_objective" in {f.name for f in dataclasses.fields(config_lib.AgentConfig)}:
-    return config.replace(planner_objective=objective)
-
-  @dataclasses.dataclass(frozen=True)
-  class Agent(config_lib.AgentConfig):
-    planner_objective: str = "flow_grpo"
-
-  return dataclasses.replace(config, agent=Agent(**{**dataclasses.asdict(config.agent),
-                                                    "planner_objective": objective}))
-
-
-def _run_objective(work_dir, objective, *args):
-  flags.FLAGS.unparse_flags()
-  flags.FLAGS(["flow_grpo", f"--work_dir={work_dir}", *TINY, *args])
-  try:
-    return loop.run(with_objective(cli.config_from_flags(algo="flow_grpo"), objective))
-  finally:
-    flags.FLAGS.unparse_flags()
-
-
 def test_continued_sft_trains_the_teacher_turns_of_the_step_queries_at_coefficient_one(tmp_path):
   # --max_turns=4: room for a 3-step problem's three calls and its answer
   _run(tmp_path / "sft", "--sft_steps=4", "--steps=0", "--sft_learning_rate=1e-2", "--max_turns=4")
   start = tmp_path / "sft" / "sft_policy"
-  _run_objective(tmp_path / "cont", "sft", f"--init_checkpoint={start}", "--steps=2", "--learning_rate=1e-3",
-                 "--save_every=0", "--max_turns=4")
+  _run(tmp_path / "cont", "--planner_objective=sft", f"--init_checkpoint={start}", "--steps=2",
+       "--learning_rate=1e-3", "--save_every=0", "--max_turns=4")
   train = [r for r in map(json.loads, (tmp_path / "cont" / "metrics.jsonl").read_text().splitlines())
            if "train/loss" in r]
   assert [r["step"] for r in train] == [1, 2]
@@ -138,7 +113,9 @@ def test_continued_sft_trains_the_teacher_turns_of_the_step_queries_at_coefficie
 @pytest.mark.parametrize("objective,aggregation,reference", [
     ("flow_grpo", "turn", True), ("trajectory_grpo", "trajectory", True), ("sft", "turn", False)])
 def test_planner_objective_picks_the_aggregation_and_the_kl_term(objective, aggregation, reference):
-  config = with_objective(config_lib.Config().replace(**config_lib.PRESETS["flow_grpo"]), objective)
+  assert flow_method.planner_objective(config_lib.Config()) == "flow_grpo"  # a config built without one
+  config = flow_method.with_planner_objective(config_lib.Config().replace(**config_lib.PRESETS["flow_grpo"]),
+                                              objective)
   method = flow_method.FlowGRPO(config, models.tiny_config(), None, None, None)
   bound = method.objective()
   assert bound.keywords["aggregation"] == aggregation and bound.keywords["use_reference"] is reference
@@ -152,7 +129,8 @@ def test_planner_objective_picks_the_aggregation_and_the_kl_term(objective, aggr
     ("sft", {"minibatch_size": 64}, "--planner_objective=sft updates once a step"),
 ])
 def test_bad_planner_objective_is_one_line(objective, flags_, message):
-  config = with_objective(config_lib.Config().replace(**config_lib.PRESETS["flow_grpo"], **flags_), objective)
+  config = flow_method.with_planner_objective(
+      config_lib.Config().replace(**config_lib.PRESETS["flow_grpo"], **flags_), objective)
   with pytest.raises(config_lib.RunError, match=message):
     flow_method.FlowGRPO(config, models.tiny_config(), None, None, None)
 
@@ -170,6 +148,7 @@ def _cli(*args, cwd):
     (["--reward=orm", "--reward_model=rm"], "flow_grpo: error: --reward_model is a GRPO option"),
     (["--mesh=data:1"], "flow_grpo: error: --algo=flow_grpo runs on one device"),
     (["--algo=grpo"], "flow_grpo: error: --algo: this runner trains Flow-GRPO"),
+    (["--planner_objective=sft", "--num_epochs=2"], "flow_grpo: error: --planner_objective=sft updates once a step"),
     (["--planner_prompt_len=8"], "flow_grpo: error: --planner_prompt_len=8: the planner's prompt (tool header, "
                                  "problem, cue) takes"),
 ])
