@@ -9,8 +9,19 @@ leaving the batch. The outcome reward of a trajectory is broadcast to every turn
 trajectories of the query (eq. 7), and the clipped surrogate with a k3 KL to the frozen SFT planner is averaged
 over action tokens, turns and trajectories (eq. 5); only action tokens are trained. Stage 1 imitates teacher
 trajectories made from the ground truth (each solution step a calculator call, then the answer).
+
+Stage 2's update of the planner (`planner_objective`), for the fair study of Flow-GRPO (issue 56), always one
+optimiser update per step at the defaults (one epoch over one minibatch of the step):
+  flow_grpo        eq. 5: each turn's tokens averaged, then the turns of a trajectory, then the trajectories;
+  trajectory_grpo  the same samples, broadcast advantages and clipped surrogate, but each trajectory one sequence
+                   whose action tokens are averaged together (GRPO's sequence mean over the whole trajectory, no
+                   per-turn normalisation: a turn weighs as many tokens as it has);
+  sft              continued SFT: the teacher trajectories of the step's B queries (the ones the RL arms sample),
+                   every action token at coefficient 1 with eq. 5's means and no KL term (at ratio 1, one epoch
+                   over one minibatch, the gradient is the demonstrations' log-likelihood gradient).
 """
 
+import dataclasses
 import time
 
 import jax
@@ -50,6 +61,34 @@ class Agent:
                                generator=self.generator)
 
 
+OBJECTIVES = ("flow_grpo", "trajectory_grpo", "sft")
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentObjectiveConfig(config_lib.AgentConfig):
+  """The agent section with stage 2's update of the planner, `planner_objective` (one of OBJECTIVES).
+
+  A bridge: `runner.config.AgentConfig` does not declare the field, so the flow runner defines its flag
+  (`experiments/flow_grpo.py`) and puts its value in the config with `with_planner_objective`. Once AgentConfig has
+  the field, this class and that flag go, and `with_planner_objective` is `config.replace(planner_objective=...)`.
+  """
+  planner_objective: str = "flow_grpo"
+
+
+def with_planner_objective(config: config_lib.Config, objective: str) -> config_lib.Config:
+  """`config` whose agent section says `planner_objective=objective`."""
+  if "planner_objective" in {f.name for f in dataclasses.fields(config_lib.AgentConfig)}:
+    return config.replace(planner_objective=objective)
+  fields = {f.name: getattr(config.agent, f.name) for f in dataclasses.fields(config_lib.AgentConfig)}
+  return dataclasses.replace(config, agent=AgentObjectiveConfig(**fields, planner_objective=objective))
+
+
+def planner_objective(config: config_lib.Config) -> str:
+  """Stage 2's update of the planner: `config.agent.planner_objective`, "flow_grpo" (eq. 5) when the config was
+  built without one (`with_planner_objective`)."""
+  return getattr(config.agent, "planner_objective", "flow_grpo")
+
+
 def row_bucket(n: int, unit: int) -> int:
   """Rows padded up to a multiple of `unit`, so the update compiles for a few shapes only."""
   return max(unit, -(-n // unit) * unit)
@@ -61,7 +100,7 @@ def take_turn_rows(batch: agents.TurnBatch, rows: np.ndarray, size: int) -> agen
 
   def take(name, x):
     x = np.asarray(x)[rows]
-    filler = np.full((pad, *x.shape[1:]), 1 if name == "num_turns" else 0, x.dtype)
+    filler = np.full((pad, *x.shape[1:]), 1 if name in ("num_turns", "trajectory_tokens") else 0, x.dtype)
     return np.concatenate([x, filler]) if pad else x
 
   return agents.TurnBatch(*[take(name, x) for name, x in zip(agents.TurnBatch._fields, batch)])
@@ -80,6 +119,14 @@ class FlowGRPO(base.Method):
     # The sampler's padding: the tokenizer's pad id; without a task (built to list its programs) the model's
     self.pad_id = (model_config.pad_token_id if task is None else task.tokenizer.pad_token_id) or 0
     self.agent = None if task is None else Agent(config, task.tokenizer)
+    self.objective_name = planner_objective(config)
+    if self.objective_name not in OBJECTIVES:
+      raise config_lib.RunError(f"--planner_objective must be one of {', '.join(OBJECTIVES)}, not "
+                                f"{self.objective_name!r}")
+    algo = config.algorithm
+    if self.objective_name == "sft" and (algo.num_epochs != 1 or algo.minibatch_size):
+      raise config_lib.RunError("--planner_objective=sft updates once a step on the step's teacher trajectories: "
+                                "leave --num_epochs at 1 and --minibatch_size at 0")
     if task is None:
       return
     longest = max(self.agent.prompt_format.frame_tokens(e.question) for e in [*task.test, *task.rl_pool])
@@ -106,8 +153,12 @@ class FlowGRPO(base.Method):
     return row_bucket(trajectories * self.config.agent.max_turns, self.row_unit(trajectories))
 
   def scoring_forwards(self) -> tuple[str, ...]:
-    """π_old over every turn row, and π_ref with the KL term (β > 0), through the rollouts' forward."""
-    return ("π_old",) + (("π_ref",) if self.config.algorithm.beta > 0 else ())
+    """π_old over every turn row, and π_ref with the KL term (β > 0, not in continued SFT), through the rollouts'
+    forward."""
+    return ("π_old",) + (("π_ref",) if self.uses_reference() else ())
+
+  def uses_reference(self) -> bool:
+    return self.config.algorithm.beta > 0 and self.objective_name != "sft"
 
   def scoring_shape(self) -> tuple[int, int]:
     rollout, agent = self.config.rollout, self.config.agent
@@ -152,21 +203,25 @@ class FlowGRPO(base.Method):
     f32, bool_, per_row = rows(jnp.float32, width), rows(jnp.bool_, width), rows(jnp.float32)
     return agents.TurnBatch(tokens=rows(jnp.int32, width), attention_mask=bool_, loss_mask=bool_, old_logp=f32,
                             ref_logp=f32, advantages=per_row, num_turns=per_row, num_trajectories=per_row,
-                            trajectory_ids=rows(jnp.int32))
+                            trajectory_ids=rows(jnp.int32), trajectory_tokens=per_row)
 
   def objective(self):
     algo = self.config.algorithm
-    loss_kwargs = dict(epsilon=algo.epsilon, epsilon_high=algo.epsilon_high, beta=algo.beta, kl=algo.kl or "k3",
-                       dual_clip=algo.dual_clip)
+    use_reference = self.uses_reference()
+    loss_kwargs = dict(epsilon=algo.epsilon, epsilon_high=algo.epsilon_high, beta=algo.beta if use_reference else 0.0,
+                       kl=algo.kl or "k3", dual_clip=algo.dual_clip)
+    aggregation = "trajectory" if self.objective_name == "trajectory_grpo" else "turn"
     # π ∝ exp(logits / T), the distribution the actions were sampled from
     return update_lib.bind(agents.flow_grpo_objective, config=self.model_config, loss_kwargs=loss_kwargs,
-                           use_reference=algo.beta > 0, chunk_size=self.config.model.logprob_chunk,
-                           temperature=self.config.rollout.temperature)
+                           use_reference=use_reference, chunk_size=self.config.model.logprob_chunk,
+                           temperature=self.config.rollout.temperature, aggregation=aggregation)
 
   def collect(self, params, position: int, key):
     algo, b, g = self.config.algorithm, self.config.rollout.batch_size, self.config.rollout.group_size
     t0 = time.time()
     examples = [self.task.train_example(position + i) for i in range(b)]
+    if self.objective_name == "sft":
+      return *self._collect_teacher(params, examples, t0), position + b
     planner = self.planner(params, greedy=False)
     trajectories = self.agent.episodes(planner, examples, g, key)
     self.rollouts.prompts_truncated += planner.prompts_truncated  # the count the checkpoint records
@@ -183,7 +238,7 @@ class FlowGRPO(base.Method):
     real = np.arange(len(host.advantages)) < n_turns
     old_logp = self.rollouts.logprobs(params, host.tokens, host.attention_mask)
     ref_logp = (self.rollouts.logprobs(self.reference, host.tokens, host.attention_mask)
-                if "π_ref" in self.scoring_forwards() else jnp.zeros_like(old_logp))
+                if self.uses_reference() else jnp.zeros_like(old_logp))
     batch = host._replace(old_logp=np.asarray(old_logp), ref_logp=np.asarray(ref_logp),
                           advantages=np.where(real, np.asarray(advantages), 0.0).astype(np.float32))
     self.num_turns = n_turns
@@ -197,6 +252,42 @@ class FlowGRPO(base.Method):
         "time_sampling": t1 - t0, "time_scoring": time.time() - t1,
     }
     return batch, stats, position + b
+
+  def _collect_teacher(self, params, examples, t0: float):
+    """Continued SFT's step (`planner_objective` sft): the teacher trajectories of the step's queries that reach
+    their answer, every action token at advantage 1, π_old the current planner (ratio 1 at the update)."""
+    trajectories = self._teacher_trajectories(examples)
+    correct = rewards_lib.score([t.output for t in trajectories], examples, "correctness")
+    trajectories = [t for t, ok in zip(trajectories, correct) if ok]
+    if not trajectories:
+      raise config_lib.RunError(f"no teacher trajectory of the step's queries reaches its answer within --max_turns="
+                                f"{self.config.agent.max_turns}")
+    b, g = self.config.rollout.batch_size, self.config.rollout.group_size
+    n_turns = sum(t.num_turns for t in trajectories)
+    host = agents.turn_rows(trajectories, self.config.agent.planner_prompt_len, self.config.agent.action_tokens,
+                            self.pad_id, rows=row_bucket(n_turns, self.row_unit(b * g)))
+    t1 = time.time()
+    real = np.arange(len(host.advantages)) < n_turns
+    old_logp = self.rollouts.logprobs(params, host.tokens, host.attention_mask)
+    batch = host._replace(old_logp=np.asarray(old_logp), ref_logp=np.zeros_like(np.asarray(old_logp)),
+                          advantages=real.astype(np.float32))
+    self.num_turns = n_turns
+    return batch, {"teacher_trajectories": float(len(trajectories)), **agents.episode_stats(trajectories),
+                   "turn_rows": float(n_turns), "padded_rows": float(len(host.advantages) - n_turns),
+                   "time_sampling": t1 - t0, "time_scoring": time.time() - t1}
+
+  def _teacher_trajectories(self, examples) -> list[agents.Trajectory]:
+    """The ground truth's trajectories (`agents.teacher_scripts`) played through the agent loop, with token ids."""
+    try:
+      scripts = agents.teacher_scripts(examples)
+    except ValueError as err:
+      raise config_lib.RunError(f"teacher trajectories need solutions of a<op>b=c steps ({err}); "
+                                "pass --sft_steps=0 with an instruction-tuned --model") from None
+    planner = agents.ScriptedPlanner(scripts, self.agent.tokenizer, self.config.agent.planner_prompt_len)
+    return agents.run_episodes(planner, [e.question for e in examples], group_size=1,
+                               max_turns=self.config.agent.max_turns, key=jax.random.PRNGKey(0),
+                               prompt_format=self.agent.prompt_format, memory_budget=self.config.agent.memory_budget,
+                               executor=self.agent.executor, generator=self.agent.generator)
 
   def minibatches(self, batch, key, epoch: int, minibatch: int):
     """Minibatches of `minibatch` whole trajectories (all of a step's turns when it is B·G), each padded to a

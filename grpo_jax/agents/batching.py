@@ -32,6 +32,8 @@ class TurnBatch(NamedTuple):
     num_turns: `[S]` T_i of the row's trajectory (1 on padding).
     num_trajectories: `[S]` N of the whole batch in every row (survives micro-batch splits).
     trajectory_ids: `[S]` int32 index of the row's trajectory (0 on padding).
+    trajectory_tokens: `[S]` L_i = Σ_t |a_i^t|, the action tokens of the row's whole trajectory (1 on padding):
+      what the trajectory-level aggregation (`flow_grpo_objective(..., aggregation="trajectory")`) averages over.
   """
   tokens: Any
   attention_mask: Any
@@ -42,6 +44,7 @@ class TurnBatch(NamedTuple):
   num_turns: Any
   num_trajectories: Any
   trajectory_ids: Any
+  trajectory_tokens: Any
 
 
 def turn_rows(trajectories: Sequence[Trajectory], prompt_len: int, action_len: int, pad_id: int,
@@ -69,26 +72,47 @@ def turn_rows(trajectories: Sequence[Trajectory], prompt_len: int, action_len: i
   trajectory_ids = np.zeros((s,), np.int32)
   for r, (i, t, _) in enumerate(turns):
     num_turns[r], trajectory_ids[r] = t, i
+  tokens_of = np.bincount(trajectory_ids[:len(turns)], action_mask[:len(turns)].sum(1), len(trajectories))
+  trajectory_tokens = np.ones((s,), np.float32)
+  trajectory_tokens[:len(turns)] = tokens_of[trajectory_ids[:len(turns)]]
   zeros = np.zeros((s, prompt_len + action_len), np.float32)
   return TurnBatch(
       tokens=np.concatenate([prompt, action], 1), attention_mask=np.concatenate([prompt_mask, action_mask], 1),
       loss_mask=np.concatenate([np.zeros_like(prompt_mask), action_mask], 1), old_logp=zeros, ref_logp=zeros,
       advantages=np.zeros((s,), np.float32), num_turns=num_turns,
-      num_trajectories=np.full((s,), len(trajectories), np.float32), trajectory_ids=trajectory_ids)
+      num_trajectories=np.full((s,), len(trajectories), np.float32), trajectory_ids=trajectory_ids,
+      trajectory_tokens=trajectory_tokens)
+
+
+AGGREGATIONS = ("turn", "trajectory")
 
 
 def flow_grpo_objective(params, batch: TurnBatch, totals: dict, *, config: ModelConfig, loss_kwargs: dict,
-                        use_reference: bool, chunk_size: int = 128, temperature: float = 1.0):
+                        use_reference: bool, chunk_size: int = 128, temperature: float = 1.0,
+                        aggregation: str = "turn"):
   """`flow_grpo.flow_grpo_loss` of a `TurnBatch` for `training.make_train_step`, plus the mean token entropy.
 
-  The policy is π ∝ exp(logits / temperature), the distribution the actions were sampled from.
+  The policy is π ∝ exp(logits / temperature), the distribution the actions were sampled from. `aggregation`:
+
+    "turn"        AgentFlow eq. 5: (1/N) Σ_i (1/T_i) Σ_t (1/|a_i^t|) Σ_j ℓ, every turn of a trajectory weighs the same;
+    "trajectory"  trajectory-level GRPO: (1/N) Σ_i (1/L_i) Σ_t Σ_j ℓ with L_i = Σ_t |a_i^t|, the trajectory one
+                  sequence of its action tokens (GRPO's sequence mean; a turn weighs as many tokens as it has).
+
+  "trajectory" is eq. 5's weights with T_i replaced by L_i / |a_i^t| (`batch.trajectory_tokens` over the row's
+  action tokens): 1 / (N · |a_i^t| · L_i / |a_i^t|) = 1 / (N · L_i) on every action token of trajectory i.
   """
   del totals  # N travels in the batch: eq. 5 normalises per trajectory, not per sequence or token
+  if aggregation not in AGGREGATIONS:
+    raise ValueError(f"aggregation must be one of {AGGREGATIONS}, not {aggregation!r}")
   logp, entropy = logprobs_lib.token_logprobs(params, config, batch.tokens, batch.attention_mask,
                                               chunk_size=chunk_size, return_entropy=True, temperature=temperature)
+  turns = batch.num_turns
+  if aggregation == "trajectory":
+    lengths = jnp.sum(batch.loss_mask, axis=-1).astype(jnp.float32)
+    turns = batch.trajectory_tokens / jnp.maximum(lengths, 1.0)
   loss, metrics = flow_grpo.flow_grpo_loss(
       logp, batch.old_logp, batch.ref_logp if use_reference else None, batch.advantages, batch.loss_mask,
-      batch.num_turns, num_trajectories=batch.num_trajectories[0], **loss_kwargs)
+      turns, num_trajectories=batch.num_trajectories[0], **loss_kwargs)
   m = batch.loss_mask.astype(jnp.float32)
   metrics["entropy"] = jax.lax.stop_gradient(jnp.sum(entropy * m) / jnp.maximum(jnp.sum(m), 1.0))
   return loss, metrics

@@ -81,10 +81,16 @@ class SamplerPlanner:
 
 
 class ScriptedPlanner:
-  """Plays fixed action texts: `scripts[i][t - 1]` for trajectory i at turn t ("" past the script's end)."""
+  """Plays fixed action texts: `scripts[i][t - 1]` for trajectory i at turn t ("" past the script's end).
 
-  def __init__(self, scripts: Sequence[Sequence[str]]):
+  With a `tokenizer`, each output also carries the token ids a model planner's would: the prompt's (cut from the
+  left to `max_prompt_len`, as `SamplerPlanner` cuts them) and the action's followed by the end token, so the
+  turns of a script can be trained on (`turn_rows`): a teacher's trajectories as training rows.
+  """
+
+  def __init__(self, scripts: Sequence[Sequence[str]], tokenizer=None, max_prompt_len: int | None = None):
     self.scripts = [list(s) for s in scripts]
+    self.tokenizer, self.max_prompt_len = tokenizer, max_prompt_len
 
   def __call__(self, requests: Sequence[PlanRequest], key: jax.Array, num_samples: int = 1) -> list[PlannerOutput]:
     del key
@@ -92,5 +98,14 @@ class ScriptedPlanner:
     for request in requests:
       for g in range(num_samples):
         script = self.scripts[request.trajectory + g]
-        outputs.append(PlannerOutput(script[request.turn - 1] if request.turn <= len(script) else ""))
+        outputs.append(self._output(request.prompt, script[request.turn - 1] if request.turn <= len(script) else ""))
     return outputs
+
+  def _output(self, prompt: str, text: str) -> PlannerOutput:
+    if self.tokenizer is None:
+      return PlannerOutput(text)
+    encode = lambda s: self.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+    prompt_ids = encode(prompt)
+    if self.max_prompt_len is not None:
+      prompt_ids = prompt_ids[-self.max_prompt_len:]
+    return PlannerOutput(text, tuple(prompt_ids), tuple(encode(text)) + (self.tokenizer.eos_token_id,))

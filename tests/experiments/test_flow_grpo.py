@@ -89,6 +89,52 @@ def test_resume_is_exact(tmp_path, monkeypatch):
   assert step2["straight"]["train/grad_norm"] > 0 and step2["straight"]["train/reward_std"] > 0
 
 
+def test_continued_sft_trains_the_teacher_turns_of_the_step_queries_at_coefficient_one(tmp_path):
+  # --max_turns=4: room for a 3-step problem's three calls and its answer
+  _run(tmp_path / "sft", "--sft_steps=4", "--steps=0", "--sft_learning_rate=1e-2", "--max_turns=4")
+  start = tmp_path / "sft" / "sft_policy"
+  _run(tmp_path / "cont", "--planner_objective=sft", f"--init_checkpoint={start}", "--steps=2",
+       "--learning_rate=1e-3", "--save_every=0", "--max_turns=4")
+  train = [r for r in map(json.loads, (tmp_path / "cont" / "metrics.jsonl").read_text().splitlines())
+           if "train/loss" in r]
+  assert [r["step"] for r in train] == [1, 2]
+  for r in train:
+    # B = 2 queries of 2-3 steps: each teacher trajectory is its calculator calls then the answer, all correct
+    assert r["train/teacher_trajectories"] == 2 and r["train/answer_rate"] == 1 and r["train/tool_error_rate"] == 0
+    assert 2 * 3 <= r["train/turn_rows"] <= 2 * 4 and r["train/mean_turns"] * 2 == r["train/turn_rows"]
+    # At ratio 1 with A = 1 on every action token, eq. 5's weights sum to 1: the loss is −1, and no KL term
+    # although --beta is 0.04
+    assert r["train/pg_loss"] == pytest.approx(-1.0, abs=1e-5) and r["train/kl_loss"] == 0
+    assert r["train/optimizer_steps"] == 1 and r["train/ratio_min"] == r["train/ratio_max"] == 1
+  assert not np.allclose(_params(start)["embed"]["embedding"],
+                         _params(tmp_path / "cont" / "final_policy")["embed"]["embedding"])
+
+
+@pytest.mark.parametrize("objective,aggregation,reference", [
+    ("flow_grpo", "turn", True), ("trajectory_grpo", "trajectory", True), ("sft", "turn", False)])
+def test_planner_objective_picks_the_aggregation_and_the_kl_term(objective, aggregation, reference):
+  assert flow_method.planner_objective(config_lib.Config()) == "flow_grpo"  # a config built without one
+  config = flow_method.with_planner_objective(config_lib.Config().replace(**config_lib.PRESETS["flow_grpo"]),
+                                              objective)
+  method = flow_method.FlowGRPO(config, models.tiny_config(), None, None, None)
+  bound = method.objective()
+  assert bound.keywords["aggregation"] == aggregation and bound.keywords["use_reference"] is reference
+  assert bound.keywords["loss_kwargs"]["beta"] == (0.04 if reference else 0.0)
+  assert method.scoring_forwards() == (("π_old", "π_ref") if reference else ("π_old",))
+
+
+@pytest.mark.parametrize("objective,flags_,message", [
+    ("token", {}, "--planner_objective must be one of flow_grpo, trajectory_grpo, sft, not 'token'"),
+    ("sft", {"num_epochs": 2}, "--planner_objective=sft updates once a step"),
+    ("sft", {"minibatch_size": 64}, "--planner_objective=sft updates once a step"),
+])
+def test_bad_planner_objective_is_one_line(objective, flags_, message):
+  config = flow_method.with_planner_objective(
+      config_lib.Config().replace(**config_lib.PRESETS["flow_grpo"], **flags_), objective)
+  with pytest.raises(config_lib.RunError, match=message):
+    flow_method.FlowGRPO(config, models.tiny_config(), None, None, None)
+
+
 def _cli(*args, cwd):
   env = dict(os.environ, PYTHONPATH=str(REPO), JAX_PLATFORMS="cpu")
   return subprocess.run([sys.executable, "-m", "experiments.flow_grpo", *args], cwd=cwd, env=env,
@@ -102,6 +148,7 @@ def _cli(*args, cwd):
     (["--reward=orm", "--reward_model=rm"], "flow_grpo: error: --reward_model is a GRPO option"),
     (["--mesh=data:1"], "flow_grpo: error: --algo=flow_grpo runs on one device"),
     (["--algo=grpo"], "flow_grpo: error: --algo: this runner trains Flow-GRPO"),
+    (["--planner_objective=sft", "--num_epochs=2"], "flow_grpo: error: --planner_objective=sft updates once a step"),
     (["--planner_prompt_len=8"], "flow_grpo: error: --planner_prompt_len=8: the planner's prompt (tool header, "
                                  "problem, cue) takes"),
 ])

@@ -17,24 +17,9 @@ def tokenizer(tmp_path_factory):
   return models.load_tokenizer(models.tokenizer.save_char_tokenizer(tmp_path_factory.mktemp("tok")))
 
 
-class TokenScripted(agents.ScriptedPlanner):
-  """A scripted planner that also returns token ids, as the sampler planner does."""
-
-  def __init__(self, scripts, tokenizer):
-    super().__init__(scripts)
-    self.tokenizer = tokenizer
-
-  def __call__(self, requests, key, num_samples=1):
-    outputs = super().__call__(requests, key, num_samples)
-    prompts = [r.prompt for r in requests for _ in range(num_samples)]
-    encode = lambda text: tuple(self.tokenizer.encode(text, add_special_tokens=False))
-    return [o._replace(prompt_ids=encode(p)[-PROMPT_LEN:], action_ids=encode(o.text) + (self.tokenizer.eos_token_id,))
-            for o, p in zip(outputs, prompts)]
-
-
 def _trajectories(tokenizer):
   scripts = [["sub 7: calc 8-7", "add 7: calc 1+7", "mul 4: calc 8*4", "answer: 32"], ["answer: 31"]]
-  return agents.run_episodes(TokenScripted(scripts, tokenizer), ["(8-7+7)*4"], group_size=2, max_turns=4,
+  return agents.run_episodes(agents.ScriptedPlanner(scripts, tokenizer, PROMPT_LEN), ["(8-7+7)*4"], group_size=2, max_turns=4,
                              key=jax.random.PRNGKey(0), prompt_format=agents.PromptFormat(PROMPT_LEN),
                              memory_budget=PROMPT_LEN, executor=agents.ToolExecutor(agents.math_toolset()))
 
@@ -59,6 +44,44 @@ def test_loss_mask_covers_action_tokens_only(tokenizer):
   np.testing.assert_array_equal(batch.num_turns, [4, 4, 4, 4, 1, 1, 1, 1])
   np.testing.assert_array_equal(batch.trajectory_ids, [0, 0, 0, 0, 1, 0, 0, 0])
   np.testing.assert_array_equal(batch.num_trajectories, [2] * 8)
+  # L_i: "sub 7: calc 8-7", "add 7: calc 1+7", "mul 4: calc 8*4" (15 characters and the end token each) and
+  # "answer: 32" (10 and the end token): 3 * 16 + 11 = 59; the other trajectory "answer: 31" alone: 11
+  np.testing.assert_array_equal(batch.trajectory_tokens, [59, 59, 59, 59, 11, 1, 1, 1])
+
+
+def _fixed_logprobs(monkeypatch):
+  """The objective's log-probs are its `params` (an `[S, L]` array), so its gradient is the loss's in log π."""
+  monkeypatch.setattr(agents.batching.logprobs_lib, "token_logprobs",
+                      lambda params, *args, **kwargs: (params, jnp.zeros_like(params)))
+
+
+@pytest.mark.parametrize("aggregation", ["turn", "trajectory"])
+def test_objective_weights_each_token_by_its_aggregation(tokenizer, monkeypatch, aggregation):
+  _fixed_logprobs(monkeypatch)
+  batch = agents.turn_rows(_trajectories(tokenizer), PROMPT_LEN, ACTION_LEN, tokenizer.pad_token_id, rows=8)
+  old = jnp.full(batch.tokens.shape, -2.0)
+  batch = jax.tree.map(jnp.asarray, batch._replace(old_logp=old, ref_logp=old,
+                                                    advantages=np.array([1, 1, 1, 1, -1, 0, 0, 0], np.float32)))
+  loss = lambda logp: agents.flow_grpo_objective(  # noqa: E731
+      logp, batch, {}, config=None, loss_kwargs=dict(epsilon=0.2, beta=0.0), use_reference=False,
+      aggregation=aggregation)[0]
+  grad = np.asarray(jax.grad(loss)(old))  # at ratio 1: −A_i · w_{s,j} on every action token
+  per_row = [grad[r][batch.loss_mask[r]] for r in range(5)]
+  for row in per_row:
+    np.testing.assert_allclose(row, row[0])  # one weight for every token of a turn
+  if aggregation == "turn":  # eq. 5: 1 / (N T_i |a_i^t|), N = 2, T_0 = 4, |a| = 16, 16, 16, 11; T_1 = 1, |a| = 11
+    expected = [-1 / (2 * 4 * 16)] * 3 + [-1 / (2 * 4 * 11), 1 / (2 * 1 * 11)]
+  else:  # one sequence per trajectory: 1 / (N L_i), L_0 = 59, L_1 = 11
+    expected = [-1 / (2 * 59)] * 4 + [1 / (2 * 11)]
+  np.testing.assert_allclose([row[0] for row in per_row], expected, rtol=1e-6)
+  assert not grad[~np.asarray(batch.loss_mask)].any()
+
+
+def test_unknown_aggregation_is_refused(tokenizer):
+  batch = agents.turn_rows(_trajectories(tokenizer), PROMPT_LEN, ACTION_LEN, tokenizer.pad_token_id, rows=8)
+  with pytest.raises(ValueError, match="aggregation must be one of"):
+    agents.flow_grpo_objective(None, batch, {}, config=None, loss_kwargs={}, use_reference=False,
+                               aggregation="token")
 
 
 def test_gradient_reaches_action_tokens_only(tokenizer):

@@ -67,3 +67,14 @@ def test_episodes_shrink_the_sampled_rows(policy):
   assert planner.rows_sampled == expected
   assert all(t.num_turns == 3 or t.answered for t in trajectories)
   assert np.isfinite(agents.episode_stats(trajectories)["tool_error_rate"])
+
+
+def test_scripted_planner_with_a_tokenizer_gives_the_ids_a_model_planner_would(policy):
+  _, _, tokenizer = policy
+  request = agents.PlanRequest(0, 1, "0123456789abc")  # 13 characters, cut from the left to 10
+  plain, with_ids = (agents.ScriptedPlanner([["answer: 7"]], *args)([request], jax.random.PRNGKey(0))[0]
+                     for args in ((), (tokenizer, 10)))
+  assert plain == agents.PlannerOutput("answer: 7")
+  assert with_ids.text == "answer: 7" and tokenizer.decode(list(with_ids.prompt_ids)) == "3456789abc"
+  assert with_ids.action_ids == (*tokenizer.encode("answer: 7", add_special_tokens=False), tokenizer.eos_token_id)
+  assert len(with_ids.action_ids) == 10

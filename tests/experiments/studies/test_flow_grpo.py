@@ -1,0 +1,125 @@
+"""The flow_grpo study's fair design (issue 56, goal 5): one converged SFT planner per seed, three arms from it at
+equal updates, and the claims, seeds and margins declared before any run."""
+
+import dataclasses
+
+from absl import flags
+import pytest
+
+from experiments import cli
+from experiments import flow_grpo as flow_runner
+from experiments.methods import flow_grpo as flow_method
+from experiments.reproduce import plan as plan_lib
+from experiments.runner import config as config_lib
+from experiments.studies import flow_grpo
+from experiments.studies.spec import FLOW_GRPO
+from grpo_jax import models
+
+STUDY = flow_grpo.STUDY
+DESIGN = STUDY.designs["fair"]
+
+
+def _flags(run: str) -> dict:
+  return STUDY.flags_for(STUDY.run(run), "fair")
+
+
+def _config(argv: list[str]):
+  """The config `python -m experiments.flow_grpo <argv>` runs (its preset as the flags' defaults), checked by the
+  method as it starts."""
+  saved = {name: flags.FLAGS[name].default for name in flow_runner.DEFAULTS}
+  flags.FLAGS.unparse_flags()
+  try:
+    for name, value in flow_runner.DEFAULTS.items():
+      flags.FLAGS.set_default(name, value)
+    flags.FLAGS([FLOW_GRPO, *argv])
+    config = flow_method.with_planner_objective(cli.config_from_flags(algo="flow_grpo"),
+                                                flags.FLAGS.planner_objective)
+  finally:
+    flags.FLAGS.unparse_flags()
+    for name, value in saved.items():
+      flags.FLAGS.set_default(name, value)
+  flow_method.FlowGRPO(config, models.tiny_config(), None, None, None)  # the method's own refusals
+  return config
+
+
+def _agent(config) -> dict:
+  return {f.name: getattr(config.agent, f.name) for f in dataclasses.fields(config_lib.AgentConfig)
+          if f.name != "planner_objective"}
+
+
+def _jobs(tmp_path):
+  return plan_lib.plan(STUDY, "fair", list(range(DESIGN.seeds)), tmp_path)
+
+
+def _argv(job) -> list[str]:
+  """A job's flags; a tuned run's chosen learning rate (not known before its grid runs) as the grid's first value."""
+  return [a.replace("{tuned}", str(flow_grpo.FAIR_LRS[0])) for a in job.argv[3:]]
+
+
+def test_every_arm_starts_from_the_seeds_one_sft_planner_and_differs_only_in_its_update():
+  arms = {name: _flags(name) for name in flow_grpo.FAIR_ARMS}
+  assert {f["planner_objective"] for f in arms.values()} == set(flow_method.OBJECTIVES)
+  assert {f["init_checkpoint"] for f in arms.values()} == {"{run:fair_planner}/sft_policy"}
+  rest = [{k: v for k, v in f.items() if k != "planner_objective"} for f in arms.values()]
+  assert all(r == rest[0] for r in rest)
+  assert all(STUDY.run(name).tune == flow_grpo.FAIR_TUNE for name in arms)  # each arm's lr chosen on validation
+  assert flow_grpo.FAIR_TUNE.flag == "learning_rate" and rest[0]["num_validation"] > 0
+
+
+def test_the_arms_make_equal_updates_on_the_planners_harder_task(tmp_path):
+  jobs = [j for j in _jobs(tmp_path) if j.seed == 2]  # past the tuning seeds: the arms' own commands
+  planner = _config(_argv(next(j for j in jobs if j.run.name == "fair_planner")))
+  arms = {j.run.name: _config(_argv(j)) for j in jobs if j.run.name in flow_grpo.FAIR_ARMS}
+  assert set(arms) == set(flow_grpo.FAIR_ARMS)
+  updates = {}
+  for name, config in arms.items():
+    algo, rows = config.algorithm, config.rows_per_step
+    updates[name] = config.optim.steps * algo.num_epochs * (rows // (algo.minibatch_size or rows))
+    # the planner's task and agent (the arms hold 200 problems of the RL pool out for validation)
+    assert dataclasses.replace(config.task, num_validation=0) == planner.task
+    assert _agent(config) == _agent(planner)
+    assert config.rollout.batch_size == arms["fair_flow"].rollout.batch_size  # the same queries a step
+    assert config.model.init_checkpoint.endswith("/sft_policy") and not planner.model.init_checkpoint
+  assert len(set(updates.values())) == 1 and updates["fair_flow"] >= 60
+  task = planner.task
+  assert (task.synthetic_min_steps, task.synthetic_max_steps, planner.agent.max_turns) == (3, 5, 6)
+  assert planner.sft.sft_steps == flow_grpo.FAIR_SFT_STEPS and planner.optim.steps == 0
+
+
+def test_the_design_declares_claims_seeds_and_margins():
+  assert DESIGN.seeds >= 8 and DESIGN.alpha == 0.05
+  claims = {(c.run, c.metric): c for c in DESIGN.claims}
+  for contrast in ("fair_flow - fair_sft", "fair_flow - fair_trajectory"):
+    assert (claims[contrast, "final"].expect, claims[contrast, "final"].margin) == (">", 0.03)
+  assert claims["fair_flow", "gain"].expect == ">"
+  assert (claims["fair_sft", "gain"].expect, claims["fair_sft", "gain"].margin) == ("=", 0.03)  # converged start
+  assert claims["fair_trajectory - fair_sft", "final"].expect == ""  # reported, no ordering claimed
+  contrasts = {c.run: c for c in STUDY.contrasts}
+  metrics = {m.name: m for m in STUDY.metrics}
+  for c in DESIGN.claims:  # each claim is read off a cell the study makes: a contrast or a run the metric covers
+    runs = [contrasts[c.run].a, contrasts[c.run].b] if " - " in c.run else [c.run]
+    assert contrasts.get(c.run, c).metric == c.metric
+    assert set(runs) <= set(metrics[c.metric].runs) and set(runs) <= set(flow_grpo.FAIR_ARMS)
+  assert STUDY.claims_in("fair") == DESIGN.claims and STUDY.claims_in("full") == STUDY.claims  # the old ones stay
+
+
+def test_the_fair_plan_runs_only_its_arms_on_eight_seeds(tmp_path):
+  jobs = _jobs(tmp_path)
+  grid = {STUDY.run(a).tune.grid_name(a, v) for a in flow_grpo.FAIR_ARMS for v in flow_grpo.FAIR_LRS}
+  assert {j.run.name for j in jobs} == {"fair_planner", *flow_grpo.FAIR_ARMS, *grid}
+  assert {j.seed for j in jobs} == set(range(8))
+  assert not {"sft", "grpo", "flow"} & {r.name for r in STUDY.runs_in("fair")}
+  assert {"sft", "grpo", "flow"} <= {r.name for r in STUDY.runs_in("full")}
+  planners = {j.seed: j for j in jobs if j.run.name == "fair_planner"}
+  for job in (j for j in jobs if j.run.name in grid):  # the grid's runs: each value, each tuning seed
+    assert job.seed < flow_grpo.FAIR_TUNE.seeds
+    config = _config(_argv(job))
+    assert config.model.init_checkpoint == f"{planners[job.seed].directory}/sft_policy"
+    assert config.optim.learning_rate in flow_grpo.FAIR_LRS
+
+
+def test_the_command_check_sets_the_objective_and_refuses_a_bad_arm():
+  for objective in flow_method.OBJECTIVES:
+    assert flow_method.planner_objective(_config([f"--planner_objective={objective}"])) == objective
+  with pytest.raises(config_lib.RunError, match="--planner_objective=sft updates once a step"):
+    _config(["--planner_objective=sft", "--num_epochs=2"])
