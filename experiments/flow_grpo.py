@@ -8,8 +8,8 @@ flow_grpo.py` says how the planner, tools, memory and eq. 5 fit together). This 
 `python -m experiments.grpo_math --algo=flow_grpo` with Flow-GRPO's own defaults (`runner.config.PRESETS["flow_grpo"]`:
 a shorter SFT on teacher trajectories, 60 steps of 16 queries x 8 trajectories at lr 5e-5); the agent's flags
 (--max_turns, --tools, ...) and every shared flag are accepted, GRPO-only knobs that mean nothing for the per-turn
-objective are refused unless at their defaults; --planner_objective (this runner's own flag) picks stage 2's update
-of the planner. From Python:
+objective are refused unless at their defaults; --planner_objective picks stage 2's update of the planner.
+From Python:
 
   from experiments.runner import config
   from experiments.trainer import loop
@@ -20,16 +20,10 @@ from absl import app
 from absl import flags
 
 from experiments import cli
-from experiments.methods import flow_grpo as method_lib
 from experiments.runner import config as config_lib
 from experiments.trainer import loop
 
 FLAGS = flags.FLAGS
-# The flow runner's own flag (`runner.config` does not declare it yet: `method_lib.AgentObjectiveConfig`).
-flags.DEFINE_enum("planner_objective", "flow_grpo", method_lib.OBJECTIVES,
-                  "Stage 2's update of the planner: flow_grpo (eq. 5: each turn's tokens averaged, then the turns of "
-                  "a trajectory), trajectory_grpo (the same samples, each trajectory's action tokens averaged as one "
-                  "sequence), sft (continued SFT on the teacher trajectories of the step's queries); docs/agents.md.")
 RunError = config_lib.RunError
 # The flag defaults set when run as a program.
 DEFAULTS = {k: v for k, v in config_lib.PRESETS["flow_grpo"].items() if k != "algo"}
@@ -42,7 +36,7 @@ def run() -> dict:
 
 
 def _train(config: config_lib.Config) -> dict:
-  return loop.run(method_lib.with_planner_objective(config, FLAGS.planner_objective))
+  return loop.run(config)
 
 
 def _refuse_algo():

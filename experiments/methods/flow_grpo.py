@@ -21,7 +21,6 @@ optimiser update per step at the defaults (one epoch over one minibatch of the s
                    over one minibatch, the gradient is the demonstrations' log-likelihood gradient).
 """
 
-import dataclasses
 import time
 
 import jax
@@ -61,34 +60,6 @@ class Agent:
                                generator=self.generator)
 
 
-OBJECTIVES = ("flow_grpo", "trajectory_grpo", "sft")
-
-
-@dataclasses.dataclass(frozen=True)
-class AgentObjectiveConfig(config_lib.AgentConfig):
-  """The agent section with stage 2's update of the planner, `planner_objective` (one of OBJECTIVES).
-
-  A bridge: `runner.config.AgentConfig` does not declare the field, so the flow runner defines its flag
-  (`experiments/flow_grpo.py`) and puts its value in the config with `with_planner_objective`. Once AgentConfig has
-  the field, this class and that flag go, and `with_planner_objective` is `config.replace(planner_objective=...)`.
-  """
-  planner_objective: str = "flow_grpo"
-
-
-def with_planner_objective(config: config_lib.Config, objective: str) -> config_lib.Config:
-  """`config` whose agent section says `planner_objective=objective`."""
-  if "planner_objective" in {f.name for f in dataclasses.fields(config_lib.AgentConfig)}:
-    return config.replace(planner_objective=objective)
-  fields = {f.name: getattr(config.agent, f.name) for f in dataclasses.fields(config_lib.AgentConfig)}
-  return dataclasses.replace(config, agent=AgentObjectiveConfig(**fields, planner_objective=objective))
-
-
-def planner_objective(config: config_lib.Config) -> str:
-  """Stage 2's update of the planner: `config.agent.planner_objective`, "flow_grpo" (eq. 5) when the config was
-  built without one (`with_planner_objective`)."""
-  return getattr(config.agent, "planner_objective", "flow_grpo")
-
-
 def row_bucket(n: int, unit: int) -> int:
   """Rows padded up to a multiple of `unit`, so the update compiles for a few shapes only."""
   return max(unit, -(-n // unit) * unit)
@@ -119,14 +90,7 @@ class FlowGRPO(base.Method):
     # The sampler's padding: the tokenizer's pad id; without a task (built to list its programs) the model's
     self.pad_id = (model_config.pad_token_id if task is None else task.tokenizer.pad_token_id) or 0
     self.agent = None if task is None else Agent(config, task.tokenizer)
-    self.objective_name = planner_objective(config)
-    if self.objective_name not in OBJECTIVES:
-      raise config_lib.RunError(f"--planner_objective must be one of {', '.join(OBJECTIVES)}, not "
-                                f"{self.objective_name!r}")
-    algo = config.algorithm
-    if self.objective_name == "sft" and (algo.num_epochs != 1 or algo.minibatch_size):
-      raise config_lib.RunError("--planner_objective=sft updates once a step on the step's teacher trajectories: "
-                                "leave --num_epochs at 1 and --minibatch_size at 0")
+    self.objective_name = config.agent.planner_objective
     if task is None:
       return
     longest = max(self.agent.prompt_format.frame_tokens(e.question) for e in [*task.test, *task.rl_pool])

@@ -290,6 +290,9 @@ class RewardModelConfig:
   rm_update_lora_alpha: float = flag(16.0, "Iterative RL: --rm_update_lora_rank's scale (x·A)·B·alpha/rank.")
 
 
+PLANNER_OBJECTIVES = ("flow_grpo", "trajectory_grpo", "sft")  # Flow-GRPO's updates of the planner
+
+
 @dataclasses.dataclass(frozen=True)
 class AgentConfig:
   """Flow-GRPO's agent (AgentFlow): turns, memory, tools, budgets."""
@@ -306,6 +309,10 @@ class AgentConfig:
       "result in memory.")
   min_bucket: int = flag(8, "Smallest padded active-set size of a turn (row counts are padded up to powers of two, so "
       "jit compiles a few shapes, not one per turn).", minimum=1)
+  planner_objective: str = flag("flow_grpo", "Stage 2's update of the planner: flow_grpo (eq. 5: each turn's tokens "
+      "averaged, then the turns of a trajectory), trajectory_grpo (the same samples, each trajectory's action tokens "
+      "averaged as one sequence), sft (continued SFT on the teacher trajectories of the step's queries); "
+      "docs/agents.md.", choices=PLANNER_OBJECTIVES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -525,7 +532,8 @@ READ_BY = {
     **{name: ("grpo", "ppo", "online_rft", "rft_table10", "rft", "dpo", "sft", "distill")
        for name in ("sampler", "num_slots")},
     **{name: ("flow_grpo",) for name in ("max_turns", "memory_budget", "planner_prompt_len", "action_tokens", "tools",
-                                         "tool_time_limit", "tool_header", "answer_from_memory", "min_bucket")},
+                                         "tool_time_limit", "tool_header", "answer_from_memory", "min_bucket",
+                                         "planner_objective")},
 }
 # Options read only when another option turns their feature on: (option, the condition, what it needs).
 READ_WITH = (
@@ -785,6 +793,9 @@ def _check_dpo_and_flow_grpo(v: dict, rows: int) -> str | None:
         return f"--{name} is a GRPO option that Flow-GRPO does not use; leave it at its default"
     if v["reward"] in ("orm", "prm", "exact_steps"):
       return "--reward: Flow-GRPO scores the generator's answer with rule rewards, not a reward model"
+    if v["planner_objective"] == "sft" and (v["num_epochs"] != 1 or v["minibatch_size"]):
+      return ("--planner_objective=sft updates once a step on the step's teacher trajectories: leave --num_epochs "
+              "at 1 and --minibatch_size at 0")
   return None
 
 

@@ -113,9 +113,8 @@ def test_continued_sft_trains_the_teacher_turns_of_the_step_queries_at_coefficie
 @pytest.mark.parametrize("objective,aggregation,reference", [
     ("flow_grpo", "turn", True), ("trajectory_grpo", "trajectory", True), ("sft", "turn", False)])
 def test_planner_objective_picks_the_aggregation_and_the_kl_term(objective, aggregation, reference):
-  assert flow_method.planner_objective(config_lib.Config()) == "flow_grpo"  # a config built without one
-  config = flow_method.with_planner_objective(config_lib.Config().replace(**config_lib.PRESETS["flow_grpo"]),
-                                              objective)
+  assert config_lib.Config().agent.planner_objective == "flow_grpo"  # eq. 5 by default
+  config = config_lib.Config().replace(**config_lib.PRESETS["flow_grpo"], planner_objective=objective)
   method = flow_method.FlowGRPO(config, models.tiny_config(), None, None, None)
   bound = method.objective()
   assert bound.keywords["aggregation"] == aggregation and bound.keywords["use_reference"] is reference
@@ -123,16 +122,15 @@ def test_planner_objective_picks_the_aggregation_and_the_kl_term(objective, aggr
   assert method.scoring_forwards() == (("π_old", "π_ref") if reference else ("π_old",))
 
 
-@pytest.mark.parametrize("objective,flags_,message", [
-    ("token", {}, "--planner_objective must be one of flow_grpo, trajectory_grpo, sft, not 'token'"),
-    ("sft", {"num_epochs": 2}, "--planner_objective=sft updates once a step"),
-    ("sft", {"minibatch_size": 64}, "--planner_objective=sft updates once a step"),
+@pytest.mark.parametrize("flags_,message", [
+    ({"planner_objective": "token"}, "--planner_objective must be one of flow_grpo, trajectory_grpo, sft"),
+    ({"planner_objective": "sft", "num_epochs": 2}, "--planner_objective=sft updates once a step"),
+    ({"planner_objective": "sft", "minibatch_size": 64}, "--planner_objective=sft updates once a step"),
+    ({"algo": "grpo", "planner_objective": "sft"}, "--planner_objective is read only by --algo=flow_grpo"),
 ])
-def test_bad_planner_objective_is_one_line(objective, flags_, message):
-  config = flow_method.with_planner_objective(
-      config_lib.Config().replace(**config_lib.PRESETS["flow_grpo"], **flags_), objective)
-  with pytest.raises(config_lib.RunError, match=message):
-    flow_method.FlowGRPO(config, models.tiny_config(), None, None, None)
+def test_bad_planner_objective_is_one_line(flags_, message):
+  with pytest.raises(config_lib.ConfigError, match=message):
+    config_lib.Config().replace(**config_lib.PRESETS["flow_grpo"]).replace(**flags_)
 
 
 def _cli(*args, cwd):

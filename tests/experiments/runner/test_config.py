@@ -132,7 +132,8 @@ _OTHER_VALUE = {
     "whiten_advantages": False, "value_init": "some/dir", "dpo_beta": 0.2, "dpo_nll_coef": 1.0,
     "dpo_pairs_per_prompt": 2, "offline_prompts": 64, "max_turns": 2, "memory_budget": 30, "planner_prompt_len": 60,
     "action_tokens": 10, "tools": "calc", "tool_time_limit": 2.0, "tool_header": True, "answer_from_memory": False,
-    "min_bucket": 4, "temperature": 1.0, "top_p": 0.9, "top_k": 5, "sampler": "static", "num_slots": 4,
+    "min_bucket": 4, "planner_objective": "trajectory_grpo", "temperature": 1.0, "top_p": 0.9, "top_k": 5,
+    "sampler": "static", "num_slots": 4,
     "completion_widths": "doubling", "token_layout": "buckets",
 }
 

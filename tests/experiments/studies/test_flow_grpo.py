@@ -32,8 +32,7 @@ def _config(argv: list[str]):
     for name, value in flow_runner.DEFAULTS.items():
       flags.FLAGS.set_default(name, value)
     flags.FLAGS([FLOW_GRPO, *argv])
-    config = flow_method.with_planner_objective(cli.config_from_flags(algo="flow_grpo"),
-                                                flags.FLAGS.planner_objective)
+    config = cli.config_from_flags(algo="flow_grpo")
   finally:
     flags.FLAGS.unparse_flags()
     for name, value in saved.items():
@@ -58,7 +57,7 @@ def _argv(job) -> list[str]:
 
 def test_every_arm_starts_from_the_seeds_one_sft_planner_and_differs_only_in_its_update():
   arms = {name: _flags(name) for name in flow_grpo.FAIR_ARMS}
-  assert {f["planner_objective"] for f in arms.values()} == set(flow_method.OBJECTIVES)
+  assert {f["planner_objective"] for f in arms.values()} == set(config_lib.PLANNER_OBJECTIVES)
   assert {f["init_checkpoint"] for f in arms.values()} == {"{run:fair_planner}/sft_policy"}
   rest = [{k: v for k, v in f.items() if k != "planner_objective"} for f in arms.values()]
   assert all(r == rest[0] for r in rest)
@@ -119,7 +118,7 @@ def test_the_fair_plan_runs_only_its_arms_on_eight_seeds(tmp_path):
 
 
 def test_the_command_check_sets_the_objective_and_refuses_a_bad_arm():
-  for objective in flow_method.OBJECTIVES:
-    assert flow_method.planner_objective(_config([f"--planner_objective={objective}"])) == objective
-  with pytest.raises(config_lib.RunError, match="--planner_objective=sft updates once a step"):
+  for objective in config_lib.PLANNER_OBJECTIVES:
+    assert _config([f"--planner_objective={objective}"]).agent.planner_objective == objective
+  with pytest.raises(config_lib.ConfigError, match="--planner_objective=sft updates once a step"):
     _config(["--planner_objective=sft", "--num_epochs=2"])
