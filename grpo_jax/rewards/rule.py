@@ -105,7 +105,7 @@ def get_reward_fn(name: str, verifier: math_verify_reward.MathVerifier | None = 
   """
   _check_name(name)
   if name == VERIFIED:
-    return math_verify_reward.make_reward_fn(verifier or math_verify_reward.MathVerifier())
+    return math_verify_reward.make_reward_fn(math_verify_reward.MathVerifier() if verifier is None else verifier)
   return REWARDS[name]
 
 
