@@ -326,27 +326,3 @@ def sequences_from_samples(samples: SampleOutput) -> tuple[jax.Array, jax.Array]
   tokens = jnp.concatenate([samples.prompt_tokens, samples.tokens], axis=1)
   mask = jnp.concatenate([samples.prompt_mask, samples.mask], axis=1)
   return tokens, mask
-
-
-def completion_logprobs(params, config: ModelConfig, samples: SampleOutput, *, group_size: int = 1, **kwargs):
-  """Log-probs [N, T] of the sampled completions under `params` (aligned with `samples.tokens`).
-
-  Args:
-    params: policy params.
-    config: the ModelConfig.
-    samples: a SampleOutput.
-    group_size: G > 1: rows come in groups of G samples of one prompt (the sampler's `num_samples`), and
-      each prompt runs once (`grouped_completion_logprobs`).
-    **kwargs: `chunk_size`, `return_entropy`, `temperature` of `token_logprobs`.
-
-  Returns:
-    logp [N, T] (0 where samples.mask is False), or (logp, entropy).
-  """
-  if group_size > 1:
-    return grouped_completion_logprobs(params, config, samples.prompt_tokens[::group_size],
-                                       samples.prompt_mask[::group_size], samples.tokens, samples.mask,
-                                       group_size=group_size, **kwargs)
-  tokens, mask = sequences_from_samples(samples)
-  out = token_logprobs(params, config, tokens, mask, **kwargs)
-  p = samples.prompt_tokens.shape[1]
-  return jax.tree.map(lambda x: x[:, p:], out)

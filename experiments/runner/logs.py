@@ -14,7 +14,10 @@ def check(directory: str | os.PathLike, run: config_lib.RunConfig) -> None:
   """Before anything is written: wandb importable, and on `--resume` the stored run id readable (ValueError with
   one line)."""
   if run.wandb_project and distributed.is_main_process():
-    training.wandb_run.check_installed()
+    try:
+      training.wandb_run.check_installed()
+    except training.wandb_run.NotInstalledError as err:
+      raise config_lib.RunError(f"{err}, or leave --wandb_project empty") from None
     if run.resume:
       training.wandb_run.stored_run_id(directory)
 
@@ -25,6 +28,10 @@ def start(directory: str | os.PathLike, run: config_lib.RunConfig, record: dict,
   `record` attached, and on `--resume` the W&B run whose id `directory` holds continued."""
   wandb = None
   if run.wandb_project and distributed.is_main_process():
-    wandb = training.wandb_run.start(directory, run.wandb_project, record, resume=run.resume, mode=run.wandb_mode,
-                                     entity=run.wandb_entity, name=run.wandb_run_name)
+    try:
+      wandb = training.wandb_run.start(directory, run.wandb_project, record, resume=run.resume,
+                                       mode=run.wandb_mode, entity=run.wandb_entity, name=run.wandb_run_name)
+    except training.wandb_run.StartError as err:  # the library's advice, in this runner's flags
+      raise config_lib.RunError(f"W&B could not start the run ({err.cause}); log in (wandb login), or log offline "
+                                "with --wandb_mode=offline and upload later with `wandb sync`") from None
   return training.MetricsLogger(directory, total_steps, tensorboard=run.tensorboard, wandb_run=wandb)

@@ -76,11 +76,19 @@ class Task:
       self.rl_pool = [e for i, e in enumerate(self.rl_pool) if i not in held]
     # A learned or step reward (orm|prm|exact_steps) scores in the rollouts; the rule reward is then
     # correctness, for logs.
-    scored_elsewhere = config.reward in ("orm", "prm", "exact_steps")
-    math_verify_reward.configure(config.math_verify_time_limit, config.math_verify_workers)
-    self.reward_fn = rewards_lib.make_reward_fn("correctness" if scored_elsewhere else config.reward)
+    spec = "correctness" if config.reward in ("orm", "prm", "exact_steps") else config.reward
+    # --reward=math_verify: this task's own verifier, with its flags (workers start at the first check; `close`)
+    self.verifier = None
+    if any(name == rewards_lib.VERIFIED for name, _ in rewards_lib.parse_reward_spec(spec)):
+      self.verifier = math_verify_reward.MathVerifier(config.math_verify_time_limit, config.math_verify_workers)
+    self.reward_fn = rewards_lib.make_reward_fn(spec, self.verifier)
     self.is_formatted = (rewards_lib.has_final_answer_format if config.task != "math"
                          else lambda c: rewards_lib.extract_boxed(c) is not None)
+
+  def close(self) -> None:
+    """Stops the task's math_verify workers, if any (a later check would start new ones)."""
+    if self.verifier is not None:
+      self.verifier.close()
 
   def check_batch(self, batch_size: int) -> None:
     """Raises RunError when a file task's RL pool holds fewer problems than a step's `batch_size` prompts (a step

@@ -337,11 +337,13 @@ def _stages(cfg: config_lib.Config, method_cls, placement: placement_lib.Placeme
                                    signals)
   if policy is None:  # --stop_after
     logger.close()
+    task.close()
     return {}
   params = None  # the start policy: its memory free for the final evaluation and export
   times["final"] = time.time()
   final_eval, validation = _evaluate_and_export(method, policy, lora_base, source, logger)
   logger.close()
+  task.close()  # its math_verify workers (an exception leaves them to the verifier's finalizer, at exit at the latest)
   return _summary(method, start_accuracy, start_eval, final_eval, validation, times)
 
 

@@ -12,18 +12,21 @@ never evaluates it (math-verify passes plain arithmetic it finds, digits and + -
 eval-based `parse_expr`: no names reach it, and the worker's caps bound its cost).
 
 reward = 1.0 iff math_verify.verify(parse("\\boxed{<reference answer>}"), parse(completion)), else 0.0
+
+`make_reward_fn(verifier)` is the reward over a `MathVerifier` the caller owns: each verifier has its own workers
+and settings, there is no process-wide one.
 """
 
-import atexit
 import importlib.util
 import os
 import subprocess
 import sys
 import threading
 import time
+import weakref
 from multiprocessing import connection
 from multiprocessing.connection import Connection
-from typing import Sequence
+from typing import Callable, Sequence
 
 from grpo_jax.data.example import Example
 
@@ -98,6 +101,8 @@ class MathVerifier:
     start_timeout: seconds a new worker may take to import math-verify.
     memory_limit: a worker's address space in bytes (0: unlimited); a check that exceeds it is False.
 
+  Its workers stop at `close`, or when it is garbage-collected or the process exits.
+
   Attributes:
     calls: checks asked for.
     timeouts: checks that ran out of time (each killed a worker).
@@ -115,6 +120,7 @@ class MathVerifier:
     self.workers = workers or default_workers()
     self.calls = self.timeouts = self.restarts = 0
     self._pool: list[_Worker] = []
+    weakref.finalize(self, _kill_all, self._pool)  # a verifier dropped unclosed, or alive at exit, stops its workers
 
   def _replace(self, worker: _Worker) -> None:
     worker.kill()
@@ -178,52 +184,28 @@ class MathVerifier:
     return verdicts
 
   def close(self) -> None:
-    """Stops the workers."""
-    for worker in self._pool:
-      worker.kill()
-    self._pool = []
+    """Stops the workers (a later check starts new ones)."""
+    _kill_all(self._pool)
 
 
-_VERIFIER: MathVerifier | None = None
-_SETTINGS = {"time_limit": TIME_LIMIT, "workers": 0}  # of the shared verifier (`configure`)
+def _kill_all(pool: list[_Worker]) -> None:
+  """Kills a verifier's workers and empties its pool (the list itself: `MathVerifier`'s finalizer holds it)."""
+  for worker in pool:
+    worker.kill()
+  pool.clear()
 
 
-def configure(time_limit: float = TIME_LIMIT, workers: int = 0) -> None:
-  """Sets the shared verifier's per-check bound and pool size (0: `default_workers()`); a running one with other
-  settings is stopped (the next check starts the new one)."""
-  global _VERIFIER
-  if not time_limit > 0:
-    raise ValueError(f"the math_verify time limit must be > 0, got {time_limit}")
-  if workers < 0:
-    raise ValueError(f"the math_verify workers must be >= 0, got {workers}")
-  settings = {"time_limit": float(time_limit), "workers": int(workers)}
-  if settings != _SETTINGS and _VERIFIER is not None:
-    _VERIFIER.close()
-    _VERIFIER = None
-  _SETTINGS.update(settings)
+def make_reward_fn(verifier: MathVerifier) -> Callable[[str, Example], float]:
+  """The `math_verify` reward over `verifier`: `fn(completion, example)` is 1.0 iff `verifier.check(completion,
+  example.answer)`, else 0.0; `fn.batch(completions, examples)` scores a batch, checked in parallel by the
+  verifier's workers. The caller owns `verifier` (and closes it)."""
 
+  def reward_fn(completion: str, example: Example) -> float:
+    return float(verifier.check(completion, example.answer))
 
-def _close_shared() -> None:
-  if _VERIFIER is not None:
-    _VERIFIER.close()
+  def batch(completions: Sequence[str], examples: Sequence[Example]) -> list[float]:
+    return [float(v) for v in verifier.check_many([(c, e.answer) for c, e in zip(completions, examples)])]
 
-
-def default_verifier() -> MathVerifier:
-  """The process's shared `MathVerifier`, with `configure`'s settings (started on first use, stopped at exit)."""
-  global _VERIFIER
-  if _VERIFIER is None:
-    _VERIFIER = MathVerifier(**_SETTINGS)
-  return _VERIFIER
-
-
-atexit.register(_close_shared)
-
-
-def math_verify_reward(completion: str, example: Example) -> float:
-  """1.0 iff math-verify finds the completion's answer equal to `example.answer` within the bound, else 0.0."""
-  return float(default_verifier().check(completion, example.answer))
-
-
-def math_verify_rewards(completions: Sequence[str], examples: Sequence[Example]) -> list[float]:
-  """`math_verify_reward` of a batch, checked in parallel by the shared verifier's workers."""
-  return [float(v) for v in default_verifier().check_many([(c, e.answer) for c, e in zip(completions, examples)])]
+  reward_fn.batch = batch
+  reward_fn.verifier = verifier
+  return reward_fn

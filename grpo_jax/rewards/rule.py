@@ -15,8 +15,9 @@ Registered rewards:
                     steps (synthetic; needs an `a<op>b=c` reference solution).
   math_verify       1.0 iff Hugging Face's math-verify finds the completion's
                     answer equal to `example.answer` (symbolic, MATH style),
-                    each check under a hard time bound (`math_verify_reward`;
-                    optional package: `pip install 'grpo_jax[math]'`).
+                    each check under a hard time bound by a `MathVerifier`
+                    (`math_verify_reward`; optional package:
+                    `pip install 'grpo_jax[math]'`).
 """
 
 import math
@@ -76,26 +77,35 @@ def step_correctness(completion: str, example: Example) -> float:
   return sum(checks) / total if total else 0.0
 
 
-REWARDS: dict[str, RewardFn] = {
+REWARDS: dict[str, RewardFn] = {  # the plain functions; `math_verify` also needs a verifier (`get_reward_fn`)
     "correctness": correctness,
     "format": format_reward,
     "arithmetic_format": arithmetic_format,
     "boxed_format": boxed_format,
     "step_correctness": step_correctness,
-    "math_verify": math_verify_reward.math_verify_reward,
 }
-_PACKAGE_CHECKS = {"math_verify": math_verify_reward.check_installed}  # optional packages, checked when named
-# Rewards with a batched form (`fn(completions, examples) -> values`), which `score` uses.
-_BATCHED = {"math_verify": math_verify_reward.math_verify_rewards}
+VERIFIED = "math_verify"  # the reward that checks with a `MathVerifier` (worker processes)
+REWARD_NAMES = (*REWARDS, VERIFIED)  # every registered reward
+_PACKAGE_CHECKS = {VERIFIED: math_verify_reward.check_installed}  # optional packages, checked when named
 
 
-def get_reward_fn(name: str) -> RewardFn:
-  """Returns the registered reward called `name`; a ValueError in one line when it is unknown or its optional
-  package is not installed."""
-  if name not in REWARDS:
-    raise ValueError(f"unknown reward {name!r}; available: {', '.join(sorted(REWARDS))}")
+def _check_name(name: str) -> None:
+  if name not in REWARD_NAMES:
+    raise ValueError(f"unknown reward {name!r}; available: {', '.join(sorted(REWARD_NAMES))}")
   if name in _PACKAGE_CHECKS:
     _PACKAGE_CHECKS[name]()
+
+
+def get_reward_fn(name: str, verifier: math_verify_reward.MathVerifier | None = None) -> RewardFn:
+  """Returns the registered reward called `name`; a ValueError in one line when it is unknown or its optional
+  package is not installed.
+
+  `math_verify` checks with `verifier`, by default a new `MathVerifier()` of its own (its workers stop when the
+  function is dropped); its function has a `batch` form, which `score` uses.
+  """
+  _check_name(name)
+  if name == VERIFIED:
+    return math_verify_reward.make_reward_fn(math_verify_reward.MathVerifier() if verifier is None else verifier)
   return REWARDS[name]
 
 
@@ -108,7 +118,7 @@ def parse_reward_spec(spec: str) -> list[tuple[str, float]]:
       raise ValueError(f"empty term in reward spec {spec!r}")
     name, sep, weight_text = term.partition(":")
     name = name.strip()
-    get_reward_fn(name)
+    _check_name(name)
     if name in seen:
       raise ValueError(f"reward {name!r} appears twice in spec {spec!r}")
     seen.add(name)
@@ -122,24 +132,26 @@ def parse_reward_spec(spec: str) -> list[tuple[str, float]]:
   return terms
 
 
-def make_reward_fn(spec: str) -> RewardFn:
+def make_reward_fn(spec: str, verifier: math_verify_reward.MathVerifier | None = None) -> RewardFn:
   """A weighted sum of registered rewards, e.g. "correctness:1.0,format:0.1".
+
+  `verifier`: the `MathVerifier` of a `math_verify` term, owned by the caller; by default the function has one of
+  its own (`get_reward_fn`).
 
   Raises:
     ValueError: naming an unknown reward, a bad or non-finite weight, a
       repeated reward or an empty term.
   """
-  named = [(name, get_reward_fn(name), weight) for name, weight in parse_reward_spec(spec)]
-  terms = [(fn, weight) for _, fn, weight in named]
+  terms = [(get_reward_fn(name, verifier), weight) for name, weight in parse_reward_spec(spec)]
 
   def reward_fn(completion: str, example: Example) -> float:
     return float(sum(weight * fn(completion, example) for fn, weight in terms))
 
   def batch(completions: Sequence[str], examples: Sequence[Example]) -> np.ndarray:
     total = np.zeros(len(completions), np.float64)  # the same sums, in the same order, as `reward_fn`
-    for name, fn, weight in named:
-      if name in _BATCHED:
-        values = _BATCHED[name](completions, examples)
+    for fn, weight in terms:
+      if hasattr(fn, "batch"):
+        values = fn.batch(completions, examples)
       else:
         values = [fn(c, e) for c, e in zip(completions, examples)]
       total = total + weight * np.asarray(values, np.float64)
@@ -157,7 +169,8 @@ def score(completions: Sequence[str], examples: Sequence[Example],
   Args:
     completions: N completions.
     examples: the N examples they answer (repeat each G times for groups).
-    reward_fn: a reward function, or a spec string for `make_reward_fn`.
+    reward_fn: a reward function, or a spec string for `make_reward_fn` (built for this call: a `math_verify`
+      term's workers start and stop with it; pass a function to keep them).
   """
   if len(completions) != len(examples):
     raise ValueError(f"{len(completions)} completions but {len(examples)} examples")

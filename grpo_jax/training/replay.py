@@ -7,13 +7,12 @@ n_hist = min(size, round(n_new · f / (1 − f))), then adds the new rows to the
 
 The history is a uniform sample of every row ever added (reservoir sampling, Vitter's
 Algorithm R), at most `capacity` rows. Rows are dicts of NumPy arrays with a leading row axis
-(e.g. `RewardData._asdict()`). The state is plain NumPy (`state_dict`, `save_replay`) or JSON
-(`to_json`), and every random draw comes from `default_rng([seed, draws])`, so a run restored
-from a saved state continues exactly as the uninterrupted one.
+(e.g. `RewardData._asdict()`). The state is plain NumPy (`state_dict`: fixed shapes, which a
+training checkpoint holds), and every random draw comes from `default_rng([seed, draws])`, so a
+run restored from a saved state continues exactly as the uninterrupted one.
 """
 
 from collections.abc import Mapping
-import pathlib
 from typing import NamedTuple
 
 import numpy as np
@@ -124,48 +123,3 @@ def from_state_dict(d: Mapping) -> ReplayState:
   if not columns:
     raise ValueError("replay state has no columns")
   return ReplayState(columns, *(int(np.asarray(d[k])) for k in ("size", "seen", "draws", "seed")))
-
-
-def to_json(state: ReplayState) -> dict:
-  """A JSON-serialisable dict (held rows only) for checkpoint metadata."""
-  return {"size": state.size, "seen": state.seen, "draws": state.draws, "seed": state.seed,
-          "capacity": int(next(iter(state.columns.values())).shape[0]),
-          "columns": {name: {"dtype": col.dtype.str, "shape": list(col.shape[1:]), "rows": col[:state.size].tolist()}
-                      for name, col in state.columns.items()}}
-
-
-def from_json(d: Mapping) -> ReplayState:
-  """Inverse of `to_json`."""
-  columns = {}
-  for name, c in d["columns"].items():
-    col = np.zeros((d["capacity"], *c["shape"]), np.dtype(c["dtype"]))
-    if d["size"]:
-      col[:d["size"]] = np.asarray(c["rows"], col.dtype).reshape(d["size"], *c["shape"])
-    columns[name] = col
-  return ReplayState(columns, int(d["size"]), int(d["seen"]), int(d["draws"]), int(d["seed"]))
-
-
-def save_replay(state: ReplayState, path: str | pathlib.Path) -> pathlib.Path:
-  """Writes the state to an .npz file (written aside, then renamed)."""
-  path = pathlib.Path(path)
-  d = state_dict(state)
-  flat = {f"columns/{name}": col for name, col in d.pop("columns").items()}
-  tmp = path.with_name(path.name + ".tmp.npz")
-  np.savez(tmp, **flat, **d)
-  tmp.replace(path)
-  return path
-
-
-def load_replay(path: str | pathlib.Path) -> ReplayState:
-  """Reads a buffer written by `save_replay`; ValueError names the file when it is missing or corrupt."""
-  path = pathlib.Path(path)
-  if not path.is_file():
-    raise ValueError(f"replay buffer file does not exist: {path}")
-  try:
-    with np.load(path) as f:
-      d = {k: f[k] for k in f.files if not k.startswith("columns/")}
-      d["columns"] = {k.split("/", 1)[1]: f[k] for k in f.files if k.startswith("columns/")}
-    return from_state_dict(d)
-  except (OSError, ValueError, KeyError, EOFError) as err:
-    raise ValueError(f"{path}: not a replay buffer ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
-                     ) from None

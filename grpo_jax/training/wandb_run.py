@@ -18,17 +18,30 @@ RUN_ID_FILE = "wandb_run_id"
 MODES = ("online", "offline", "disabled")
 
 
+class NotInstalledError(ValueError):
+  """wandb cannot be imported; the message says how to install it."""
+
+
+class StartError(ValueError):
+  """W&B could not start the run (no login, no network); `cause` is W&B's error in one line."""
+
+  def __init__(self, cause: str):
+    self.cause = cause
+    super().__init__(f"W&B could not start the run ({cause}); log in (wandb login), or log offline "
+                     "(mode=\"offline\") and upload later with `wandb sync`")
+
+
 def _wandb():
   try:
     import wandb  # pylint: disable=import-outside-toplevel
   except ImportError as err:
-    raise ValueError(f"W&B logging needs wandb, which is not installed ({err}): pip install 'grpo_jax[wandb]', or "
-                     "leave --wandb_project empty") from None
+    raise NotInstalledError(f"W&B logging needs wandb, which is not installed ({err}): "
+                            "pip install 'grpo_jax[wandb]'") from None
   return wandb
 
 
 def check_installed() -> None:
-  """Raises ValueError in one line when wandb cannot be imported."""
+  """Raises NotInstalledError (a ValueError) in one line when wandb cannot be imported."""
   _wandb()
 
 
@@ -85,8 +98,8 @@ def start(work_dir: str | os.PathLike, project: str, config: Mapping[str, Any], 
     name: the run's display name; "" lets W&B choose.
 
   Raises:
-    ValueError: in one line, for an unknown mode, a missing wandb package, or a run W&B cannot start (no login,
-      no network: offline mode needs neither).
+    ValueError: in one line, for an unknown mode; NotInstalledError for a missing wandb package; StartError for a
+      run W&B cannot start (no login, no network: offline mode needs neither). Both are ValueErrors.
   """
   if mode and mode not in MODES:
     raise ValueError(f"W&B mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -96,9 +109,7 @@ def start(work_dir: str | os.PathLike, project: str, config: Mapping[str, Any], 
     run = wandb.init(project=project, entity=entity or None, name=name or None, mode=mode or None,
                      dir=str(work_dir), id=run_id(work_dir, resume), resume="allow")
   except wandb.errors.Error as err:
-    first_line = (str(err).strip().splitlines() or [""])[0]
-    raise ValueError(f"W&B could not start the run ({type(err).__name__}: {first_line}); log in (wandb login), or "
-                     "log offline with --wandb_mode=offline and upload later with `wandb sync`") from None
+    raise StartError(f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}") from None
   run.config.update(dict(config), allow_val_change=True)  # a resumed run may change what `--resume` allows
   run.define_metric("step")
   run.define_metric("*", step_metric="step")

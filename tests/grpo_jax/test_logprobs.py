@@ -131,17 +131,30 @@ def _grouped_samples(params, group_size=3, prompt_len=7, new_tokens=6):
   return samples
 
 
+def _ungrouped(params, samples, **kw):
+  """The completions' columns of `token_logprobs` over whole rows (prompt then completion)."""
+  out = logprobs.token_logprobs(params, CONFIG, *logprobs.sequences_from_samples(samples), **kw)
+  return jax.tree.map(lambda x: x[:, samples.prompt_tokens.shape[1]:], out)
+
+
+def _grouped(params, samples, group_size=3, **kw):
+  """`grouped_completion_logprobs` of sampler rows: each prompt of a group of `group_size` once."""
+  return logprobs.grouped_completion_logprobs(params, CONFIG, samples.prompt_tokens[::group_size],
+                                              samples.prompt_mask[::group_size], samples.tokens, samples.mask,
+                                              group_size=group_size, **kw)
+
+
 @pytest.mark.parametrize("chunk_size", [4, 128])
 def test_grouped_completion_logprobs_equal_ungrouped(params, chunk_size):
   samples = _grouped_samples(params)
   kw = dict(chunk_size=chunk_size, return_entropy=True, temperature=0.7)
-  logp, entropy = jax.jit(lambda p: logprobs.completion_logprobs(p, CONFIG, samples, **kw))(params)
-  glogp, gentropy = jax.jit(lambda p: logprobs.completion_logprobs(p, CONFIG, samples, group_size=3, **kw))(params)
+  logp, entropy = jax.jit(lambda p: _ungrouped(p, samples, **kw))(params)
+  glogp, gentropy = jax.jit(lambda p: _grouped(p, samples, **kw))(params)
   np.testing.assert_allclose(glogp, logp, atol=2e-5)
   np.testing.assert_allclose(gentropy, entropy, atol=2e-5)
   assert bool(jnp.all(jnp.where(samples.mask, True, glogp == 0.0)))
   weights = jax.random.normal(jax.random.key(7), samples.tokens.shape)
-  f = lambda p, g: jnp.sum(weights * logprobs.completion_logprobs(p, CONFIG, samples, group_size=g, chunk_size=4))
+  f = lambda p, g: jnp.sum(weights * (_grouped if g > 1 else _ungrouped)(p, samples, chunk_size=4))
   grad = jax.jit(jax.grad(f), static_argnums=1)  # eagerly, op by op, this took 30 s of compiles
   expected, grouped = grad(params, 1), grad(params, 3)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, atol=2e-5 * float(jnp.abs(a).max()) + 1e-7),

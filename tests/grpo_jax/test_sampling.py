@@ -11,7 +11,13 @@ from grpo_jax import logprobs, models, sampling
 CONFIG = models.tiny_config(hidden_size=64, intermediate_size=128)
 T = 8
 _forward = jax.jit(models.apply, static_argnums=1)
-_completion_logprobs = jax.jit(logprobs.completion_logprobs, static_argnums=1)
+
+
+@jax.jit
+def _recomputed(params, samples, temperature=1.0):
+  """The sampled completions' log-probs [N, T] by the training forward (`token_logprobs`)."""
+  logp = logprobs.token_logprobs(params, CONFIG, *logprobs.sequences_from_samples(samples), temperature=temperature)
+  return logp[:, samples.prompt_tokens.shape[1]:]
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +85,7 @@ def test_sampled_logprobs_equal_recomputed(params, prompts):
   # Prompt-major: row p * G + g belongs to prompt p.
   np.testing.assert_array_equal(out.prompt_tokens[3:6], jnp.repeat(prompts[0][1:2], 3, axis=0))
   np.testing.assert_array_equal(out.lengths, out.mask.sum(-1))
-  recomputed = _completion_logprobs(params, CONFIG, out)
+  recomputed = _recomputed(params, out)
   np.testing.assert_allclose(out.logprobs, recomputed, atol=1e-5)
   np.testing.assert_array_equal(jnp.where(out.mask, 0.0, out.logprobs), 0.0)
   assert float(jnp.abs(out.logprobs).sum()) > 0
@@ -102,7 +108,7 @@ def test_logprobs_at_the_sampling_temperature_equal_recomputed(params, prompts):
   out = sampling.sample(params, CONFIG, *prompts, key, logprobs_at_temperature=True, **kwargs)
   raw = sampling.sample(params, CONFIG, *prompts, key, **kwargs)
   np.testing.assert_array_equal(out.tokens, raw.tokens)
-  recomputed = _completion_logprobs(params, CONFIG, out, temperature=0.7)
+  recomputed = _recomputed(params, out, temperature=0.7)
   np.testing.assert_allclose(out.logprobs, recomputed, atol=1e-5)
   assert float(jnp.abs(out.logprobs - raw.logprobs).max()) > 1e-2  # not the temperature-1 values
   greedy = sampling.sample(params, CONFIG, *prompts, key, greedy=True, logprobs_at_temperature=True,

@@ -2,6 +2,7 @@
 is killed and scores 0), a dead worker replaced, the one-line error without the package, and how often it agrees
 with the project's own parser (`correctness`) on the MATH-style answers the other tests hold."""
 
+import gc
 import importlib.util
 import os
 import signal
@@ -171,41 +172,88 @@ def _alive(pid: int) -> bool:
     return False
 
 
-def test_registered_reward_and_spec(verifier, monkeypatch):
-  monkeypatch.setattr(mvr, "_VERIFIER", verifier)
+def test_registered_reward_and_spec(verifier):
   example = Example(question="1/2 + 1/4?", answer="\\frac{3}{4}")
-  assert get_reward_fn("math_verify")("so it is $\\boxed{0.75}$", example) == 1.0
-  reward = make_reward_fn("math_verify:1.0,boxed_format:0.1,correctness:0.5")
+  assert get_reward_fn("math_verify", verifier)("so it is $\\boxed{0.75}$", example) == 1.0
+  reward = make_reward_fn("math_verify:1.0,boxed_format:0.1,correctness:0.5", verifier)
   completions = ["$\\boxed{0.75}$", "$\\boxed{3/5}$", "0.75", "$\\boxed{\\frac{6}{8}}$"]
+  calls = verifier.calls
   got = score(completions, [example] * 4, reward)  # the batched path: all checks handed to the pool at once
+  assert verifier.calls == calls + 4  # on the verifier passed in
   assert got.tolist() == pytest.approx([1.6, 0.1, 1.0, 1.6])  # math-verify also reads an unboxed final number
   assert got.tolist() == [np.float32(reward(c, example)) for c in completions]  # the same as one by one
 
 
-def test_the_runner_configures_the_shared_verifier(monkeypatch):
-  monkeypatch.setattr(mvr, "_SETTINGS", dict(mvr._SETTINGS))  # pylint: disable=protected-access
-  monkeypatch.setattr(mvr, "_VERIFIER", None)
+def test_a_reward_without_a_verifier_has_its_own():
+  example = Example(question="q", answer="2")
+  first, second = get_reward_fn("math_verify"), make_reward_fn("math_verify:1,correctness:1")
+  assert first("$\\boxed{2}$", example) == 1.0 and second("$\\boxed{2}$", example) == 2.0
+  verifier = first.verifier  # pylint: disable=no-member
+  assert (verifier.time_limit, verifier.workers) == (mvr.TIME_LIMIT, mvr.default_workers())
+  assert verifier.calls == 1  # the spec's check ran on a verifier of its own
+  verifier.close()
+
+
+def test_a_dropped_verifier_stops_its_workers():
+  v = mvr.MathVerifier(time_limit=30.0)
+  assert v.check("$\\boxed{2}$", "2")
+  process = v._pool[0].process  # pylint: disable=protected-access
+  del v
+  gc.collect()
+  assert process.poll() is not None  # killed by the verifier's finalizer, not left running until the runner exits
+
+
+def _task(time_limit: float, workers: int) -> task_lib.Task:
+  return task_lib.Task(config_lib.TaskConfig(reward="math_verify:1.0", num_train=10, num_test=5,
+                                             math_verify_time_limit=time_limit, math_verify_workers=workers),
+                       tokenizer=None, sft_lineage=False, seed=0)
+
+
+def test_a_task_owns_a_verifier_with_its_flags():
   assert config_lib.default("math_verify_time_limit") == mvr.TIME_LIMIT
-  task_config = config_lib.TaskConfig(reward="math_verify:1.0", num_train=10, num_test=5,
-                                      math_verify_time_limit=0.5, math_verify_workers=3)
-  task = task_lib.Task(task_config, tokenizer=None, sft_lineage=False, seed=0)
-  shared = mvr.default_verifier()
-  assert (shared.time_limit, shared.workers) == (0.5, 3)
-  mvr.configure(0.5, 3)  # the same settings: the same verifier
-  assert mvr.default_verifier() is shared
-  shared.check("$\\boxed{1}$", "1")
-  (worker,) = shared._pool  # pylint: disable=protected-access
-  mvr.configure(1.0, 2)  # others: the running one stops, the next is built with them
-  assert worker.process.poll() is not None and not shared._pool  # pylint: disable=protected-access
-  assert (mvr.default_verifier().time_limit, mvr.default_verifier().workers) == (1.0, 2)
-  assert task.reward_fn("so $\\boxed{%s}$" % task.test[0].answer, task.test[0]) == 1.0
-  mvr.default_verifier().close()
+  task = _task(0.5, 3)
+  assert (task.verifier.time_limit, task.verifier.workers) == (0.5, 3)
+  example = task.test[0]
+  assert task.reward_fn("so $\\boxed{%s}$" % example.answer, example) == 1.0
+  assert task.verifier.calls == 1 and len(task.verifier._pool) == 1  # pylint: disable=protected-access
+  (worker,) = task.verifier._pool  # pylint: disable=protected-access
+  task.close()
+  assert worker.process.poll() is not None and not task.verifier._pool  # pylint: disable=protected-access
+  assert _task_without_math_verify().verifier is None  # no verifier, no check of the optional package
   for bad, message in [({"math_verify_time_limit": 0.0}, r"--math_verify_time_limit must be in \(0, 86400\] seconds"),
                        ({"math_verify_workers": -1}, "--math_verify_workers must be >= 0")]:
     with pytest.raises(config_lib.ConfigError, match=message):
       config_lib.Config().replace(**bad)
-  with pytest.raises(ValueError, match="time limit must be > 0"):
-    mvr.configure(0.0)
+  with pytest.raises(ValueError, match="time_limit must be > 0"):
+    mvr.MathVerifier(time_limit=0.0)
+
+
+def _task_without_math_verify() -> task_lib.Task:
+  return task_lib.Task(config_lib.TaskConfig(reward="correctness:1.0,format:0.1", num_train=10, num_test=5),
+                       tokenizer=None, sft_lineage=False, seed=0)
+
+
+def test_two_tasks_do_not_share_or_reconfigure_a_verifier():
+  """Issue 54: a process-wide verifier, reconfigured by each Task built, gave an earlier task the later one's
+  settings and stopped its running workers; each task's reward now checks with its own."""
+  first = _task(0.5, 3)
+  example = first.test[0]
+  right = "so $\\boxed{%s}$" % example.answer
+  assert first.reward_fn(right, example) == 1.0
+  (worker,) = first.verifier._pool  # pylint: disable=protected-access
+  second = _task(1.0, 2)  # other settings
+  try:
+    assert second.verifier is not first.verifier
+    assert (first.verifier.time_limit, first.verifier.workers) == (0.5, 3)
+    assert (second.verifier.time_limit, second.verifier.workers) == (1.0, 2)
+    assert worker.process.poll() is None  # building the second task left the first one's worker running
+    assert second.reward_fn(right, example) == 1.0 and second.verifier.calls == 1
+    second.close()
+    assert first.reward_fn(right, example) == 1.0 and first.verifier.calls == 2  # the first's checks, its worker
+    assert first.verifier._pool == [worker] and first.verifier.restarts == 0  # pylint: disable=protected-access
+  finally:
+    first.close()
+    second.close()
 
 
 def test_missing_package_is_one_line(monkeypatch):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from grpo_jax.data.example import Example
-from grpo_jax.rewards.rule import (REWARDS, get_reward_fn, has_final_answer_format,
+from grpo_jax.rewards.rule import (REWARD_NAMES, REWARDS, get_reward_fn, has_final_answer_format,
                                    make_reward_fn, parse_reward_spec, score)
 
 SYNTH = Example(question="(12+7)*3-5", answer="52",
@@ -95,8 +95,9 @@ def test_bad_specs(spec, message):
 def test_get_reward_fn_unknown():
   with pytest.raises(ValueError, match="unknown reward 'nope'"):
     get_reward_fn("nope")
-  assert set(REWARDS) == {"correctness", "format", "arithmetic_format", "boxed_format",
-                          "step_correctness", "math_verify"}
+  assert set(REWARD_NAMES) == {"correctness", "format", "arithmetic_format", "boxed_format",
+                               "step_correctness", "math_verify"}
+  assert set(REWARDS) == set(REWARD_NAMES) - {"math_verify"}  # the plain functions; math_verify needs a verifier
 
 
 def test_score():

@@ -14,6 +14,7 @@ import pytest
 
 from experiments import cli
 from experiments import train_reward_model
+from experiments.runner import logs
 from experiments.runner import preemption
 from grpo_jax import models
 from experiments.runner import config as config_lib
@@ -136,16 +137,26 @@ def test_errors_are_one_line(tmp_path, monkeypatch):
     raise wandb.errors.UsageError("api_key not configured (no-tty). call wandb.login(key=[your_api_key])\nmore")
 
   monkeypatch.setattr(wandb, "init", no_login)
-  with pytest.raises(ValueError) as info:
+  with pytest.raises(wandb_run.StartError) as info:
     wandb_run.start(tmp_path, "p", {}, mode="online")
-  assert str(info.value) == ("W&B could not start the run (UsageError: api_key not configured (no-tty). call "
-                             "wandb.login(key=[your_api_key])); log in (wandb login), or log offline with "
+  cause = "UsageError: api_key not configured (no-tty). call wandb.login(key=[your_api_key])"
+  assert info.value.cause == cause and isinstance(info.value, ValueError)
+  assert str(info.value) == (f"W&B could not start the run ({cause}); log in (wandb login), or log offline "
+                             "(mode=\"offline\") and upload later with `wandb sync`")  # the library's words, no flag
+  # the runner names its flag (issue 54: the library did): the one line a user sees is the runner's
+  run = config_lib.Config().replace(wandb_project="p", wandb_mode="online").run
+  with pytest.raises(config_lib.RunError) as info:
+    logs.start(tmp_path, run, {}, 2)
+  assert str(info.value) == (f"W&B could not start the run ({cause}); log in (wandb login), or log offline with "
                              "--wandb_mode=offline and upload later with `wandb sync`")
   monkeypatch.setitem(sys.modules, "wandb", None)  # makes `import wandb` fail
-  with pytest.raises(ValueError) as info:
+  with pytest.raises(wandb_run.NotInstalledError) as info:
     wandb_run.start(tmp_path, "p", {}, mode="offline")
-  assert "W&B logging needs wandb, which is not installed" in str(info.value)
-  assert "pip install 'grpo_jax[wandb]'" in str(info.value) and "\n" not in str(info.value)
+  assert str(info.value).startswith("W&B logging needs wandb, which is not installed (")
+  assert str(info.value).endswith("): pip install 'grpo_jax[wandb]'") and "\n" not in str(info.value)
+  with pytest.raises(config_lib.RunError) as info:
+    logs.check(tmp_path, run)
+  assert str(info.value).endswith("): pip install 'grpo_jax[wandb]', or leave --wandb_project empty")
   (tmp_path / wandb_run.RUN_ID_FILE).unlink()  # written by the failed online start
   with pytest.raises(ValueError):
     wandb_run.start(tmp_path, "p", {}, mode="offline")
