@@ -155,3 +155,15 @@ def test_prefixed_logprobs_skip_the_blocks_they_are_told_to(params):
   np.testing.assert_allclose(blocked[:, :8], whole[:, :8], atol=2e-5)
   np.testing.assert_array_equal(blocked[:, 8:], 0.0)
   assert float(jnp.abs(whole[:, 8:]).sum()) > 1.0  # the skipped columns held real values
+
+
+def test_bucketed_logprobs_with_a_scanned_layer_stack(params):
+  # The blocks write into and read a cache of stacked [L, ...] keys and values (`--scan_layers`): the same values.
+  prompts, prompt_mask, completions, mask = _rows()
+  buckets = length_buckets.Buckets((4, 8, 16), 3)
+  run = lambda config, p: logprobs.bucketed_completion_logprobs(p, config, prompts, prompt_mask, completions, mask,
+                                                                group_size=G, buckets=buckets)
+  unrolled = jax.jit(lambda p: run(CONFIG, p))(params)
+  scanned = jax.jit(lambda p: run(CONFIG.replace(scan_layers=True), p))(models.stack_layers(params, CONFIG))
+  np.testing.assert_allclose(scanned, unrolled, atol=2e-5)
+  assert float(jnp.abs(unrolled).sum()) > 1.0
