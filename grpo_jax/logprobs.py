@@ -147,11 +147,15 @@ class PromptPrefix(NamedTuple):
     `transformer.cache_batch_axis`), [B, ...] with P slots, all filled or masked.
   last: [B, E] the hidden state of each prompt's last position, which predicts completion token 0.
   mask: [B, P] bool, False at the prompts' (left) padding.
+  blocks: None, or [M] bool: the completions that continue this prefix run in M equal blocks of columns, one
+    after another against the cache (`prefixed_completion_logprobs`), and block j runs only where blocks[j] (the
+    blocks after the rows' longest completion are skipped; their log-probs are 0).
   """
   k: Any
   v: Any
   last: jax.Array
   mask: jax.Array
+  blocks: jax.Array | None = None
 
 
 def prefill(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: jax.Array) -> PromptPrefix:
@@ -167,7 +171,8 @@ def take_prefix(prefix: PromptPrefix, rows: jax.Array, shards: int = 1) -> Promp
   """The prompts `rows` of a `PromptPrefix` (one per completion; `length_buckets.take` with `shards`)."""
   kv = lambda x: length_buckets.take(x, rows, shards, axis=transformer.cache_batch_axis(x))
   return PromptPrefix(jax.tree.map(kv, prefix.k), jax.tree.map(kv, prefix.v),
-                      length_buckets.take(prefix.last, rows, shards), length_buckets.take(prefix.mask, rows, shards))
+                      length_buckets.take(prefix.last, rows, shards), length_buckets.take(prefix.mask, rows, shards),
+                      prefix.blocks)
 
 
 def prefixed_completion_logprobs(params, config: ModelConfig, prefix: PromptPrefix, completions: jax.Array,
@@ -178,12 +183,19 @@ def prefixed_completion_logprobs(params, config: ModelConfig, prefix: PromptPref
   The completions attend to their prompt's P slots and to themselves, exactly as in
   `grouped_completion_logprobs` (whose prefix rows are the B prompts repeated G times); gradients flow into
   `prefix` (its keys, values and last hidden state) as into `params`.
+
+  With `prefix.blocks` ([M] bool) the T columns run in M blocks of ceil(T / M) (`_blocked_completions`): one
+  traced block, in a `lax.scan` whose skipped blocks cost nothing, so the columns computed follow the longest
+  completion while a single program serves every length.
   """
   chex.assert_rank([completions, completion_mask], 2)
   chex.assert_equal_shape([completions, completion_mask])
   n, t = completions.shape
   p = prefix.mask.shape[1]
   completion_mask = completion_mask.astype(bool)
+  kwargs = dict(chunk_size=chunk_size, return_entropy=return_entropy, temperature=temperature)
+  if prefix.blocks is not None:
+    return _blocked_completions(params, config, prefix, completions, completion_mask, **kwargs)
   cache = transformer.KVCache(k=prefix.k, v=prefix.v, mask=prefix.mask, index=jnp.asarray(p, jnp.int32))
   cache = transformer.grow_cache(cache, p + t)
   h_completion, _ = transformer.hidden_states(params, config, completions, attention_mask=completion_mask,
@@ -191,8 +203,48 @@ def prefixed_completion_logprobs(params, config: ModelConfig, prefix: PromptPref
   # The last prompt position predicts completion token 0; completion position j - 1 predicts token j.
   h = jnp.concatenate([prefix.last[:, None].astype(h_completion.dtype), h_completion[:, :-1]], axis=1)
   previous = jnp.concatenate([prefix.mask[:, -1:], completion_mask[:, :-1]], axis=1)
-  return _predicted_logprobs(params, config, h, completions, completion_mask & previous, chunk_size=chunk_size,
-                             return_entropy=return_entropy, temperature=temperature)
+  return _predicted_logprobs(params, config, h, completions, completion_mask & previous, **kwargs)
+
+
+def _blocked_completions(params, config: ModelConfig, prefix: PromptPrefix, completions: jax.Array,
+                         completion_mask: jax.Array, *, chunk_size: int, return_entropy: bool, temperature: float):
+  """`prefixed_completion_logprobs` in M = len(prefix.blocks) blocks of c = ceil(T / M) columns: block j's tokens
+  are written into a cache of P + M c slots at P + j c and attend to the prompt and blocks 0..j (the slots after
+  are masked, as in the one-pass forward), the carry's last hidden state predicting its first token. Block j runs
+  only where prefix.blocks[j] (`lax.cond`; a skipped block's log-probs are 0), so rows whose completions end
+  within the first m blocks cost m blocks, forward and backward, and the program has one copy of the block."""
+  n, t = completions.shape
+  m = prefix.blocks.shape[0]
+  c = -(-t // m)
+  p = prefix.mask.shape[1]
+  cut = lambda x: jnp.pad(x, ((0, 0), (0, m * c - t))).reshape(n, m, c).swapaxes(0, 1)  # [M, N, c]
+  cache = transformer.KVCache(k=prefix.k, v=prefix.v, mask=prefix.mask, index=jnp.asarray(p, jnp.int32))
+  cache = transformer.grow_cache(cache, p + m * c)
+  kwargs = dict(chunk_size=chunk_size, return_entropy=True, temperature=temperature)
+
+  def run(carry, tokens, mask):
+    cache, last, last_mask = carry
+    h, cache = transformer.hidden_states(params, config, tokens, attention_mask=mask, cache=cache)
+    # The previous position (the prompt's last, or the previous block's last) predicts the block's first token.
+    h_prev = jnp.concatenate([last[:, None].astype(h.dtype), h[:, :-1]], axis=1)
+    previous = jnp.concatenate([last_mask[:, None], mask[:, :-1]], axis=1)
+    out = _predicted_logprobs(params, config, h_prev, tokens, mask & previous, **kwargs)
+    return (cache, h[:, -1].astype(last.dtype), mask[:, -1]), out
+
+  def skip(carry, tokens, mask):
+    del mask
+    cache, last, last_mask = carry
+    zeros = jnp.zeros(tokens.shape, jnp.float32)
+    return (cache._replace(index=cache.index + c), last, last_mask), (zeros, zeros)
+
+  def block(carry, xs):
+    run_it, tokens, mask = xs
+    return jax.lax.cond(run_it, run, skip, carry, tokens, mask)
+
+  carry = (cache, prefix.last, prefix.mask[:, -1])
+  _, (logp, entropy) = jax.lax.scan(block, carry, (prefix.blocks, cut(completions), cut(completion_mask)))
+  logp, entropy = (x.swapaxes(0, 1).reshape(n, m * c)[:, :t] for x in (logp, entropy))
+  return (logp, entropy) if return_entropy else logp
 
 
 def bucketed_completion_logprobs(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: jax.Array,
@@ -200,9 +252,9 @@ def bucketed_completion_logprobs(params, config: ModelConfig, prompt_tokens: jax
                                  buckets: length_buckets.Buckets, chunk_size: int = 128, return_entropy: bool = False,
                                  temperature: float = 1.0):
   """`grouped_completion_logprobs` in length-sorted micro-batches (`length_buckets.Buckets`): each prompt runs
-  once, then micro-batch k's completions at the narrowest of `buckets.widths` that holds them, against their
-  prompts' rows of the prefix. Equal to the padded values up to float rounding; the columns computed follow the
-  completions' lengths, and one program serves every length.
+  once, then micro-batch k's completions, against their prompts' rows of the prefix, in the fewest blocks of
+  `buckets.block` columns that hold them (`PromptPrefix.blocks`). Equal to the padded values up to float
+  rounding; the columns computed follow the completions' lengths, and one program serves every length.
 
   Returns:
     logp [N, T] float32 (0 where completion_mask is False), or (logp, entropy).
@@ -214,21 +266,18 @@ def bucketed_completion_logprobs(params, config: ModelConfig, prompt_tokens: jax
   buckets.check(n, t, group_size)
   completion_mask = completion_mask.astype(bool)
   prefix = prefill(params, config, prompt_tokens, prompt_mask)
-  kwargs = dict(chunk_size=chunk_size, return_entropy=return_entropy, temperature=temperature)
+  kwargs = dict(chunk_size=chunk_size, return_entropy=True, temperature=temperature)
 
-  def at_width(width):
-    def run(carry, rows):
-      mask = length_buckets.take(completion_mask, rows, buckets.shards)[:, :width]
-      tokens = length_buckets.take(completions, rows, buckets.shards)[:, :width]
-      out = prefixed_completion_logprobs(params, config, take_prefix(prefix, rows // group_size, buckets.shards),
-                                         tokens, mask, **kwargs)
-      return carry, jax.tree.map(lambda x: jnp.pad(x, ((0, 0), (0, t - width))), out)
-    return run
+  def run(carry, rows, blocks):
+    own = take_prefix(prefix, rows // group_size, buckets.shards)._replace(blocks=blocks)
+    take = lambda x: length_buckets.take(x, rows, buckets.shards)
+    return carry, prefixed_completion_logprobs(params, config, own, take(completions), take(completion_mask), **kwargs)
 
-  _, outs, rows = buckets.scan(at_width, None, jnp.sum(completion_mask, axis=1, dtype=jnp.int32))
+  _, outs, rows = buckets.scan_blocks(run, None, jnp.sum(completion_mask, axis=1, dtype=jnp.int32))
   # Back to the rows' order: the sorted order's inverse permutation.
   inverse = jnp.zeros((n,), jnp.int32).at[rows.reshape(-1)].set(jnp.arange(n, dtype=jnp.int32))
-  return jax.tree.map(lambda x: x.reshape(n, t)[inverse], outs)
+  logp, entropy = (x.reshape(n, t)[inverse] for x in outs)
+  return (logp, entropy) if return_entropy else logp
 
 
 def jit_token_logprobs(config: ModelConfig, *, mesh: Mesh | None = None, rules: Mapping | None = None,

@@ -13,7 +13,8 @@ them at the `--max_new_tokens` cap; `equal`: all at the cap), random tokens. Two
             default memory budget, as the runner calls it), the update in `--padded_micro_batches` equal
             micro-batches of whole groups (the runner's --grad_accum_steps, default 1).
   bucketed  `--token_layout=buckets`: the full width, rows sorted by length into `--micro_batches` micro-batches at
-            a ladder of `--widths` widths (`grpo_jax.length_buckets`), one program for every length.
+            a ladder of `--widths` widths (`grpo_jax.length_buckets`), one program for every length: the scoring
+            in blocks of the narrowest width (`Buckets.scan_blocks`), the update at the ladder's widths.
 
 Reported per layout and workload: seconds per call, mean ± s.e. over `--repeats` after a warm-up (compilation
 excluded; the compile time of each layout's first call is printed beside), the bucketed/padded speed-up paired
@@ -98,7 +99,7 @@ def programs(params, config, args, lengths):
   padded_rows, full_rows = sequences(width), sequences(t)
   return {
       "π_ref scoring": (lambda: padded_score(params, *padded_rows), lambda: bucketed_score(params, *full_rows),
-                        n * width, buckets.tokens(lengths)),
+                        n * width, buckets.block_tokens(lengths)),
       "update": (lambda: padded_step(state, padded_batch), lambda: bucketed_step(state, full_batch), n * width,
                  buckets.tokens(lengths)),
   }

@@ -142,9 +142,10 @@ def bucketed_gradients(objective: Objective, params: Params, batch, totals: dict
   `bucketed` (the tokens weigh the micro-batches' means: micro-batches of short rows hold fewer).
 
   The prompts run once for the whole minibatch (`logprobs.prefill` of `joined(params)`, under `jax.vjp`); each
-  micro-batch's completions run at their width against their prompts' rows, and its gradient with respect to those
-  rows is added back onto the prompts (`length_buckets.add_at`); one pull-back through the prompts' forward ends the
-  sum. The gradient is the padded minibatch's (the objective normalises by the minibatch's `totals`) up to float
+  micro-batch's completions run at their width (`length_buckets.Buckets.scan`: one `lax.switch` branch per width,
+  holding only the forward and backward; the gathers and the sums are outside it, once) against their prompts'
+  rows, and its gradient with respect to those rows is added back onto the prompts (`length_buckets.add_at`); one
+  pull-back through the prompts' forward ends the sum. The gradient is the padded minibatch's (the objective normalises by the minibatch's `totals`) up to float
   rounding; each token's forward and backward run once.
   """
   buckets, g, p = bucketed.buckets, bucketed.group_size, bucketed.prompt_len
@@ -157,24 +158,31 @@ def bucketed_gradients(objective: Objective, params: Params, batch, totals: dict
   lengths = jnp.sum(batch.attention_mask[:, p:], axis=1, dtype=jnp.int32)
 
   def at_width(w):
-    def run(carry, rows):
-      grads, d_prefix = carry
+    def grad(micro, own, mask):
       cut = lambda x: x[:, :p + w] if x.ndim >= 2 and x.shape[1] == p + width else x
-      micro = jax.tree.map(lambda x: cut(length_buckets.take(x, rows, buckets.shards)), batch)
-      if sharded:
-        micro = jax.tree.map(lambda x: constrain(x, ("batch",) + (None,) * (x.ndim - 1)), micro)
-      prompts = rows // g
-      rows_of = lambda tree: jax.tree.map(lambda x: length_buckets.take(x, prompts, buckets.shards, kv_axis(x)), tree)
-      mask = length_buckets.take(prompt_mask, prompts, buckets.shards)
+      micro = jax.tree.map(cut, micro)
       loss_of = lambda q, own: objective(q, micro, totals, prefix=logprobs_lib.PromptPrefix(*own, mask))
-      (_, metrics), (dq, d_own) = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=True)(params, rows_of(prefix))
-      d_prefix = jax.tree.map(lambda acc, d: length_buckets.add_at(acc, prompts, d, buckets.shards, kv_axis(acc)),
-                              d_prefix, d_own)
-      return (jax.tree.map(jnp.add, grads, dq), d_prefix), (metrics, jnp.sum(micro.loss_mask, dtype=jnp.float32))
-    return run
+      (_, metrics), (dq, d_own) = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=True)(params, own)
+      return dq, d_own, metrics
+    return grad
 
-  (grads, d_prefix), (metrics, tokens), _ = buckets.scan(at_width, (zeros, jax.tree.map(jnp.zeros_like, prefix)),
-                                                         lengths)
+  branches = [at_width(w) for w in buckets.widths]
+
+  def step(carry, rows, width_index):
+    # The gathers and the sums outside the widths' branches: one copy of them in the program.
+    grads, d_prefix = carry
+    micro = jax.tree.map(lambda x: length_buckets.take(x, rows, buckets.shards), batch)
+    if sharded:
+      micro = jax.tree.map(lambda x: constrain(x, ("batch",) + (None,) * (x.ndim - 1)), micro)
+    prompts = rows // g
+    own = jax.tree.map(lambda x: length_buckets.take(x, prompts, buckets.shards, kv_axis(x)), prefix)
+    mask = length_buckets.take(prompt_mask, prompts, buckets.shards)
+    dq, d_own, metrics = jax.lax.switch(width_index, branches, micro, own, mask)
+    d_prefix = jax.tree.map(lambda acc, d: length_buckets.add_at(acc, prompts, d, buckets.shards, kv_axis(acc)),
+                            d_prefix, d_own)
+    return (jax.tree.map(jnp.add, grads, dq), d_prefix), (metrics, jnp.sum(micro.loss_mask, dtype=jnp.float32))
+
+  (grads, d_prefix), (metrics, tokens), _ = buckets.scan(step, (zeros, jax.tree.map(jnp.zeros_like, prefix)), lengths)
   (d_params,) = pull_back(d_prefix)
   return jax.tree.map(jnp.add, grads, d_params), metrics, tokens
 

@@ -496,7 +496,12 @@ def test_length_buckets_collect_and_update_as_the_padded_layout(sft_policy):
     assert not np.asarray(getattr(bucketed, name)[:, width:]).any()
   for name in ("old_logp", "ref_logp"):
     np.testing.assert_allclose(getattr(bucketed, name)[:, :width], getattr(padded, name), atol=2e-5)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-6), params, padded_params)
+  # π_old here is π_θ (one step, no update before it), so the policy gradient is ~0 in both layouts; the bucketed
+  # forwards (blocks of the narrowest width) and the bucketed update (the ladder's widths) round differently
+  # (|Δ old_logp| ~1e-6, a ratio of 1 ± 1e-6, a gradient norm ~1e-8 where the padded one is 0), and Adam normalises
+  # that gradient into steps of up to a tenth of the learning rate (1e-3): the params agree to 1e-4, the gradients
+  # (grad_norm below) to 1e-6.
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4), params, padded_params)
   for name in ("loss", "kl", "entropy", "grad_norm"):
     np.testing.assert_allclose(metrics[name], padded_metrics[name], rtol=1e-4, atol=1e-6)
 

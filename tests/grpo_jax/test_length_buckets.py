@@ -45,6 +45,18 @@ def test_rows_width_and_tokens_by_hand():
   assert two.tokens(LENGTHS) == 4 * (4 + 8 + 16)
 
 
+def test_blocks_by_hand():
+  b = length_buckets.Buckets(widths=(6, 16), num_micro_batches=3)
+  assert (b.block, b.num_blocks) == (6, 3)  # 18 columns: the last block runs 2 past the width
+  np.testing.assert_array_equal(b.blocks(jnp.asarray([0, 1])), [True, False, False])
+  np.testing.assert_array_equal(b.blocks(jnp.asarray([6, 2])), [True, False, False])
+  np.testing.assert_array_equal(b.blocks(jnp.asarray([7, 2])), [True, True, False])
+  np.testing.assert_array_equal(b.blocks(jnp.asarray([16])), [True, True, True])
+  np.testing.assert_array_equal(b.blocks(jnp.asarray([0])), [False, False, False])
+  # micro-batches' longest 2, 6, 16 (test above): 1, 1 and 3 blocks of 6, 4 rows each
+  assert b.block_tokens(LENGTHS) == 4 * 6 * (1 + 1 + 3)
+
+
 def test_check_refuses_layouts_that_do_not_fit():
   with pytest.raises(ValueError, match="micro-batches"):
     length_buckets.Buckets((8, 16), 5).check(12, 16)
@@ -83,7 +95,8 @@ def _rows():
 
 
 @pytest.mark.parametrize("buckets", [length_buckets.Buckets((4, 8, 16), 3), length_buckets.Buckets((16,), 1),
-                                     length_buckets.Buckets((2, 4, 8, 16), 6), length_buckets.Buckets((8, 16), 2, 2)])
+                                     length_buckets.Buckets((2, 4, 8, 16), 6), length_buckets.Buckets((8, 16), 2, 2),
+                                     length_buckets.Buckets((6, 16), 3)])
 def test_bucketed_logprobs_equal_the_padded_ones(params, buckets):
   prompts, prompt_mask, completions, mask = _rows()
   kw = dict(chunk_size=4, return_entropy=True, temperature=0.7)
@@ -111,3 +124,46 @@ def test_a_narrow_bucket_cannot_hide_a_long_row(params):
   out = logprobs.bucketed_completion_logprobs(params, CONFIG, prompts, prompt_mask, completions, mask, group_size=G,
                                               buckets=length_buckets.Buckets((1, 16), 2))
   assert bool(jnp.all((out != 0.0) == mask))
+
+
+def test_bucketed_logprobs_compile_one_block_for_every_width(params):
+  # One traced block in one scan: the program's matmuls do not grow with the widths (a branch per width would
+  # hold a copy of the model's forward each: 3x the dots with 3 widths).
+  prompts, prompt_mask, completions, mask = _rows()
+
+  def dots(buckets):
+    fn = lambda p: logprobs.bucketed_completion_logprobs(p, CONFIG, prompts, prompt_mask, completions, mask,
+                                                         group_size=G, buckets=buckets)
+    return jax.jit(fn).lower(params).as_text(dialect="hlo").count(" dot(")
+
+  one = dots(length_buckets.Buckets((16,), 3))
+  assert one > 0
+  assert dots(length_buckets.Buckets((4, 8, 16), 3)) == one
+  assert dots(length_buckets.Buckets((2, 4, 8, 16), 3)) == one
+
+
+def test_prefixed_logprobs_skip_the_blocks_they_are_told_to(params):
+  # `PromptPrefix.blocks` runs only the marked blocks: the columns of a skipped block come back 0, the others
+  # equal the one-pass values.
+  prompts, prompt_mask, completions, mask = _rows()
+  rows = jnp.arange(B * G)
+  prefix = logprobs.take_prefix(logprobs.prefill(params, CONFIG, prompts, prompt_mask), rows // G)
+  whole = logprobs.prefixed_completion_logprobs(params, CONFIG, prefix, completions, mask)
+  blocked = logprobs.prefixed_completion_logprobs(params, CONFIG, prefix._replace(blocks=jnp.array([True, True, False,
+                                                                                                     False])),
+                                                  completions, mask)
+  np.testing.assert_allclose(blocked[:, :8], whole[:, :8], atol=2e-5)
+  np.testing.assert_array_equal(blocked[:, 8:], 0.0)
+  assert float(jnp.abs(whole[:, 8:]).sum()) > 1.0  # the skipped columns held real values
+
+
+def test_bucketed_logprobs_with_a_scanned_layer_stack(params):
+  # The blocks write into and read a cache of stacked [L, ...] keys and values (`--scan_layers`): the same values.
+  prompts, prompt_mask, completions, mask = _rows()
+  buckets = length_buckets.Buckets((4, 8, 16), 3)
+  run = lambda config, p: logprobs.bucketed_completion_logprobs(p, config, prompts, prompt_mask, completions, mask,
+                                                                group_size=G, buckets=buckets)
+  unrolled = jax.jit(lambda p: run(CONFIG, p))(params)
+  scanned = jax.jit(lambda p: run(CONFIG.replace(scan_layers=True), p))(models.stack_layers(params, CONFIG))
+  np.testing.assert_allclose(scanned, unrolled, atol=2e-5)
+  assert float(jnp.abs(unrolled).sum()) > 1.0

@@ -297,6 +297,43 @@ def test_length_bucketed_update_equals_the_padded_one(model, aggregation, micro)
     np.testing.assert_allclose(metrics[name], padded_metrics[name], rtol=2e-5, atol=1e-6)
 
 
+def _primitives_in_branches(jaxpr, name: str, inside: bool = False) -> tuple[int, int]:
+  """(count of primitive `name` inside `cond` branches, count outside), through every nested jaxpr."""
+  counts = [0, 0]
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == name:
+      counts[0 if inside else 1] += 1
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (tuple, list)) else [param]:
+        sub = getattr(sub, "jaxpr", sub)
+        if hasattr(sub, "eqns"):
+          got = _primitives_in_branches(sub, name, inside or eqn.primitive.name == "cond")
+          counts = [counts[0] + got[0], counts[1] + got[1]]
+  return tuple(counts)
+
+
+def test_length_bucketed_update_keeps_its_gathers_out_of_the_width_branches(model):
+  # Each width's `lax.switch` branch holds the forward and backward at that width; the micro-batch's row gathers
+  # and the scatter of its prompts' gradient are outside, once, whatever the number of widths.
+  from grpo_jax import length_buckets
+  params, config, batch = _bucketed_case(model)
+  objective = update_lib.bind(training.grpo_objective, config=config, use_reference=True, group_size=2, prompt_len=6,
+                              loss_kwargs=dict(epsilon=0.2, beta=0.04))
+  optimizer = optax.sgd(1.0)
+  state = training.init_train_state(params, optimizer)
+  bucketed = update_lib.BucketedRows(length_buckets.Buckets((2, 4, 8), 2), config, group_size=2, prompt_len=6)
+  jaxpr = jax.make_jaxpr(training.make_train_step(objective, optimizer, donate=False, bucketed=bucketed))(state, batch)
+  gathers_in, gathers_out = _primitives_in_branches(jaxpr.jaxpr, "gather")
+  scatters_in, scatters_out = _primitives_in_branches(jaxpr.jaxpr, "scatter-add")
+  # Outside: a gather per batch array and per prompt array (keys and values per layer, last states, mask), a
+  # scatter per prompt gradient. Inside, per branch: only the loss's own (the target log-prob's gather, and its
+  # transpose), never the rows'.
+  batch_arrays = len([x for x in jax.tree.leaves(batch) if x is not None])
+  assert gathers_out >= batch_arrays + 2 * config.num_hidden_layers
+  assert scatters_out >= 2 * config.num_hidden_layers
+  assert gathers_in <= 3 * 2 and scatters_in <= 3 * 2, (gathers_in, scatters_in)
+
+
 def test_length_bucketed_update_trains_lora_adapters_only(model):
   from grpo_jax import length_buckets
   from grpo_jax.models import lora
