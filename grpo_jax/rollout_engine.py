@@ -34,7 +34,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from grpo_jax import partitioning as sharding
 from grpo_jax import sampling
-from grpo_jax.gumbel_rows import gumbel_rows
+from grpo_jax.gumbel_rows import gumbel_rows, threefry2x32
 from grpo_jax.models import transformer
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.logical_axes import constrain
@@ -64,8 +64,20 @@ def default_slots(num_completions: int, max_new_tokens: int, devices: int = 1, p
   """
   platform = platform or jax.default_backend()
   if platform == "cpu":
-    return min(num_completions, max(8, CPU_CACHE_TOKENS_PER_DEVICE // max(max_new_tokens, 1)) * devices)
+    return even_waves(num_completions, max(8, CPU_CACHE_TOKENS_PER_DEVICE // max(max_new_tokens, 1)), devices)
   return num_completions if num_completions <= 64 else max(64, num_completions // 4)
+
+
+def even_waves(num_completions: int, slots_per_device: int, devices: int = 1, most: float = 1.25) -> int:
+  """`slots_per_device` a device (all `devices` together), raised by at most a factor `most` where that splits a
+  device's completions into whole waves: completions at equal lengths then run ceil(n / slots) waves, with no last
+  wave of a few leftover completions that costs as many steps as a full one (128 a device at 21 slots: 7 waves,
+  the last of 2; at 22: 6). Capped at the completions."""
+  n = -(-num_completions // devices)  # a device's completions
+  waves = max(n // max(slots_per_device, 1), 1)
+  even = -(-n // waves)
+  slots = even if even <= most * slots_per_device else slots_per_device
+  return min(num_completions, slots * devices)
 
 
 def phase_widths(own_slots: int, phases: int = 4, narrowest: int = 16) -> tuple[int, ...]:
@@ -75,6 +87,23 @@ def phase_widths(own_slots: int, phases: int = 4, narrowest: int = 16) -> tuple[
   while len(widths) < phases and widths[-1] // 2 >= narrowest:
     widths.append(widths[-1] // 2)
   return tuple(reversed(widths))
+
+
+def fold_in_rows(key: jax.Array, data: jax.Array) -> jax.Array:
+  """`jax.vmap(jax.random.fold_in, (None, 0))(key, data)`: one key per entry of `data` [S], the same bits.
+
+  For a threefry key (typed, or raw of the default implementation) the raw keys [S, 2] uint32, threefry-2x32 of
+  the counter (0, data) under `key` with its rounds unrolled into one fused pass (`gumbel_rows.threefry2x32`):
+  on the CPU JAX's own fold_in runs threefry as a rolled loop, a `while` of five passes inside every decode step.
+  Other implementations: JAX's fold_in, vmapped.
+  """
+  typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+  impl = str(jax.random.key_impl(key)) if typed else jax.config.jax_default_prng_impl
+  if "threefry2x32" not in impl:
+    return jax.vmap(jax.random.fold_in, (None, 0))(key, data)
+  k0, k1 = jax.random.key_data(key) if typed else key
+  counter = jnp.asarray(data).astype(jnp.uint32)
+  return jnp.stack(threefry2x32(k0, k1, jnp.zeros_like(counter), counter), axis=-1)
 
 
 def _choose(logits, keys, temperature, rows, total, *, top_k, top_p, greedy):
@@ -154,10 +183,10 @@ def _engine(params, prompt_tokens, prompt_mask, key, temperature, caps, *, confi
     # Choose each live slot's token t of its completion, and write it down.
     logits = transformer.logits_from_hidden(params, config, hidden)  # [S, V] float32
     if in_order:  # the static sampler's draw: rows first ... first + N - 1 of step t's noise
-      tok = draw(logits, jax.random.fold_in(key, t[0]), temperature, top_k=top_k, top_p=top_p, greedy=greedy,
+      tok = draw(logits, fold_in_rows(key, t[:1])[0], temperature, top_k=top_k, top_p=top_p, greedy=greedy,
                  rows=(first, total))
     else:
-      keys = jax.vmap(jax.random.fold_in, (None, 0))(key, t)
+      keys = fold_in_rows(key, t)
       tok = choose(logits, keys, temperature, first + c)
     scored = logits / temperature if logprobs_at_temperature else logits
     logp = jnp.take_along_axis(jax.nn.log_softmax(scored, axis=-1), tok[:, None], axis=-1)[:, 0]

@@ -134,10 +134,14 @@ def test_argument_checks(params):
 
 
 def test_default_slots_and_the_budget():
-  # A CPU: 4096 cached tokens a device, at least 8 slots (512 tokens: 8 a device; 40 tokens: 102 a device).
+  # A CPU: 4096 cached tokens a device, at least 8 slots (512 tokens: 8 a device; 40 tokens: 102 a device), raised
+  # to whole waves: 512 completions a device in 5 waves of 103 (not 5 of 102 and one of 2), 99 in 12 waves of 9.
   slots = rollout_engine.default_slots
   assert slots(1024, 512, 2, "cpu") == 16 and slots(5, 512, 2, "cpu") == 5
-  assert slots(1024, 40, 2, "cpu") == 204 and slots(99, 4096, 1, "cpu") == 8
+  assert slots(1024, 40, 2, "cpu") == 206 and slots(99, 4096, 1, "cpu") == 9
+  assert slots(256, 192, 2, "cpu") == 44 and slots(256, 64, 2, "cpu") == 128  # 128 a device: 21 -> 22; 2 x 64
+  assert slots(80, 192, 2, "cpu") == 42  # 40 a device: one wave of 40 would be 1.9x the 21, more than 1.25x
+  assert rollout_engine.even_waves(100, 30) == 34 and rollout_engine.even_waves(100, 26) == 26  # 3 x 34; 34 > 32.5
   assert slots(40, 64, 1, "gpu") == 40  # few completions: one slot each
   assert slots(1024, 64, 8, "tpu") == 256 and slots(100, 8, 1, "gpu") == 64
   # 1 GiB of prompts split over 2 shards beside slots of 1 MiB each in 1.5 GiB a shard: 1024 a shard, 2048 in all.
@@ -239,3 +243,16 @@ def test_one_wave_with_end_tokens(params):
   assert 0 < (lengths > 6).sum() <= 8  # most end early: the live ones narrow to 16 then 8 slots
   _assert_same(rollout_engine.generate(params, CONFIG, PROMPTS8, MASK8, jax.random.key(1), num_slots=32, **kwargs),
                expected)
+
+
+@pytest.mark.parametrize("impl", ["typed", "raw", "rbg"])
+def test_fold_in_rows_is_jax_fold_in(impl):
+  """The engine's per-slot step keys (threefry unrolled, no rolled loop in a decode step) are JAX's fold_in, bit for
+  bit: a typed threefry key, a raw one, and an rbg key (JAX's own fold_in, vmapped)."""
+  key = {"typed": jax.random.key(7), "raw": jax.random.PRNGKey(7), "rbg": jax.random.key(7, impl="rbg")}[impl]
+  data = jnp.array([0, 1, 2, 191, 5000, 2 ** 31 - 1], jnp.int32)
+  expected = jax.vmap(jax.random.fold_in, (None, 0))(key, data)
+  got = jax.jit(rollout_engine.fold_in_rows)(key, data)
+  unwrap = lambda k: jax.random.key_data(k) if jnp.issubdtype(k.dtype, jax.dtypes.prng_key) else k
+  np.testing.assert_array_equal(unwrap(got), unwrap(expected))
+  assert jnp.issubdtype(got.dtype, jax.dtypes.prng_key) == (impl == "rbg")  # threefry: raw keys [S, 2]
