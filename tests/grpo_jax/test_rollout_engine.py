@@ -219,11 +219,11 @@ MASK8 = jnp.concatenate([MASK, MASK])
 def test_levels_of_fewer_slots(params, option, slots):
   """A long tail of caps (most completions short, a few at T = 72): once nothing is pending, the live slots are
   gathered into 16 then 8 slots (one wave of 32 slots: in lockstep, the first level's slots in completion order;
-  20 slots: refills first, then 10), which step at the widths 35 and 71 only (of 17, 35, 71), and the completions
+  20 slots: refills first, then 10), which step at the width 71 only (of 17, 35, 71), and the completions
   are the static sampler's."""
   caps = np.random.default_rng(2).choice([1, 2, 3, 6, 9, 72], p=[.2, .2, .2, .2, .1, .1], size=32).astype(np.int32)
   caps[[5, 30]] = 72  # two long ones, far apart in the slots
-  assert rollout_engine.phase_widths(71)[-rollout_engine.NARROWER_LEVEL_WIDTHS:] == (35, 71)
+  assert rollout_engine.phase_widths(71)[-rollout_engine.NARROWER_LEVEL_WIDTHS:] == (71,)
   kwargs = dict(num_samples=4, max_new_tokens=72, eos_token_ids=(), max_lengths=caps, **OPTIONS[option])
   expected = sampling.sample(params, CONFIG, PROMPTS8, MASK8, jax.random.key(9), **kwargs)
   assert rollout_engine.slot_levels(slots)[-1] == (8 if slots == 32 else 10)
