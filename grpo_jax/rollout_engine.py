@@ -56,11 +56,11 @@ def default_slots(num_completions: int, max_new_tokens: int, devices: int = 1, p
   few slots a device already use its matmul rate, and more grow the caches a step walks through: slots x
   `max_new_tokens` = `CPU_CACHE_TOKENS_PER_DEVICE` a device, at least 8 (8 a device at 512 tokens, the fastest
   of 2 to 128 a device that `scripts/bench_rollout.py` measured on a long tail; the rule keeps a step's caches
-  that size at other lengths). One wave (a slot for every completion) was measured against it at 256 x 64 and
-  256 x 192: at equal lengths 0.76-0.84x the static sampler against 0.68-0.80x, on a long tail 1.4-1.9x against
-  2.0-2.1x (BENCHMARKS.md), so the rule stays. An accelerator needs hundreds of rows a step to stop being bound
-  by reading the weights: a quarter of the completions, at least 64 (the runner takes no more than its memory
-  budget holds: `Placement.engine_slots`).
+  that size at other lengths), raised to whole waves (`even_waves`). One wave (a slot for every completion) was
+  measured against it at 256 x 64 and 256 x 192: at equal lengths 0.76-0.84x the static sampler against
+  0.68-0.80x, on a long tail 1.4-1.9x against 2.0-2.1x (BENCHMARKS.md), so the rule stays. An accelerator needs
+  hundreds of rows a step to stop being bound by reading the weights: a quarter of the completions, at least 64
+  (the runner takes no more than its memory budget holds: `Placement.engine_slots`).
   """
   platform = platform or jax.default_backend()
   if platform == "cpu":
