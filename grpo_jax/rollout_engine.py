@@ -15,7 +15,7 @@ When nothing is pending, the finished slots' rows are dropped from the steps: th
 the first slots of a narrower level (S, S/2, S/4, ...: `slot_levels`), so a long tail's last completions step
 alone. With as many slots as completions (one wave) no slot refills: every slot steps in lockstep, and until
 the first narrower level slot c holds completion c, so a step has the static sampler's ops (one cache index for
-all, each prompt's prefix read once for its G samples, tokens written as a column; on a CPU still 0.76-0.84x its
+all, each prompt's prefix read once for its G samples, tokens written as a column; on a CPU still 0.80-0.95x its
 speed at equal lengths, BENCHMARKS.md), and the levels cut a one-wave tail too.
 
 The draws are the static sampler's: completion c's token t uses row c of the Gumbel noise of
@@ -57,8 +57,9 @@ def default_slots(num_completions: int, max_new_tokens: int, devices: int = 1, p
   `max_new_tokens` = `CPU_CACHE_TOKENS_PER_DEVICE` a device, at least 8 (8 a device at 512 tokens, the fastest
   of 2 to 128 a device that `scripts/bench_rollout.py` measured on a long tail; the rule keeps a step's caches
   that size at other lengths), raised to whole waves (`even_waves`). One wave (a slot for every completion) was
-  measured against it at 256 x 64 and 256 x 192: at equal lengths 0.76-0.84x the static sampler against
-  0.68-0.80x, on a long tail 1.4-1.9x against 2.0-2.1x (BENCHMARKS.md), so the rule stays. An accelerator needs
+  measured against it at 256 x 64 and 256 x 192: at equal lengths 0.80x and 0.95x the static sampler against
+  0.77x and 0.89x, on a long tail 1.40x and 1.99x against 2.04x and 2.38x (BENCHMARKS.md, one sitting), so the
+  rule stays. An accelerator needs
   hundreds of rows a step to stop being bound by reading the weights: a quarter of the completions, at least 64
   (the runner takes no more than its memory budget holds: `Placement.engine_slots`).
   """
