@@ -15,7 +15,7 @@ When nothing is pending, the finished slots' rows are dropped from the steps: th
 the first slots of a narrower level (S, S/2, S/4, ...: `slot_levels`), so a long tail's last completions step
 alone. With as many slots as completions (one wave) no slot refills: every slot steps in lockstep, and until
 the first narrower level slot c holds completion c, so a step has the static sampler's ops (one cache index for
-all, each prompt's prefix read once for its G samples, tokens written as a column; on a CPU still 0.76-0.84x its
+all, each prompt's prefix read once for its G samples, tokens written as a column; on a CPU still 0.80-0.95x its
 speed at equal lengths, BENCHMARKS.md), and the levels cut a one-wave tail too.
 
 The draws are the static sampler's: completion c's token t uses row c of the Gumbel noise of
@@ -34,7 +34,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from grpo_jax import partitioning as sharding
 from grpo_jax import sampling
-from grpo_jax.gumbel_rows import gumbel_rows
+from grpo_jax.gumbel_rows import gumbel_rows, threefry2x32
 from grpo_jax.models import transformer
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.logical_axes import constrain
@@ -56,16 +56,29 @@ def default_slots(num_completions: int, max_new_tokens: int, devices: int = 1, p
   few slots a device already use its matmul rate, and more grow the caches a step walks through: slots x
   `max_new_tokens` = `CPU_CACHE_TOKENS_PER_DEVICE` a device, at least 8 (8 a device at 512 tokens, the fastest
   of 2 to 128 a device that `scripts/bench_rollout.py` measured on a long tail; the rule keeps a step's caches
-  that size at other lengths). One wave (a slot for every completion) was measured against it at 256 x 64 and
-  256 x 192: at equal lengths 0.76-0.84x the static sampler against 0.68-0.80x, on a long tail 1.4-1.9x against
-  2.0-2.1x (BENCHMARKS.md), so the rule stays. An accelerator needs hundreds of rows a step to stop being bound
-  by reading the weights: a quarter of the completions, at least 64 (the runner takes no more than its memory
-  budget holds: `Placement.engine_slots`).
+  that size at other lengths), raised to whole waves (`even_waves`). One wave (a slot for every completion) was
+  measured against it at 256 x 64 and 256 x 192: at equal lengths 0.80x and 0.95x the static sampler against
+  0.77x and 0.89x, on a long tail 1.40x and 1.99x against 2.04x and 2.38x (BENCHMARKS.md, one sitting), so the
+  rule stays. An accelerator needs
+  hundreds of rows a step to stop being bound by reading the weights: a quarter of the completions, at least 64
+  (the runner takes no more than its memory budget holds: `Placement.engine_slots`).
   """
   platform = platform or jax.default_backend()
   if platform == "cpu":
-    return min(num_completions, max(8, CPU_CACHE_TOKENS_PER_DEVICE // max(max_new_tokens, 1)) * devices)
+    return even_waves(num_completions, max(8, CPU_CACHE_TOKENS_PER_DEVICE // max(max_new_tokens, 1)), devices)
   return num_completions if num_completions <= 64 else max(64, num_completions // 4)
+
+
+def even_waves(num_completions: int, slots_per_device: int, devices: int = 1, most: float = 1.25) -> int:
+  """`slots_per_device` a device (all `devices` together), raised by at most a factor `most` where that splits a
+  device's completions into whole waves: completions at equal lengths then run ceil(n / slots) waves, with no last
+  wave of a few leftover completions that costs as many steps as a full one (128 a device at 21 slots: 7 waves,
+  the last of 2; at 22: 6). Capped at the completions."""
+  n = -(-num_completions // devices)  # a device's completions
+  waves = max(n // max(slots_per_device, 1), 1)
+  even = -(-n // waves)
+  slots = even if even <= most * slots_per_device else slots_per_device
+  return min(num_completions, slots * devices)
 
 
 def phase_widths(own_slots: int, phases: int = 4, narrowest: int = 16) -> tuple[int, ...]:
@@ -75,6 +88,23 @@ def phase_widths(own_slots: int, phases: int = 4, narrowest: int = 16) -> tuple[
   while len(widths) < phases and widths[-1] // 2 >= narrowest:
     widths.append(widths[-1] // 2)
   return tuple(reversed(widths))
+
+
+def fold_in_rows(key: jax.Array, data: jax.Array) -> jax.Array:
+  """`jax.vmap(jax.random.fold_in, (None, 0))(key, data)`: one key per entry of `data` [S], the same bits.
+
+  For a threefry key (typed, or raw of the default implementation) the raw keys [S, 2] uint32, threefry-2x32 of
+  the counter (0, data) under `key` with its rounds unrolled into one fused pass (`gumbel_rows.threefry2x32`):
+  on the CPU JAX's own fold_in runs threefry as a rolled loop, a `while` of five passes inside every decode step.
+  Other implementations: JAX's fold_in, vmapped.
+  """
+  typed = jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+  impl = str(jax.random.key_impl(key)) if typed else jax.config.jax_default_prng_impl
+  if "threefry2x32" not in impl:
+    return jax.vmap(jax.random.fold_in, (None, 0))(key, data)
+  k0, k1 = jax.random.key_data(key) if typed else key
+  counter = jnp.asarray(data).astype(jnp.uint32)
+  return jnp.stack(threefry2x32(k0, k1, jnp.zeros_like(counter), counter), axis=-1)
 
 
 def _choose(logits, keys, temperature, rows, total, *, top_k, top_p, greedy):
@@ -97,9 +127,11 @@ def _engine_impl(params, prompt_tokens, prompt_mask, key, temperature, caps, *, 
                  first=first, total=n * num_shards, **static)
 
 
-# The widths (`phase_widths`) that the narrower levels of slots step at: the widest ones only. A level is reached
-# late in a tail, when the longest live completion is long; each (level, width) is a compiled copy of the step.
-NARROWER_LEVEL_WIDTHS = 2
+# The widths (`phase_widths`) that the narrower levels of slots step at: the widest only. A level is reached late
+# in a tail, when the longest live completion is long; each (level, width) is a compiled copy of the step. With the
+# two widest (before): at T = 192 and 64 (22 and 64 slots a device) 6 and 8 compiled steps instead of 5 and 5, first
+# calls 25-26 s instead of 20-21 s, and the tail no faster (2.47 vs 2.61x, 1.89 vs 2.20x the static sampler).
+NARROWER_LEVEL_WIDTHS = 1
 
 
 def slot_levels(slots: int, levels: int = 4, narrowest: int = 8) -> tuple[int, ...]:
@@ -154,10 +186,10 @@ def _engine(params, prompt_tokens, prompt_mask, key, temperature, caps, *, confi
     # Choose each live slot's token t of its completion, and write it down.
     logits = transformer.logits_from_hidden(params, config, hidden)  # [S, V] float32
     if in_order:  # the static sampler's draw: rows first ... first + N - 1 of step t's noise
-      tok = draw(logits, jax.random.fold_in(key, t[0]), temperature, top_k=top_k, top_p=top_p, greedy=greedy,
+      tok = draw(logits, fold_in_rows(key, t[:1])[0], temperature, top_k=top_k, top_p=top_p, greedy=greedy,
                  rows=(first, total))
     else:
-      keys = jax.vmap(jax.random.fold_in, (None, 0))(key, t)
+      keys = fold_in_rows(key, t)
       tok = choose(logits, keys, temperature, first + c)
     scored = logits / temperature if logprobs_at_temperature else logits
     logp = jnp.take_along_axis(jax.nn.log_softmax(scored, axis=-1), tok[:, None], axis=-1)[:, 0]

@@ -134,10 +134,14 @@ def test_argument_checks(params):
 
 
 def test_default_slots_and_the_budget():
-  # A CPU: 4096 cached tokens a device, at least 8 slots (512 tokens: 8 a device; 40 tokens: 102 a device).
+  # A CPU: 4096 cached tokens a device, at least 8 slots (512 tokens: 8 a device; 40 tokens: 102 a device), raised
+  # to whole waves: 512 completions a device in 5 waves of 103 (not 5 of 102 and one of 2), 99 in 12 waves of 9.
   slots = rollout_engine.default_slots
   assert slots(1024, 512, 2, "cpu") == 16 and slots(5, 512, 2, "cpu") == 5
-  assert slots(1024, 40, 2, "cpu") == 204 and slots(99, 4096, 1, "cpu") == 8
+  assert slots(1024, 40, 2, "cpu") == 206 and slots(99, 4096, 1, "cpu") == 9
+  assert slots(256, 192, 2, "cpu") == 44 and slots(256, 64, 2, "cpu") == 128  # 128 a device: 21 -> 22; 2 x 64
+  assert slots(80, 192, 2, "cpu") == 42  # 40 a device: one wave of 40 would be 1.9x the 21, more than 1.25x
+  assert rollout_engine.even_waves(100, 30) == 34 and rollout_engine.even_waves(100, 26) == 26  # 3 x 34; 34 > 32.5
   assert slots(40, 64, 1, "gpu") == 40  # few completions: one slot each
   assert slots(1024, 64, 8, "tpu") == 256 and slots(100, 8, 1, "gpu") == 64
   # 1 GiB of prompts split over 2 shards beside slots of 1 MiB each in 1.5 GiB a shard: 1024 a shard, 2048 in all.
@@ -215,11 +219,11 @@ MASK8 = jnp.concatenate([MASK, MASK])
 def test_levels_of_fewer_slots(params, option, slots):
   """A long tail of caps (most completions short, a few at T = 72): once nothing is pending, the live slots are
   gathered into 16 then 8 slots (one wave of 32 slots: in lockstep, the first level's slots in completion order;
-  20 slots: refills first, then 10), which step at the widths 35 and 71 only (of 17, 35, 71), and the completions
+  20 slots: refills first, then 10), which step at the width 71 only (of 17, 35, 71), and the completions
   are the static sampler's."""
   caps = np.random.default_rng(2).choice([1, 2, 3, 6, 9, 72], p=[.2, .2, .2, .2, .1, .1], size=32).astype(np.int32)
   caps[[5, 30]] = 72  # two long ones, far apart in the slots
-  assert rollout_engine.phase_widths(71)[-rollout_engine.NARROWER_LEVEL_WIDTHS:] == (35, 71)
+  assert rollout_engine.phase_widths(71)[-rollout_engine.NARROWER_LEVEL_WIDTHS:] == (71,)
   kwargs = dict(num_samples=4, max_new_tokens=72, eos_token_ids=(), max_lengths=caps, **OPTIONS[option])
   expected = sampling.sample(params, CONFIG, PROMPTS8, MASK8, jax.random.key(9), **kwargs)
   assert rollout_engine.slot_levels(slots)[-1] == (8 if slots == 32 else 10)
@@ -239,3 +243,16 @@ def test_one_wave_with_end_tokens(params):
   assert 0 < (lengths > 6).sum() <= 8  # most end early: the live ones narrow to 16 then 8 slots
   _assert_same(rollout_engine.generate(params, CONFIG, PROMPTS8, MASK8, jax.random.key(1), num_slots=32, **kwargs),
                expected)
+
+
+@pytest.mark.parametrize("impl", ["typed", "raw", "rbg"])
+def test_fold_in_rows_is_jax_fold_in(impl):
+  """The engine's per-slot step keys (threefry unrolled, no rolled loop in a decode step) are JAX's fold_in, bit for
+  bit: a typed threefry key, a raw one, and an rbg key (JAX's own fold_in, vmapped)."""
+  key = {"typed": jax.random.key(7), "raw": jax.random.PRNGKey(7), "rbg": jax.random.key(7, impl="rbg")}[impl]
+  data = jnp.array([0, 1, 2, 191, 5000, 2 ** 31 - 1], jnp.int32)
+  expected = jax.vmap(jax.random.fold_in, (None, 0))(key, data)
+  got = jax.jit(rollout_engine.fold_in_rows)(key, data)
+  unwrap = lambda k: jax.random.key_data(k) if jnp.issubdtype(k.dtype, jax.dtypes.prng_key) else k
+  np.testing.assert_array_equal(unwrap(got), unwrap(expected))
+  assert jnp.issubdtype(got.dtype, jax.dtypes.prng_key) == (impl == "rbg")  # threefry: raw keys [S, 2]
