@@ -155,8 +155,8 @@ class RolloutConfig:
       "static (every row decodes until the batch's longest ends). The same tokens for the same seed.",
       choices=("engine", "static"))
   num_slots: int = flag(0, "Decode slots of --sampler=engine over all devices (0: 4096 / --max_new_tokens a device on "
-      "a CPU, at least 8; a quarter of the completions, at least 64, on an accelerator; fewer where "
-      "--forward_memory_budget would not hold them).", minimum=0)
+      "a CPU, at least 8, raised by at most 1.25x to whole waves; a quarter of the completions, at least 64, on an "
+      "accelerator; fewer where --forward_memory_budget would not hold them).", minimum=0)
 
 
 @dataclasses.dataclass(frozen=True)
