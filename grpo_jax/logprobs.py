@@ -7,7 +7,7 @@ recomputes each chunk's logits instead of storing them.
 """
 
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import chex
 import jax
@@ -184,43 +184,52 @@ def prefixed_completion_logprobs(params, config: ModelConfig, prefix: PromptPref
   `grouped_completion_logprobs` (whose prefix rows are the B prompts repeated G times); gradients flow into
   `prefix` (its keys, values and last hidden state) as into `params`.
 
-  With `prefix.blocks` ([M] bool) the T columns run in M blocks of ceil(T / M) (`_blocked_completions`): one
+  With `prefix.blocks` ([M] bool) the T columns run in M blocks of ceil(T / M) (`prefixed_completion_readout`): one
   traced block, in a `lax.scan` whose skipped blocks cost nothing, so the columns computed follow the longest
   completion while a single program serves every length.
+  """
+  kwargs = dict(chunk_size=chunk_size, return_entropy=return_entropy, temperature=temperature)
+  if prefix.blocks is not None:  # a block's log-probs and entropy: one traced block whatever is returned
+    out = prefixed_completion_readout(params, config, prefix, completions, completion_mask, lambda h, tokens, valid:
+                                      _predicted_logprobs(params, config, h, tokens, valid, **kwargs | dict(
+                                          return_entropy=True)))
+    return out if return_entropy else out[0]
+  return prefixed_completion_readout(params, config, prefix, completions, completion_mask, lambda h, tokens, valid:
+                                     _predicted_logprobs(params, config, h, tokens, valid, **kwargs))
+
+
+def prefixed_completion_readout(params, config: ModelConfig, prefix: PromptPrefix, completions: jax.Array,
+                                completion_mask: jax.Array, readout: Callable):
+  """`readout(h, tokens, valid)` of completions after their own prompt's `PromptPrefix` row: h [N, T, E] the hidden
+  state of the position before each completion token (the prompt's last for token 0), which predicts it; valid
+  [N, T] where the token and that position are both real. The readout gives a pytree of [N, T] arrays (the
+  log-probs: `prefixed_completion_logprobs`; the value head: `training.objectives.prefixed_completion_values`).
+
+  With `prefix.blocks` ([M] bool) the T columns run in M blocks of c = ceil(T / M) columns: block j's tokens are
+  written into a cache of P + M c slots at P + j c and attend to the prompt and blocks 0..j (the slots after are
+  masked, as in the one-pass forward), the carry's last hidden state predicting its first token. Block j runs only
+  where prefix.blocks[j] (`lax.cond`; a skipped block's outputs are 0), so rows whose completions end within the
+  first m blocks cost m blocks, forward and backward, and the program has one copy of the block.
   """
   chex.assert_rank([completions, completion_mask], 2)
   chex.assert_equal_shape([completions, completion_mask])
   n, t = completions.shape
   p = prefix.mask.shape[1]
   completion_mask = completion_mask.astype(bool)
-  kwargs = dict(chunk_size=chunk_size, return_entropy=return_entropy, temperature=temperature)
-  if prefix.blocks is not None:
-    return _blocked_completions(params, config, prefix, completions, completion_mask, **kwargs)
-  cache = transformer.KVCache(k=prefix.k, v=prefix.v, mask=prefix.mask, index=jnp.asarray(p, jnp.int32))
-  cache = transformer.grow_cache(cache, p + t)
-  h_completion, _ = transformer.hidden_states(params, config, completions, attention_mask=completion_mask,
-                                              cache=cache)
-  # The last prompt position predicts completion token 0; completion position j - 1 predicts token j.
-  h = jnp.concatenate([prefix.last[:, None].astype(h_completion.dtype), h_completion[:, :-1]], axis=1)
-  previous = jnp.concatenate([prefix.mask[:, -1:], completion_mask[:, :-1]], axis=1)
-  return _predicted_logprobs(params, config, h, completions, completion_mask & previous, **kwargs)
-
-
-def _blocked_completions(params, config: ModelConfig, prefix: PromptPrefix, completions: jax.Array,
-                         completion_mask: jax.Array, *, chunk_size: int, return_entropy: bool, temperature: float):
-  """`prefixed_completion_logprobs` in M = len(prefix.blocks) blocks of c = ceil(T / M) columns: block j's tokens
-  are written into a cache of P + M c slots at P + j c and attend to the prompt and blocks 0..j (the slots after
-  are masked, as in the one-pass forward), the carry's last hidden state predicting its first token. Block j runs
-  only where prefix.blocks[j] (`lax.cond`; a skipped block's log-probs are 0), so rows whose completions end
-  within the first m blocks cost m blocks, forward and backward, and the program has one copy of the block."""
-  n, t = completions.shape
+  if prefix.blocks is None:
+    cache = transformer.KVCache(k=prefix.k, v=prefix.v, mask=prefix.mask, index=jnp.asarray(p, jnp.int32))
+    cache = transformer.grow_cache(cache, p + t)
+    h_completion, _ = transformer.hidden_states(params, config, completions, attention_mask=completion_mask,
+                                                cache=cache)
+    # The last prompt position predicts completion token 0; completion position j - 1 predicts token j.
+    h = jnp.concatenate([prefix.last[:, None].astype(h_completion.dtype), h_completion[:, :-1]], axis=1)
+    previous = jnp.concatenate([prefix.mask[:, -1:], completion_mask[:, :-1]], axis=1)
+    return readout(h, completions, completion_mask & previous)
   m = prefix.blocks.shape[0]
   c = -(-t // m)
-  p = prefix.mask.shape[1]
   cut = lambda x: jnp.pad(x, ((0, 0), (0, m * c - t))).reshape(n, m, c).swapaxes(0, 1)  # [M, N, c]
   cache = transformer.KVCache(k=prefix.k, v=prefix.v, mask=prefix.mask, index=jnp.asarray(p, jnp.int32))
   cache = transformer.grow_cache(cache, p + m * c)
-  kwargs = dict(chunk_size=chunk_size, return_entropy=True, temperature=temperature)
 
   def run(carry, tokens, mask):
     cache, last, last_mask = carry
@@ -228,23 +237,21 @@ def _blocked_completions(params, config: ModelConfig, prefix: PromptPrefix, comp
     # The previous position (the prompt's last, or the previous block's last) predicts the block's first token.
     h_prev = jnp.concatenate([last[:, None].astype(h.dtype), h[:, :-1]], axis=1)
     previous = jnp.concatenate([last_mask[:, None], mask[:, :-1]], axis=1)
-    out = _predicted_logprobs(params, config, h_prev, tokens, mask & previous, **kwargs)
+    out = readout(h_prev, tokens, mask & previous)
     return (cache, h[:, -1].astype(last.dtype), mask[:, -1]), out
 
   def skip(carry, tokens, mask):
-    del mask
     cache, last, last_mask = carry
-    zeros = jnp.zeros(tokens.shape, jnp.float32)
-    return (cache._replace(index=cache.index + c), last, last_mask), (zeros, zeros)
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(run, carry, tokens, mask)[1])
+    return (cache._replace(index=cache.index + c), last, last_mask), zeros
 
   def block(carry, xs):
     run_it, tokens, mask = xs
     return jax.lax.cond(run_it, run, skip, carry, tokens, mask)
 
   carry = (cache, prefix.last, prefix.mask[:, -1])
-  _, (logp, entropy) = jax.lax.scan(block, carry, (prefix.blocks, cut(completions), cut(completion_mask)))
-  logp, entropy = (x.swapaxes(0, 1).reshape(n, m * c)[:, :t] for x in (logp, entropy))
-  return (logp, entropy) if return_entropy else logp
+  _, out = jax.lax.scan(block, carry, (prefix.blocks, cut(completions), cut(completion_mask)))
+  return jax.tree.map(lambda x: x.swapaxes(0, 1).reshape(n, m * c, *x.shape[3:])[:, :t], out)
 
 
 def bucketed_completion_logprobs(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: jax.Array,
@@ -259,25 +266,38 @@ def bucketed_completion_logprobs(params, config: ModelConfig, prompt_tokens: jax
   Returns:
     logp [N, T] float32 (0 where completion_mask is False), or (logp, entropy).
   """
+  kwargs = dict(chunk_size=chunk_size, return_entropy=True, temperature=temperature)
+  logp, entropy = bucketed_completions(
+      params, config, prompt_tokens, prompt_mask, completions, completion_mask, group_size=group_size,
+      buckets=buckets, run=lambda own, tokens, mask: prefixed_completion_logprobs(params, config, own, tokens, mask,
+                                                                                    **kwargs))
+  return (logp, entropy) if return_entropy else logp
+
+
+def bucketed_completions(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: jax.Array,
+                         completions: jax.Array, completion_mask: jax.Array, *, group_size: int,
+                         buckets: length_buckets.Buckets, run: Callable):
+  """`run(prefix, completions, mask)` ([R] rows after their prompts' `PromptPrefix` rows, blocks set; a pytree of
+  [R, T] arrays) over length-sorted micro-batches of the N = B·G completions: the B prompts run once through
+  `params` (`prefill`), then each micro-batch in the fewest blocks of `buckets.block` columns that hold its longest
+  completion (`Buckets.scan_blocks`). Returns the pytree of [N, T] arrays in the rows' order."""
   chex.assert_rank([prompt_tokens, prompt_mask, completions, completion_mask], 2)
   b, n, t = prompt_tokens.shape[0], *completions.shape
   if n != b * group_size:
-    raise ValueError(f"bucketed_completion_logprobs: {n} completions for {b} prompts x group_size {group_size}")
+    raise ValueError(f"bucketed_completions: {n} completions for {b} prompts x group_size {group_size}")
   buckets.check(n, t, group_size)
   completion_mask = completion_mask.astype(bool)
   prefix = prefill(params, config, prompt_tokens, prompt_mask)
-  kwargs = dict(chunk_size=chunk_size, return_entropy=True, temperature=temperature)
 
-  def run(carry, rows, blocks):
+  def body(carry, rows, blocks):
     own = take_prefix(prefix, rows // group_size, buckets.shards)._replace(blocks=blocks)
     take = lambda x: length_buckets.take(x, rows, buckets.shards)
-    return carry, prefixed_completion_logprobs(params, config, own, take(completions), take(completion_mask), **kwargs)
+    return carry, run(own, take(completions), take(completion_mask))
 
-  _, outs, rows = buckets.scan_blocks(run, None, jnp.sum(completion_mask, axis=1, dtype=jnp.int32))
+  _, outs, rows = buckets.scan_blocks(body, None, jnp.sum(completion_mask, axis=1, dtype=jnp.int32))
   # Back to the rows' order: the sorted order's inverse permutation.
   inverse = jnp.zeros((n,), jnp.int32).at[rows.reshape(-1)].set(jnp.arange(n, dtype=jnp.int32))
-  logp, entropy = (x.reshape(n, t)[inverse] for x in outs)
-  return (logp, entropy) if return_entropy else logp
+  return jax.tree.map(lambda x: x.reshape(n, t, *x.shape[3:])[inverse], outs)
 
 
 def jit_token_logprobs(config: ModelConfig, *, mesh: Mesh | None = None, rules: Mapping | None = None,

@@ -1,8 +1,9 @@
-r"""π_ref scoring and the GRPO update, padded vs length-bucketed, on a long tail of completion lengths (#53).
+r"""π_ref scoring and the GRPO (or PPO) update, padded vs length-bucketed, on a long tail of completion lengths (#53).
 
   JAX_PLATFORMS=cpu python scripts/bench_update_layout.py                        # tiny model, tail and equal
   JAX_PLATFORMS=cpu python scripts/bench_update_layout.py --model=0.5b --prompts=4 --samples=8 \
       --max_new_tokens=256 --median=48
+  JAX_PLATFORMS=cpu python scripts/bench_update_layout.py --algo=ppo --prompts=128 --samples=1   # PPO, G = 1
 
 The work: `--prompts` prompts of `--prompt_len` random tokens x `--samples` completions each (one group per
 prompt), with lengths from `bench_rollout.schedule` (`tail`: log-normal with median `--median` and `--at_cap` of
@@ -15,6 +16,12 @@ them at the `--max_new_tokens` cap; `equal`: all at the cap), random tokens. Two
   bucketed  `--token_layout=buckets`: the full width, rows sorted by length into `--micro_batches` micro-batches at
             a ladder of `--widths` widths (`grpo_jax.length_buckets`), one program for every length: the scoring
             in blocks of the narrowest width (`Buckets.scan_blocks`), the update at the ladder's widths.
+
+`--algo=ppo` measures PPO's programs as `experiments.methods.ppo` builds them: padded, π_ref scoring over each row
+with its own prompt (`Rollouts.logprobs`), the value forward V_ψ (`objectives.token_values` in the budget's row
+chunks) and the policy + value update (`objectives.ppo_objective` over whole rows); bucketed, π_ref and V_ψ each
+prompt once per group in blocks (`objectives.bucketed_completion_values`) and the update of both models at the
+ladder's widths (`objectives.ppo_prefill`). The value model is a copy of the policy's backbone with a scalar head.
 
 Reported per layout and workload: seconds per call, mean ± s.e. over `--repeats` after a warm-up (compilation
 excluded; the compile time of each layout's first call is printed beside), the bucketed/padded speed-up paired
@@ -42,6 +49,7 @@ import bench_rollout  # pylint: disable=wrong-import-position
 
 from grpo_jax import length_buckets, logprobs, models, row_chunks, training  # pylint: disable=wrong-import-position
 from grpo_jax.models import tiny  # pylint: disable=wrong-import-position
+from grpo_jax.training import objectives  # pylint: disable=wrong-import-position
 from grpo_jax.training import update as update_lib  # pylint: disable=wrong-import-position
 
 
@@ -67,6 +75,8 @@ def flops(config, args, lengths) -> float:
 
 def programs(params, config, args, lengths):
   """name -> (padded fn, bucketed fn, columns padded, columns bucketed) for scoring and the update."""
+  if args.algo == "ppo":
+    return ppo_programs(params, config, args, lengths)
   g, p, t = args.samples, args.prompt_len, args.max_new_tokens
   prompts, prompt_mask, completions, mask = rows(config, args, lengths)
   width = padded_width(lengths, t)
@@ -105,6 +115,58 @@ def programs(params, config, args, lengths):
   }
 
 
+def ppo_programs(params, config, args, lengths):
+  """`programs` of PPO: π_ref scoring, the value forward and the policy + value update."""
+  g, p, t = args.samples, args.prompt_len, args.max_new_tokens
+  prompts, prompt_mask, completions, mask = rows(config, args, lengths)
+  width = padded_width(lengths, t)
+  buckets = length_buckets.Buckets(length_buckets.ladder(t, args.widths, 4), args.micro_batches)
+  budget = row_chunks.default_budget_bytes()
+  trained = {"policy": params, "value": models.init_scalar_params(config, jax.random.key(1), backbone=params)}
+  # As `PPO` builds them: padded, the rollouts' forward (each row its own prompt) and the values in row chunks.
+  padded_score = logprobs.jit_token_logprobs(config, memory_budget=budget, chunk_size=128)
+  bucketed_score = logprobs.jit_token_logprobs(config, buckets=buckets, group_size=g, prompt_len=p, chunk_size=128)
+  padded_values = jax.jit(lambda v, tokens, attention: row_chunks.map_rows(
+      lambda x, m: objectives.token_values(v, config, x, m), (tokens, attention),
+      row_chunks.rows_per_chunk(tokens.shape[0], row_chunks.forward_row_bytes(config, tokens.shape[1]), budget)))
+  bucketed_values = jax.jit(lambda v, tokens, attention: objectives.bucketed_completion_values(
+      v, config, tokens[::g, :p], attention[::g, :p], tokens[:, p:], attention[:, p:], group_size=g,
+      buckets=buckets))
+
+  n = len(lengths)
+  rng = np.random.default_rng(3)
+  sequences = lambda w: (jnp.concatenate([jnp.repeat(prompts, g, 0), completions[:, :w]], 1),
+                         jnp.concatenate([jnp.repeat(prompt_mask, g, 0), mask[:, :w]], 1))
+
+  def batch(w):
+    tokens, attention = sequences(w)
+    loss_mask = attention.at[:, :p].set(False)
+    f32 = lambda x: jnp.asarray(x, jnp.float32) * loss_mask  # noqa: E731
+    old = f32(-rng.uniform(1, 3, tokens.shape))
+    return training.PPOBatch(tokens, attention, loss_mask, old, old, f32(rng.normal(size=tokens.shape)),
+                             f32(rng.normal(size=tokens.shape)), f32(rng.normal(size=tokens.shape)))
+
+  kw = dict(config=config, chunk_size=128, value_clip=0.2, value_coef=1.0, loss_kwargs=dict(epsilon=0.2))
+  optimizer = optax.sgd(1e-6)
+  padded_step = training.make_train_step(update_lib.bind(objectives.ppo_objective, **kw), optimizer,
+                                         args.padded_micro_batches, donate=False)
+  bucketed_step = training.make_train_step(
+      update_lib.bind(objectives.ppo_objective, prompt_len=p, **kw), optimizer, donate=False,
+      bucketed=update_lib.BucketedRows(buckets, config, g, p, objectives.ppo_prefill))
+  state = training.init_train_state(trained, optimizer)
+  padded_batch, full_batch = batch(width), batch(t)
+  padded_rows, full_rows = sequences(width), sequences(t)
+  return {
+      "π_ref scoring": (lambda: padded_score(params, *padded_rows), lambda: bucketed_score(params, *full_rows),
+                        n * width, buckets.block_tokens(lengths)),
+      "value forward": (lambda: padded_values(trained["value"], *padded_rows),
+                        lambda: bucketed_values(trained["value"], *full_rows), n * width,
+                        buckets.block_tokens(lengths)),
+      "update": (lambda: padded_step(state, padded_batch), lambda: bucketed_step(state, full_batch), n * width,
+                 buckets.tokens(lengths)),
+  }
+
+
 def _timed(fn) -> float:
   start = time.perf_counter()
   jax.block_until_ready(fn())
@@ -114,6 +176,8 @@ def _timed(fn) -> float:
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--model", choices=sorted(bench_rollout.SHAPES), default="tiny")
+  parser.add_argument("--algo", choices=("grpo", "ppo"), default="grpo",
+                      help="GRPO's programs (π_ref, update) or PPO's (π_ref, value forward, policy + value update)")
   parser.add_argument("--dtype", default=None, help="float32 (tiny's default) or bfloat16 (0.5b's default)")
   parser.add_argument("--workloads", default="tail,equal")
   parser.add_argument("--prompts", type=int, default=16)
@@ -134,7 +198,7 @@ def main():
   params, config = models.load_hf(ckpt, dtype=dtype)
   peak = bench_rollout.matmul_gflops()
   n = args.prompts * args.samples
-  print(f"machine: {os.cpu_count()} cores, float32 matmul {peak:.1f} GFLOP/s; {args.model} ({dtype}), "
+  print(f"machine: {os.cpu_count()} cores, float32 matmul {peak:.1f} GFLOP/s; {args.algo}; {args.model} ({dtype}), "
         f"{args.prompts} prompts x {args.samples} samples, prompt {args.prompt_len}, cap {args.max_new_tokens}; "
         f"{args.micro_batches} micro-batches, {args.widths} widths "
         f"{length_buckets.ladder(args.max_new_tokens, args.widths, 4)}; jax {jax.__version__}; "
@@ -154,7 +218,7 @@ def main():
       for _ in range(args.repeats):  # interleaved: a drift of the machine hits both alike
         times[0].append(_timed(padded))
         times[1].append(_timed(bucketed))
-      work = forward * (3 if name == "update" else 1)
+      work = forward * (3 if name == "update" else 1) * (2 if name == "update" and args.algo == "ppo" else 1)
       speedup = bench_rollout.mean_se(a / b for a, b in zip(*times))
       row = {}
       for layout, ts, cols, c in zip(("padded", "bucketed"), times, (cols_padded, cols_bucketed), compile_s):

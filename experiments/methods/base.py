@@ -19,7 +19,9 @@ from experiments.runner import evaluation
 from experiments.runner import optimizer as optimizer_lib
 from experiments.runner import policy
 from experiments.runner import warm_start
+from grpo_jax import length_buckets as length_buckets_lib
 from grpo_jax import training
+from grpo_jax.training import update as update_lib
 from grpo_jax.models import lora
 
 
@@ -162,6 +164,46 @@ class Method(abc.ABC):
   def bucketed_update(self):
     """The update's length-bucketed layout (`training.update.BucketedRows`), or None: padded (the default)."""
     return None
+
+  def length_buckets(self, rows: int, at_least: int) -> length_buckets_lib.Buckets | None:
+    """The length-bucketed layout of `rows` sampler rows in at least `at_least` micro-batches
+    (`--token_layout=buckets`), or None (padded). Raises RunError where the rows are not whole groups."""
+    rollout = self.config.rollout
+    if rollout.token_layout != "buckets":
+      return None
+    g = rollout.group_size
+    if rows % g:
+      raise config_lib.RunError(f"--token_layout=buckets: minibatches of {rows} rows are not whole groups of "
+                                f"--group_size={g}; set --minibatch_size to a multiple of it")
+    shards = self.rollouts.placement.row_shards(rows, g)
+    return length_buckets_lib.Buckets(
+        length_buckets_lib.ladder(rollout.max_new_tokens, rollout.bucket_widths, rollout.completion_pad_multiple or 1),
+        length_buckets_lib.micro_batches(rows, at_least, shards), shards)
+
+  def scoring_buckets(self) -> length_buckets_lib.Buckets | None:
+    """The scoring forwards' length buckets (`--token_layout=buckets`; None: padded): the step's rows in at least as
+    many micro-batches as the padded forward's row chunks at the full width (`--forward_memory_budget`), so its
+    memory budget holds."""
+    rollout, p = self.config.rollout, self.config.task.max_prompt_len
+    if rollout.token_layout != "buckets":
+      return None
+    rows = self.rows_per_step()
+    chunk = self.rollouts.placement.forward_chunk(self.model_config, rows, p + rollout.max_new_tokens,
+                                                  logits_chunk=self.config.model.logprob_chunk, cached=True)
+    chunks = -(-rows // chunk) if chunk else 1
+    return self.length_buckets(rows, max(rollout.bucket_micro_batches, chunks))
+
+  def bucketed_rows(self, prefill=None) -> update_lib.BucketedRows | None:
+    """The update's length-bucketed layout with `--token_layout=buckets` (None: padded): each minibatch in at least
+    max(--bucket_micro_batches, --grad_accum_steps) length-sorted micro-batches, its prompts' prefixes by `prefill`
+    (`update_lib.BucketedRows`)."""
+    algo, rollout = self.config.algorithm, self.config.rollout
+    minibatch = algo.minibatch_size or self.rows_per_step()
+    buckets = self.length_buckets(minibatch, max(rollout.bucket_micro_batches, algo.grad_accum_steps))
+    if buckets is None:
+      return None
+    return update_lib.BucketedRows(buckets, self.model_config, rollout.group_size, self.config.task.max_prompt_len,
+                                 prefill)
 
   def evaluate(self, params, key, task=None) -> dict:
     """Held-out metrics of the policy params (`runner.evaluation.evaluate`) on `task.test` (default: the method's

@@ -13,10 +13,8 @@ import numpy as np
 
 from experiments.methods import base
 from experiments.methods import program as program_lib
-from experiments.runner import config as config_lib
 from experiments.methods import rollouts as rollouts_lib
 from grpo_jax import evaluation
-from grpo_jax import length_buckets as length_buckets_lib
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import losses
 from grpo_jax import sampling
@@ -43,47 +41,18 @@ class GRPO(base.Method):
     micro = (algo.minibatch_size or self.rows_per_step()) // algo.grad_accum_steps
     return algo.shared_prompt_forward and micro % g == 0
 
-  def length_buckets(self, rows: int, at_least: int) -> length_buckets_lib.Buckets | None:
-    """The length-bucketed layout of `rows` sampler rows in at least `at_least` micro-batches
-    (`--token_layout=buckets`), or None (padded). Raises RunError where the rows are not whole groups."""
-    rollout = self.config.rollout
-    if rollout.token_layout != "buckets":
-      return None
-    g = rollout.group_size
-    if rows % g:
-      raise config_lib.RunError(f"--token_layout=buckets: minibatches of {rows} rows are not whole groups of "
-                                f"--group_size={g}; set --minibatch_size to a multiple of it")
-    shards = self.rollouts.placement.row_shards(rows, g)
-    return length_buckets_lib.Buckets(
-        length_buckets_lib.ladder(rollout.max_new_tokens, rollout.bucket_widths, rollout.completion_pad_multiple or 1),
-        length_buckets_lib.micro_batches(rows, at_least, shards), shards)
-
   def forward_layout(self) -> dict:
     """The π_ref / π_old / teacher forwards' layout (`Placement.logprobs` keywords): each prompt once per group
-    when `grouped()`, in length buckets with `--token_layout=buckets` (micro-batches no larger than the padded
-    forward's row chunks at the full width, so the memory budget holds)."""
+    when `grouped()`, in length buckets with `--token_layout=buckets` (`scoring_buckets`)."""
     if not self.grouped():
       return {}
-    rollout, p = self.config.rollout, self.config.task.max_prompt_len
-    layout = dict(group_size=rollout.group_size, prompt_len=p)
-    if rollout.token_layout != "buckets":
-      return layout
-    # at least as many micro-batches as the padded forward's row chunks at full width (`--forward_memory_budget`)
-    rows = self.rows_per_step()
-    chunk = self.rollouts.placement.forward_chunk(self.model_config, rows, p + rollout.max_new_tokens,
-                                                  logits_chunk=self.config.model.logprob_chunk, cached=True)
-    chunks = -(-rows // chunk) if chunk else 1
-    return layout | dict(buckets=self.length_buckets(rows, max(rollout.bucket_micro_batches, chunks)))
+    layout = dict(group_size=self.config.rollout.group_size, prompt_len=self.config.task.max_prompt_len)
+    buckets = self.scoring_buckets()
+    return layout if buckets is None else layout | dict(buckets=buckets)
 
   def bucketed_update(self) -> update_lib.BucketedRows | None:
-    """The update's length-bucketed layout: each minibatch in at least max(--bucket_micro_batches,
-    --grad_accum_steps) length-sorted micro-batches; None when padded."""
-    algo, rollout = self.config.algorithm, self.config.rollout
-    minibatch = algo.minibatch_size or self.rows_per_step()
-    buckets = self.length_buckets(minibatch, max(rollout.bucket_micro_batches, algo.grad_accum_steps))
-    if buckets is None:
-      return None
-    return update_lib.BucketedRows(buckets, self.model_config, rollout.group_size, self.config.task.max_prompt_len)
+    """The update's length-bucketed layout (`Method.bucketed_rows`); None when padded."""
+    return self.bucketed_rows()
 
   @property
   def rows_per_item(self) -> int:

@@ -81,16 +81,26 @@ class PPO(base.Method):
   def __init__(self, config, model_config, task, rollouts, reference):
     super().__init__(config, model_config, task, rollouts, reference)
     place = rollouts.placement
+    buckets, g, p = self.scoring_buckets(), config.rollout.group_size, config.task.max_prompt_len
 
-    def values(params, tokens, mask):  # V(s_t) of every row, in the placement's row chunks (chosen per shape)
-      return row_chunks.map_rows(lambda t, m: objectives.token_values(params, model_config, t, m), (tokens, mask),
-                                 place.forward_chunk(model_config, *tokens.shape))
+    def values(params, tokens, mask):  # V(s_t) of every row [N, P + T]
+      if buckets is None:  # in the placement's row chunks (chosen per shape)
+        return row_chunks.map_rows(lambda t, m: objectives.token_values(params, model_config, t, m), (tokens, mask),
+                                   place.forward_chunk(model_config, *tokens.shape))
+      # in the π_old / π_ref forwards' length buckets, each prompt once per group (0 at the prompt's columns)
+      out = objectives.bucketed_completion_values(params, model_config, tokens[::g, :p], mask[::g, :p], tokens[:, p:],
+                                                  mask[:, p:], group_size=g, buckets=buckets)
+      return jnp.pad(out, ((0, 0), (p, 0)))
 
     # On a mesh, traced inside its axis rules, as the policy's forwards are (a Pallas attention kernel runs per shard).
     values = jax.jit(values) if place.mesh is None else partitioning.jit_with_rules(values, place.mesh, place.rules)
     # `.program()`: the program itself (ahead of time: `experiments.trainer.programs`)
     self.values = placed.Placed(lambda params, tokens, mask: values(params, *place.device((tokens, mask))),
                                 lambda: values)
+    # π_old / π_ref: the rollouts' forward (each row its own prompt), or each prompt once per group in length buckets
+    self.group_logprobs = rollouts.logprobs if buckets is None else place.logprobs(
+        model_config, chunk_size=config.model.logprob_chunk, temperature=config.rollout.temperature,
+        **self.forward_layout())
     algo = config.algorithm
     self.step_batch = jax.jit(functools.partial(
         step_batch, mask_truncated=config.rollout.mask_truncated, beta=algo.beta, kl=algo.kl or "k1",
@@ -120,6 +130,28 @@ class PPO(base.Method):
   def policy(self, params):
     return params["policy"]
 
+  @property
+  def rows_per_item(self) -> int:
+    """G with length buckets, whose micro-batches hold whole groups (each prompt once per group); 1 otherwise."""
+    return self.config.rollout.group_size if self.config.rollout.token_layout == "buckets" else 1
+
+  def forward_layout(self) -> dict:
+    """With `--token_layout=buckets`, the π_old / π_ref forwards' layout (`Placement.logprobs` keywords): each
+    prompt once per group of G, in the length buckets of `scoring_buckets` (the value forward takes the same)."""
+    buckets = self.scoring_buckets()
+    if buckets is None:
+      return {}
+    return dict(group_size=self.config.rollout.group_size, prompt_len=self.config.task.max_prompt_len,
+                buckets=buckets)
+
+  def scoring_logprobs(self):
+    return self.group_logprobs
+
+  def bucketed_update(self) -> update_lib.BucketedRows | None:
+    """The update's length-bucketed layout (`Method.bucketed_rows`), the policy's and the value model's prompt
+    prefixes both (`objectives.ppo_prefill`); None when padded."""
+    return self.bucketed_rows(objectives.ppo_prefill)
+
   def optimizer(self, total_updates: int, warmup: int) -> optax.GradientTransformation:
     optim = self.config.optim
     value_lr = self.config.algorithm.value_learning_rate or optim.learning_rate
@@ -145,10 +177,14 @@ class PPO(base.Method):
     value = shapes.trained["value"]
     t = self.config.rollout.max_new_tokens
     logp = shapes.rows(jnp.float32, n, t)
+    buckets = self.scoring_buckets()
+    how = "" if buckets is None else (f", in {buckets.num_micro_batches} length-sorted micro-batches in blocks of "
+                                      f"{buckets.block} columns, each prompt once per group of "
+                                      f"{self.config.rollout.group_size}")
     return super().step_programs(shapes) | {
         "values": program_lib.Program(
             self.values.program(), (value, shapes.rows(jnp.int32, n, width), shapes.rows(jnp.bool_, n, width)),
-            f"the value forward V_ψ of the {n} rows", per_step=1),
+            f"the value forward V_ψ of the {n} rows{how}", per_step=1),
         "batch": program_lib.Program(
             self.step_batch, (program_lib.samples(shapes, n, width - t, t), shapes.rows(jnp.float32, n), logp, logp,
                               logp), f"the training batch of the {n} rows (KL rewards, GAE, statistics)",
@@ -161,7 +197,9 @@ class PPO(base.Method):
     return update_lib.bind(objectives.ppo_objective, config=self.model_config, loss_kwargs=loss_kwargs,
                            value_clip=algo.value_clip or None, value_coef=algo.value_coef,
                            chunk_size=self.config.model.logprob_chunk, temperature=self.config.rollout.temperature,
-                           correction_kwargs=base.correction_kwargs(algo))
+                           correction_kwargs=base.correction_kwargs(algo),
+                           **({} if self.bucketed_update() is None else  # the bucketed update's prompt prefixes
+                              dict(prompt_len=self.config.task.max_prompt_len)))
 
   def collect(self, params, position: int, key):
     rollout = self.config.rollout
@@ -177,8 +215,8 @@ class PPO(base.Method):
     t1 = time.time()
     sequences = logprobs_lib.sequences_from_samples(samples)
     completion = lambda full: self.rollouts.completion(full, samples)  # noqa: E731
-    old_logp = self.rollouts.old_logprobs(params["policy"], samples)
-    ref_logp = (completion(self.rollouts.logprobs(self.reference, *sequences)) if "π_ref" in self.scoring_forwards()
+    old_logp = self.rollouts.old_logprobs(params["policy"], samples, self.group_logprobs)
+    ref_logp = (completion(self.group_logprobs(self.reference, *sequences)) if "π_ref" in self.scoring_forwards()
                 else old_logp)
     old_values = completion(self.values(params["value"], *sequences))
     batch, batch_stats = self.step_batch(samples, scored.rewards, old_logp, ref_logp, old_values)

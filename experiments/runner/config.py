@@ -139,10 +139,11 @@ class RolloutConfig:
       "multiple) + 2 compiled widths of the scoring and update programs a run, for at most twice the columns).",
       choices=("multiple", "doubling"))
   # `grpo_jax.length_buckets`: one program for every length.
-  token_layout: str = flag("padded", "GRPO/distill: the training rows' layout in the pi_ref / pi_old forwards and "
-      "the update: padded (every row cut to the step's longest completion) or buckets (rows sorted by length into "
-      "--bucket_micro_batches micro-batches, each at the narrowest of --bucket_widths halving widths that holds it: "
-      "compute follows the tokens, and one program serves every length).", choices=("padded", "buckets"))
+  token_layout: str = flag("padded", "GRPO/PPO/distill: the training rows' layout in the pi_ref / pi_old (and PPO's "
+      "value) forwards and the update: padded (every row cut to the step's longest completion) or buckets (rows "
+      "sorted by length into --bucket_micro_batches micro-batches, each at the narrowest of --bucket_widths halving "
+      "widths that holds it: compute follows the tokens, and one program serves every length).",
+      choices=("padded", "buckets"))
   bucket_micro_batches: int = flag(8, "With --token_layout=buckets: length-sorted micro-batches of a step's rows in "
       "the forwards, and of a minibatch in the update (at least --grad_accum_steps there); more fit the lengths "
       "closer, fewer run wider matmuls.", minimum=1)
@@ -514,7 +515,8 @@ FLOW_UNSUPPORTED = ("loss_aggregation", "importance", "dynamic_sampling", "overl
 # defaults, so a flag never silently does nothing.
 READ_BY = {
     "dynamic_sampling": ("grpo",), "dynamic_sampling_max_rounds": ("grpo",), "importance": ("grpo",),
-    "shared_prompt_forward": ("grpo",), "advantage_scale": ("grpo", "flow_grpo"), "token_layout": ("grpo", "distill"),
+    "shared_prompt_forward": ("grpo",), "advantage_scale": ("grpo", "flow_grpo"),
+    "token_layout": ("grpo", "ppo", "distill"),
     "advantage_eps": ("grpo", "flow_grpo"), "process_center_tokens": ("grpo",),
     "recompute_old_logprobs": ("grpo", "ppo", "distill"), "mask_truncated": ("grpo", "ppo", "distill"),
     "overlong_buffer": ("grpo", "ppo"),

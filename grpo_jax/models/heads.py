@@ -57,12 +57,16 @@ def scalar_apply(params: Params, config: ModelConfig, tokens: jax.Array, *, atte
   chex.assert_rank(tokens, 2)
   hidden, _ = transformer.hidden_states(params["backbone"], config, tokens, positions=positions,
                                         attention_mask=attention_mask)
-  head = params["head"]
-  values = jnp.einsum("ble,e->bl", hidden.astype(jnp.float32), head["kernel"].astype(jnp.float32))
-  values = values + head["bias"].astype(jnp.float32)
+  values = scalar_head(params["head"], hidden)
   if attention_mask is not None:
     values = jnp.where(attention_mask, values, 0.0)
   return values
+
+
+def scalar_head(head: Params, hidden: jax.Array) -> jax.Array:
+  """The head's scalar of each hidden state: hidden [..., E] · kernel + bias, float32 [...]."""
+  values = jnp.einsum("...e,e->...", hidden.astype(jnp.float32), head["kernel"].astype(jnp.float32))
+  return values + head["bias"].astype(jnp.float32)
 
 
 def scalar_logical_axes(config: ModelConfig) -> Params:

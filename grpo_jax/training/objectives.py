@@ -10,6 +10,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from grpo_jax import length_buckets
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import losses
 from grpo_jax.models import ModelConfig
@@ -29,9 +30,40 @@ def token_values(value_params: Params, config: ModelConfig, tokens: jax.Array, a
   return jnp.concatenate([jnp.zeros_like(v[:, :1]), v[:, :-1]], axis=1)
 
 
+def prefixed_completion_values(value_params: Params, config: ModelConfig, prefix: logprobs_lib.PromptPrefix,
+                               completions: jax.Array, completion_mask: jax.Array) -> jax.Array:
+  """V(s_t) [N, T] of completions after their own prompt's `PromptPrefix` row of the value backbone (in its blocks
+  with `prefix.blocks`): `token_values`' completion columns, the head on the hidden state of the position before
+  each token (the prompt's last for token 0), up to float rounding; 0 where the token or that position is padding
+  (`token_values` leaves the head's value of the last token in the column after a completion's end)."""
+  head = lambda h, tokens, valid: jnp.where(valid, heads.scalar_head(value_params["head"], h), 0.0)  # noqa: E731
+  return logprobs_lib.prefixed_completion_readout(value_params["backbone"], config, prefix, completions,
+                                                  completion_mask, head)
+
+
+def bucketed_completion_values(value_params: Params, config: ModelConfig, prompt_tokens: jax.Array,
+                               prompt_mask: jax.Array, completions: jax.Array, completion_mask: jax.Array, *,
+                               group_size: int, buckets: length_buckets.Buckets) -> jax.Array:
+  """`prefixed_completion_values` [N, T] of the N = B·G completions of B prompts (groups of G), in length-sorted
+  micro-batches (`logprobs.bucketed_completions`): each prompt once through the value backbone, each micro-batch in
+  the fewest blocks of `buckets.block` columns that hold it."""
+  return logprobs_lib.bucketed_completions(
+      value_params["backbone"], config, prompt_tokens, prompt_mask, completions, completion_mask,
+      group_size=group_size, buckets=buckets,
+      run=lambda own, tokens, mask: prefixed_completion_values(value_params, config, own, tokens, mask))
+
+
+def ppo_prefill(params: Params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: jax.Array) -> dict:
+  """The prompts' `PromptPrefix` of both PPO models, `{"policy", "value"}` (the length-bucketed update:
+  `update.BucketedRows.prefill`)."""
+  return {"policy": logprobs_lib.prefill(params["policy"], config, prompt_tokens, prompt_mask),
+          "value": logprobs_lib.prefill(params["value"]["backbone"], config, prompt_tokens, prompt_mask)}
+
+
 def ppo_objective(params: Params, batch, totals: dict, *, config: ModelConfig, loss_kwargs: dict,
                   value_clip: float | None = 0.2, value_coef: float = 1.0, chunk_size: int = 128,
-                  temperature: float = 1.0, correction_kwargs: dict | None = None):
+                  temperature: float = 1.0, correction_kwargs: dict | None = None, prompt_len: int | None = None,
+                  prefix: dict | None = None):
   """PPO's actor and critic losses (DeepSeekMath eq. 1; arXiv 2402.03300 §4.1, 1707.06347).
 
     L = −J_PPO(θ) + c_v · token-mean ½ max((V_ψ − R)², (clip(V_ψ, V_old ± ε_v) − R)²)
@@ -40,15 +72,26 @@ def ppo_objective(params: Params, batch, totals: dict, *, config: ModelConfig, l
   gradient. The KL to the reference lives in the rewards (`losses.kl_penalized_rewards`), not here.
   `batch` is a `PPOBatch`; `loss_kwargs` go to `losses.ppo_loss`. The rollout-trainer mismatch and its correction
   (`correction_kwargs`) as in `update.grpo_objective`.
+
+  With `prefix` (`ppo_prefill`'s, the length-bucketed update: `update.bucketed_gradients`) only the completion
+  columns after `prompt_len` run, against each model's prompt prefix (the policy's log-probs as in
+  `update.policy_logprobs`, the values as `prefixed_completion_values`); the loss is the same up to float rounding.
   """
-  logp, entropy = logprobs_lib.token_logprobs(params["policy"], config, batch.tokens, batch.attention_mask,
-                                              chunk_size=chunk_size, return_entropy=True, temperature=temperature)
+  if prefix is None:
+    logp, entropy = logprobs_lib.token_logprobs(params["policy"], config, batch.tokens, batch.attention_mask,
+                                                chunk_size=chunk_size, return_entropy=True, temperature=temperature)
+    values = token_values(params["value"], config, batch.tokens, batch.attention_mask)
+  else:
+    p = prompt_len
+    logp, entropy = update_lib.policy_logprobs(params["policy"], batch, config=config, chunk_size=chunk_size,
+                                               temperature=temperature, prompt_len=p, prefix=prefix["policy"])
+    values = jnp.pad(prefixed_completion_values(params["value"], config, prefix["value"], batch.tokens[:, p:],
+                                                batch.attention_mask[:, p:]), ((0, 0), (p, 0)))
   weights, mismatch = update_lib.rollout_correction(logp, batch.old_logp, batch, **(correction_kwargs or {}))
   pg_loss, metrics = losses.ppo_loss(logp, batch.old_logp, batch.advantages, batch.loss_mask,
                                      num_sequences=totals["num_sequences"], num_tokens=totals["num_tokens"],
                                      rollout_weights=weights, **loss_kwargs)
   metrics.update(mismatch)
-  values = token_values(params["value"], config, batch.tokens, batch.attention_mask)
   per_token = losses.value_loss(values, batch.old_values, batch.returns, batch.loss_mask, clip=value_clip)
   vf_loss = losses.aggregate(per_token, batch.loss_mask, "token-mean", num_tokens=totals["num_tokens"])
   loss = pg_loss + value_coef * vf_loss

@@ -44,11 +44,16 @@ def _totals(loss_mask: jax.Array) -> dict:
 class BucketedRows(NamedTuple):
   """The length-bucketed layout of an update (`make_train_step`'s `bucketed`): a minibatch of sampler rows, groups
   of `group_size` completions after a `prompt_len`-column prompt, is cut into `buckets`' length-sorted
-  micro-batches; each prompt runs once (`logprobs.prefill`) for every micro-batch its completions fall in."""
+  micro-batches; each prompt runs once for every micro-batch its completions fall in.
+
+  `prefill(params, config, prompt_tokens, prompt_mask)`: the prompts' prefixes that the objective's `prefix=`
+  receives, a pytree of `logprobs.PromptPrefix` (None: `logprobs.prefill` of the params, one prefix; PPO's
+  policy and value models: `objectives.ppo_prefill`, one each)."""
   buckets: length_buckets.Buckets
   config: ModelConfig
   group_size: int
   prompt_len: int
+  prefill: Callable | None = None
 
 
 def make_train_step(objective: Objective, optimizer: optax.GradientTransformation, num_micro_batches: int = 1,
@@ -76,7 +81,8 @@ def make_train_step(objective: Objective, optimizer: optax.GradientTransformatio
 
   Length buckets (`bucketed`, a `BucketedRows`): the minibatch's micro-batches are its rows sorted by completion
   length, each run at the narrowest width that holds it (`bucketed_gradients`), in place of `num_micro_batches`
-  equal ones; the objective must take a `prefix=` keyword (`grpo_objective`, `distill_objective`).
+  equal ones; the objective must take a `prefix=` keyword (`grpo_objective`, `distill_objective`,
+  `objectives.ppo_objective` with `bucketed.prefill`).
   """
   if mesh is None and state_shardings is not None:
     mesh = getattr(jax.tree.leaves(state_shardings)[0], "mesh", None)
@@ -141,7 +147,7 @@ def bucketed_gradients(objective: Objective, params: Params, batch, totals: dict
   """(gradient, metrics [K], loss tokens [K]) of `objective` summed over the length-sorted micro-batches of
   `bucketed` (the tokens weigh the micro-batches' means: micro-batches of short rows hold fewer).
 
-  The prompts run once for the whole minibatch (`logprobs.prefill` of `joined(params)`, under `jax.vjp`); each
+  The prompts run once for the whole minibatch (`bucketed.prefill` of `joined(params)`, under `jax.vjp`); each
   micro-batch's completions run at their width (`length_buckets.Buckets.scan`: one `lax.switch` branch per width,
   holding only the forward and backward; the gathers and the sums are outside it, once) against their prompts'
   rows, and its gradient with respect to those rows is added back onto the prompts (`length_buckets.add_at`); one
@@ -152,7 +158,11 @@ def bucketed_gradients(objective: Objective, params: Params, batch, totals: dict
   n, width = batch.tokens.shape[0], batch.tokens.shape[1] - p
   buckets.check(n, width, g)
   prompt_tokens, prompt_mask = batch.tokens[::g, :p], batch.attention_mask[::g, :p].astype(bool)
-  prefill = lambda q: tuple(logprobs_lib.prefill(joined(q), bucketed.config, prompt_tokens, prompt_mask)[:3])
+  is_prefix = lambda x: isinstance(x, logprobs_lib.PromptPrefix)
+  # The prefixes' arrays (keys, values, last hidden states) without their masks, which take no gradient.
+  with_mask = lambda tree, mask: jax.tree.map(lambda x: x._replace(mask=mask), tree, is_leaf=is_prefix)
+  prefill = lambda q: with_mask((bucketed.prefill or logprobs_lib.prefill)(
+      joined(q), bucketed.config, prompt_tokens, prompt_mask), None)
   prefix, pull_back = jax.vjp(prefill, params)
   kv_axis = lambda x: 0 if x.ndim == 2 else transformer.cache_batch_axis(x)
   lengths = jnp.sum(batch.attention_mask[:, p:], axis=1, dtype=jnp.int32)
@@ -161,7 +171,7 @@ def bucketed_gradients(objective: Objective, params: Params, batch, totals: dict
     def grad(micro, own, mask):
       cut = lambda x: x[:, :p + w] if x.ndim >= 2 and x.shape[1] == p + width else x
       micro = jax.tree.map(cut, micro)
-      loss_of = lambda q, own: objective(q, micro, totals, prefix=logprobs_lib.PromptPrefix(*own, mask))
+      loss_of = lambda q, own: objective(q, micro, totals, prefix=with_mask(own, mask))
       (_, metrics), (dq, d_own) = jax.value_and_grad(loss_of, argnums=(0, 1), has_aux=True)(params, own)
       return dq, d_own, metrics
     return grad

@@ -506,6 +506,53 @@ def test_length_buckets_collect_and_update_as_the_padded_layout(sft_policy):
     np.testing.assert_allclose(metrics[name], padded_metrics[name], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("group_size", [1, 2])
+def test_ppo_length_buckets_collect_and_update_as_the_padded_layout(sft_policy, group_size):
+  """PPO with `--token_layout=buckets` (issue 53): π_old (recomputed, temperature 0.9), π_ref and V_ψ in length
+  buckets give the padded batch (log-probs, old values, returns, advantages) at its columns and zeros past them, and
+  one update moves both models as the padded one does."""
+  import optax  # pylint: disable=import-outside-toplevel
+  got = {}
+  for layout in ("padded", "buckets"):
+    method, params, _ = _method("ppo", sft_policy, f"--token_layout={layout}", f"--batch_size={8 // group_size}",
+                                f"--group_size={group_size}", "--temperature=0.9", "--recompute_old_logprobs",
+                                "--beta=0.05", "--reward=correctness:1.0,format:0.5")
+    trained = method.init_params(params, jax.random.key(0))
+    head = trained["value"]["head"]  # a zero head at init: values of 0 would compare nothing
+    trained["value"]["head"] = dict(head, kernel=jax.random.normal(jax.random.key(1), head["kernel"].shape))
+    reference = jax.tree.map(lambda x: x * 1.01, method.reference)  # π_ref off π_old: a KL reward on every token
+    method.use_reference(reference)
+    batch, stats, _ = method.collect(trained, 0, jax.random.key(0))
+    start = jax.tree.map(np.array, trained)  # (the update donates the state)
+    optimizer = optax.sgd(1e-2)
+    step = training.make_train_step(method.objective(), optimizer, bucketed=method.bucketed_update())
+    state, metrics = step(training.init_train_state(trained, optimizer), batch)
+    got[layout] = batch, stats, state.params, metrics, method, start
+  (padded, padded_stats, padded_params, padded_metrics, *_), (bucketed, stats, params, metrics, method, start) = (
+      got.values())
+  assert method.rows_per_item == group_size and method.scoring_forwards() == ("π_old", "π_ref")
+  assert method.bucketed_update().buckets.widths == (8, 12, 24)
+  assert method.forward_layout()["buckets"].num_micro_batches == 8
+  p, width = method.config.task.max_prompt_len, padded.tokens.shape[1]
+  lengths = np.asarray(bucketed.attention_mask[:, p:].sum(1))
+  assert lengths.min() < lengths.max() and bucketed.tokens.shape[1] == p + 24 >= width  # all columns vs the longest
+  for name in ("tokens", "attention_mask", "loss_mask"):
+    np.testing.assert_array_equal(getattr(bucketed, name)[:, :width], getattr(padded, name))
+  for name in ("old_logp", "ref_logp", "old_values", "returns", "advantages"):
+    np.testing.assert_allclose(getattr(bucketed, name)[:, :width], getattr(padded, name), atol=2e-5, err_msg=name)
+    assert not np.asarray(getattr(bucketed, name)[:, width:]).any()
+  assert float(jnp.abs(padded.old_values).max()) > 0.1 and float(jnp.abs(padded.advantages).max()) > 0.1
+  for name in ("explained_variance", "return_mean", "value_start_mean", "kl_reward"):
+    np.testing.assert_allclose(stats[name], padded_stats[name], rtol=1e-4, atol=1e-6)
+  assert padded_stats["kl_reward"] != 0.0
+  for role in ("policy", "value"):  # both models moved, to the same params
+    assert max(jax.tree.leaves(jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), padded_params[role],
+                                            start[role]))) > 1e-4, role
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), params, padded_params)
+  for name in ("loss", "pg_loss", "value_loss", "entropy", "grad_norm"):
+    np.testing.assert_allclose(metrics[name], padded_metrics[name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+
 @pytest.mark.parametrize("name,flags,expected", [
     ("grpo", (), ("π_ref",)),  # on-policy: no π_old; β = 0.04
     ("grpo", ("--beta=0",), ()),

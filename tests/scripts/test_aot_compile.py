@@ -274,6 +274,20 @@ def test_the_ppo_programs_are_those_a_ppo_run_compiles(tmp_path):
       programs.programs(config.replace(**flags), model_config, placement)
 
 
+def test_the_bucketed_ppo_programs_are_those_a_bucketed_ppo_run_compiles(tmp_path):
+  # --algo=ppo --token_layout=buckets: π_old / π_ref (each prompt once per group) and V_ψ in length-sorted
+  # micro-batches over all --max_new_tokens columns, the policy + value update at the ladder's widths; as a run lowers.
+  config = config_lib.Config().replace(
+      algo="ppo", mesh="data:1", tiny_layers=1, batch_size=2, group_size=2, max_new_tokens=6, temperature=0.7,
+      steps=1, sft_steps=0, eval_every=0, num_test=2, eval_batch_size=2, save_every=0, tensorboard=False,
+      work_dir=str(tmp_path / "run"), token_layout="buckets", bucket_micro_batches=2)
+  listed, _, _ = _programs_match_a_run(config, ["sampler", "logprobs", "values", "batch", "update", "eval_greedy"])
+  assert "2 length-sorted micro-batches at widths (4, 6)" in listed["update"].uses
+  assert "2 length-sorted micro-batches" in listed["logprobs"].uses and "length-sorted" in listed["values"].uses
+  assert listed["update"].args[1].tokens.shape == listed["update"].args[1].returns.shape == (
+      4, config.task.max_prompt_len + 6)
+
+
 @pytest.mark.parametrize("lora", [False, True])
 def test_the_flow_grpo_programs_are_those_a_flow_grpo_run_compiles(tmp_path, lora):
   # --algo=flow_grpo runs on one device: the planner's turns through the unsharded sampler (the first turn B
@@ -368,6 +382,8 @@ def test_the_update_follows_the_policy_loss():
      ("sapo_gradient_scale", "entropy_mask_frac")),
     (dict(token_layout="buckets", bucket_micro_batches=2, bucket_widths=2, beta=0.04),
      ["sampler", "logprobs", "batch", "update", "eval_greedy"], ("kl", "entropy")),  # length buckets, per shard
+    (dict(algo="ppo", token_layout="buckets", bucket_micro_batches=2, bucket_widths=2, beta=0.04),
+     ["sampler", "logprobs", "values", "batch", "update", "eval_greedy"], ("value_loss", "kl_reward")),  # PPO's too
 ])
 def test_the_policy_losses_run_on_a_mesh_and_with_lora(tmp_path, flags, names, metrics):
   # A one-step run on a 2 x 2 (data, fsdp) mesh with π_old recomputed (ratios off 1) logs the loss's metrics,

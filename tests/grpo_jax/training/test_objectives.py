@@ -235,3 +235,115 @@ def test_accumulation_is_exact(model, which):
     results.append((state.params, metrics["loss"]))
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-6), results[0][0], results[1][0])
   np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-5)
+
+
+# Length buckets (issue 53): B = 4 prompts of P = 6 columns (left-padded), G = 2 completions each of T = 16 columns,
+# hand-set lengths with a long tail (one full-width row, most short).
+_P, _T, _G = 6, 16, 2
+_LENGTHS = np.array([1, 2, 16, 3, 2, 5, 1, 9])
+
+
+def _prompted_rows(config, lengths=_LENGTHS, group_size=_G):
+  """(tokens [N, P + T], attention [N, P + T]): B prompts repeated G times, then the completions of `lengths`."""
+  n = len(lengths)
+  rng = np.random.default_rng(7)
+  prompts = np.repeat(rng.integers(5, config.vocab_size, (n // group_size, _P)), group_size, axis=0)
+  prompt_mask = np.repeat(np.arange(_P)[None] >= rng.integers(0, 3, (n // group_size, 1)), group_size, axis=0)
+  completions = rng.integers(5, config.vocab_size, (n, _T))
+  mask = np.arange(_T)[None] < lengths[:, None]
+  tokens = np.concatenate([prompts, np.where(mask, completions, 0)], axis=1).astype(np.int32)
+  return jnp.asarray(tokens), jnp.asarray(np.concatenate([prompt_mask, mask], axis=1))
+
+
+@pytest.mark.parametrize("buckets", [(4, 8, 16), (16,), (2, 4, 8, 16), (6, 16)])
+def test_bucketed_values_equal_the_padded_value_forward(model, buckets):
+  """The prefix-aware value forward in length buckets (each prompt once, each micro-batch in blocks of the narrowest
+  width) gives `token_values`' completion columns wherever the completion is, 0 elsewhere."""
+  from grpo_jax import length_buckets  # pylint: disable=import-outside-toplevel
+  _, value, config = model
+  value = jax.tree.map(lambda x: 4.0 * x if x.ndim > 1 else x, value)  # larger weights: values far apart
+  tokens, attention = _prompted_rows(config)
+  padded = objectives.token_values(value, config, tokens, attention)[:, _P:]
+  layout = length_buckets.Buckets(buckets, 4)
+  got = jax.jit(lambda v: objectives.bucketed_completion_values(
+      v, config, tokens[::_G, :_P], attention[::_G, :_P], tokens[:, _P:], attention[:, _P:], group_size=_G,
+      buckets=layout))(value)
+  mask = np.asarray(attention[:, _P:])
+  np.testing.assert_allclose(np.where(mask, got, 0.0), np.where(mask, padded, 0.0), atol=2e-5)
+  np.testing.assert_array_equal(np.where(mask, 0.0, got), 0.0)
+  assert float(np.std(np.asarray(padded)[mask])) > 0.1  # distinct values, not a constant on both sides
+  # the first completion column is the head on the prompt's last hidden state
+  np.testing.assert_allclose(got[:, 0], models.scalar_apply(value, config, tokens[:, :_P],
+                                                            attention_mask=attention[:, :_P])[:, -1], atol=2e-5)
+
+
+def _bucketed_ppo_case(model, group_size=_G, lengths=_LENGTHS, seed=3):
+  """Trained params and a PPO batch of `_prompted_rows` with π_old and V_old off the current ones (ratios and value
+  clips active), random advantages and returns."""
+  policy, value, config = model
+  params = {"policy": policy, "value": jax.tree.map(lambda x: 4.0 * x if x.ndim > 1 else x, value)}
+  tokens, attention = _prompted_rows(config, lengths, group_size)
+  loss_mask = attention.at[:, :_P].set(False)
+  m = np.asarray(loss_mask, np.float32)
+  rng = np.random.default_rng(seed)
+  noise = lambda scale: scale * rng.normal(size=m.shape).astype(np.float32) * m  # noqa: E731
+  logp = np.asarray(logprobs_lib.token_logprobs(params["policy"], config, tokens, attention)) * m
+  values = np.asarray(objectives.token_values(params["value"], config, tokens, attention)) * m
+  batch = training.PPOBatch(tokens, attention, loss_mask, jnp.asarray(logp + noise(0.3)), jnp.zeros(m.shape),
+                            jnp.asarray(noise(1.0)), jnp.asarray(values + noise(0.3)), jnp.asarray(values + noise(1.0)))
+  return params, config, batch
+
+
+@pytest.mark.parametrize("aggregation,group_size,micro", [("token-mean", 2, 4), ("seq-mean-token-mean", 2, 8),
+                                                          ("seq-mean-token-mean", 1, 2)])
+def test_length_bucketed_ppo_update_equals_the_padded_one(model, aggregation, group_size, micro):
+  """The PPO update in length-sorted micro-batches (both models' prompts once, a `lax.switch` branch per width) moves
+  the policy and the critic as the padded update does, with the same losses and metrics."""
+  from grpo_jax import length_buckets  # pylint: disable=import-outside-toplevel
+  params, config, batch = _bucketed_ppo_case(model, group_size)
+  kw = dict(config=config, value_clip=0.2, value_coef=0.5, temperature=0.8,
+            loss_kwargs=dict(epsilon=0.2, aggregation=aggregation, max_len=_T))
+  optimizer = optax.sgd(1.0)
+  padded, padded_metrics = training.make_train_step(update_lib.bind(objectives.ppo_objective, **kw), optimizer,
+                                                    donate=False)(training.init_train_state(params, optimizer), batch)
+  bucketed = update_lib.BucketedRows(length_buckets.Buckets((4, 8, 16), micro), config, group_size, _P,
+                                     objectives.ppo_prefill)
+  step = training.make_train_step(update_lib.bind(objectives.ppo_objective, prompt_len=_P, **kw), optimizer,
+                                  donate=False, bucketed=bucketed)
+  got, metrics = step(training.init_train_state(params, optimizer), batch)
+  for role in ("policy", "value"):  # both models moved: the comparison below means something
+    moved = jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), padded.params[role], params[role])
+    assert max(jax.tree.leaves(moved)) > 1e-3, role
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=5e-6 + 1e-5 * float(jnp.abs(b).max())),
+               got.params, padded.params)
+  assert 0 < padded_metrics["clip_frac"] < 1 and 0 < padded_metrics["value_clip_frac"] < 1
+  for name in ("loss", "pg_loss", "value_loss", "value_mean", "entropy", "clip_frac", "value_clip_frac", "grad_norm"):
+    np.testing.assert_allclose(metrics[name], padded_metrics[name], rtol=2e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.devices(2)
+def test_sharded_length_bucketed_ppo_update_equals_one_device(model):
+  """On a 2-device mesh (rows split, or the params split) each shard sorts its own rows: the padded step's params."""
+  from grpo_jax import length_buckets, partitioning  # pylint: disable=import-outside-toplevel
+  params, config, batch = _bucketed_ppo_case(model)
+  kw = dict(config=config, value_clip=0.2, value_coef=0.5, loss_kwargs=dict(epsilon=0.2))
+  objective = update_lib.bind(objectives.ppo_objective, prompt_len=_P, **kw)
+  optimizer = optax.sgd(1.0)
+  expected, expected_metrics = training.make_train_step(update_lib.bind(objectives.ppo_objective, **kw), optimizer,
+                                                        donate=False)(training.init_train_state(params, optimizer),
+                                                                      batch)
+  for mesh_spec in ("data:2,fsdp:1", "data:1,fsdp:2"):
+    mesh, rules = partitioning.make_mesh(mesh_spec), partitioning.get_rules("fsdp")
+    shards = partitioning.data_parallel_size(mesh, rules)
+    assert shards == 2
+    state, shardings = partitioning.init_train_state(
+        partitioning.put(params, partitioning.param_shardings(mesh, rules, params)), optimizer, mesh, rules)
+    step = training.make_train_step(objective, optimizer, state_shardings=shardings, mesh=mesh, rules=rules,
+                                    batch_shardings=partitioning.batch_sharding(mesh, rules),
+                                    bucketed=update_lib.BucketedRows(length_buckets.Buckets((4, 8, 16), 2, shards),
+                                                                     config, _G, _P, objectives.ppo_prefill))
+    state, metrics = step(state, batch)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=5e-6 + 1e-5 * float(jnp.abs(b).max())),
+                 state.params, expected.params)
+    for name in ("loss", "pg_loss", "value_loss", "grad_norm"):
+      np.testing.assert_allclose(metrics[name], expected_metrics[name], rtol=1e-5, err_msg=name)
