@@ -131,6 +131,7 @@ RUNNER_VARIANTS = {  # name -> flags: the baseline first
     "engine, widths doubling": ["--sampler=engine", "--completion_widths=doubling"],
     "engine, length buckets": ["--sampler=engine", "--token_layout=buckets"],
     "engine, length buckets, 3 widths": ["--sampler=engine", "--token_layout=buckets", "--bucket_widths=3"],
+    "engine, length buckets, scanned layers": ["--sampler=engine", "--token_layout=buckets", "--scan_layers"],
 }
 
 
