@@ -8,11 +8,12 @@ program is compiled once for the step's [N, T] shape, whatever the lengths, in o
 - `Buckets.scan` (the update): micro-batch k runs at the smallest width w_k of a fixed ladder (`widths`) that holds
   its longest row, one `lax.switch` branch per width inside one `lax.scan`: Σ_k R · w_k columns, and the program
   holds one copy of the branch's forward and backward per width (its compile time grows with the widths).
-- `Buckets.scan_blocks` (the π_ref / π_old forwards): one traced body for every micro-batch, which runs the
-  completion in blocks of the narrowest width c, skipping the blocks after the longest row (`lax.cond`;
-  `logprobs.PromptPrefix.blocks`): Σ_k R · c · ceil(longest_k / c) columns, and one copy of the forward whatever
-  the widths. (In the update this form compiles in 0.75x the time of three branches but ran 1.7x slower per call
-  on the tiny model: the skipped blocks' residuals are still written, and each block attends over all T slots.)
+- `Buckets.scan_blocks` (the π_ref / π_old forwards): one traced body for every micro-batch, which runs the completion
+  in blocks of the narrowest width c, skipping the blocks after the longest row (`lax.cond`;
+  `logprobs.PromptPrefix.blocks`): Σ_k R · c · ceil(longest_k / c) columns, and one copy of the forward whatever the
+  widths (`with_block_tokens` drops the widths whose blocks would hold too few tokens). (In the update this form
+  compiles in 0.75x the time of three branches but ran 1.7x slower per call on the tiny model: the skipped blocks'
+  residuals are still written, and each block attends over all T slots.)
 
 On a mesh whose data axes split the rows into S shards, each shard sorts its own rows and every micro-batch takes
 R / S of each, so micro-batch k holds the k-th shortest rows of every shard and stays split like the batch.
@@ -120,6 +121,25 @@ class Buckets(NamedTuple):
     lengths = np.asarray(lengths)
     rows = np.asarray(self.rows(jnp.asarray(lengths)))
     return int(sum(-(-int(lengths[r].max()) // self.block) * self.block for r in rows) * rows.shape[1])
+
+
+# Tokens a forward's block should hold at the least (`with_block_tokens`): a block reads every weight once, for
+# 2 FLOPs a weight a token, so with bf16 weights it does ~t FLOPs a byte read; past ~250 (an H100's or a TPU v5e's
+# FLOP rate over its memory bandwidth) its matmuls, not the read, set its time.
+MIN_BLOCK_TOKENS = 256
+
+
+def with_block_tokens(buckets: Buckets, num_rows: int, min_tokens: int | None = None) -> Buckets:
+  """`buckets` for `num_rows` rows without the ladder's widths w where a micro-batch's block on a data shard,
+  N / (K · S) · w tokens, holds fewer than `min_tokens` (the full width always stays), so that `scan_blocks`'
+  blocks each do enough work for the weights they read. A layout of many rows a micro-batch is unchanged; one of
+  a few rows runs in fewer, wider blocks (with 2 rows a micro-batch of a 0.5B model, blocks of 16 columns took
+  1.8x as long as the padded forward at equal lengths on a CPU: BENCHMARKS.md). `min_tokens` None:
+  `MIN_BLOCK_TOKENS`."""
+  min_tokens = MIN_BLOCK_TOKENS if min_tokens is None else min_tokens
+  rows = num_rows // (buckets.num_micro_batches * buckets.shards)
+  widths = tuple(w for w in buckets.widths[:-1] if rows * w >= min_tokens) + buckets.widths[-1:]
+  return buckets._replace(widths=widths)
 
 
 def take(x: jax.Array, rows: jax.Array, shards: int = 1, axis: int = 0) -> jax.Array:

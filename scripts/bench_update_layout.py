@@ -15,7 +15,8 @@ them at the `--max_new_tokens` cap; `equal`: all at the cap), random tokens. Two
             micro-batches of whole groups (the runner's --grad_accum_steps, default 1).
   bucketed  `--token_layout=buckets`: the full width, rows sorted by length into `--micro_batches` micro-batches at
             a ladder of `--widths` widths (`grpo_jax.length_buckets`), one program for every length: the scoring
-            in blocks of the narrowest width (`Buckets.scan_blocks`), the update at the ladder's widths.
+            in blocks of the narrowest width whose blocks hold 256 tokens or more (`Buckets.scan_blocks`,
+            `length_buckets.with_block_tokens`), the update at the ladder's widths.
 
 `--algo=ppo` measures PPO's programs as `experiments.methods.ppo` builds them: padded, π_ref scoring over each row
 with its own prompt (`Rollouts.logprobs`), the value forward V_ψ (`objectives.token_values` in the budget's row
@@ -31,6 +32,7 @@ machine's float32 matmul GFLOP/s measured in this run.
 """
 
 import argparse
+import functools
 import json
 import os
 import pathlib
@@ -84,12 +86,12 @@ def programs(params, config, args, lengths):
   # As the runner builds them (`Placement.logprobs`): the padded forward in row chunks of its default budget.
   layout = dict(group_size=g, prompt_len=p, chunk_size=128)
   padded_score = logprobs.jit_token_logprobs(config, memory_budget=row_chunks.default_budget_bytes(), **layout)
-  bucketed_score = logprobs.jit_token_logprobs(config, buckets=buckets, **layout)
+  scoring = length_buckets.with_block_tokens(buckets, len(lengths))  # as `Method.scoring_buckets`
+  bucketed_score = logprobs.jit_token_logprobs(config, buckets=scoring, **layout)
 
   n = len(lengths)
   rng = np.random.default_rng(3)
-  sequences = lambda w: (jnp.concatenate([jnp.repeat(prompts, g, 0), completions[:, :w]], 1),
-                         jnp.concatenate([jnp.repeat(prompt_mask, g, 0), mask[:, :w]], 1))
+  sequences = functools.partial(sequences_at, prompts, prompt_mask, completions, mask, g)
 
   def batch(w):
     tokens, attention = sequences(w)
@@ -109,10 +111,16 @@ def programs(params, config, args, lengths):
   padded_rows, full_rows = sequences(width), sequences(t)
   return {
       "π_ref scoring": (lambda: padded_score(params, *padded_rows), lambda: bucketed_score(params, *full_rows),
-                        n * width, buckets.block_tokens(lengths)),
+                        n * width, scoring.block_tokens(lengths)),
       "update": (lambda: padded_step(state, padded_batch), lambda: bucketed_step(state, full_batch), n * width,
                  buckets.tokens(lengths)),
   }
+
+
+def sequences_at(prompts, prompt_mask, completions, mask, g: int, width: int):
+  """(tokens, attention) [N, P + width]: each prompt repeated for its G completions, the completions cut to width."""
+  return (jnp.concatenate([jnp.repeat(prompts, g, 0), completions[:, :width]], 1),
+          jnp.concatenate([jnp.repeat(prompt_mask, g, 0), mask[:, :width]], 1))
 
 
 def ppo_programs(params, config, args, lengths):
@@ -125,18 +133,18 @@ def ppo_programs(params, config, args, lengths):
   trained = {"policy": params, "value": models.init_scalar_params(config, jax.random.key(1), backbone=params)}
   # As `PPO` builds them: padded, the rollouts' forward (each row its own prompt) and the values in row chunks.
   padded_score = logprobs.jit_token_logprobs(config, memory_budget=budget, chunk_size=128)
-  bucketed_score = logprobs.jit_token_logprobs(config, buckets=buckets, group_size=g, prompt_len=p, chunk_size=128)
+  scoring = length_buckets.with_block_tokens(buckets, len(lengths))  # as `Method.scoring_buckets`
+  bucketed_score = logprobs.jit_token_logprobs(config, buckets=scoring, group_size=g, prompt_len=p, chunk_size=128)
   padded_values = jax.jit(lambda v, tokens, attention: row_chunks.map_rows(
       lambda x, m: objectives.token_values(v, config, x, m), (tokens, attention),
       row_chunks.rows_per_chunk(tokens.shape[0], row_chunks.forward_row_bytes(config, tokens.shape[1]), budget)))
   bucketed_values = jax.jit(lambda v, tokens, attention: objectives.bucketed_completion_values(
       v, config, tokens[::g, :p], attention[::g, :p], tokens[:, p:], attention[:, p:], group_size=g,
-      buckets=buckets))
+      buckets=scoring))
 
   n = len(lengths)
   rng = np.random.default_rng(3)
-  sequences = lambda w: (jnp.concatenate([jnp.repeat(prompts, g, 0), completions[:, :w]], 1),
-                         jnp.concatenate([jnp.repeat(prompt_mask, g, 0), mask[:, :w]], 1))
+  sequences = functools.partial(sequences_at, prompts, prompt_mask, completions, mask, g)
 
   def batch(w):
     tokens, attention = sequences(w)
@@ -158,10 +166,10 @@ def ppo_programs(params, config, args, lengths):
   padded_rows, full_rows = sequences(width), sequences(t)
   return {
       "π_ref scoring": (lambda: padded_score(params, *padded_rows), lambda: bucketed_score(params, *full_rows),
-                        n * width, buckets.block_tokens(lengths)),
+                        n * width, scoring.block_tokens(lengths)),
       "value forward": (lambda: padded_values(trained["value"], *padded_rows),
                         lambda: bucketed_values(trained["value"], *full_rows), n * width,
-                        buckets.block_tokens(lengths)),
+                        scoring.block_tokens(lengths)),
       "update": (lambda: padded_step(state, padded_batch), lambda: bucketed_step(state, full_batch), n * width,
                  buckets.tokens(lengths)),
   }

@@ -183,7 +183,7 @@ class Method(abc.ABC):
   def scoring_buckets(self) -> length_buckets_lib.Buckets | None:
     """The scoring forwards' length buckets (`--token_layout=buckets`; None: padded): the step's rows in at least as
     many micro-batches as the padded forward's row chunks at the full width (`--forward_memory_budget`), so its
-    memory budget holds."""
+    memory budget holds, in blocks of at least `length_buckets.MIN_BLOCK_TOKENS` tokens (`with_block_tokens`)."""
     rollout, p = self.config.rollout, self.config.task.max_prompt_len
     if rollout.token_layout != "buckets":
       return None
@@ -191,7 +191,8 @@ class Method(abc.ABC):
     chunk = self.rollouts.placement.forward_chunk(self.model_config, rows, p + rollout.max_new_tokens,
                                                   logits_chunk=self.config.model.logprob_chunk, cached=True)
     chunks = -(-rows // chunk) if chunk else 1
-    return self.length_buckets(rows, max(rollout.bucket_micro_batches, chunks))
+    buckets = self.length_buckets(rows, max(rollout.bucket_micro_batches, chunks))
+    return length_buckets_lib.with_block_tokens(buckets, rows)
 
   def bucketed_rows(self, prefill=None) -> update_lib.BucketedRows | None:
     """The update's length-bucketed layout with `--token_layout=buckets` (None: padded): each minibatch in at least

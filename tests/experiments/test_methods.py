@@ -20,6 +20,7 @@ from experiments.runner import task as task_lib
 from experiments.methods import dpo as dpo_lib
 from experiments.methods import ppo as ppo_lib
 from experiments.methods import rollouts as rollouts_lib
+from grpo_jax import length_buckets
 from grpo_jax import models
 from grpo_jax import sampling
 from grpo_jax import training
@@ -469,10 +470,15 @@ def test_dynamic_sampling_keeps_varied_groups_and_refills(sft_policy, monkeypatc
   assert stats["zero_variance_groups"] == pytest.approx(1 - np.mean(in_loss))
 
 
-def test_length_buckets_collect_and_update_as_the_padded_layout(sft_policy):
+def test_length_buckets_collect_and_update_as_the_padded_layout(sft_policy, monkeypatch):
   """`--token_layout=buckets` (issue 53): the same rollouts, π_ref and advantages at every column of the padded
   batch (the bucketed one keeps all --max_new_tokens columns, zeros past the ends), and an update to the same
-  params; π_old recomputed (temperature 0.9) goes through the bucketed forward too."""
+  params; π_old recomputed (temperature 0.9) goes through the bucketed forward too, in blocks of 8 columns (the
+  floor of tokens a block lowered to 0: with 2 rows a micro-batch the default runs one block of 24)."""
+  method, _, _ = _method("grpo", sft_policy, "--token_layout=buckets", "--batch_size=4", "--group_size=4")
+  assert method.scoring_buckets().widths == (24,) and method.scoring_buckets().num_micro_batches == 8
+  monkeypatch.setattr(length_buckets, "MIN_BLOCK_TOKENS", 0)
+  assert method.scoring_buckets().widths == (8, 12, 24)
   got = {}
   for layout in ("padded", "buckets"):
     method, params, _ = _method("grpo", sft_policy, f"--token_layout={layout}", "--batch_size=4", "--group_size=4",

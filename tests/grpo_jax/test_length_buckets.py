@@ -167,3 +167,16 @@ def test_bucketed_logprobs_with_a_scanned_layer_stack(params):
   scanned = jax.jit(lambda p: run(CONFIG.replace(scan_layers=True), p))(models.stack_layers(params, CONFIG))
   np.testing.assert_allclose(scanned, unrolled, atol=2e-5)
   assert float(jnp.abs(unrolled).sum()) > 1.0
+
+
+def test_with_block_tokens_drops_the_widths_of_few_token_blocks():
+  b = length_buckets.Buckets(widths=(16, 32, 64, 128), num_micro_batches=4)
+  # 8 rows, 2 a micro-batch: blocks of 16, 32, 64 hold 32, 64, 128 tokens; only the full width is left at 256
+  assert length_buckets.with_block_tokens(b, 8).widths == (128,)
+  assert length_buckets.with_block_tokens(b, 8, min_tokens=64).widths == (32, 64, 128)
+  # 64 rows, 16 a micro-batch: 16 x 16 = 256 tokens a block already
+  assert length_buckets.with_block_tokens(b, 64) == b
+  # On 2 data shards a device's block holds half the micro-batch's rows: 32 rows, 4 a device, 4 x 64 = 256
+  two = b._replace(shards=2)
+  assert length_buckets.with_block_tokens(two, 32).widths == (64, 128)
+  assert (length_buckets.with_block_tokens(b, 8).block, length_buckets.with_block_tokens(b, 8).num_blocks) == (128, 1)
