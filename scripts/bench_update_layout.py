@@ -86,7 +86,7 @@ def programs(params, config, args, lengths):
   # As the runner builds them (`Placement.logprobs`): the padded forward in row chunks of its default budget.
   layout = dict(group_size=g, prompt_len=p, chunk_size=128)
   padded_score = logprobs.jit_token_logprobs(config, memory_budget=row_chunks.default_budget_bytes(), **layout)
-  scoring = length_buckets.with_block_tokens(buckets, len(lengths))  # as `Method.scoring_buckets`
+  scoring = length_buckets.with_block_tokens(buckets, len(lengths), getattr(args, "min_block_tokens", None))
   bucketed_score = logprobs.jit_token_logprobs(config, buckets=scoring, **layout)
 
   n = len(lengths)
@@ -133,7 +133,7 @@ def ppo_programs(params, config, args, lengths):
   trained = {"policy": params, "value": models.init_scalar_params(config, jax.random.key(1), backbone=params)}
   # As `PPO` builds them: padded, the rollouts' forward (each row its own prompt) and the values in row chunks.
   padded_score = logprobs.jit_token_logprobs(config, memory_budget=budget, chunk_size=128)
-  scoring = length_buckets.with_block_tokens(buckets, len(lengths))  # as `Method.scoring_buckets`
+  scoring = length_buckets.with_block_tokens(buckets, len(lengths), getattr(args, "min_block_tokens", None))
   bucketed_score = logprobs.jit_token_logprobs(config, buckets=scoring, group_size=g, prompt_len=p, chunk_size=128)
   padded_values = jax.jit(lambda v, tokens, attention: row_chunks.map_rows(
       lambda x, m: objectives.token_values(v, config, x, m), (tokens, attention),
@@ -197,6 +197,8 @@ def main():
   parser.add_argument("--micro_batches", type=int, default=8)
   parser.add_argument("--widths", type=int, default=4)
   parser.add_argument("--padded_micro_batches", type=int, default=1, help="the padded update's (--grad_accum_steps)")
+  parser.add_argument("--min_block_tokens", type=int, default=None,
+                      help="the scoring blocks' floor of tokens (default: MIN_BLOCK_TOKENS, as the runner)")
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--json", default="", help="also write the figures here")
   args = parser.parse_args()

@@ -216,7 +216,8 @@ def layout(args) -> dict:
   roof = json.loads((pathlib.Path(args.out) / "roofline.json").read_text())
   b, g, t, p = (2, 2, 8, 8) if args.smoke else (16, 8, 256, 64)
   shape = argparse.Namespace(prompts=b, samples=g, prompt_len=p, max_new_tokens=t, widths=2 if args.smoke else 4,
-                             micro_batches=2 if args.smoke else 8, padded_micro_batches=1)
+                             micro_batches=2 if args.smoke else 8, padded_micro_batches=1,
+                             algo="grpo", min_block_tokens=0 if args.smoke else None)  # smoke: blocks of 2 x 4
   rows_out = []
   for kind in ("equal", "tail"):
     lengths = bench_rollout.schedule(kind, b * g, t, t / 5, 0.05)

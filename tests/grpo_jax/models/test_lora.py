@@ -366,7 +366,7 @@ def test_ppo_value_model_shares_the_policys_frozen_base():
   config_r = lora.lora_config(config, rank=2, alpha=4.0, targets=("v", "gate"))
   policy = lora.add_adapters(base, config_r, jax.random.PRNGKey(1))
   method = ppo.PPO(config_lib.Config().replace(algo="ppo", lora_rank=2, lora_targets="v,gate"), config_r, None,
-                   types.SimpleNamespace(placement=placement_lib.Placement()), None)
+                   types.SimpleNamespace(placement=placement_lib.Placement(), logprobs=None), None)
   params = method.init_params(policy, jax.random.PRNGKey(2))
   value = params["value"]["backbone"]
   assert value["layers_1"]["mlp"]["gate_proj"]["kernel"] is policy["layers_1"]["mlp"]["gate_proj"]["kernel"]
