@@ -149,7 +149,7 @@ class RolloutConfig:
       "closer, fewer run wider matmuls.", minimum=1)
   bucket_widths: int = flag(3, "With --token_layout=buckets: widths of the ladder, halving from --max_new_tokens and "
       "rounded up to --completion_pad_multiple: one compiled branch each in the update; the forwards run in blocks of "
-      "the narrowest (one compiled block).", minimum=1)
+      "the narrowest whose blocks hold 256 tokens a data shard (one compiled block).", minimum=1)
   # `grpo_jax.rollout_engine` (num_slots 0: `default_slots`) or `grpo_jax.sampling`.
   sampler: str = flag("engine", "Rollouts' and evaluation's sampler: engine (continuous batching over --num_slots "
       "decode slots: a finished completion's slot takes the next one, so a long tail of lengths costs its tokens) or "
