@@ -80,18 +80,13 @@ def programs(params, config, args, lengths):
   if args.algo == "ppo":
     return ppo_programs(params, config, args, lengths)
   g, p, t = args.samples, args.prompt_len, args.max_new_tokens
-  prompts, prompt_mask, completions, mask = rows(config, args, lengths)
-  width = padded_width(lengths, t)
-  buckets = length_buckets.Buckets(length_buckets.ladder(t, args.widths, 4), args.micro_batches)
+  width, buckets, scoring, sequences = shared(config, args, lengths)
   # As the runner builds them (`Placement.logprobs`): the padded forward in row chunks of its default budget.
   layout = dict(group_size=g, prompt_len=p, chunk_size=128)
   padded_score = logprobs.jit_token_logprobs(config, memory_budget=row_chunks.default_budget_bytes(), **layout)
-  scoring = length_buckets.with_block_tokens(buckets, len(lengths), getattr(args, "min_block_tokens", None))
   bucketed_score = logprobs.jit_token_logprobs(config, buckets=scoring, **layout)
-
   n = len(lengths)
   rng = np.random.default_rng(3)
-  sequences = functools.partial(sequences_at, prompts, prompt_mask, completions, mask, g)
 
   def batch(w):
     tokens, attention = sequences(w)
@@ -102,10 +97,8 @@ def programs(params, config, args, lengths):
 
   objective = update_lib.bind(training.grpo_objective, config=config, use_reference=False, chunk_size=128,
                               group_size=g, prompt_len=p, loss_kwargs=dict(epsilon=0.2, beta=0.0))
-  optimizer = optax.sgd(1e-6)
-  padded_step = training.make_train_step(objective, optimizer, args.padded_micro_batches, donate=False)
-  bucketed_step = training.make_train_step(objective, optimizer, donate=False, bucketed=update_lib.BucketedRows(
-      buckets, config, group_size=g, prompt_len=p))
+  padded_step, bucketed_step, optimizer = train_steps(
+      objective, objective, update_lib.BucketedRows(buckets, config, group_size=g, prompt_len=p), args)
   state = training.init_train_state(params, optimizer)
   padded_batch, full_batch = batch(width), batch(t)
   padded_rows, full_rows = sequences(width), sequences(t)
@@ -117,6 +110,23 @@ def programs(params, config, args, lengths):
   }
 
 
+def shared(config, args, lengths):
+  """What both algorithms' programs share: the padded width, the update's buckets, the scoring's (with the runner's
+  floor of tokens a block, `Method.scoring_buckets`) and `sequences(width)` -> (tokens, attention) [N, P + width]."""
+  prompts, prompt_mask, completions, mask = rows(config, args, lengths)
+  buckets = length_buckets.Buckets(length_buckets.ladder(args.max_new_tokens, args.widths, 4), args.micro_batches)
+  scoring = length_buckets.with_block_tokens(buckets, len(lengths), getattr(args, "min_block_tokens", None))
+  sequences = functools.partial(sequences_at, prompts, prompt_mask, completions, mask, args.samples)
+  return padded_width(lengths, args.max_new_tokens), buckets, scoring, sequences
+
+
+def train_steps(padded_objective, bucketed_objective, bucketed_rows, args):
+  """(padded step, bucketed step, optimizer): plain SGD, so both layouts' updates are their gradients."""
+  optimizer = optax.sgd(1e-6)
+  return (training.make_train_step(padded_objective, optimizer, args.padded_micro_batches, donate=False),
+          training.make_train_step(bucketed_objective, optimizer, donate=False, bucketed=bucketed_rows), optimizer)
+
+
 def sequences_at(prompts, prompt_mask, completions, mask, g: int, width: int):
   """(tokens, attention) [N, P + width]: each prompt repeated for its G completions, the completions cut to width."""
   return (jnp.concatenate([jnp.repeat(prompts, g, 0), completions[:, :width]], 1),
@@ -126,14 +136,11 @@ def sequences_at(prompts, prompt_mask, completions, mask, g: int, width: int):
 def ppo_programs(params, config, args, lengths):
   """`programs` of PPO: π_ref scoring, the value forward and the policy + value update."""
   g, p, t = args.samples, args.prompt_len, args.max_new_tokens
-  prompts, prompt_mask, completions, mask = rows(config, args, lengths)
-  width = padded_width(lengths, t)
-  buckets = length_buckets.Buckets(length_buckets.ladder(t, args.widths, 4), args.micro_batches)
+  width, buckets, scoring, sequences = shared(config, args, lengths)
   budget = row_chunks.default_budget_bytes()
   trained = {"policy": params, "value": models.init_scalar_params(config, jax.random.key(1), backbone=params)}
   # As `PPO` builds them: padded, the rollouts' forward (each row its own prompt) and the values in row chunks.
   padded_score = logprobs.jit_token_logprobs(config, memory_budget=budget, chunk_size=128)
-  scoring = length_buckets.with_block_tokens(buckets, len(lengths), getattr(args, "min_block_tokens", None))
   bucketed_score = logprobs.jit_token_logprobs(config, buckets=scoring, group_size=g, prompt_len=p, chunk_size=128)
   padded_values = jax.jit(lambda v, tokens, attention: row_chunks.map_rows(
       lambda x, m: objectives.token_values(v, config, x, m), (tokens, attention),
@@ -141,10 +148,8 @@ def ppo_programs(params, config, args, lengths):
   bucketed_values = jax.jit(lambda v, tokens, attention: objectives.bucketed_completion_values(
       v, config, tokens[::g, :p], attention[::g, :p], tokens[:, p:], attention[:, p:], group_size=g,
       buckets=scoring))
-
   n = len(lengths)
   rng = np.random.default_rng(3)
-  sequences = functools.partial(sequences_at, prompts, prompt_mask, completions, mask, g)
 
   def batch(w):
     tokens, attention = sequences(w)
@@ -155,12 +160,9 @@ def ppo_programs(params, config, args, lengths):
                              f32(rng.normal(size=tokens.shape)), f32(rng.normal(size=tokens.shape)))
 
   kw = dict(config=config, chunk_size=128, value_clip=0.2, value_coef=1.0, loss_kwargs=dict(epsilon=0.2))
-  optimizer = optax.sgd(1e-6)
-  padded_step = training.make_train_step(update_lib.bind(objectives.ppo_objective, **kw), optimizer,
-                                         args.padded_micro_batches, donate=False)
-  bucketed_step = training.make_train_step(
-      update_lib.bind(objectives.ppo_objective, prompt_len=p, **kw), optimizer, donate=False,
-      bucketed=update_lib.BucketedRows(buckets, config, g, p, objectives.ppo_prefill))
+  padded_step, bucketed_step, optimizer = train_steps(
+      update_lib.bind(objectives.ppo_objective, **kw), update_lib.bind(objectives.ppo_objective, prompt_len=p, **kw),
+      update_lib.BucketedRows(buckets, config, g, p, objectives.ppo_prefill), args)
   state = training.init_train_state(trained, optimizer)
   padded_batch, full_batch = batch(width), batch(t)
   padded_rows, full_rows = sequences(width), sequences(t)
