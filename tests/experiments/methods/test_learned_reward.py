@@ -319,22 +319,33 @@ def test_a_loglik_reward_model_scores_at_rl_time_as_it_trained(tmp_path, checkpo
   np.testing.assert_allclose(chunked.outcome(samples, texts), outcome, rtol=1e-5)
 
 
-def test_iterative_updates_of_a_loglik_model_train_head_and_alpha_only(tmp_path, checkpoints, monkeypatch):
-  """Algorithm 1's reward-model updates on a loglik-score ORM: its backbone stays bitwise as loaded, its head
-  and α move."""
-  policy_dir = checkpoints[0]
+def _loglik_orm(policy_dir, path, alpha: float):
+  """A loglik-score ORM on the policy's backbone, saved at `path`."""
   params, config = models.load_hf(policy_dir)
-  rm_params = rm.init_reward_params(params, config, jax.random.key(8), head_scale=3.0, score="loglik", alpha=0.01)
-  rm.save_reward_model(rm_params, config, tmp_path / "orm", kind="orm")
-  states = []
+  rm_params = rm.init_reward_params(params, config, jax.random.key(8), head_scale=3.0, score="loglik", alpha=alpha)
+  rm.save_reward_model(rm_params, config, path, kind="orm")
+
+
+def _record_updates(monkeypatch, record) -> list:
+  """The list that each `RewardModelUpdates.update` appends `record(updates)` to, after the update."""
+  seen = []
   original = methods.learned_reward.RewardModelUpdates.update
 
   def update(self, policy, iteration, key):
     metrics = original(self, policy, iteration, key)
-    states.append(jax.tree.map(np.array, self.state.params))
+    seen.append(record(self))
     return metrics
 
   monkeypatch.setattr(methods.learned_reward.RewardModelUpdates, "update", update)
+  return seen
+
+
+def test_iterative_updates_of_a_loglik_model_train_head_and_alpha_only(tmp_path, checkpoints, monkeypatch):
+  """Algorithm 1's reward-model updates on a loglik-score ORM: its backbone stays bitwise as loaded, its head
+  and α move."""
+  policy_dir = checkpoints[0]
+  _loglik_orm(policy_dir, tmp_path / "orm", alpha=0.01)
+  states = _record_updates(monkeypatch, lambda updates: jax.tree.map(np.array, updates.state.params))
   _run(tmp_path / "run", policy_dir, "--reward=orm", f"--reward_model={tmp_path / 'orm'}", "--iterations=2",
        "--steps_per_iteration=1", "--rm_update_prompts=4", "--rm_update_steps=3", "--rm_update_batch_size=8")
   assert len(states) == 2
@@ -349,19 +360,10 @@ def test_iterative_updates_with_adapters_train_the_likelihood_and_keep_the_base(
   ranks with changes: a frozen backbone's cannot), its head and α; the loaded weights stay bitwise."""
   from grpo_jax.models import lora
   policy_dir = checkpoints[0]
-  params, config = models.load_hf(policy_dir)
-  rm_params = rm.init_reward_params(params, config, jax.random.key(8), head_scale=3.0, score="loglik", alpha=0.5)
-  rm.save_reward_model(rm_params, config, tmp_path / "orm", kind="orm")
-  seen = []
-  original = methods.learned_reward.RewardModelUpdates.update
-
-  def update(self, policy, iteration, key):
-    metrics = original(self, policy, iteration, key)
-    seen.append((jax.tree.map(np.array, self.state.params), self.reward.config,
-                 self.reward.params is self.state.params))
-    return metrics
-
-  monkeypatch.setattr(methods.learned_reward.RewardModelUpdates, "update", update)
+  _loglik_orm(policy_dir, tmp_path / "orm", alpha=0.5)
+  seen = _record_updates(monkeypatch, lambda updates: (jax.tree.map(np.array, updates.state.params),
+                                                       updates.reward.config,
+                                                       updates.reward.params is updates.state.params))
   _run(tmp_path / "run", policy_dir, "--reward=orm", f"--reward_model={tmp_path / 'orm'}", "--iterations=2",
        "--steps_per_iteration=1", "--rm_update_prompts=4", "--rm_update_steps=3", "--rm_update_batch_size=8",
        "--rm_update_lora_rank=2", "--rm_update_lora_alpha=4", "--rm_update_learning_rate=1e-2")
@@ -373,7 +375,7 @@ def test_iterative_updates_with_adapters_train_the_likelihood_and_keep_the_base(
   jax.tree.map(np.testing.assert_array_equal, base, jax.tree.map(np.array, loaded["backbone"]))
   assert not np.allclose(adapters["layers_0"]["mlp"]["down_proj"]["lora_b"], 0.0)
   assert float(trained["alpha"]) != pytest.approx(0.5, abs=1e-7)
-  tokens = np.asarray(jax.random.randint(jax.random.key(0), (4, 20), 1, config.vocab_size))
+  tokens = np.asarray(jax.random.randint(jax.random.key(0), (4, 20), 1, reward_config.vocab_size))
   mask, starts = np.ones_like(tokens, bool), np.full(4, 8, np.int32)
   before = rm.completion_loglik(loaded, reward_config.replace(lora_rank=0, lora_alpha=0.0, lora_targets=()),
                                 tokens, mask, starts)
