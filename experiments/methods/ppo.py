@@ -198,8 +198,8 @@ class PPO(base.Method):
                            value_clip=algo.value_clip or None, value_coef=algo.value_coef,
                            chunk_size=self.config.model.logprob_chunk, temperature=self.config.rollout.temperature,
                            correction_kwargs=base.correction_kwargs(algo),
-                           **({} if self.bucketed_update() is None else  # the bucketed update's prompt prefixes
-                              dict(prompt_len=self.config.task.max_prompt_len)))
+                           **(dict(prompt_len=self.config.task.max_prompt_len)  # the bucketed update's prefixes
+                              if self.config.rollout.token_layout == "buckets" else {}))
 
   def collect(self, params, position: int, key):
     rollout = self.config.rollout

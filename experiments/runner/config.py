@@ -773,14 +773,18 @@ DISTILL_UNUSED = ("dynamic_sampling", "overlong_buffer", "advantage_scale", "adv
                   "reward_model", "iterations")
 
 
+def _first_changed(v: dict, names) -> str | None:
+  """The first of `names` whose value in `v` is not its flag's default, or None."""
+  return next((name for name in names if v[name] != default(name)), None)
+
+
 def _check_distill(v: dict) -> str | None:
   """--algo=distill and its teacher."""
   if (v["algo"] == "distill") != bool(v["teacher_checkpoint"]):
     return "--algo=distill and --teacher_checkpoint=DIR (the frozen teacher, an HF directory) go together"
   if v["algo"] == "distill":
-    for name in DISTILL_UNUSED:
-      if v[name] != default(name):
-        return f"--{name}: --algo=distill learns from its teacher, not a reward; leave it at its default"
+    if name := _first_changed(v, DISTILL_UNUSED):
+      return f"--{name}: --algo=distill learns from its teacher, not a reward; leave it at its default"
     if v["reward"] in ("orm", "prm", "exact_steps"):
       return "--reward: --algo=distill only reports a rule reward; its signal is the teacher's"
   return None
@@ -791,9 +795,8 @@ def _check_dpo_and_flow_grpo(v: dict, rows: int) -> str | None:
   if v["algo"] == "dpo" and rows % 2:
     return "--algo=dpo needs an even batch_size*group_size (rows come in pairs)"
   if v["algo"] == "flow_grpo":
-    for name in FLOW_UNSUPPORTED:
-      if v[name] != default(name):
-        return f"--{name} is a GRPO option that Flow-GRPO does not use; leave it at its default"
+    if name := _first_changed(v, FLOW_UNSUPPORTED):
+      return f"--{name} is a GRPO option that Flow-GRPO does not use; leave it at its default"
     if v["reward"] in ("orm", "prm", "exact_steps"):
       return "--reward: Flow-GRPO scores the generator's answer with rule rewards, not a reward model"
     if v["planner_objective"] == "sft" and (v["num_epochs"] != 1 or v["minibatch_size"]):
