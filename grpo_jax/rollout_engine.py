@@ -406,9 +406,27 @@ def jit_generate(config: ModelConfig, prompt_shape: tuple[int, int], *, mesh: Me
   """The jitted program that `generate(..., mesh=mesh, rules=rules)` runs for prompts of `prompt_shape` (a
   multiple of the data shards): `fn(params, prompt_tokens, prompt_mask, key, temperature, max_lengths)`; for
   compiling ahead of time with `jax.ShapeDtypeStruct` arguments."""
-  options = dict(num_samples=num_samples, max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p, greedy=greedy,
-                 eos_token_ids=eos_token_ids, stop_token_ids=stop_token_ids, pad_id=pad_id,
-                 logprobs_at_temperature=logprobs_at_temperature)
-  static = _static_args(config, num_slots=num_slots, num_prompts=prompt_shape[0],
-                        shards=sharding.data_parallel_size(mesh, rules), **options)
-  return _sharded_engine(mesh, sharding.freeze_rules(rules), tuple(prompt_shape), **static)[0]
+  return generate_program(config, prompt_shape, mesh=mesh, rules=rules, num_samples=num_samples,
+                          max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p, greedy=greedy,
+                          eos_token_ids=eos_token_ids, stop_token_ids=stop_token_ids, pad_id=pad_id,
+                          logprobs_at_temperature=logprobs_at_temperature, num_slots=num_slots)[0]
+
+
+def generate_program(config: ModelConfig, prompt_shape: tuple[int, int], *, mesh: Mesh | None, rules: Mapping | None,
+                     num_samples: int = 1, max_new_tokens: int = 64, top_k: int = 0, top_p: float = 1.0,
+                     greedy: bool = False, eos_token_ids: Sequence[int] | None = None,
+                     stop_token_ids: Sequence[int] = (), pad_id: int | None = None,
+                     logprobs_at_temperature: bool = False, num_slots: int = 0) -> tuple:
+  """`(fn, in_shardings, static)`: the jitted program that `generate(..., mesh=mesh, rules=rules, **options)` runs
+  for prompts of `prompt_shape` (with a mesh, a multiple of its data shards), called as `fn(params, prompt_tokens,
+  prompt_mask, key, temperature, max_lengths, **static)`, and the shardings of those six arguments (the params' a
+  tree); without a mesh, None: the one-device program takes them unplaced."""
+  shards = 1 if mesh is None else sharding.data_parallel_size(mesh, rules)
+  static = _static_args(config, num_slots=num_slots, num_prompts=prompt_shape[0], shards=shards,
+                        num_samples=num_samples, max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p,
+                        greedy=greedy, eos_token_ids=eos_token_ids, stop_token_ids=stop_token_ids, pad_id=pad_id,
+                        logprobs_at_temperature=logprobs_at_temperature)
+  if mesh is None:
+    return _generate, None, static
+  fn, (params, rows, scalar, caps) = _sharded_engine(mesh, sharding.freeze_rules(rules), tuple(prompt_shape), **static)
+  return fn, (params, rows, rows, scalar, scalar, caps), {}

@@ -132,6 +132,8 @@ RUNNER_VARIANTS = {  # name -> flags: the baseline first
     "engine, length buckets": ["--sampler=engine", "--token_layout=buckets"],
     "engine, length buckets, 3 widths": ["--sampler=engine", "--token_layout=buckets", "--bucket_widths=3"],
     "engine, length buckets, scanned layers": ["--sampler=engine", "--token_layout=buckets", "--scan_layers"],
+    "engine, length buckets, 3 widths, not compiled ahead": ["--sampler=engine", "--token_layout=buckets",
+                                                             "--bucket_widths=3", "--compile_ahead=false"],
 }
 
 
@@ -139,7 +141,9 @@ def runner(args) -> None:
   """The runner on the 1-8-operation synthetic task, where lengths vary by themselves: one SFT policy, then
   `--runner_steps` GRPO steps from it for each variant (no persistent compilation cache): each step's sampling
   seconds (`train/time_sampling`), the stage-2 seconds (the last step's record time less the start evaluation's,
-  compilation included) and the distinct training widths."""
+  compilation included; with `--compile_ahead` some of the first step's compiling runs beside the start
+  evaluation, before that record), the whole run's seconds (the process, from start to exit: loading, the start
+  and final evaluations and the export included) and the distinct training widths."""
   tmp = pathlib.Path(tempfile.mkdtemp())
   run = lambda work, *flags: subprocess.run([sys.executable, "-m", "experiments.grpo_math", f"--work_dir={work}",
                                              *RUNNER_TASK, *flags], check=True, capture_output=True, text=True)
@@ -148,11 +152,13 @@ def runner(args) -> None:
   print(f"runner: SFT policy in {time.perf_counter() - start:.0f} s; flags {' '.join(RUNNER_TASK)}")
   variants = {name: flags for i, (name, flags) in enumerate(RUNNER_VARIANTS.items())
               if not args.runner_variants or str(i) in args.runner_variants.split(",")}
-  rows = {name: dict(first=[], steady=[], stage2=[], scoring=[], widths=0, length=0.0) for name in variants}
+  rows = {name: dict(first=[], steady=[], stage2=[], whole=[], scoring=[], widths=0, length=0.0) for name in variants}
   for round_ in range(args.runner_rounds):  # rounds in turn: a drift of the machine's load hits every variant
     for i, (name, flags) in enumerate(variants.items()):
       work = tmp / f"v{i}r{round_}"
+      start = time.perf_counter()
       run(work, f"--init_checkpoint={tmp / 'sft' / 'sft_policy'}", f"--steps={args.runner_steps}", *flags)
+      rows[name]["whole"].append(time.perf_counter() - start)
       records = [json.loads(l) for l in (work / "metrics.jsonl").read_text().splitlines()]
       train = [r for r in records if "train/time_sampling" in r]
       r = rows[name]
@@ -163,9 +169,9 @@ def runner(args) -> None:
       r["widths"] = len({x["train/completion_width"] for x in train})
       r["length"] = statistics.mean(x["train/response_length"] for x in train)
   print(f"| variant | sampling, first step s (compiles) | sampling, a later step s | scoring + update, a later step s | "
-        f"stage 2 s ({args.runner_steps} steps, compiles included; {args.runner_rounds} rounds) | widths compiled | "
-        f"mean completion |")
-  print("|---|---|---|---|---|---|---|")
+        f"stage 2 s ({args.runner_steps} steps, compiles included; {args.runner_rounds} rounds) | the whole run s | "
+        f"widths compiled | mean completion |")
+  print("|---|---|---|---|---|---|---|---|")
   base = next(iter(rows.values()))
   for name, r in rows.items():
     mean, se = mean_se(r["steady"])
@@ -173,9 +179,11 @@ def runner(args) -> None:
     stage2, stage2_se = mean_se(r["stage2"])
     speedup, speedup_se = mean_se(b / e for b, e in zip(base["stage2"], r["stage2"]))
     scoring, scoring_se = mean_se(r["scoring"])
+    whole, whole_se = mean_se(r["whole"])
+    whole_x, whole_x_se = mean_se(b / e for b, e in zip(base["whole"], r["whole"]))
     print(f"| {name} | {statistics.mean(r['first']):.2f} | {mean:.3f} ± {se:.3f} ({ratio:.2f} ± {ratio_se:.2f}x) | "
           f"{scoring:.3f} ± {scoring_se:.3f} | {stage2:.1f} ± {stage2_se:.1f} ({speedup:.2f} ± {speedup_se:.2f}x) | "
-          f"{r['widths']} | {r['length']:.1f} |")
+          f"{whole:.1f} ± {whole_se:.1f} ({whole_x:.2f} ± {whole_x_se:.2f}x) | {r['widths']} | {r['length']:.1f} |")
 
 
 def main():

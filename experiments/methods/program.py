@@ -10,6 +10,7 @@ params, how often).
 import dataclasses
 from typing import Any, Callable
 
+import jax
 import jax.numpy as jnp
 
 from grpo_jax import sampling
@@ -51,3 +52,12 @@ def samples(shapes: Shapes, rows: int, prompt_len: int, width: int) -> sampling.
       tokens=shapes.rows(jnp.int32, rows, width), logprobs=shapes.rows(jnp.float32, rows, width),
       mask=shapes.rows(jnp.bool_, rows, width), lengths=shapes.rows(jnp.int32, rows),
       truncated=shapes.rows(jnp.bool_, rows))
+
+
+def abstract(tree, shardings=None):
+  """`jax.ShapeDtypeStruct`s of a tree of arrays (or shape structs) placed by `shardings`, a tree of the same
+  structure or None: unplaced, as one device's uncommitted arrays are (a program jitted with `in_shardings` is
+  compiled for its arguments placed by them, one without for unplaced ones: another sharding is another program)."""
+  struct = lambda x, sh=None: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh,
+                                                   weak_type=getattr(getattr(x, "aval", x), "weak_type", False))
+  return jax.tree.map(struct, tree) if shardings is None else jax.tree.map(struct, tree, shardings)

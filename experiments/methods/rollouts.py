@@ -13,7 +13,9 @@ from grpo_jax import reward_models
 from grpo_jax import rewards as rewards_lib
 from grpo_jax import rollout_engine
 from grpo_jax import sampling
+from grpo_jax import partitioning
 from grpo_jax import training
+from experiments.methods import program as program_lib
 from experiments.runner import config as config_lib
 from experiments.runner import placement as placement_lib
 
@@ -114,6 +116,26 @@ class Rollouts:
     fn = rollout_engine.generate if engine else sampling.sample
     return fn(params, self.model_config, tokens, mask, key, num_samples=num_samples,
               temperature=self.config.rollout.temperature, **kwargs)
+
+  def sampler_program(self, params):
+    """The engine's program for a step's B prompts x G samples as `generate` calls it, with abstract arguments
+    placed as it places them (`methods.program.Program`; `params`: the policy's, arrays or shape structs), for
+    compiling it ahead (`trainer.ahead`); None with the static sampler."""
+    rollout = self.config.rollout
+    if rollout.sampler != "engine":
+      return None
+    b, g, p = rollout.batch_size, rollout.group_size, self.config.task.max_prompt_len
+    placed = self.placement.sample_kwargs(b, any_count=True)
+    if placed:
+      b += -b % partitioning.data_parallel_size(placed["mesh"], placed["rules"])  # `generate` pads to the shards
+    fn, shardings, static = rollout_engine.generate_program(
+        self.model_config, (b, p), mesh=placed.get("mesh"), rules=placed.get("rules"), num_samples=g,
+        **self.sampler_options())
+    shapes = (params, jax.ShapeDtypeStruct((b, p), np.int32), jax.ShapeDtypeStruct((b, p), np.bool_),
+              jax.ShapeDtypeStruct((2,), np.uint32), jax.ShapeDtypeStruct((), np.float32),
+              jax.ShapeDtypeStruct((b * g,), np.int32))
+    args = program_lib.abstract(shapes, shardings)
+    return program_lib.Program(fn, args, f"rollouts: {b} prompts x {g} samples", per_step=1, kwargs=static)
 
   def sampler_options(self, num_prompts: int | None = None, num_samples: int | None = None) -> dict:
     """The sampler's compile-time options of the rollouts (`sampling.sample` / `rollout_engine.generate` keywords

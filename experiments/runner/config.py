@@ -346,6 +346,9 @@ class RunConfig:
   compilation_cache_dir: str = flag("~/.cache/grpo_jax/xla", "JAX's on-disk compilation cache: a later run of the same "
       "programs (the same model, shapes and flags that shape them) loads them instead of compiling. Empty: off. "
       "JAX_COMPILATION_CACHE_DIR, when set, wins.")
+  compile_ahead: bool = flag(True, "Compile stage 2's first-step programs whose shapes are known before it (the "
+      "rollout engine; with --token_layout=buckets the scoring forwards and the update too) in a thread while the "
+      "start policy is evaluated.")
   profile_steps: str = flag("", "FIRST:LAST: trace stage-2 steps FIRST to LAST (both included) with jax.profiler into "
       "<work_dir>/profile (TensorBoard's profile plugin, Perfetto) and print each compiled program's runs, time and op "
       "kinds. Empty: off.")
@@ -385,7 +388,7 @@ SECTIONS = {"model": PolicyConfig, "task": TaskConfig, "sft": SFTConfig, "rollou
 MAY_CHANGE = frozenset({
     "steps", "resume", "stop_after", "save_every", "keep_checkpoints", "work_dir", "tensorboard",
     "wandb_project", "wandb_mode", "wandb_entity", "wandb_run_name", "math_verify_workers",
-    "compilation_cache_dir", "profile_steps",
+    "compilation_cache_dir", "compile_ahead", "profile_steps",
     "eval_every", "eval_batch_size", "eval_samples", "eval_temperature",
     "mesh", "sharding_rules", "coordinator_address", "num_processes", "process_id", "cpu_devices",
     "forward_rows", "forward_memory_budget", "attention", "sampler", "num_slots",

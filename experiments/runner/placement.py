@@ -108,7 +108,8 @@ class Placement:
     return shards if rows % shards == 0 and (rows // shards) % group == 0 else 1
 
   def train(self, params, optimizer, objective, num_micro_batches: int, frozen=None, bucketed=None):
-    """`(state, step)`: the train state placed by the rules and the jitted update (state donated).
+    """`(state, step)`: the train state placed by the rules and the jitted update (state donated; a `placed.Placed`,
+    `step.program()` the program).
 
     `params` are handed over: the state takes their buffers and they are deleted (on a mesh, a leaf placed
     otherwise is resharded, then deleted), so no second copy outlives the call; keep a copy of what must stay.
@@ -125,10 +126,10 @@ class Placement:
       step = training.make_train_step(objective, optimizer, num_micro_batches,
                                       combine=None if frozen is None else lora.join, bucketed=bucketed)
       state = jax.jit(lambda p: training.init_train_state(p, optimizer), donate_argnums=0)(params)
-      return state, lambda state, batch: step(state, batch, *extra)
+      return state, placed.Placed(lambda state, batch: step(state, batch, *extra), step.program)
     state, shardings = partitioning.init_train_state(params, optimizer, self.mesh, self.rules, donate=True)
     step = self.train_step(shardings, optimizer, objective, num_micro_batches, frozen=frozen, bucketed=bucketed)
-    return state, lambda state, batch: step(state, self.device(batch), *extra)
+    return state, placed.Placed(lambda state, batch: step(state, self.device(batch), *extra), step.program)
 
   def train_step(self, state_shardings, optimizer, objective, num_micro_batches: int, frozen=None, bucketed=None):
     """The jitted update of `train` on a mesh, for a train state placed by `state_shardings`

@@ -46,6 +46,7 @@ from experiments.runner import stage_checkpoints
 from experiments.runner import task as task_lib
 from experiments.runner import warm_start
 from experiments.runner import work_dir_lock
+from experiments.trainer import ahead as ahead_lib
 from experiments.trainer import plan
 from grpo_jax import distributed
 from grpo_jax import training
@@ -57,9 +58,13 @@ RunError = config_lib.RunError
 # STAGE 2: THE METHOD'S STEPS
 
 
-def train(method: methods_lib.Method, policy, logger, ckpt: stage_checkpoints.StageCheckpoints, start_accuracy,
+def train(method: methods_lib.Method, policy, logger, ckpt: stage_checkpoints.StageCheckpoints, evaluate_start=None,
           lora_base: dict | None = None, updates: learned_reward.RewardModelUpdates | None = None):
   """Stage 2: `steps` steps of collect, then μ epochs of minibatch updates.
+
+  `evaluate_start(policy) -> accuracy` evaluates the start policy (None: no evaluation, or a resumed run's, whose
+  checkpoint holds the accuracy); it runs once the train state exists, while the first step's programs compile
+  ahead in a thread (`--compile_ahead`, `trainer.ahead`).
 
   After a step during which `ckpt`'s signals noted SIGTERM or SIGINT (on any process), that step is saved and
   `preemption.Interrupted` raised.
@@ -84,10 +89,15 @@ def train(method: methods_lib.Method, policy, logger, ckpt: stage_checkpoints.St
   state, train_step, frozen = _train_state(method, policy, part, optimizer, key, iterative=updates is not None)
   policy = None
   stage = _Steps(method, logger, part, frozen, train_step, updates, minibatch, updates_per_step)
-  position, start = 0, 0
+  position, start, start_accuracy = 0, 0, None
   if run_cfg.resume and ckpt.latest_step() is not None:
     state, start, position, key, start_accuracy = _restore(ckpt, stage.checkpoint_tree(state), method, part, updates,
                                                            lora_base, start_accuracy)
+  elif evaluate_start is not None:
+    programs = ahead_lib.first_step_programs(method, state, train_step, frozen) if run_cfg.compile_ahead else {}
+    if programs and steps > start:
+      stage.ahead = ahead_lib.CompileAhead(programs)
+    start_accuracy = evaluate_start(method.policy(stage.full(state.params)))
   if prepared:
     logger.log(start, prepared, prefix="data/")
     print("offline data: " + ", ".join(f"{k} {v:.4g}" for k, v in prepared.items()), file=sys.stderr)
@@ -126,6 +136,7 @@ class _Steps:
     self.method, self.logger, self.part, self.frozen, self.train_step = method, logger, part, frozen, train_step
     self.updates, self.minibatch, self.updates_per_step = updates, minibatch, updates_per_step
     self.per_iteration = method.config.reward_model.steps_per_iteration if updates else 0
+    self.ahead = None  # the first step's programs compiling ahead (`trainer.ahead`), until that step starts
 
   def full(self, params):
     """The policy's whole params from the trained ones (with LoRA: joined to the frozen base)."""
@@ -148,6 +159,9 @@ class _Steps:
     if self.per_iteration and reset and step > 1 and (step - 1) % self.per_iteration == 0:
       # Algorithm 1: each iteration starts with π_ref ← π_θ (a copy: the train state is donated).
       method.use_reference(method.policy(self.full(jax.tree.map(jnp.copy, state.params))))
+    if self.ahead is not None:  # the programs compiling ahead, finished (else the step would compile them too)
+      self.ahead.wait()
+      self.ahead = None
     # COLLECT: π_old is the current policy (online methods) or a fixed dataset (offline ones)
     batch, stats, position = method.collect(self.full(state.params), position, step_key)
     # UPDATE: μ epochs over the method's minibatches
@@ -327,14 +341,19 @@ def _stages(cfg: config_lib.Config, method_cls, placement: placement_lib.Placeme
     params = placement.put_params(lora.add_adapters(params, policy_config, jax.random.PRNGKey(run_cfg.seed + 3)))
     lora_base = policy_lib.base_record(work_dir / "sft_policy" if needs_sft else source)
   start_eval = {}
-  if not resumed_stage2:
-    start_eval = logger.log(0, method.evaluate(params, jax.random.PRNGKey(run_cfg.seed + 1)), prefix="eval/")
-    start_eval = {k[len("eval/"):]: v for k, v in start_eval.items()}
+
+  def evaluate_start(policy) -> float:
+    """The start policy's held-out metrics, logged at step 0 (stage 2 runs it once its train state exists, while
+    the first step's programs compile ahead); returns its accuracy."""
+    values = logger.log(0, method.evaluate(policy, jax.random.PRNGKey(run_cfg.seed + 1)), prefix="eval/")
+    start_eval.update({k[len("eval/"):]: v for k, v in values.items()})
     print(f"start policy: held-out accuracy {start_eval['accuracy']:.3f}", file=sys.stderr)
+    times["rl"] = time.time()
+    return start_eval["accuracy"]
 
   times["rl"] = time.time()
-  policy, start_accuracy = _stage2(method, params, logger, start_eval.get("accuracy"), lora_base, reward_model,
-                                   signals)
+  policy, start_accuracy = _stage2(method, params, logger, None if resumed_stage2 else evaluate_start, lora_base,
+                                   reward_model, signals)
   if policy is None:  # --stop_after
     logger.close()
     task.close()
@@ -364,10 +383,11 @@ def _stage1(cfg: config_lib.Config, method: methods_lib.Method, params, model_co
   return params
 
 
-def _stage2(method: methods_lib.Method, params, logger, start_accuracy, lora_base: dict | None, reward_model,
+def _stage2(method: methods_lib.Method, params, logger, evaluate_start, lora_base: dict | None, reward_model,
             signals: preemption.StopSignals):
   """STAGE 2 around `train`: π_ref and iterative RL's reward-model updates passed in, the checkpoints opened;
-  returns `(final policy, the start policy's accuracy)`, the policy None when `--stop_after` stopped the run."""
+  returns `(final policy, the start policy's accuracy)`, the policy None when `--stop_after` stopped the run.
+  `evaluate_start(policy) -> accuracy`: the start evaluation (None: a resumed stage 2 has had it)."""
   cfg = method.config
   print(f"stage 2: {method.name}, {cfg.optim.steps} steps of {cfg.rollout.batch_size} prompts x "
         f"{cfg.rollout.group_size} samples", file=sys.stderr)
@@ -380,7 +400,7 @@ def _stage2(method: methods_lib.Method, params, logger, start_accuracy, lora_bas
   check_flags = lambda then, step: resume_lib.check_flags(then, recorded, step, report.note)  # noqa: E731
   with stage_checkpoints.StageCheckpoints(pathlib.Path(cfg.run.work_dir) / "checkpoints", cfg.run.keep_checkpoints,
                                           logger, recorded, check_flags, "stage-2", signals) as ckpt:
-    policy, start_accuracy, stopped = train(method, params, logger, ckpt, start_accuracy, lora_base, updates)
+    policy, start_accuracy, stopped = train(method, params, logger, ckpt, evaluate_start, lora_base, updates)
   method.use_reference(None)  # its memory free for the final evaluation and export
   return None if stopped else policy, start_accuracy
 

@@ -135,8 +135,11 @@ def _setup(config: config_lib.Config, model_config: models.ModelConfig, placemen
 
 
 def _model_params(config: models.ModelConfig, placement: placement_lib.Placement):
-  """Abstract params of a frozen model of `config` (the distillation teacher), placed by the rules."""
+  """Abstract params of a frozen model of `config` (the distillation teacher), placed by the rules (without a mesh:
+  unplaced)."""
   shapes = jax.eval_shape(lambda k: models.init_params(config, k), jax.random.key(0))
+  if placement.mesh is None:
+    return shapes
   return _abstract(shapes, partitioning.param_shardings(placement.mesh, placement.rules, shapes))
 
 
@@ -186,7 +189,7 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
   would refuse the config."""
   method, params, placement = _setup(config, model_config, placement, reward)
   update = _train_state(method, params, placement)
-  shapes = _shapes(params, update[3].params, placement)
+  shapes = placed_shapes(params, update[3].params, placement)
   declared = method.step_programs(shapes)  # the forwards `collect` runs (Flow-GRPO: its planner's turns too)
   out = {} if "sampler" in declared else _rollout_sampler(method, shapes, placement)
   if reward is not None:
@@ -198,8 +201,10 @@ def programs(config: config_lib.Config, model_config: models.ModelConfig, placem
   return out | (_eval_samplers(method, shapes, placement, held_out) if evaluations is None else evaluations)
 
 
-def _shapes(params, trained, placement: placement_lib.Placement) -> Shapes:
-  scalar = partitioning.replicated(placement.mesh)
+def placed_shapes(params, trained, placement: placement_lib.Placement) -> Shapes:
+  """The `Shapes` of a run on `placement` whose policy's and trained params are the abstract `params` and
+  `trained`: rows split like the batch, scalars replicated (without a mesh: unplaced)."""
+  scalar = None if placement.mesh is None else partitioning.replicated(placement.mesh)
   return Shapes(policy=params, trained=trained,
                 rows=lambda dtype, count, *shape: jax.ShapeDtypeStruct((count, *shape), dtype,
                                                                        sharding=placement.batch_sharding),

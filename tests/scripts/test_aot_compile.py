@@ -175,6 +175,7 @@ def _programs_match_a_run(config, names, mesh=None):
   model_config = aot.policy_config(config.model)
   listed = programs.programs(config, model_config, placement)
   assert list(listed) == names
+  jax.clear_caches()  # the run compiled some of them ahead at these very arguments (`trainer.ahead`): lower anew
   with _Lowerings() as ours:
     for program in listed.values():
       program.jitted.trace(*program.args, **program.kwargs).lower()

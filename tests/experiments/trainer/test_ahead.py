@@ -1,0 +1,123 @@
+"""Compiling the first step's programs ahead (`experiments/trainer/ahead.py`): the run's own calls then compile none
+of them, on one device, on a mesh, with LoRA and for PPO; a program that fails ahead is left to the run's call."""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments.methods import program as program_lib
+from experiments.runner import config as config_lib
+from experiments.trainer import ahead as ahead_lib
+from experiments.trainer import loop
+from tests.experiments.trainer.test_loop import TINY
+
+
+class _Compiles(logging.Handler):
+  """The names of the programs XLA compiles while it is entered, outside the compile-ahead thread (JAX's debug log
+  of each backend compile)."""
+
+  def __init__(self):
+    super().__init__(logging.DEBUG)
+    self.names = []
+
+  def emit(self, record):
+    message = record.getMessage()
+    if message.startswith("Finished XLA compilation of ") and not record.threadName.startswith("compile-ahead"):
+      self.names.append(message.split()[4])
+
+  def __enter__(self):
+    self.logger = logging.getLogger("jax._src.dispatch")
+    self.level = self.logger.level
+    self.logger.setLevel(logging.DEBUG)
+    self.logger.addHandler(self)
+    return self
+
+  def __exit__(self, *exc):
+    self.logger.removeHandler(self)
+    self.logger.setLevel(self.level)
+
+
+def test_the_calls_after_compiling_ahead_compile_nothing_and_a_failure_is_left_to_the_call(capsys):
+  def tanh_layers(w, x):
+    for _ in range(3):
+      x = jnp.tanh(x @ w)
+    return x
+
+  good = jax.jit(tanh_layers)
+  bad = jax.jit(lambda w, x: w @ x)  # [7, 5] @ [3, 5]: the shapes do not agree
+  w, x = jnp.ones((5, 5)), jnp.ones((3, 5))
+  ahead = ahead_lib.CompileAhead({
+      "good": program_lib.Program(good, program_lib.abstract((w, x)), "a program", per_step=1),
+      "bad": program_lib.Program(bad, (jax.ShapeDtypeStruct((7, 5), jnp.float32), program_lib.abstract(x)), "", 1)})
+  ahead.wait()
+  assert ahead.done() and set(ahead.seconds) == {"good", "bad"} and list(ahead.failed) == ["bad"]
+  assert "compile ahead: bad failed (" in capsys.readouterr().err
+  with _Compiles() as compiles:
+    np.testing.assert_allclose(good(w, x), tanh_layers(w, x), rtol=1e-6)
+  assert "jit(tanh_layers)" not in compiles.names
+  with pytest.raises(TypeError):  # the run's own call raises where it would have
+    bad(jnp.ones((7, 5)), x)
+  ahead.wait("no such program")  # returns at once
+
+
+def _first_step(tmp_path, monkeypatch, **flags):
+  """A one-step tiny run with `flags`: `(its CompileAhead, the names of what its first step compiled)`."""
+  made, compiles = [], _Compiles()
+
+  class Recorded(ahead_lib.CompileAhead):
+    def __init__(self, programs):
+      super().__init__(programs)
+      made.append(self)
+
+  step = loop._Steps.step  # pylint: disable=protected-access
+
+  def recorded(self, *args):
+    with compiles:
+      return step(self, *args)
+
+  monkeypatch.setattr(ahead_lib, "CompileAhead", Recorded)
+  monkeypatch.setattr(loop._Steps, "step", recorded)  # pylint: disable=protected-access
+  config = config_lib.Config().replace(**(TINY | dict(steps=1, batch_size=2, group_size=2, beta=0.04) | flags),
+                                       work_dir=str(tmp_path), compilation_cache_dir="")
+  jax.clear_caches()  # an earlier test's programs of these shapes would be compiled already
+  loop.run(config)
+  assert len(made) == 1 and made[0].done() and not made[0].failed, made[0].failed
+  return made[0], compiles.names
+
+
+# The names of the programs JAX compiles: the engine, the π_ref forward, GRPO's batch, the update.
+NAMES = {"sampler": "jit(_engine_impl)", "logprobs": "jit(chunked)", "batch": "jit(step_batch)", "update": "jit(step)"}
+
+
+@pytest.mark.parametrize("flags, programs", [
+    ({}, ["sampler"]),  # padded: the widths follow the completions
+    (dict(token_layout="buckets", bucket_micro_batches=2), ["update", "sampler", "logprobs", "batch"]),
+    (dict(token_layout="buckets", bucket_micro_batches=2, lora_rank=2), ["update", "sampler", "logprobs", "batch"]),
+])
+def test_the_first_step_compiles_none_of_the_programs_compiled_ahead(tmp_path, monkeypatch, flags, programs):
+  ahead, compiled = _first_step(tmp_path, monkeypatch, **flags)
+  assert list(ahead.programs) == programs
+  assert not {NAMES[p] for p in programs} & set(compiled), compiled
+  if "update" not in programs:  # the padded update compiles in the step: the record sees what a step compiles
+    assert NAMES["update"] in compiled
+
+
+@pytest.mark.devices(2)
+@pytest.mark.parametrize("algo, mesh", [("grpo", "fsdp:2"), ("ppo", "data:2")])
+def test_on_a_mesh_and_for_ppo_the_first_step_compiles_none_of_them(tmp_path, monkeypatch, algo, mesh):
+  ahead, compiled = _first_step(tmp_path, monkeypatch, algo=algo, mesh=mesh, token_layout="buckets",
+                                bucket_micro_batches=2)
+  assert {"sampler", "update"} <= set(ahead.programs)
+  assert not {NAMES[p] for p in ("sampler", "update")} & set(compiled), compiled
+  assert "batch" not in ahead.programs  # its host arguments are placed by the call
+  assert "jit(chunked)" not in compiled
+
+
+def test_without_compile_ahead_nothing_compiles_ahead(tmp_path, monkeypatch):
+  made = []
+  monkeypatch.setattr(ahead_lib, "CompileAhead", lambda programs: made.append(programs))
+  loop.run(config_lib.Config().replace(**(TINY | dict(steps=1)), work_dir=str(tmp_path), compile_ahead=False))
+  assert not made
