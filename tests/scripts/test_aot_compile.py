@@ -139,6 +139,8 @@ def _lowered(config, name, **overrides):
 class _Lowerings(logging.Handler):
   """Records `(module name, argument shapes and types)` of every program JAX lowers (its pxla debug log)."""
 
+  LOGGER = "jax._src.interpreters.pxla"
+
   def __init__(self):
     super().__init__(logging.DEBUG)
     self.seen = []
@@ -148,7 +150,7 @@ class _Lowerings(logging.Handler):
       self.seen.append((record.args[0], str(record.args[1])))
 
   def __enter__(self):
-    self.logger = logging.getLogger("jax._src.interpreters.pxla")
+    self.logger = logging.getLogger(self.LOGGER)
     self.level = self.logger.level
     self.logger.setLevel(logging.DEBUG)
     self.logger.addHandler(self)

@@ -1,8 +1,6 @@
 """Compiling the first step's programs ahead (`experiments/trainer/ahead.py`): the run's own calls then compile none
 of them, on one device, on a mesh, with LoRA and for PPO; a program that fails ahead is left to the run's call."""
 
-import logging
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,31 +11,19 @@ from experiments.runner import config as config_lib
 from experiments.trainer import ahead as ahead_lib
 from experiments.trainer import loop
 from tests.experiments.trainer.test_loop import TINY
+from tests.scripts.test_aot_compile import _Lowerings
 
 
-class _Compiles(logging.Handler):
-  """The names of the programs XLA compiles while it is entered, outside the compile-ahead thread (JAX's debug log
-  of each backend compile)."""
+class _Compiles(_Lowerings):
+  """The names of the programs XLA compiles while it is entered, outside the compile-ahead threads (JAX's debug log
+  of each backend compile), in `seen`."""
 
-  def __init__(self):
-    super().__init__(logging.DEBUG)
-    self.names = []
+  LOGGER = "jax._src.dispatch"
 
   def emit(self, record):
     message = record.getMessage()
     if message.startswith("Finished XLA compilation of ") and not record.threadName.startswith("compile-ahead"):
-      self.names.append(message.split()[4])
-
-  def __enter__(self):
-    self.logger = logging.getLogger("jax._src.dispatch")
-    self.level = self.logger.level
-    self.logger.setLevel(logging.DEBUG)
-    self.logger.addHandler(self)
-    return self
-
-  def __exit__(self, *exc):
-    self.logger.removeHandler(self)
-    self.logger.setLevel(self.level)
+      self.seen.append(message.split()[4])
 
 
 def test_the_calls_after_compiling_ahead_compile_nothing_and_a_failure_is_left_to_the_call(capsys):
@@ -57,7 +43,7 @@ def test_the_calls_after_compiling_ahead_compile_nothing_and_a_failure_is_left_t
   assert "compile ahead: bad failed (" in capsys.readouterr().err
   with _Compiles() as compiles:
     np.testing.assert_allclose(good(w, x), tanh_layers(w, x), rtol=1e-6)
-  assert "jit(tanh_layers)" not in compiles.names
+  assert "jit(tanh_layers)" not in compiles.seen
   with pytest.raises(TypeError):  # the run's own call raises where it would have
     bad(jnp.ones((7, 5)), x)
   ahead.wait("no such program")  # returns at once
@@ -85,7 +71,7 @@ def _first_step(tmp_path, monkeypatch, **flags):
   jax.clear_caches()  # an earlier test's programs of these shapes would be compiled already
   loop.run(config)
   assert len(made) == 1 and made[0].done() and not made[0].failed, made[0].failed
-  return made[0], compiles.names
+  return made[0], compiles.seen
 
 
 # The names of the programs JAX compiles: the engine, the π_ref forward, GRPO's batch, the update.
