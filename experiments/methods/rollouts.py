@@ -9,11 +9,11 @@ import numpy as np
 from grpo_jax import evaluation
 from grpo_jax import logprobs as logprobs_lib
 from grpo_jax import losses
+from grpo_jax import partitioning
 from grpo_jax import reward_models
 from grpo_jax import rewards as rewards_lib
 from grpo_jax import rollout_engine
 from grpo_jax import sampling
-from grpo_jax import partitioning
 from grpo_jax import training
 from experiments.methods import program as program_lib
 from experiments.runner import config as config_lib

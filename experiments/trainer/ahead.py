@@ -1,17 +1,17 @@
-"""Compiling stage 2's first-step programs ahead, in a thread, while the start evaluation runs (`--compile_ahead`).
+"""Compiling stage 2's first-step programs ahead, in threads, while the start evaluation runs (`--compile_ahead`).
 
 A step's first call of each program compiles it, one after the other: the rollouts' sampler, the scoring forwards,
 the step's batch, the update. Their arguments' shapes are known before the first step wherever they do not follow
 the step's completions: the sampler's always; the forwards', the batch's and the update's with
-`--token_layout=buckets`, which takes all T columns. `CompileAhead` traces, lowers and compiles those programs in a
-background thread, from the run's own jitted callables at abstract arguments placed as the run places them
+`--token_layout=buckets`, which takes all T columns. `CompileAhead` traces, lowers and compiles those programs in
+two background threads, from the run's own jitted callables at abstract arguments placed as the run places them
 (`first_step_programs`), while the main thread evaluates the start policy (itself compiling the evaluation's
 sampler); JAX keeps the executables in its in-memory caches, keyed by the traced program and its arguments'
-placement, so the run's own calls find them compiled. The loop waits for a program before calling it
+placement, so the run's own calls find them compiled. The first step waits for them all before it starts
 (`CompileAhead.wait`), so nothing is compiled twice at once. XLA's compiler threads and the evaluation share the
 cores; on an accelerator the host compiles while the chip evaluates.
 
-A compile that fails in the thread leaves that program to the run's own call, which raises the error where it
+A compile that fails in a thread leaves that program to the run's own call, which raises the error where it
 would have; a note names it.
 """
 
@@ -78,11 +78,14 @@ class CompileAhead:
 
 
 def first_step_programs(method, state, train_step, frozen=None) -> dict[str, program_lib.Program]:
-  """The programs of stage 2's first step whose arguments are known before it, from the run's own callables, by name
-  (the update first, the longest to compile, then in the order the step calls them): the rollouts' engine (`Rollouts.sampler_program`; one process, and not
-  Flow-GRPO's planner, whose turns the method samples itself), and with `--token_layout=buckets` the method's
-  scoring forwards and (without a mesh) its batch (`Method.step_programs`) and the update (`train_step`, a `placed.Placed`, over
-  `Method.abstract_batch`). `state`: the train state; `frozen`: LoRA's frozen part of the policy, or None."""
+  """The programs of stage 2's first step whose arguments are known before it, from the run's own callables, by name:
+  the update first (the longest to compile), then the others in the order the step calls them.
+
+  The rollouts' engine (`Rollouts.sampler_program`; one process, not Flow-GRPO's planner, whose turns the method
+  samples itself); with `--token_layout=buckets` also the method's scoring forwards and, without a mesh, its batch
+  (`Method.step_programs`), and the update (`train_step`, a `placed.Placed`, over `Method.abstract_batch`).
+  `state`: the train state; `frozen`: LoRA's frozen part of the policy, or None.
+  """
   from experiments.trainer import programs as programs_lib  # pylint: disable=import-outside-toplevel
   placement, mesh = method.rollouts.placement, method.rollouts.placement.mesh
   policy = method.policy(lora.TrainedPart(frozen is not None).join(state.params, frozen))
