@@ -107,3 +107,12 @@ def test_without_compile_ahead_nothing_compiles_ahead(tmp_path, monkeypatch):
   monkeypatch.setattr(ahead_lib, "CompileAhead", lambda programs: made.append(programs))
   loop.run(config_lib.Config().replace(**(TINY | dict(steps=1)), work_dir=str(tmp_path), compile_ahead=False))
   assert not made
+
+
+def test_distillation_compiles_its_teacher_forward_ahead(tmp_path, monkeypatch):
+  from tests.experiments.methods.test_distill import _teacher  # pylint: disable=import-outside-toplevel
+  teacher = _teacher(tmp_path / "teacher", hidden_size=64)
+  ahead, compiled = _first_step(tmp_path / "run", monkeypatch, algo="distill", teacher_checkpoint=str(teacher),
+                                token_layout="buckets", bucket_micro_batches=2)
+  assert "teacher_logprobs" in ahead.programs and "update" in ahead.programs
+  assert not {"jit(chunked)", "jit(step)", "jit(_engine_impl)"} & set(compiled), compiled
