@@ -15,6 +15,7 @@ A compile that fails in a thread leaves that program to the run's own call, whic
 would have; a note names it.
 """
 
+import os
 import queue
 import sys
 import threading
@@ -28,9 +29,11 @@ from grpo_jax import partitioning
 from grpo_jax.models import lora
 
 
-# Threads compiling at once: the update (the longest compile) in one, the others in the other, beside the start
-# evaluation's own compile in the main thread. XLA's compile of one program is partly parallel already.
-THREADS = 2
+# Threads compiling at once beside the main thread: the update (the longest compile) in one, the others in a second,
+# where the host has a core for each beyond the main thread's. XLA's compile of one program is partly parallel
+# already: on a 2-core CPU a second thread made the whole run no shorter, only moved compiling from the first step
+# into the start evaluation (BENCHMARKS.md, "The runner on the 1-8-operation task").
+THREADS = max(1, min(2, (os.cpu_count() or 1) - 1))
 
 
 class CompileAhead:
