@@ -115,3 +115,15 @@ def first_step_programs(method, state, train_step, frozen=None) -> dict[str, pro
   args = (placed(state), batch) + (() if frozen is None else (placed(frozen),))
   update = program_lib.Program(train_step.program(), args, "the update", per_step=1)
   return {"update": update, **out}  # the longest compile first
+
+
+def start(method, state, train_step, frozen=None) -> CompileAhead | None:
+  """`CompileAhead` of `first_step_programs`, or None where there are none. Listing them is an optimisation that
+  must not stop a run: a failure to list them is one note, and the first step compiles its programs itself."""
+  try:
+    programs = first_step_programs(method, state, train_step, frozen)
+  except Exception as e:  # pylint: disable=broad-except
+    why = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    print(f"compile ahead: off ({type(e).__name__}: {why}); the first step compiles its programs", file=sys.stderr)
+    return None
+  return CompileAhead(programs) if programs else None

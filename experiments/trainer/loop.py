@@ -94,9 +94,8 @@ def train(method: methods_lib.Method, policy, logger, ckpt: stage_checkpoints.St
     state, start, position, key, start_accuracy = _restore(ckpt, stage.checkpoint_tree(state), method, part, updates,
                                                            lora_base, start_accuracy)
   elif evaluate_start is not None:
-    programs = ahead_lib.first_step_programs(method, state, train_step, frozen) if run_cfg.compile_ahead else {}
-    if programs and steps > start:
-      stage.ahead = ahead_lib.CompileAhead(programs)
+    if run_cfg.compile_ahead and steps > start:
+      stage.ahead = ahead_lib.start(method, state, train_step, frozen)
     start_accuracy = evaluate_start(method.policy(stage.full(state.params)))
   if prepared:
     logger.log(start, prepared, prefix="data/")

@@ -102,6 +102,17 @@ def test_on_a_mesh_and_for_ppo_the_first_step_compiles_none_of_them(tmp_path, mo
   assert "jit(chunked)" not in compiled
 
 
+def test_a_failure_to_list_the_programs_is_one_note_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+  def broken(*args):
+    raise KeyError("no such leaf")
+
+  monkeypatch.setattr(ahead_lib, "first_step_programs", broken)
+  summary = loop.run(config_lib.Config().replace(**(TINY | dict(steps=1)), work_dir=str(tmp_path)))
+  assert summary["final_accuracy"] is not None
+  notes = [l for l in capsys.readouterr().err.splitlines() if l.startswith("compile ahead:")]
+  assert notes == ["compile ahead: off (KeyError: 'no such leaf'); the first step compiles its programs"]
+
+
 def test_without_compile_ahead_nothing_compiles_ahead(tmp_path, monkeypatch):
   made = []
   monkeypatch.setattr(ahead_lib, "CompileAhead", lambda programs: made.append(programs))
