@@ -46,8 +46,8 @@ UNREAD = ("model", "tiny_layers", "tiny_hidden_size", "remat", "remat_policy", "
           *(f.name for f in dataclasses.fields(config_lib.RewardModelConfig)),
           *(f.name for f in dataclasses.fields(config_lib.AgentConfig)), "eval_every", "save_every",
           "keep_checkpoints", "resume", "stop_after", "wandb_project", "wandb_mode", "wandb_entity",
-          "wandb_run_name", "profile_steps", "mesh", "sharding_rules", "coordinator_address", "num_processes",
-          "process_id", "forward_rows", "forward_memory_budget")
+          "wandb_run_name", "profile_steps", "compile_ahead", "mesh", "sharding_rules", "coordinator_address",
+          "num_processes", "process_id", "forward_rows", "forward_memory_budget")
 INSTEAD = {"model": "--init_checkpoint", "temperature": "--eval_temperature", "batch_size": "--eval_batch_size",
            "group_size": "--eval_samples"}
 

@@ -129,7 +129,7 @@ UNREAD = ("model", "init_checkpoint", "tiny_layers", "tiny_hidden_size", "remat_
           *(f.name for f in dataclasses.fields(config_lib.RewardModelConfig)),
           *(f.name for f in dataclasses.fields(config_lib.AgentConfig)),
           *(f.name for f in dataclasses.fields(config_lib.EvalConfig)), "work_dir", "stop_after", "profile_steps",
-          "forward_rows", "forward_memory_budget", "sharding_rules")
+          "compile_ahead", "forward_rows", "forward_memory_budget", "sharding_rules")
 INSTEAD = {"work_dir": "--rm_dir", "init_checkpoint": "--policy", "model": "--policy", "steps": "--rm_steps",
            "learning_rate": "--rm_learning_rate", "batch_size": "--rm_batch_size",
            "eval_every": "--rm_eval_every"}

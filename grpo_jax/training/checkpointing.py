@@ -177,9 +177,11 @@ def _quiet_writer_threads():
 
 
 def _quiet_failed_writer_threads() -> None:
-  """After a failed save, orbax's other writer threads can end with the same error (a full disk) once the save has
-  been reported, and Python would print each one's traceback (`threading.excepthook`): from then on, exceptions
-  that end a thread inside orbax are dropped; any other thread's still reach the hook before."""
+  """A failed save's error (a full disk) can also end orbax's writer threads, before or after `save` has reported
+  it, and Python would print each one's traceback (`threading.excepthook`): from the first save on, exceptions that
+  end a thread inside orbax are dropped, the save that started the thread raising the error itself
+  (`CheckpointSaveError`); any other thread's still reach the hook before. (Installed only once a save had failed,
+  a writer thread that failed first, on a loaded machine, printed its traceback before the save's one line.)"""
   previous = threading.excepthook
   if getattr(previous, "quiets_orbax", False):
     return
@@ -259,6 +261,7 @@ class Checkpointer:
     if not _all_finite(state):
       raise FloatingPointError(f"refusing to save step {step}: the state holds NaN or inf")
     _quiet_unraisable()
+    _quiet_failed_writer_threads()  # a writer thread's failure is this save's, which raises it
     try:
       with _quiet_writer_threads():
         self._manager.save(step, args=ocp.args.Composite(
@@ -268,7 +271,6 @@ class Checkpointer:
       # The same failure, once per other write task: its record, or its coroutine never awaited, at collection.
       logging.getLogger("asyncio").addFilter(_NEVER_RETRIEVED)
       warnings.filterwarnings("ignore", message="coroutine .* was never awaited", category=RuntimeWarning)
-      _quiet_failed_writer_threads()  # or the same failure again, raised in orbax's writer threads
       space = free_space(self.directory)  # as the write found it, before the partial step is removed
       self._remove_partial(step)
       previous = [s for s in self.all_steps() if s != step]

@@ -314,6 +314,25 @@ def test_restores_checkpoints_written_with_standard_save(tmp_path):
   manager.close()
 
 
+def test_a_save_quiets_orbax_writer_threads_before_it_writes(tmp_path, monkeypatch):
+  """A writer thread can fail before the save that started it reports the failure (CI once caught such a traceback
+  ahead of a full disk's one line, on a loaded machine): the hook that drops it is in place when orbax starts
+  writing, not only after a failed save."""
+  monkeypatch.setattr(threading, "excepthook", lambda args: None)  # Python's own, in effect: not quiet
+  ckpt = training.Checkpointer(tmp_path / "ckpt")
+  quiet_at_write = []
+  write = ckpt._manager.save  # pylint: disable=protected-access
+
+  def save(*args, **kwargs):
+    quiet_at_write.append(getattr(threading.excepthook, "quiets_orbax", False))
+    return write(*args, **kwargs)
+
+  monkeypatch.setattr(ckpt._manager, "save", save)  # pylint: disable=protected-access
+  ckpt.save(1, {"w": jnp.ones(3)}, {"step": 1})
+  ckpt.close()
+  assert quiet_at_write == [True]
+
+
 def test_after_a_failed_save_orbax_writer_threads_end_quietly(monkeypatch):
   """A full disk fails every one of orbax's writer threads: after the save's one line, a thread that ends with an
   exception inside orbax prints nothing (CI once caught such a traceback after the one line); any other thread's
@@ -333,7 +352,7 @@ def test_after_a_failed_save_orbax_writer_threads_end_quietly(monkeypatch):
     thread.join()
 
   run(namespace["write"])
-  assert seen == ["RESOURCE_EXHAUSTED: disk full"]  # before a failed save: reported as Python does
+  assert seen == ["RESOURCE_EXHAUSTED: disk full"]  # before any save: reported as Python does
   checkpointing._quiet_failed_writer_threads()
   checkpointing._quiet_failed_writer_threads()  # installed once
   run(namespace["write"])
