@@ -4,7 +4,7 @@ A step's first call of each program compiles it, one after the other: the rollou
 the step's batch, the update. Their arguments' shapes are known before the first step wherever they do not follow
 the step's completions: the sampler's always; the forwards', the batch's and the update's with
 `--token_layout=buckets`, which takes all T columns. `CompileAhead` traces, lowers and compiles those programs in
-two background threads, from the run's own jitted callables at abstract arguments placed as the run places them
+background threads (`THREADS`), from the run's own jitted callables at abstract arguments placed as the run places them
 (`first_step_programs`), while the main thread evaluates the start policy (itself compiling the evaluation's
 sampler); JAX keeps the executables in its in-memory caches, keyed by the traced program and its arguments'
 placement, so the run's own calls find them compiled. The first step waits for them all before it starts

@@ -56,6 +56,7 @@ import jax.numpy as jnp
 
 from experiments import methods as methods_lib
 from experiments.methods import learned_reward
+from experiments.methods import program as program_lib
 from experiments.methods.program import Program, Shapes
 from experiments.runner import config as config_lib
 from experiments.runner import evaluation
@@ -76,10 +77,6 @@ class RewardModel:
   """A learned reward model's shapes: its backbone's config (as `learned_reward.LearnedReward` loads it) and kind."""
   config: models.ModelConfig
   kind: str  # orm, orm_steps or prm (`reward_models.KINDS`)
-
-
-def _abstract(shapes, shardings):
-  return jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shapes, shardings)
 
 
 def _check(config: config_lib.Config, placement: placement_lib.Placement, reward: RewardModel | None) -> None:
@@ -130,7 +127,7 @@ def _setup(config: config_lib.Config, model_config: models.ModelConfig, placemen
   if lora_rank:
     init = lambda key: lora.add_adapters(models.init_params(model_config, key), policy_config, key)
   shapes = jax.eval_shape(init, jax.random.key(0))
-  params = _abstract(shapes, partitioning.param_shardings(placement.mesh, placement.rules, shapes))
+  params = program_lib.abstract(shapes, partitioning.param_shardings(placement.mesh, placement.rules, shapes))
   return method, params, placement
 
 
@@ -140,12 +137,12 @@ def _model_params(config: models.ModelConfig, placement: placement_lib.Placement
   shapes = jax.eval_shape(lambda k: models.init_params(config, k), jax.random.key(0))
   if placement.mesh is None:
     return shapes
-  return _abstract(shapes, partitioning.param_shardings(placement.mesh, placement.rules, shapes))
+  return program_lib.abstract(shapes, partitioning.param_shardings(placement.mesh, placement.rules, shapes))
 
 
 def _reward_params(reward: RewardModel, placement: placement_lib.Placement):
   shapes = jax.eval_shape(lambda k: models.init_scalar_params(reward.config, k), jax.random.key(0))
-  return _abstract(shapes, partitioning.param_shardings(placement.mesh, placement.rules, shapes))
+  return program_lib.abstract(shapes, partitioning.param_shardings(placement.mesh, placement.rules, shapes))
 
 
 def _train_state(method, params, placement: placement_lib.Placement):
@@ -158,7 +155,7 @@ def _train_state(method, params, placement: placement_lib.Placement):
   shapes = jax.eval_shape(lambda p, k: training.init_train_state(part.trained(method.init_params(p, k)), optimizer),
                           params, jax.random.PRNGKey(0))
   shardings = partitioning.state_shardings(placement.mesh, placement.rules, shapes)
-  return updates_per_step, minibatch, optimizer, _abstract(shapes, shardings), shardings, frozen
+  return updates_per_step, minibatch, optimizer, program_lib.abstract(shapes, shardings), shardings, frozen
 
 
 def resident(config: config_lib.Config, model_config: models.ModelConfig, placement: placement_lib.Placement,
