@@ -8,8 +8,9 @@ background threads (`THREADS`), from the run's own jitted callables at abstract 
 (`first_step_programs`), while the main thread evaluates the start policy (itself compiling the evaluation's
 sampler); JAX keeps the executables in its in-memory caches, keyed by the traced program and its arguments'
 placement, so the run's own calls find them compiled. The first step waits for them all before it starts
-(`CompileAhead.wait`), so nothing is compiled twice at once. XLA's compiler threads and the evaluation share the
-cores; on an accelerator the host compiles while the chip evaluates.
+(`CompileAhead.wait`), so nothing is compiled twice at once; while it waits, one more thread compiles what no
+thread has taken yet. XLA's compiler threads and the evaluation share the cores; on an accelerator the host
+compiles while the chip evaluates.
 
 A compile that fails in a thread leaves that program to the run's own call, which raises the error where it
 would have; a note names it.
@@ -44,6 +45,7 @@ class CompileAhead:
     self.programs = dict(programs)
     self.seconds: dict[str, float] = {}  # wall seconds of each finished compile
     self.failed: dict[str, str] = {}  # name -> the error's first line
+    self.compiled_by: dict[str, str] = {}  # name -> the thread that compiled it
     self._done = {name: threading.Event() for name in self.programs}
     self._noted = set()  # the failures `wait` has named
     self._pending = queue.SimpleQueue()
@@ -59,6 +61,7 @@ class CompileAhead:
       except queue.Empty:
         return
       p, start = self.programs[name], time.perf_counter()
+      self.compiled_by[name] = threading.current_thread().name
       try:
         p.jitted.trace(*p.args, **p.kwargs).lower().compile()
       except Exception as e:  # pylint: disable=broad-except
@@ -68,7 +71,11 @@ class CompileAhead:
 
   def wait(self, *names: str) -> None:
     """Returns once the programs `names` (all: none given) are compiled or have failed; names it never had
-    return at once."""
+    return at once. First the programs that no thread has taken yet compile in one more thread
+    (`compile-ahead-wait`), so a waiting step adds its core to the compiling instead of idling beside the threads."""
+    helper = threading.Thread(target=self._run, name="compile-ahead-wait", daemon=True)
+    helper.start()
+    helper.join()
     for name in names or tuple(self._done):
       if name in self._done:
         self._done[name].wait()

@@ -49,6 +49,30 @@ def test_the_calls_after_compiling_ahead_compile_nothing_and_a_failure_is_left_t
   ahead.wait("no such program")  # returns at once
 
 
+def test_a_waiting_step_compiles_what_no_thread_has_taken_in_a_thread_of_its_own():
+  import threading  # pylint: disable=import-outside-toplevel
+  started, release = threading.Event(), threading.Event()
+
+  class Held:  # a program whose compile holds the only thread until released
+    def trace(self, *args, **kwargs):
+      started.set()
+      release.wait()
+      return jax.jit(lambda x: x + 1).trace(*args, **kwargs)
+
+  x = jnp.ones((3,))
+  ahead = ahead_lib.CompileAhead({
+      "held": program_lib.Program(Held(), program_lib.abstract((x,)), "held", per_step=1),
+      "next": program_lib.Program(jax.jit(lambda x: x * 2), program_lib.abstract((x,)), "next", per_step=1)},
+      threads=1)
+  assert started.wait(60)
+  ahead.wait("next")  # the one thread is held: `next` compiles in the wait's own thread
+  assert ahead.compiled_by == {"held": "compile-ahead-0", "next": "compile-ahead-wait"}
+  assert not ahead.done()
+  release.set()
+  ahead.wait()
+  assert ahead.done() and not ahead.failed
+
+
 def _first_step(tmp_path, monkeypatch, **flags):
   """A one-step tiny run with `flags`: `(its CompileAhead, the names of what its first step compiled)`."""
   made, compiles = [], _Compiles()
