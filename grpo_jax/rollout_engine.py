@@ -35,7 +35,7 @@ from jax.sharding import Mesh, PartitionSpec
 from grpo_jax import partitioning as sharding
 from grpo_jax import sampling
 from grpo_jax.gumbel_rows import gumbel_rows, threefry2x32
-from grpo_jax.models import transformer
+from grpo_jax.models import kv_cache, transformer
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.logical_axes import constrain
 from grpo_jax.sampling import SampleOutput
@@ -82,8 +82,8 @@ def even_waves(num_completions: int, slots_per_device: int, devices: int = 1, mo
 
 
 def phase_widths(own_slots: int, phases: int = 4, narrowest: int = 16) -> tuple[int, ...]:
-  """The cache widths of the engine's phases: `own_slots` (T - 1) and its halves down to `narrowest`, at most
-  `phases` of them (each a compiled copy of the decode step)."""
+  """The cache widths of the engine's phases: `own_slots` (`kv_cache.own_columns(T)`) and its halves down to
+  `narrowest`, at most `phases` of them (each a compiled copy of the decode step)."""
   widths = [own_slots]
   while len(widths) < phases and widths[-1] // 2 >= narrowest:
     widths.append(widths[-1] // 2)
@@ -171,7 +171,7 @@ def _engine(params, prompt_tokens, prompt_mask, key, temperature, caps, *, confi
   prompt_hidden = hidden[:, -1]  # [B, E]
   n_prompt_tokens = jnp.sum(prompt_mask, axis=-1, dtype=jnp.int32)
   prefix = transformer.as_prefix(prompt_cache)
-  own = max(steps - 1, 1)  # a completion's first T - 1 tokens are fed back; its last is not
+  own = kv_cache.own_columns(steps)
   # RoPE's cos and sin at every position a step can feed (0 ... P + T - 1), computed once before the loop: a step
   # gathers its slots' rows (XLA would recompute them inside every layer's query and key fusions).
   tables = tuple(x[0] for x in transformer.rope_tables(config, jnp.arange(prompt_len + steps)[None]))

@@ -19,6 +19,7 @@ import numpy as np
 
 from grpo_jax import chips
 from grpo_jax.chips import GiB
+from grpo_jax.models import kv_cache
 from grpo_jax.models.config import ModelConfig
 
 CPU_BUDGET_BYTES = 4 * GiB  # the default budget of a CPU device (host memory, shared with everything else)
@@ -105,11 +106,12 @@ def forward_row_bytes(config: ModelConfig, length: int, *, logits_chunk: int = 0
 
 def sampler_prompt_bytes(config: ModelConfig, prompt_len: int, num_samples: int, max_new_tokens: int) -> int:
   """An estimate of the bytes one prompt and its G samples hold in the sampler (`sampling.sample`): the prompt's
-  keys and values (2·layers·K·D·P), its samples' own cache slots (G times 2·layers·K·D·(T - 1)), the prefill's
-  activations (`forward_row_bytes` at P) and a step's float32 logits, filtered, noised and normalised (3·G·V)."""
+  keys and values (2·layers·K·D·P), its samples' own cache slots (G times 2·layers·K·D·C, C =
+  `kv_cache.own_columns(T)`), the prefill's activations (`forward_row_bytes` at P) and a step's float32 logits,
+  filtered, noised and normalised (3·G·V)."""
   c = config
   kv = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * jnp.dtype(c.dtype).itemsize
-  slots = prompt_len + num_samples * max(max_new_tokens - 1, 1)
+  slots = prompt_len + num_samples * kv_cache.own_columns(max_new_tokens)
   return int(kv * slots + forward_row_bytes(c, prompt_len) + 3 * num_samples * c.vocab_size * 4)
 
 
@@ -130,16 +132,16 @@ def engine_bytes(config: ModelConfig, num_prompts: int, prompt_len: int, max_new
   """An estimate of what `rollout_engine.generate` holds: (bytes of its B prompts, bytes of one slot).
 
   The prompts: their keys and values (2·layers·K·D·P each), the prefill's activations (`forward_row_bytes` at P)
-  and their last hidden states. A slot: its own cache twice (2·layers·K·D·(T - 1): the whole cache, and the copy
-  a phase cuts from it, `rollout_engine.phase_widths`), one layer's gathered prefix (2·K·D·P) and a step's float32
-  logits, filtered, noised and normalised (3·V).
+  and their last hidden states. A slot: its own cache twice (2·layers·K·D·C, C = `kv_cache.own_columns(T)`: the
+  whole cache, and the copy a phase cuts from it, `rollout_engine.phase_widths`), one layer's gathered prefix
+  (2·K·D·P) and a step's float32 logits, filtered, noised and normalised (3·V).
   """
   c = config
   act = jnp.dtype(c.dtype).itemsize
   kv = 2 * c.num_key_value_heads * c.head_dim * act
   prompts = num_prompts * (c.num_hidden_layers * kv * prompt_len + forward_row_bytes(c, prompt_len)
                            + c.hidden_size * act)
-  slot = 2 * c.num_hidden_layers * kv * max(max_new_tokens - 1, 1) + kv * prompt_len + 3 * c.vocab_size * 4
+  slot = 2 * c.num_hidden_layers * kv * kv_cache.own_columns(max_new_tokens) + kv * prompt_len + 3 * c.vocab_size * 4
   return int(prompts), int(slot)
 
 

@@ -18,7 +18,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from grpo_jax import partitioning as sharding
 from grpo_jax.gumbel_rows import gumbel_rows
-from grpo_jax.models import transformer
+from grpo_jax.models import kv_cache, transformer
 from grpo_jax.models.config import ModelConfig
 from grpo_jax.models.logical_axes import constrain
 
@@ -113,8 +113,9 @@ _STATIC = ("config", "num_samples", "max_new_tokens", "top_k", "top_p", "greedy"
 def segment_ends(max_new_tokens: int, cache_segments: int) -> tuple[int, ...]:
   """The exclusive ends of the decode segments: step t (1 <= t < T) runs in the first segment with t < end.
 
-  Segment i decodes against the prompt's P slots and ends[i] - 1 own slots per row (T - 1 for the last, as with
-  one segment), so the attention of early steps spans only the slots that can be live, not the whole P + T.
+  Segment i decodes against the prompt's P slots and ends[i] - 1 own slots per row (`kv_cache.own_columns(T)` for
+  the last, as with one segment), so the attention of early steps spans only the slots that can be live, not the
+  whole P + T.
   Equal blocks of ceil((T - 1) / cache_segments) steps; fewer segments when T is short.
   """
   steps = max_new_tokens - 1  # step 0's token comes from the prefill
@@ -181,7 +182,8 @@ def _sample_rows(params, prompt_tokens, prompt_mask, key, temperature, caps=None
                                                    cache=prompt_cache)
   logits = transformer.logits_from_hidden(params, config, hidden[:, -1])
   repeat = lambda x: jnp.repeat(x, num_samples, axis=0)
-  own_slots = lambda end: max(end - 1, 1)  # steps t < end write tokens 0 ... end - 2
+  # Steps t < end write tokens 0 ... end - 2; the last segment's columns are `kv_cache.own_columns`.
+  own_slots = lambda end: kv_cache.own_columns(end) if end == steps else max(end - 1, 1)
   prefix = transformer.as_prefix(prompt_cache)
   cache = _place_cache(transformer.init_cache(config, n, own_slots(ends[0]), prefix=prefix))
   logits = repeat(logits)

@@ -153,7 +153,8 @@ def test_default_slots_and_the_budget():
   c = CONFIG  # hand count: 2 layers x 2 (k, v) x K x D x 4 bytes per cached token
   prompts, slot = row_chunks.engine_bytes(c, 3, 6, 10)
   kv = 2 * c.num_key_value_heads * c.head_dim * 4
-  assert slot == 2 * c.num_hidden_layers * kv * 9 + kv * 6 + 3 * c.vocab_size * 4  # the cache and a phase's copy
+  # The cache and a phase's copy, each of T - 1 = 9 columns rounded up to 16 (`kv_cache.own_columns`).
+  assert slot == 2 * c.num_hidden_layers * kv * 16 + kv * 6 + 3 * c.vocab_size * 4
   assert prompts == 3 * (c.num_hidden_layers * kv * 6 + row_chunks.forward_row_bytes(c, 6) + c.hidden_size * 4)
 
 

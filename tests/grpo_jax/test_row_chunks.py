@@ -64,7 +64,7 @@ def test_forward_row_bytes_by_hand():
 def test_sampler_bytes_and_prompt_chunks_by_hand():
   config = CONFIG.replace(dtype="bfloat16")
   kv = 2 * 2 * 2 * 8 * 2  # keys and values of one slot: 2 layers, 2 kv heads of 8, bf16
-  slots = 6 + 3 * 9  # the prompt's 6, then 3 samples' own T - 1 = 9 each
+  slots = 6 + 3 * 16  # the prompt's 6, then 3 samples' own T - 1 = 9 each, rounded up to 16 (`own_columns`)
   want = kv * slots + row_chunks.forward_row_bytes(config, 6) + 3 * 3 * 61 * 4
   assert row_chunks.sampler_prompt_bytes(config, 6, 3, 10) == want
   assert row_chunks.prompts_per_chunk(12, 100, 1200) == 0  # all 12 fit

@@ -76,3 +76,9 @@ def test_init_grow_and_prefix_shapes(scan):
   assert prefix.rows is None and prefix.mask.shape == (6, 7)
   with pytest.raises(ValueError, match="already has a prefix"):
     kv_cache.as_prefix(kv_cache.init_cache(config, 6, 2, prefix=prefix))
+
+
+def test_own_columns_are_t_minus_one_rounded_up_to_whole_tiles():
+  assert kv_cache.OWN_COLUMN_MULTIPLE == 16
+  # T - 1 tokens are fed back: 191 -> 192, 63 -> 64, 15 -> 16, 16 -> 16, 17 -> 32; one token still gets a tile.
+  assert [kv_cache.own_columns(t) for t in (192, 64, 16, 17, 18, 1, 2)] == [192, 64, 16, 16, 32, 16, 16]
