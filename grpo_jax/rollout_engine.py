@@ -44,28 +44,57 @@ _STATIC = ("config", "num_samples", "max_new_tokens", "top_k", "top_p", "greedy"
            "logprobs_at_temperature", "num_slots")
 
 
-# On a CPU, slots x max_new_tokens per device: the cached tokens a decode step walks through (`default_slots`).
+# On a CPU, slots x max_new_tokens per device: the cached tokens a decode step walks through (`default_slots`), at
+# least this many, and more where a model's weights outweigh its cache: up to `CPU_CACHE_PER_WEIGHT_BYTE` times the
+# bytes of the weights that the step reads anyway (`cpu_cache_tokens`). The tiny model of the benchmarks (3.5 MB of
+# weights, 2 KiB of cache a token) sits at the floor; Qwen2.5-0.5B in bfloat16 (1 GB, 12 KiB a token) gets ~200k.
 CPU_CACHE_TOKENS_PER_DEVICE = 4096
+CPU_CACHE_PER_WEIGHT_BYTE = 2.5
 
 
-def default_slots(num_completions: int, max_new_tokens: int, devices: int = 1, platform: str | None = None) -> int:
-  """Slots when none are given, over `devices` data shards on `platform` (default: JAX's backend).
+def weight_bytes(config: ModelConfig) -> int:
+  """The bytes of the weights a decode step reads: embeddings (and an untied unembedding) and each layer's
+  projections and MLP, at `config.dtype` (norms and biases left out)."""
+  e, v, h, k, d, m = (config.hidden_size, config.vocab_size, config.num_attention_heads, config.num_key_value_heads,
+                      config.head_dim, config.intermediate_size)
+  layer = e * h * d + 2 * e * k * d + h * d * e + 3 * e * m
+  count = v * e * (1 if config.tie_word_embeddings else 2) + config.num_hidden_layers * layer
+  return count * jnp.dtype(config.dtype).itemsize
+
+
+def cpu_cache_tokens(config: ModelConfig | None) -> int:
+  """A CPU device's cached tokens for `default_slots`: `CPU_CACHE_TOKENS_PER_DEVICE`, or the tokens whose keys and
+  values hold `CPU_CACHE_PER_WEIGHT_BYTE` x `weight_bytes` where that is more (None: the floor)."""
+  if config is None:
+    return CPU_CACHE_TOKENS_PER_DEVICE
+  per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
+  per_token *= jnp.dtype(config.dtype).itemsize
+  return max(CPU_CACHE_TOKENS_PER_DEVICE, int(CPU_CACHE_PER_WEIGHT_BYTE * weight_bytes(config) // per_token))
+
+
+def default_slots(num_completions: int, max_new_tokens: int, devices: int = 1, platform: str | None = None,
+                  config: ModelConfig | None = None) -> int:
+  """Slots when none are given, over `devices` data shards on `platform` (default: JAX's backend), for the model
+  of `config` (None: the CPU rule's floor).
 
   A slot count trades the loop's steps (about the tokens / S, plus the longest completion's tail) against each
-  step's width. A decode step reads the weights once for all its slots and each slot's cache once. On a CPU a
-  few slots a device already use its matmul rate, and more grow the caches a step walks through: slots x
-  `max_new_tokens` = `CPU_CACHE_TOKENS_PER_DEVICE` a device, at least 8 (8 a device at 512 tokens, the fastest
-  of 2 to 128 a device that `scripts/bench_rollout.py` measured on a long tail; the rule keeps a step's caches
-  that size at other lengths), raised to whole waves (`even_waves`). One wave (a slot for every completion) was
-  measured against it at 256 x 64 and 256 x 192: at equal lengths 0.80x and 0.95x the static sampler against
+  step's width. A decode step reads the weights once for all its slots and each slot's cache once. On a CPU, with
+  a small model, a few slots a device already use its matmul rate, and more grow the caches a step walks through:
+  slots x `max_new_tokens` = `CPU_CACHE_TOKENS_PER_DEVICE` a device, at least 8 (8 a device at 512 tokens, the
+  fastest of 2 to 128 a device that `scripts/bench_rollout.py` measured on a long tail; the rule keeps a step's
+  caches that size at other lengths), raised to whole waves (`even_waves`). One wave (a slot for every completion)
+  was measured against it at 256 x 64 and 256 x 192: at equal lengths 0.80x and 0.95x the static sampler against
   0.77x and 0.89x, on a long tail 1.40x and 1.99x against 2.04x and 2.38x (BENCHMARKS.md, one sitting), so the
-  rule stays. An accelerator needs
-  hundreds of rows a step to stop being bound by reading the weights: a quarter of the completions, at least 64
-  (the runner takes no more than its memory budget holds: `Placement.engine_slots`).
+  rule stays for it. Where the weights outweigh the caches (`cpu_cache_tokens`: at Qwen2.5-0.5B's shapes), a step
+  costs about its rows' matmuls whatever their caches, and 42, 32 or 64 slots a device ran the same tail at the
+  same speed, so the slots go up to one wave: the steps of a second wave at equal lengths cost as much again.
+  An accelerator needs hundreds of rows a step to stop being bound by reading the weights: a quarter of the
+  completions, at least 64 (the runner takes no more than its memory budget holds: `Placement.engine_slots`).
   """
   platform = platform or jax.default_backend()
   if platform == "cpu":
-    return even_waves(num_completions, max(8, CPU_CACHE_TOKENS_PER_DEVICE // max(max_new_tokens, 1)), devices)
+    tokens = cpu_cache_tokens(config)
+    return even_waves(num_completions, max(8, tokens // max(max_new_tokens, 1)), devices)
   return num_completions if num_completions <= 64 else max(64, num_completions // 4)
 
 
@@ -335,7 +364,7 @@ def _static_args(config: ModelConfig, *, num_slots: int, num_prompts: int, shard
   for name in ("cache_segments", "prompt_chunk"):
     static.pop(name)
   n = num_prompts * static["num_samples"]
-  num_slots = int(num_slots) or default_slots(n, static["max_new_tokens"], shards)
+  num_slots = int(num_slots) or default_slots(n, static["max_new_tokens"], shards, config=config)
   if num_slots < 1:
     raise ValueError(f"num_slots must be >= 1 (or 0 for the default), got {num_slots}")
   return dict(static, num_slots=min(num_slots, n))

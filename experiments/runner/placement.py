@@ -189,7 +189,7 @@ class Placement:
     prompts, slot = row_chunks.engine_bytes(config, num_prompts, prompt_len, max_new_tokens)
     platform = (placed["mesh"].devices.flat[0] if placed else jax.devices()[0]).platform
     return row_chunks.slots_that_fit(n, prompts, slot, self.forward_budget, shards=shards,
-                                     most=rollout_engine.default_slots(n, max_new_tokens, shards, platform))
+                                     most=rollout_engine.default_slots(n, max_new_tokens, shards, platform, config))
 
   def sampled(self, samples):
     """`(device, host)`: the sampler's output where the rest of the run works on it, and its whole host copy (`host`;

@@ -142,6 +142,17 @@ def test_default_slots_and_the_budget():
   assert slots(256, 192, 2, "cpu") == 44 and slots(256, 64, 2, "cpu") == 128  # 128 a device: 21 -> 22; 2 x 64
   assert slots(80, 192, 2, "cpu") == 42  # 40 a device: one wave of 40 would be 1.9x the 21, more than 1.25x
   assert rollout_engine.even_waves(100, 30) == 34 and rollout_engine.even_waves(100, 26) == 26  # 3 x 34; 34 > 32.5
+  # With a model whose weights outweigh its cache, a step's caches may hold 2.5x the weights' bytes.
+  big = models.tiny_config(vocab_size=151_936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                           num_attention_heads=14, num_key_value_heads=2, head_dim=64, dtype="bfloat16")
+  layer = 896 * 14 * 64 + 2 * 896 * 2 * 64 + 14 * 64 * 896 + 3 * 896 * 4864  # q, k, v, o; gate, up, down
+  assert rollout_engine.weight_bytes(big) == (151_936 * 896 + 24 * layer) * 2  # tied embeddings, bf16
+  per_token = 2 * 24 * 2 * 64 * 2  # keys and values, 24 layers, 2 kv heads of 64, bf16
+  assert rollout_engine.cpu_cache_tokens(big) == int(2.5 * rollout_engine.weight_bytes(big) // per_token)
+  assert slots(128, 96, 2, "cpu", big) == 128  # 64 a device fit: one wave (42 a device without the model)
+  assert slots(128, 96, 2, "cpu") == 84
+  assert rollout_engine.cpu_cache_tokens(CONFIG) == 4096  # a small model: the floor
+  assert slots(256, 192, 2, "cpu", CONFIG) == 44
   assert slots(40, 64, 1, "gpu") == 40  # few completions: one slot each
   assert slots(1024, 64, 8, "tpu") == 256 and slots(100, 8, 1, "gpu") == 64
   # 1 GiB of prompts split over 2 shards beside slots of 1 MiB each in 1.5 GiB a shard: 1024 a shard, 2048 in all.
