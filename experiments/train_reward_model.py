@@ -125,6 +125,7 @@ UNREAD = ("model", "init_checkpoint", "tiny_layers", "tiny_hidden_size", "remat_
           "logprob_chunk", "attention", "lora_rank", "lora_alpha", "lora_targets", "lora_export_peft", "sft_steps",
           "sft_batch_size", "sft_learning_rate", "batch_size", "group_size", "dynamic_sampling",
           "dynamic_sampling_max_rounds", "overlong_buffer", "mask_truncated", "completion_pad_multiple",
+          "completion_widths", "token_layout", "bucket_widths", "bucket_micro_batches",
           *(f.name for f in dataclasses.fields(config_lib.AlgorithmConfig)), "steps", "learning_rate", "lr_schedule",
           *(f.name for f in dataclasses.fields(config_lib.RewardModelConfig)),
           *(f.name for f in dataclasses.fields(config_lib.AgentConfig)),

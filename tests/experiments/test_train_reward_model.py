@@ -189,11 +189,30 @@ def test_errors_are_one_line(tmp_path, main_in_process, monkeypatch):
                                              "default"),
            (["--policy=p", "--work_dir=w"], "--work_dir: train_reward_model does not read it (use --rm_dir)"),
            (["--policy=p", "--steps=5"], "--steps: train_reward_model does not read it (use --rm_steps)"),
-           (["--policy=p", "--algo=ppo"], "--algo: train_reward_model does not read it")]
+           (["--policy=p", "--algo=ppo"], "--algo: train_reward_model does not read it"),
+           (["--policy=p", "--token_layout=buckets"], "--token_layout: train_reward_model does not read it")]
   for args, message in cases:
     error = main_in_process(train_reward_model.main, ["train_reward_model", f"--rm_dir={tmp_path / 'x'}", *args])
     assert isinstance(error, str) and error.startswith("train_reward_model: error: ") and message in error, error
   jax.clear_caches()
+
+
+# The shared flags train_reward_model reads (or checks, as the mesh's): with `UNREAD`, every shared flag. A new
+# shared flag fails `test_every_shared_flag_is_read_or_refused` until it is put in one of the two.
+READ = {"compilation_cache_dir", "coordinator_address", "cpu_devices", "dtype", "keep_checkpoints",
+        "math_verify_time_limit", "math_verify_workers", "max_grad_norm", "max_new_tokens", "max_prompt_len", "mesh",
+        "num_processes", "num_slots", "num_test", "num_train", "num_validation", "paths_max_steps", "paths_min_steps",
+        "process_id", "prompt_template", "remat", "resume", "reward", "sampler", "save_every", "seed", "sft_examples",
+        "synthetic_digits", "synthetic_max_steps", "synthetic_min_steps", "synthetic_ops", "task", "temperature",
+        "tensorboard", "test_file", "top_k", "top_p", "train_file", "wandb_entity",
+        "wandb_mode", "wandb_project", "wandb_run_name", "warmup_steps", "weight_decay"}
+
+
+def test_every_shared_flag_is_read_or_refused():
+  from experiments.runner import config as config_lib  # pylint: disable=import-outside-toplevel
+  unread = set(train_reward_model.UNREAD)
+  assert len(unread) == len(train_reward_model.UNREAD) and not READ & unread
+  assert set(config_lib.Config().flat()) == READ | unread
 
 
 def _same_run(expected_dir, actual_dir):
