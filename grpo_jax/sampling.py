@@ -449,8 +449,21 @@ def jit_sample(config: ModelConfig, prompt_shape: tuple[int, int], *, mesh: Mesh
   shardings; for compiling ahead of time: `fn.lower(<jax.ShapeDtypeStruct args>).compile()`. With `max_lengths`,
   a sixth argument: each row's cap [B * G].
   """
-  static = _static_args(config, num_samples=num_samples, max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p,
-                        greedy=greedy, eos_token_ids=eos_token_ids, stop_token_ids=stop_token_ids, pad_id=pad_id,
-                        logprobs_at_temperature=logprobs_at_temperature, cache_segments=cache_segments,
-                        prompt_chunk=prompt_chunk)
-  return _sharded_sampler(mesh, sharding.freeze_rules(rules), tuple(prompt_shape), bool(max_lengths), **static)[0]
+  return placed_sample_program(config, prompt_shape, mesh=mesh, rules=rules, num_samples=num_samples,
+                               max_new_tokens=max_new_tokens, top_k=top_k, top_p=top_p, greedy=greedy,
+                               eos_token_ids=eos_token_ids, stop_token_ids=stop_token_ids, pad_id=pad_id,
+                               logprobs_at_temperature=logprobs_at_temperature, cache_segments=cache_segments,
+                               prompt_chunk=prompt_chunk, max_lengths=max_lengths)[0]
+
+
+def placed_sample_program(config: ModelConfig, prompt_shape: tuple[int, int], *, mesh: Mesh, rules: Mapping,
+                          max_lengths: bool = False, **options) -> tuple:
+  """`(fn, in_shardings)`: `jit_sample`'s program (the keywords of `sample` as `options`) and the shardings that
+  `sample` puts its arguments at: params (a tree), prompt tokens, mask, key, temperature, and with `max_lengths`
+  the caps."""
+  defaults = dict(num_samples=1, max_new_tokens=64, top_k=0, top_p=1.0, greedy=False, eos_token_ids=None,
+                  stop_token_ids=(), pad_id=None)  # `sample`'s
+  static = _static_args(config, **(defaults | options))
+  fn, (params, rows, scalar, caps) = _sharded_sampler(mesh, sharding.freeze_rules(rules), tuple(prompt_shape),
+                                                      bool(max_lengths), **static)
+  return fn, (params, rows, rows, scalar, scalar) + ((caps,) if max_lengths else ())

@@ -118,22 +118,30 @@ class Rollouts:
               temperature=self.config.rollout.temperature, **kwargs)
 
   def sampler_program(self, params):
-    """The engine's program for a step's B prompts x G samples as `generate` calls it, with abstract arguments
+    """The sampler's program for a step's B prompts x G samples as `generate` calls it, with abstract arguments
     placed as it places them (`methods.program.Program`; `params`: the policy's, arrays or shape structs), for
-    compiling it ahead (`trainer.ahead`); None with the static sampler."""
+    compiling it ahead (`trainer.ahead`): the engine's (`rollout_engine.generate_program`) or the static
+    sampler's (`sampling.sample_program`, or `sampling.placed_sample_program` on a mesh)."""
     rollout = self.config.rollout
-    if rollout.sampler != "engine":
-      return None
     b, g, p = rollout.batch_size, rollout.group_size, self.config.task.max_prompt_len
-    placed = self.placement.sample_kwargs(b, any_count=True)
+    engine = rollout.sampler == "engine"
+    placed = self.placement.sample_kwargs(b, any_count=engine)
+    options = self.sampler_options()
+    prompts = lambda b: (jax.ShapeDtypeStruct((b, p), np.int32), jax.ShapeDtypeStruct((b, p), np.bool_))
+    scalars = (jax.ShapeDtypeStruct((2,), np.uint32), jax.ShapeDtypeStruct((), np.float32))
+    if not engine:
+      if not placed:
+        fn, static = sampling.sample_program(self.model_config, num_samples=g, **options)
+        args = program_lib.abstract((params, *prompts(b), *scalars)) + (None,)  # no per-row caps
+        return program_lib.Program(fn, args, f"rollouts: {b} prompts x {g} samples", per_step=1, kwargs=static)
+      fn, shardings = sampling.placed_sample_program(self.model_config, (b, p), num_samples=g, **placed, **options)
+      args = program_lib.abstract((params, *prompts(b), *scalars), shardings)
+      return program_lib.Program(fn, args, f"rollouts: {b} prompts x {g} samples", per_step=1)
     if placed:
       b += -b % partitioning.data_parallel_size(placed["mesh"], placed["rules"])  # `generate` pads to the shards
     fn, shardings, static = rollout_engine.generate_program(
-        self.model_config, (b, p), mesh=placed.get("mesh"), rules=placed.get("rules"), num_samples=g,
-        **self.sampler_options())
-    shapes = (params, jax.ShapeDtypeStruct((b, p), np.int32), jax.ShapeDtypeStruct((b, p), np.bool_),
-              jax.ShapeDtypeStruct((2,), np.uint32), jax.ShapeDtypeStruct((), np.float32),
-              jax.ShapeDtypeStruct((b * g,), np.int32))
+        self.model_config, (b, p), mesh=placed.get("mesh"), rules=placed.get("rules"), num_samples=g, **options)
+    shapes = (params, *prompts(b), *scalars, jax.ShapeDtypeStruct((b * g,), np.int32))
     args = program_lib.abstract(shapes, shardings)
     return program_lib.Program(fn, args, f"rollouts: {b} prompts x {g} samples", per_step=1, kwargs=static)
 

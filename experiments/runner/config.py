@@ -347,7 +347,7 @@ class RunConfig:
       "programs (the same model, shapes and flags that shape them) loads them instead of compiling. Empty: off. "
       "JAX_COMPILATION_CACHE_DIR, when set, wins.")
   compile_ahead: bool = flag(True, "Compile stage 2's first-step programs whose shapes are known before it (the "
-      "rollout engine; with --token_layout=buckets the scoring forwards and the update too) in background threads "
+      "rollouts' sampler; with --token_layout=buckets the scoring forwards and the update too) in background threads "
       "while the start policy is evaluated.")
   profile_steps: str = flag("", "FIRST:LAST: trace stage-2 steps FIRST to LAST (both included) with jax.profiler into "
       "<work_dir>/profile (TensorBoard's profile plugin, Perfetto) and print each compiled program's runs, time and op "

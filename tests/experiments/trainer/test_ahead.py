@@ -104,15 +104,26 @@ NAMES = {"sampler": "jit(_engine_impl)", "logprobs": "jit(chunked)", "batch": "j
 
 @pytest.mark.parametrize("flags, programs", [
     ({}, ["sampler"]),  # padded: the widths follow the completions
+    (dict(sampler="static"), ["sampler"]),  # the static sampler too
     (dict(token_layout="buckets", bucket_micro_batches=2), ["update", "sampler", "logprobs", "batch"]),
     (dict(token_layout="buckets", bucket_micro_batches=2, lora_rank=2), ["update", "sampler", "logprobs", "batch"]),
 ])
 def test_the_first_step_compiles_none_of_the_programs_compiled_ahead(tmp_path, monkeypatch, flags, programs):
   ahead, compiled = _first_step(tmp_path, monkeypatch, **flags)
   assert list(ahead.programs) == programs
-  assert not {NAMES[p] for p in programs} & set(compiled), compiled
+  names = NAMES | ({"sampler": "jit(_sample_impl)"} if flags.get("sampler") == "static" else {})
+  assert not {names[p] for p in programs} & set(compiled), compiled
   if "update" not in programs:  # the padded update compiles in the step: the record sees what a step compiles
     assert NAMES["update"] in compiled
+
+
+@pytest.mark.devices(2)
+@pytest.mark.parametrize("mesh", ["", "data:2"])
+def test_the_static_sampler_on_a_mesh_compiles_ahead_too(tmp_path, monkeypatch, mesh):
+  # Without --mesh the 2 CPU devices are the sampler's own mesh; with it, the run's.
+  ahead, compiled = _first_step(tmp_path, monkeypatch, sampler="static", mesh=mesh)
+  assert list(ahead.programs) == ["sampler"]
+  assert "jit(_sample_impl)" not in compiled, compiled
 
 
 @pytest.mark.devices(2)
