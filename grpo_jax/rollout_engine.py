@@ -46,20 +46,19 @@ _STATIC = ("config", "num_samples", "max_new_tokens", "top_k", "top_p", "greedy"
 
 # On a CPU, slots x max_new_tokens per device: the cached tokens a decode step walks through (`default_slots`), at
 # least this many, and more where a model's weights outweigh its cache: up to `CPU_CACHE_PER_WEIGHT_BYTE` times the
-# bytes of the weights that the step reads anyway (`cpu_cache_tokens`). The tiny model of the benchmarks (3.5 MB of
-# weights, 2 KiB of cache a token) sits at the floor; Qwen2.5-0.5B in bfloat16 (1 GB, 12 KiB a token) gets ~200k.
+# bytes of the weights that the step reads anyway (`cpu_cache_tokens`). The tiny model of the benchmarks (3.2 MB of
+# weights, 2 KiB of cache a token) sits at the floor; Qwen2.5-0.5B's shapes in bfloat16 (1 GB of weights, 12 KiB
+# of cache a token) get ~200k.
 CPU_CACHE_TOKENS_PER_DEVICE = 4096
 CPU_CACHE_PER_WEIGHT_BYTE = 2.5
 
 
+@functools.lru_cache(maxsize=16)
 def weight_bytes(config: ModelConfig) -> int:
-  """The bytes of the weights a decode step reads: embeddings (and an untied unembedding) and each layer's
-  projections and MLP, at `config.dtype` (norms and biases left out)."""
-  e, v, h, k, d, m = (config.hidden_size, config.vocab_size, config.num_attention_heads, config.num_key_value_heads,
-                      config.head_dim, config.intermediate_size)
-  layer = e * h * d + 2 * e * k * d + h * d * e + 3 * e * m
-  count = v * e * (1 if config.tie_word_embeddings else 2) + config.num_hidden_layers * layer
-  return count * jnp.dtype(config.dtype).itemsize
+  """The bytes of the weights a decode step reads: the params `transformer.init_params` makes for `config`, at
+  their dtype (`config.param_dtype`)."""
+  shapes = jax.eval_shape(transformer.init_params, config, jax.random.key(0))
+  return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(shapes)))
 
 
 def cpu_cache_tokens(config: ModelConfig | None) -> int:

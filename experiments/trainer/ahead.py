@@ -93,7 +93,8 @@ def first_step_programs(method, state, train_step, frozen=None) -> dict[str, pro
 
   The rollouts' sampler, the engine or the static one (`Rollouts.sampler_program`; one process, not Flow-GRPO's
   planner, whose turns the method samples itself); with `--token_layout=buckets` also the method's scoring
-  forwards and, without a mesh, its batch (`Method.step_programs`), and the update (`train_step`, a `placed.Placed`, over `Method.abstract_batch`).
+  forwards and, without a mesh, its batch (`Method.step_programs`), and the update (`train_step`, a
+  `placed.Placed`, over `Method.abstract_batch`).
   `state`: the train state; `frozen`: LoRA's frozen part of the policy, or None.
   """
   from experiments.trainer import programs as programs_lib  # pylint: disable=import-outside-toplevel

@@ -145,9 +145,10 @@ def test_default_slots_and_the_budget():
   # With a model whose weights outweigh its cache, a step's caches may hold 2.5x the weights' bytes.
   big = models.tiny_config(vocab_size=151_936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                            num_attention_heads=14, num_key_value_heads=2, head_dim=64, dtype="bfloat16")
-  layer = 896 * 14 * 64 + 2 * 896 * 2 * 64 + 14 * 64 * 896 + 3 * 896 * 4864  # q, k, v, o; gate, up, down
-  assert rollout_engine.weight_bytes(big) == (151_936 * 896 + 24 * layer) * 2  # tied embeddings, bf16
-  per_token = 2 * 24 * 2 * 64 * 2  # keys and values, 24 layers, 2 kv heads of 64, bf16
+  layer = (896 * 14 * 64 + 2 * 896 * 2 * 64 + 14 * 64 * 896 + 3 * 896 * 4864  # q, k, v, o; gate, up, down
+           + 14 * 64 + 2 * 2 * 64 + 2 * 896)  # q, k, v biases; two norms
+  assert rollout_engine.weight_bytes(big) == (151_936 * 896 + 24 * layer + 896) * 4  # tied, final norm; float32
+  per_token = 2 * 24 * 2 * 64 * 2  # keys and values, 24 layers, 2 kv heads of 64, a bfloat16 cache
   assert rollout_engine.cpu_cache_tokens(big) == int(2.5 * rollout_engine.weight_bytes(big) // per_token)
   assert slots(128, 96, 2, "cpu", big) == 128  # 64 a device fit: one wave (42 a device without the model)
   assert slots(128, 96, 2, "cpu") == 84
