@@ -89,9 +89,20 @@ def mean_se(xs) -> tuple[float, float]:
   return statistics.mean(xs), (statistics.stdev(xs) / len(xs) ** 0.5 if len(xs) > 1 else float("nan"))
 
 
+def placed(params, config, prompt_shape, args, mesh):
+  """The params on the samplers' shardings of `mesh` (None: as they are), placed once as the runner holds them:
+  a sampler's call would otherwise copy every tensor onto the mesh, host work that a short call cannot hide."""
+  if mesh is None:
+    return params
+  rules = partitioning.get_rules("dp")
+  return partitioning.put(params, sampling.placements(mesh, rules, config, prompt_shape, args.samples,
+                                                      args.max_new_tokens)[0])
+
+
 def ours(params, config, tokens, lengths, args, mesh):
   """name -> fn() for the static sampler and the engine at each slot count (0: its default)."""
   rules = partitioning.get_rules("dp") if mesh is not None else None
+  params = placed(params, config, tokens.shape, args, mesh)
   key = jax.random.key(0)
   common = dict(num_samples=args.samples, max_new_tokens=args.max_new_tokens, temperature=1.0, eos_token_ids=(),
                 max_lengths=lengths)

@@ -1,12 +1,15 @@
 """scripts/bench_rollout.py: its length schedules and its FLOPs by hand (the figures of BENCHMARKS.md rest on them)."""
 
+import argparse
 import importlib.util
 import pathlib
 
+import jax
 import numpy as np
 import pytest
 
-from grpo_jax.models import tiny
+from grpo_jax import partitioning, sampling
+from grpo_jax.models import tiny, transformer
 
 _spec = importlib.util.spec_from_file_location("bench_rollout", pathlib.Path(__file__).parents[2] / "scripts" /
                                                "bench_rollout.py")
@@ -41,3 +44,20 @@ def test_useful_flops_at_half_a_billion_parameters_do_not_overflow():
   config = tiny.tiny_config(**bench_rollout.SHAPES["0.5b"])
   flops = bench_rollout.useful_flops(config, 12, np.full(32, 22, np.int32))
   assert 0.9e9 < flops / (32 * 22) < 1.1e9
+
+
+@pytest.mark.devices(2)
+def test_params_placed_once_on_the_mesh_are_what_the_samplers_take():
+  """`placed` puts the params on the samplers' shardings, so a sampler's own `partitioning.put` returns them as they
+  are (no copy onto the mesh inside a timed call)."""
+  config = tiny.tiny_config(vocab_size=64)
+  params = transformer.init_params(config, jax.random.key(0))
+  args = argparse.Namespace(samples=2, max_new_tokens=8)
+  mesh = partitioning.make_mesh("data:2")
+  held = bench_rollout.placed(params, config, (4, 6), args, mesh)
+  shardings = sampling.placements(mesh, partitioning.get_rules("dp"), config, (4, 6), 2, 8)[0]
+  again = partitioning.put(held, shardings)
+  for before, after, sharding in zip(jax.tree.leaves(held), jax.tree.leaves(again), jax.tree.leaves(shardings)):
+    assert after is before and before.sharding.is_equivalent_to(sharding, before.ndim)
+    assert len(before.sharding.device_set) == 2
+  assert bench_rollout.placed(params, config, (4, 6), args, None) is params
