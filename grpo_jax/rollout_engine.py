@@ -12,8 +12,8 @@ its completion, token j in slot j (`KVCache` with per-row indices), and is clear
 completion. Completion c is sample c % G of prompt c // G (prompt-major, like `SampleOutput`).
 
 When nothing is pending, the finished slots' rows are dropped from the steps: the live slots are gathered into
-the first slots of a narrower level (S, S/2, S/4, ...: `slot_levels`), so a long tail's last completions step
-alone. With as many slots as completions (one wave) no slot refills: every slot steps in lockstep, and until
+the first slots of a narrower level (S, S/2, S/4, ...: `slot_levels`; with one wave S, S/sqrt(2), S/2, ...), so a
+long tail's last completions step alone. With as many slots as completions (one wave) no slot refills: every slot steps in lockstep, and until
 the first narrower level slot c holds completion c, so a step has the static sampler's ops (one cache index for
 all, each prompt's prefix read once for its G samples, tokens written as a column; on a CPU still 0.80-0.95x its
 speed at equal lengths, BENCHMARKS.md), and the levels cut a one-wave tail too.
@@ -24,6 +24,7 @@ The draws are the static sampler's: completion c's token t uses row c of the Gum
 """
 
 import functools
+import math
 from collections.abc import Mapping, Sequence
 
 import chex
@@ -162,14 +163,23 @@ def _engine_impl(params, prompt_tokens, prompt_mask, key, temperature, caps, *, 
 NARROWER_LEVEL_WIDTHS = 1
 
 
-def slot_levels(slots: int, levels: int = 4, narrowest: int = 8) -> tuple[int, ...]:
-  """The slot counts of the engine's levels: `slots` and its halves (rounded up) down to `narrowest`, at most
-  `levels` of them. Once no completion is pending and the live ones fit a narrower level, they are gathered into
-  its first slots and the steps run on those alone (each level a compiled copy of the decode step per width)."""
+def slot_levels(slots: int, levels: int = 4, narrowest: int = 8, ratio: float = 2.0) -> tuple[int, ...]:
+  """The slot counts of the engine's levels: `slots`, then each the one before divided by `ratio` (rounded up) down
+  to `narrowest`, at most `levels` of them. Once no completion is pending and the live ones fit a narrower level,
+  they are gathered into its first slots and the steps run on those alone (each level a compiled copy of the
+  decode step per width)."""
   counts = [slots]
-  while len(counts) < levels and -(-counts[-1] // 2) >= narrowest:
-    counts.append(-(-counts[-1] // 2))
+  while len(counts) < levels and min(math.ceil(counts[-1] / ratio), counts[-1] - 1) >= narrowest:
+    counts.append(min(math.ceil(counts[-1] / ratio), counts[-1] - 1))
   return tuple(counts)
+
+
+# The levels of one wave (as many slots as completions): with nothing to refill, the levels alone drop the finished
+# rows, and a step at a level may run up to 1 - 1 / ratio of its rows idle. Halving (the refilling engine's levels,
+# which only serve its last wave) left the tail of Qwen2.5-0.5B's shapes (bf16, 256 completions of up to 96 tokens
+# over 2 CPU devices: one wave of 128 a device) at 36.8 s a call; levels a factor sqrt(2) apart (128, 91, 65, 46,
+# 33, 24, 17) at 34.1 s, for three more compiled steps (first call 81 s instead of 67 s).
+ONE_WAVE_LEVELS = dict(levels=7, ratio=2 ** 0.5)
 
 
 def _engine(params, prompt_tokens, prompt_mask, key, temperature, caps, *, config: ModelConfig, num_samples: int,
@@ -263,7 +273,7 @@ def _engine(params, prompt_tokens, prompt_mask, key, temperature, caps, *, confi
   # wider phase would read. LEVELS: once nothing is pending, the live slots are gathered into the first slots of
   # the narrowest of `levels` that holds them, and a phase's steps run on those alone, so a long tail's last
   # completions step without the finished ones' rows. The cut caches go in and out once a phase.
-  widths, levels = phase_widths(own), slot_levels(slots)
+  widths, levels = phase_widths(own), slot_levels(slots, **(ONE_WAVE_LEVELS if one_wave else {}))
   wide = max(len(widths) - NARROWER_LEVEL_WIDTHS, 0)  # the narrower levels' first width: widths[wide:] only
   live_top = lambda c: jnp.max(jnp.where(c[3] < n, c[4], 0))  # the longest live completion's tokens so far
   slot_axis = lambda x: transformer.cache_batch_axis(x) if x.ndim >= 4 else 0

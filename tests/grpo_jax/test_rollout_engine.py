@@ -220,6 +220,11 @@ def test_slot_levels_by_hand():
   assert rollout_engine.slot_levels(128) == (128, 64, 32, 16)
   assert rollout_engine.slot_levels(21) == (21, 11) and rollout_engine.slot_levels(12) == (12,)
   assert rollout_engine.slot_levels(100, levels=2) == (100, 50) and rollout_engine.slot_levels(8) == (8,)
+  # One wave's levels, a factor sqrt(2) apart: 32 / 1.414 = 22.6 -> 23, 16.3 -> 17, 12.02 -> 13, 9.2 -> 10, 7.07 -> 8
+  one_wave = rollout_engine.ONE_WAVE_LEVELS
+  assert rollout_engine.slot_levels(32, **one_wave) == (32, 23, 17, 13, 10, 8)
+  assert rollout_engine.slot_levels(128, **one_wave) == (128, 91, 65, 46, 33, 24, 17)  # at most 7
+  assert rollout_engine.slot_levels(9, narrowest=2, ratio=1.05) == (9, 8, 7, 6)  # each smaller than the one before
 
 
 # 8 prompts x 4 samples: 32 completions, enough for the slots to narrow (levels down to 8 slots).
@@ -231,15 +236,16 @@ MASK8 = jnp.concatenate([MASK, MASK])
 @pytest.mark.parametrize("option", ["greedy", "sampled"])
 def test_levels_of_fewer_slots(params, option, slots):
   """A long tail of caps (most completions short, a few at T = 72): once nothing is pending, the live slots are
-  gathered into 16 then 8 slots (one wave of 32 slots: in lockstep, the first level's slots in completion order;
-  20 slots: refills first, then 10), which step at the width 71 only (of 17, 35, 71), and the completions
-  are the static sampler's."""
+  gathered into narrower levels (one wave of 32 slots: in lockstep, the first level's slots in completion order,
+  then 23, 17, 13, 10 and 8; 20 slots: refills first, then 10), which step at the width 71 only (of 17, 35, 71),
+  and the completions are the static sampler's."""
   caps = np.random.default_rng(2).choice([1, 2, 3, 6, 9, 72], p=[.2, .2, .2, .2, .1, .1], size=32).astype(np.int32)
   caps[[5, 30]] = 72  # two long ones, far apart in the slots
   assert rollout_engine.phase_widths(71)[-rollout_engine.NARROWER_LEVEL_WIDTHS:] == (71,)
   kwargs = dict(num_samples=4, max_new_tokens=72, eos_token_ids=(), max_lengths=caps, **OPTIONS[option])
   expected = sampling.sample(params, CONFIG, PROMPTS8, MASK8, jax.random.key(9), **kwargs)
-  assert rollout_engine.slot_levels(slots)[-1] == (8 if slots == 32 else 10)
+  levels = rollout_engine.slot_levels(slots, **(rollout_engine.ONE_WAVE_LEVELS if slots == 32 else {}))
+  assert levels == ((32, 23, 17, 13, 10, 8) if slots == 32 else (20, 10))
   out = rollout_engine.generate(params, CONFIG, PROMPTS8, MASK8, jax.random.key(9), num_slots=slots, **kwargs)
   _assert_same(out, expected)
 
