@@ -176,9 +176,9 @@ def slot_levels(slots: int, levels: int = 4, narrowest: int = 8, ratio: float = 
 
 # The levels of one wave (as many slots as completions): with nothing to refill, the levels alone drop the finished
 # rows, and a step at a level may run up to 1 - 1 / ratio of its rows idle. Halving (the refilling engine's levels,
-# which only serve its last wave) left the tail of Qwen2.5-0.5B's shapes (bf16, 256 completions of up to 96 tokens
-# over 2 CPU devices: one wave of 128 a device) at 36.8 s a call; levels a factor sqrt(2) apart (128, 91, 65, 46,
-# 33, 24, 17) at 34.1 s, for three more compiled steps (first call 81 s instead of 67 s).
+# which only serve its last wave) against levels a factor sqrt(2) apart (128, 91, 65, 46, 33, 24, 17) on a tail of
+# Qwen2.5-0.5B's shapes (bf16, 256 completions of up to 96 tokens, one wave of 128 on each of 2 CPU devices): a call
+# 7% shorter (1.95x -> 2.13x the static sampler), for three more compiled steps (BENCHMARKS.md).
 ONE_WAVE_LEVELS = dict(levels=7, ratio=2 ** 0.5)
 
 
