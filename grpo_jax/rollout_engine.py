@@ -12,11 +12,12 @@ its completion, token j in slot j (`KVCache` with per-row indices), and is clear
 completion. Completion c is sample c % G of prompt c // G (prompt-major, like `SampleOutput`).
 
 When nothing is pending, the finished slots' rows are dropped from the steps: the live slots are gathered into
-the first slots of a narrower level (S, S/2, S/4, ...: `slot_levels`; with one wave S, S/sqrt(2), S/2, ...), so a
-long tail's last completions step alone. With as many slots as completions (one wave) no slot refills: every slot steps in lockstep, and until
-the first narrower level slot c holds completion c, so a step has the static sampler's ops (one cache index for
-all, each prompt's prefix read once for its G samples, tokens written as a column; on a CPU still 0.80-0.95x its
-speed at equal lengths, BENCHMARKS.md), and the levels cut a one-wave tail too.
+the first slots of a narrower level (S, S/2, S/4, ...: `slot_levels`; with one wave of a model whose weights
+outweigh its caches on a CPU, S, S/sqrt(2), S/2, ...: `level_ratio`), so a long tail's last completions step
+alone. With as many slots as completions (one wave) no slot refills: every slot steps in lockstep, and until the
+first narrower level slot c holds completion c, so a step has the static sampler's ops (one cache index for all,
+each prompt's prefix read once for its G samples, tokens written as a column; on a CPU still 0.80-0.95x its speed
+at equal lengths, BENCHMARKS.md), and the levels cut a one-wave tail too.
 
 The draws are the static sampler's: completion c's token t uses row c of the Gumbel noise of
 `fold_in(key, t)` over all N completions (`gumbel_rows`), so with the same key the tokens equal
@@ -42,7 +43,7 @@ from grpo_jax.models.logical_axes import constrain
 from grpo_jax.sampling import SampleOutput
 
 _STATIC = ("config", "num_samples", "max_new_tokens", "top_k", "top_p", "greedy", "stop_ids", "pad_id",
-           "logprobs_at_temperature", "num_slots")
+           "logprobs_at_temperature", "num_slots", "level_ratio")
 
 
 # On a CPU, slots x max_new_tokens per device: the cached tokens a decode step walks through (`default_slots`), at
@@ -174,18 +175,30 @@ def slot_levels(slots: int, levels: int = 4, narrowest: int = 8, ratio: float = 
   return tuple(counts)
 
 
-# The levels of one wave (as many slots as completions): with nothing to refill, the levels alone drop the finished
-# rows, and a step at a level may run up to 1 - 1 / ratio of its rows idle. Halving (the refilling engine's levels,
-# which only serve its last wave) against levels a factor sqrt(2) apart (128, 91, 65, 46, 33, 24, 17) on a tail of
-# Qwen2.5-0.5B's shapes (bf16, 256 completions of up to 96 tokens, one wave of 128 on each of 2 CPU devices): a call
-# 7% shorter (1.95x -> 2.13x the static sampler), for three more compiled steps (BENCHMARKS.md).
+# The levels of one wave (as many slots as completions) where a step costs about its rows: with nothing to refill,
+# the levels alone drop the finished rows, and a step at a level may run up to 1 - 1 / ratio of its rows idle.
+# Halving against levels a factor sqrt(2) apart (128, 91, 65, 46, 33, 24, 17) on a tail of Qwen2.5-0.5B's shapes
+# (bf16, 256 completions of up to 96 tokens, one wave of 128 on each of 2 CPU devices): a call 7% shorter (1.95x ->
+# 2.13x the static sampler), for three more compiled steps (BENCHMARKS.md). Where a step's fixed cost outweighs its
+# rows (the tiny model's one wave at 64 x 16 and 256 x 64) they doubled the first call and gained nothing.
 ONE_WAVE_LEVELS = dict(levels=7, ratio=2 ** 0.5)
+
+
+def level_ratio(config: ModelConfig | None, platform: str | None = None) -> float:
+  """The ratio of one wave's levels (`slot_levels`): `ONE_WAVE_LEVELS`' sqrt(2) on a CPU where the model's
+  weights outweigh its caches (`cpu_cache_tokens` above its floor: a decode step costs about its rows' matmuls), 2
+  elsewhere (a small model's step on a CPU is mostly fixed cost; an accelerator's one wave, 64 completions or
+  fewer, is bound by reading the weights)."""
+  platform = platform or jax.default_backend()
+  rows_cost = platform == "cpu" and cpu_cache_tokens(config) > CPU_CACHE_TOKENS_PER_DEVICE
+  return ONE_WAVE_LEVELS["ratio"] if rows_cost else 2.0
 
 
 def _engine(params, prompt_tokens, prompt_mask, key, temperature, caps, *, config: ModelConfig, num_samples: int,
             max_new_tokens: int, top_k: int, top_p: float, greedy: bool, stop_ids: tuple[int, ...], pad_id: int,
-            logprobs_at_temperature: bool, num_slots: int, first, total: int) -> SampleOutput:
-  """The engine's loop over `num_slots` slots for N = B * G completions (see the module docstring)."""
+            logprobs_at_temperature: bool, num_slots: int, first, total: int, level_ratio: float = 2.0) -> SampleOutput:
+  """The engine's loop over `num_slots` slots for N = B * G completions (see the module docstring); one wave's
+  levels `level_ratio` apart (`level_ratio()`)."""
   n_prompts, prompt_len = prompt_tokens.shape
   g, steps = num_samples, max_new_tokens
   n = n_prompts * g
@@ -273,7 +286,8 @@ def _engine(params, prompt_tokens, prompt_mask, key, temperature, caps, *, confi
   # wider phase would read. LEVELS: once nothing is pending, the live slots are gathered into the first slots of
   # the narrowest of `levels` that holds them, and a phase's steps run on those alone, so a long tail's last
   # completions step without the finished ones' rows. The cut caches go in and out once a phase.
-  widths, levels = phase_widths(own), slot_levels(slots, **(ONE_WAVE_LEVELS if one_wave else {}))
+  fine = one_wave and level_ratio != 2.0
+  widths, levels = phase_widths(own), slot_levels(slots, **(dict(ONE_WAVE_LEVELS, ratio=level_ratio) if fine else {}))
   wide = max(len(widths) - NARROWER_LEVEL_WIDTHS, 0)  # the narrower levels' first width: widths[wide:] only
   live_top = lambda c: jnp.max(jnp.where(c[3] < n, c[4], 0))  # the longest live completion's tokens so far
   slot_axis = lambda x: transformer.cache_batch_axis(x) if x.ndim >= 4 else 0
@@ -376,7 +390,7 @@ def _static_args(config: ModelConfig, *, num_slots: int, num_prompts: int, shard
   num_slots = int(num_slots) or default_slots(n, static["max_new_tokens"], shards, config=config)
   if num_slots < 1:
     raise ValueError(f"num_slots must be >= 1 (or 0 for the default), got {num_slots}")
-  return dict(static, num_slots=min(num_slots, n))
+  return dict(static, num_slots=min(num_slots, n), level_ratio=level_ratio(config))
 
 
 def generate(params, config: ModelConfig, prompt_tokens: jax.Array, prompt_mask: jax.Array, key: jax.Array, *,

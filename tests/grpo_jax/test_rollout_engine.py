@@ -153,6 +153,9 @@ def test_default_slots_and_the_budget():
   assert slots(128, 96, 2, "cpu", big) == 128  # 64 a device fit: one wave (42 a device without the model)
   assert slots(128, 96, 2, "cpu") == 84
   assert rollout_engine.cpu_cache_tokens(CONFIG) == 4096  # a small model: the floor
+  # One wave's levels a factor sqrt(2) apart only where a CPU step costs about its rows (the weights outweigh it).
+  assert rollout_engine.level_ratio(big, "cpu") == 2 ** 0.5 and rollout_engine.level_ratio(big, "gpu") == 2
+  assert rollout_engine.level_ratio(CONFIG, "cpu") == 2 and rollout_engine.level_ratio(None, "cpu") == 2
   assert slots(256, 192, 2, "cpu", CONFIG) == 44
   assert slots(40, 64, 1, "gpu") == 40  # few completions: one slot each
   assert slots(1024, 64, 8, "tpu") == 256 and slots(100, 8, 1, "gpu") == 64
@@ -232,20 +235,28 @@ PROMPTS8 = jnp.concatenate([PROMPTS, jnp.where(MASK, (PROMPTS * 7 + 3) % CONFIG.
 MASK8 = jnp.concatenate([MASK, MASK])
 
 
-@pytest.mark.parametrize("slots", [32, 20])
+@pytest.mark.parametrize("slots", [32, 20, "32, sqrt(2) apart"])
 @pytest.mark.parametrize("option", ["greedy", "sampled"])
-def test_levels_of_fewer_slots(params, option, slots):
+def test_levels_of_fewer_slots(params, option, slots, monkeypatch):
   """A long tail of caps (most completions short, a few at T = 72): once nothing is pending, the live slots are
   gathered into narrower levels (one wave of 32 slots: in lockstep, the first level's slots in completion order,
-  then 23, 17, 13, 10 and 8; 20 slots: refills first, then 10), which step at the width 71 only (of 17, 35, 71),
-  and the completions are the static sampler's."""
+  then 16 and 8, or 23, 17, 13, 10 and 8 with `level_ratio` sqrt(2), a larger model's on a CPU; 20 slots: refills
+  first, then 10), which step at the width 71 only (of 17, 35, 71), and the completions are the static
+  sampler's."""
+  fine = slots == "32, sqrt(2) apart"
+  if fine:
+    monkeypatch.setattr(rollout_engine, "level_ratio", lambda config, platform=None: 2 ** 0.5)
+    slots = 32
   caps = np.random.default_rng(2).choice([1, 2, 3, 6, 9, 72], p=[.2, .2, .2, .2, .1, .1], size=32).astype(np.int32)
   caps[[5, 30]] = 72  # two long ones, far apart in the slots
   assert rollout_engine.phase_widths(71)[-rollout_engine.NARROWER_LEVEL_WIDTHS:] == (71,)
   kwargs = dict(num_samples=4, max_new_tokens=72, eos_token_ids=(), max_lengths=caps, **OPTIONS[option])
   expected = sampling.sample(params, CONFIG, PROMPTS8, MASK8, jax.random.key(9), **kwargs)
-  levels = rollout_engine.slot_levels(slots, **(rollout_engine.ONE_WAVE_LEVELS if slots == 32 else {}))
-  assert levels == ((32, 23, 17, 13, 10, 8) if slots == 32 else (20, 10))
+  levels = (32, 23, 17, 13, 10, 8) if fine else {32: (32, 16, 8), 20: (20, 10)}[slots]
+  assert rollout_engine.slot_levels(slots, **(rollout_engine.ONE_WAVE_LEVELS if fine else {})) == levels
+  static = rollout_engine.generate_program(CONFIG, (8, 6), mesh=None, rules=None, num_samples=4, max_new_tokens=72,
+                                           num_slots=slots)[2]
+  assert static["level_ratio"] == (2 ** 0.5 if fine else 2)  # what generate passes the engine
   out = rollout_engine.generate(params, CONFIG, PROMPTS8, MASK8, jax.random.key(9), num_slots=slots, **kwargs)
   _assert_same(out, expected)
 
