@@ -2,7 +2,8 @@
 
 The hash covers the runner, its flags, the runner's defaults where they differ from the committed snapshot
 (`studies/runner_defaults.json`) and, recursively, the runs a run reads from; a design profile's also covers its
-commit. A tuned run's grid becomes runs of their own on the tuning seeds.
+commit. A tuned run's grid becomes runs of their own on the tuning seeds; a shared run is one process, seed 0's,
+that every seed's runs read.
 """
 
 import dataclasses
@@ -179,17 +180,22 @@ def plan(study: spec.Study, profile: str, seeds: list[int], runs_dir: pathlib.Pa
 
   jobs = []
   tuning_seeds = {s for r in runs if r.tune for s in range(r.tune.seeds)}
+  shared = {r.name for r in runs if r.shared}
   grid_of = {g: r for r, pairs in grids.items() for _, g in pairs}
-  for seed in sorted(set(seeds) | tuning_seeds):
+  for seed in sorted(set(seeds) | tuning_seeds | ({0} if shared else set())):
     dirs: dict[str, pathlib.Path] = {}
     for name in order:
       run = by_name[name]
       slug = (run.module.rsplit(".", 1)[-1] if not run.command else name)
-      directory = (runs_dir / f"{slug}-{hashes[name]}" / f"seed{seed}").resolve()
+      directory = (runs_dir / f"{slug}-{hashes[name]}" / f"seed{0 if name in shared else seed}").resolve()
       dirs[name] = directory
       tuner = by_name[grid_of[name]].tune if name in grid_of else run.tune
       if name in grid_of and seed >= tuner.seeds:
         continue  # a grid runs on the tuning seeds only (which always run, with what their grid needs)
+      if name in shared and seed != 0:
+        continue  # one process, seed 0's, for every seed
+      if name not in shared and seed not in seeds and seed not in tuning_seeds:
+        continue  # seed 0 planned only for the shared runs
 
       def fill(value, dirs=dirs, seed=seed):
         if not isinstance(value, str):
@@ -198,9 +204,11 @@ def plan(study: spec.Study, profile: str, seeds: list[int], runs_dir: pathlib.Pa
 
       values = {k: fill(v) for k, v in merged[name].items()}
       argv = _prefix(run) + flag_args(values) + [f"--seed={seed}", f"--{run.output_flag}={directory}"]
-      job = Job(run, seed, directory, argv, _needs(merged[name]), commit, grid=name in grid_of)
+      needs = _needs(merged[name])
+      job = Job(run, seed, directory, argv, [n for n in needs if n not in shared or seed == 0], commit,
+                after=[(n, 0) for n in needs if n in shared and seed != 0], grid=name in grid_of)
       if name in grids:
-        job.after = [(g, s) for _, g in grids[name] for s in range(tuner.seeds)]
+        job.after += [(g, s) for _, g in grids[name] for s in range(tuner.seeds)]
         job.alias = seed < tuner.seeds
         job.tuned = {"tune": tuner, "grid": {v: g for v, g in grids[name]}}
       jobs.append(job)
@@ -243,6 +251,10 @@ def _expand(study: spec.Study, profile: str) -> tuple[list[spec.Run], dict[str, 
     if unknown:
       raise StudyError(f"study {study.name}, run {run.name}: names runs that are not in profile {profile}: "
                        f"{sorted(unknown)}")
+    per_seed = [n for n in _needs(merged[run.name]) if not by_name[n].shared]
+    if run.shared and (per_seed or any("{seed}" in str(v) for v in merged[run.name].values())):
+      raise StudyError(f"study {study.name}, run {run.name}: a shared run (one for every seed) cannot read a "
+                       f"seed's own runs or {{seed}}: {per_seed or ['{seed}']}")
   return runs, by_name, merged, grids
 
 
@@ -270,6 +282,8 @@ def _digests(study: spec.Study, by_name: dict[str, spec.Run], merged: dict[str, 
               "needs": {n: digest(n, visiting + (name,)) for n in _needs(merged[name])}}
       if commit:
         blob["commit"] = commit
+      if run.shared:  # seed 0's process for every seed (the key only where set: other runs' hashes stay)
+        blob["shared"] = True
       if name in grids:  # the value comes from the grid: the grid's runs and the rule that chooses
         blob["tune"] = {"grid": {str(v): digest(g, visiting + (name,)) for v, g in grids[name]},
                         "seeds": run.tune.seeds, "by": run.tune.by}

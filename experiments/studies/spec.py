@@ -65,6 +65,9 @@ class Run:
     out_flag: the flag that takes the run directory (default: by module, else work_dir).
     only_in: the profiles the run belongs to (default: all).
     tune: a flag chosen per run on a validation split (`Tune`), or None.
+    shared: run once, as seed 0, for every seed: a start that every seed's other runs read ("{run:NAME}" names seed
+      0's directory on every seed), where one per seed would cost more than the study affords. The verdicts then
+      hold for that start only, and the page says so.
   """
   name: str
   flags: Mapping[str, Any] = dataclasses.field(default_factory=dict)
@@ -75,6 +78,11 @@ class Run:
   out_flag: str = ""
   only_in: tuple[str, ...] = ()
   tune: Tune | None = None
+  shared: bool = False
+
+  def __post_init__(self):
+    if self.shared and self.tune:
+      raise ValueError(f"run {self.name}: a shared run (one process for every seed) cannot be tuned per seed")
 
   @property
   def display(self) -> str:

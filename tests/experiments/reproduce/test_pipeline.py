@@ -9,6 +9,7 @@ import pytest
 
 from experiments.reproduce import pipeline
 from experiments.reproduce import plan as plan_lib
+from experiments.studies import spec
 from tests import reproduce_fakes as fakes
 
 
@@ -82,3 +83,20 @@ def test_study_end_to_end_skip_on_rerun_and_failures(tmp_path, monkeypatch):
   quick = plan_lib.plan(fakes.study(), "quick", [0], runs_dir)
   assert "--shorter" in quick[0].argv and quick[0].argv[-2:] == ["--seed=0", f"--work_dir={quick[0].directory}"]
   assert not any(j.summary.is_file() for j in quick)
+
+
+def test_a_shared_run_runs_once_and_every_seed_starts_from_it(tmp_path):
+  fake = fakes.study().runs[0].command
+  runs = (spec.Run("start", {"level": 0.01}, command=fake, shared=True),
+          spec.Run("rl", {"level": 0.02, "start_from": "{run:start}"}, command=fake))
+  study = spec.Study("s", "x", runs, (spec.Metric("start", "start_accuracy"), spec.Metric("final", "final_accuracy")))
+  results = pipeline.reproduce(study, profile="full", seeds=[0, 1, 2], out_dir=tmp_path / "out",
+                               runs_dir=tmp_path / "runs", parallel=2, echo=lambda line: None)
+  cells = fakes.cells(results)
+  assert cells[("start", "final", None)]["n"] == 1  # one process
+  start = cells[("start", "final", None)]["values"][0]
+  assert start == pytest.approx(0.0 + 0.01 * 10 + 0.01)  # seed 0's: the fake runner starts at 0.1 x seed
+  assert cells[("rl", "start", None)]["n"] == 3
+  assert cells[("rl", "start", None)]["values"] == pytest.approx([start] * 3)  # every seed from seed 0's start
+  invocations = [p.read_text().split() for p in (tmp_path / "runs").glob("*/invocations.txt")]
+  assert sorted(len(i) for i in invocations) == [1, 3]

@@ -1,6 +1,7 @@
 """experiments.reproduce.plan: run directories hashed from runner, flags, changed defaults and needs; the
 defaults snapshot; every registered study plans and its flags parse."""
 
+import dataclasses
 import json
 import pathlib
 import re
@@ -162,3 +163,30 @@ def test_comments_name_only_what_exists():
           if name not in defined and not name.startswith(("WANDB_", "JAX_", "XLA_")):
             unknown.add(f"{path.relative_to(ROOT)}: {name}")
   assert not unknown
+
+
+def test_a_shared_run_is_one_process_that_every_seed_reads(tmp_path):
+  fake = fakes.study().runs[0].command
+  runs = (spec.Run("start", {"level": 0.01}, command=fake, shared=True),
+          spec.Run("rl", {"level": 0.02, "start_from": "{run:start}"}, command=fake))
+  jobs = plan_lib.plan(spec.Study("s", "x", runs, ()), "full", [1, 2], tmp_path)
+  # seed 0's start is planned although only seeds 1 and 2 were asked for; no start of their own
+  assert sorted(j.key for j in jobs) == [("rl", 1), ("rl", 2), ("start", 0)]
+  start = next(j for j in jobs if j.run.name == "start")
+  assert start.directory.name == "seed0" and start.waits_for == []
+  for job in (j for j in jobs if j.run.name == "rl"):
+    assert f"--start_from={start.directory}" in job.argv and f"--seed={job.seed}" in job.argv
+    assert job.waits_for == [("start", 0)]
+  # sharing is part of what a run computes: not the per-seed run's directory
+  per_seed = plan_lib.plan(spec.Study("s", "x", (dataclasses.replace(runs[0], shared=False), runs[1]), ()),
+                           "full", [1], tmp_path)
+  assert start.directory.parent != next(j for j in per_seed if j.run.name == "start").directory.parent
+  with pytest.raises(plan_lib.StudyError, match="cannot read a seed's own runs"):
+    plan_lib.plan(spec.Study("s", "x", (runs[1], dataclasses.replace(runs[0], flags={"x": "{run:rl}"})), ()),
+                  "full", [0], tmp_path)
+  with pytest.raises(plan_lib.StudyError, match="cannot read"):
+    plan_lib.plan(spec.Study("s", "x", (dataclasses.replace(runs[0], flags={"out": "o{seed}"}),), ()), "full",
+                  [0], tmp_path)
+  with pytest.raises(ValueError, match="cannot be tuned"):
+    spec.Run("start", {}, shared=True, tune=spec.Tune((1, 2)))
+
