@@ -99,8 +99,9 @@ def test_registered_studies_are_well_formed(tmp_path):
         assert set(panel.metrics) <= names, (study.name, plot.file, panel.metrics)
     for profile in ["full", *study.profiles]:
       jobs = plan_lib.plan(study, profile, [0, 1], tmp_path)
-      runs = study.runs_in(profile)  # and a tuned run's grid on its tuning seeds (here 0 and 1)
-      assert len(jobs) == 2 * len(runs) + sum(len(r.tune.values) * r.tune.seeds for r in runs if r.tune)
+      runs = study.runs_in(profile)  # and a tuned run's grid on its tuning seeds (here 0 and 1); a shared run once
+      assert len(jobs) == sum(1 if r.shared else 2 for r in runs) + sum(
+          len(r.tune.values) * r.tune.seeds for r in runs if r.tune)
       for job in jobs:
         assert (ROOT / (job.run.module.replace(".", "/") + ".py")).is_file(), job.run.module
 

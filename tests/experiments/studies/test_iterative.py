@@ -81,3 +81,49 @@ def test_the_fair_plan_runs_only_its_arms_and_every_command_is_a_valid_config(tm
         assert rmc.rm_lora_rank == 8 and not rmc.rm_freeze_backbone
     finally:
       flags.FLAGS.unparse_flags()
+
+
+def test_the_paths_profile_is_the_fair_design_on_the_paths_task_from_one_shared_start(tmp_path):
+  """Profile paths: the fair profile's arms, claims and margins (the names prefixed), on the paths task, every seed
+  from one SFT start (a shared run), the reward model the start's own backbone with adapters."""
+  paths = STUDY.designs["paths"]
+  assert paths.seeds >= 8 and paths.alpha == DESIGN.alpha
+  rename = lambda run: run.replace("fair_", "paths_")
+  assert [(c.text, c.run, c.metric, c.expect, c.margin) for c in paths.claims] == [
+      (c.text, rename(c.run), c.metric, c.expect, c.margin) for c in DESIGN.claims]
+  contrasts = {c.run for c in STUDY.contrasts}
+  assert {c.run for c in paths.claims if " - " in c.run} <= contrasts
+  flags_of = lambda run: STUDY.flags_for(STUDY.run(run), "paths")
+  arms = {name: flags_of(name) for name in iterative.PATHS_RUNS}
+  cells = {(f["reset_reference"], f["rm_update_steps"] > 0): name for name, f in arms.items()
+           if name != "paths_more_labels"}
+  assert cells == {(False, False): "paths_one_round", (True, False): "paths_reset", (False, True): "paths_retrain",
+                   (True, True): "paths_iterative"}
+  assert {f["iterations"] for f in arms.values()} == {3}
+  assert {f["iterations"] * f["steps_per_iteration"] for f in arms.values()} == {60}
+  for f in (*arms.values(), flags_of("paths_rm"), flags_of("paths_sft")):
+    assert f["task"] == "synthetic_paths" and f["sft_examples"] == 18000  # RL and RM prompts exclude the SFT ones
+  rm, more, retrain = flags_of("paths_rm"), flags_of("paths_rm_more"), arms["paths_iterative"]
+  assert rm["rm_lora_rank"] > 0 and "rm_init" not in rm  # the start's own backbone, with adapters
+  assert more["rm_prompts"] == rm["rm_prompts"] + 2 * retrain["rm_update_prompts"]
+  assert more["rm_steps"] == rm["rm_steps"] + 2 * retrain["rm_update_steps"]
+
+  jobs = plan_lib.plan(STUDY, "paths", list(range(paths.seeds)), tmp_path)
+  starts = [j for j in jobs if j.run.name == "paths_sft"]
+  assert len(starts) == 1 and starts[0].seed == 0  # one SFT process for the 8 seeds
+  assert {j.seed for j in jobs} == set(range(8))
+  for job in (j for j in jobs if j.seed == 5):
+    if job.run.name in ("paths_rm", "paths_rm_more") or job.run.name in iterative.PATHS_RUNS:
+      assert any(a.startswith(f"--{k}={starts[0].directory}/sft_policy") for a in job.argv
+                 for k in ("policy", "init_checkpoint"))
+  for job in (j for j in jobs if j.seed == 0):  # the runners' own checks of every command
+    flags.FLAGS.unparse_flags()
+    try:
+      flags.FLAGS([job.run.module, *job.argv[3:]])
+      if job.run.module == GRPO_MATH:
+        config = cli.config_from_flags()
+        assert config.task.task == "synthetic_paths"
+      else:
+        assert train_reward_model.config_from_flags()[1].rm_lora_rank == 8
+    finally:
+      flags.FLAGS.unparse_flags()
