@@ -43,8 +43,16 @@ FAIR_SFT_STEPS = 1000
 FAIR_STEPS = 60
 FAIR_LRS = (5e-5, 3e-4)
 FAIR_TUNE = Tune(FAIR_LRS, flag="learning_rate", seeds=2)
-FAIR_RL = {**FAIR_TASK, "init_checkpoint": "{run:fair_planner}/sft_policy", "steps": FAIR_STEPS, "batch_size": 8,
-           "group_size": 8, "num_validation": 200, "eval_every": 0, "save_every": 20, "tensorboard": False}
+
+
+def _rl(profile: str, task: dict, steps: int) -> dict:
+  """The arms' flags: `steps` steps of 8 queries x 8 (one update a step) from the profile's planner, 200 problems of
+  the RL pool held out for validation."""
+  return {**task, "init_checkpoint": f"{{run:{profile}_planner}}/sft_policy", "steps": steps, "batch_size": 8,
+          "group_size": 8, "num_validation": 200, "eval_every": 0, "save_every": 20, "tensorboard": False}
+
+
+FAIR_RL = _rl("fair", FAIR_TASK, FAIR_STEPS)
 FAIR_ARMS = ("fair_flow", "fair_trajectory", "fair_sft")
 
 
@@ -127,8 +135,7 @@ HARD_TASK = {"synthetic_min_steps": 5, "synthetic_max_steps": 8, "max_turns": 9,
 HARD_STEPS = 60
 HARD_LRS = (1e-4, 5e-4)
 HARD_TUNE = Tune(HARD_LRS, flag="learning_rate", seeds=2)
-HARD_RL = {**HARD_TASK, "init_checkpoint": "{run:hard_planner}/sft_policy", "steps": HARD_STEPS, "batch_size": 8,
-           "group_size": 8, "num_validation": 200, "eval_every": 0, "save_every": 20, "tensorboard": False}
+HARD_RL = _rl("hard", HARD_TASK, HARD_STEPS)
 HARD_ARMS = ("hard_flow", "hard_trajectory", "hard_sft")
 ARMS = FAIR_ARMS + HARD_ARMS
 HARD = _profile_runs("hard", HARD_TASK, {"sft_steps": HARD_SFT_STEPS}, HARD_RL, HARD_TUNE,
