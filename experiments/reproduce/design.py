@@ -11,11 +11,12 @@ from experiments.studies import spec
 
 
 def spec_files(study: spec.Study) -> list[str]:
-  """The files, relative to the repository, whose commits declare a study's design: its module (when it is a
-  registered study) and the verdict rule."""
+  """The files, relative to the repository, whose commits declare a study's design: its module in
+  `experiments.studies` (when it is a registered study) and the verdict rule."""
   files = ["experiments/studies/verdicts.py"]
-  for module in list(sys.modules.values()):
-    if getattr(module, "STUDY", None) is study and getattr(module, "__file__", None):
+  for module in list(sys.modules.values()):  # the study's own module, not another that holds it (a test's)
+    if (getattr(module, "STUDY", None) is study and getattr(module, "__file__", None)
+        and getattr(module, "__name__", "").startswith("experiments.studies.")):
       try:
         files.insert(0, str(pathlib.Path(module.__file__).resolve().relative_to(plan_lib.ROOT)))
       except ValueError:  # a study module outside the repository: no commit of ours declares it

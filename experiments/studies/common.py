@@ -38,6 +38,21 @@ QUICK_NOTE = ("RL runs 40 steps of 16 prompts x 8 samples at peak lr 1e-4 (the f
 # Online RFT > RFT), so "equal" says the ordering is too small to see at this scale, not that it is absent.
 ORDERING_MARGIN = 0.03
 
+# The paths task's flags (experiments/configs/synthetic_paths.cfg: several valid solution paths, 4-8 steps), with
+# its SFT start's 18,000 solutions excluded from every run's RL and reward-model prompts; and that start: 4,000
+# steps (63.5% held out on seed 0, docs/train.md "The paths task"), one for every seed (a shared run: 35-50 minutes
+# on this machine, too much for one per seed).
+PATHS_TASK = {"task": "synthetic_paths", "paths_min_steps": 4, "paths_max_steps": 8, "num_train": 20000,
+              "max_prompt_len": 24, "max_new_tokens": 96, "sft_examples": 18000}
+PATHS_SFT_STEPS = 4000
+
+
+def paths_start(name: str, profile: str) -> Run:
+  """The paths task's SFT start of a profile, shared by every seed."""
+  return Run(name, {**PATHS_TASK, "sft_steps": PATHS_SFT_STEPS, "steps": 0, "eval_every": 0, "tensorboard": False},
+             label=f"SFT start on the paths task ({PATHS_SFT_STEPS} steps on 18,000 solutions; one for every seed)",
+             only_in=(profile,), shared=True)
+
 
 def rl(name: str, label: str, quick: dict | None = None, **flags) -> Run:
   """A stage-2 run of grpo_math from the seed's shared SFT policy; `quick`: its own quick-profile flags (over

@@ -114,9 +114,7 @@ FAIR_DESIGN = Design(
 # its samples for 300 steps. The RL arms are profile fair's 2x2 and its control with as many labels, each GRPO+OS
 # from the start for I = 3 iterations of 20 steps of 16 prompts x 8 (60 steps), retraining on 128 fresh prompts x 8
 # for 100 steps a round; the reward model measured on 64 fresh held-out prompts x 8 at each iteration's end.
-PATHS_TASK = {"task": "synthetic_paths", "paths_min_steps": 4, "paths_max_steps": 8, "num_train": 20000,
-              "max_prompt_len": 24, "max_new_tokens": 96, "sft_examples": 18000}  # configs/synthetic_paths.cfg
-PATHS_SFT_STEPS = 4000
+PATHS_TASK = common.PATHS_TASK
 PATHS_ITERATIONS, PATHS_STEPS_PER_ITERATION = 3, 20
 PATHS_RM = {**PATHS_TASK, "policy": "{run:paths_sft}/sft_policy", "rm_kind": "orm", "rm_score": "loglik",
             "rm_lora_rank": 8, "rm_loss": "pairwise", "rm_samples_per_prompt": 8, "rm_eval_prompts": 100,
@@ -128,9 +126,7 @@ PATHS_RL = {**PATHS_TASK, "init_checkpoint": "{run:paths_sft}/sft_policy", "rewa
             "steps_per_iteration": PATHS_STEPS_PER_ITERATION, "batch_size": 16, "rm_update_eval_prompts": 64,
             "eval_every": PATHS_STEPS_PER_ITERATION, "save_every": PATHS_STEPS_PER_ITERATION, "tensorboard": False}
 PATHS = (
-    Run("paths_sft", {**PATHS_TASK, "sft_steps": PATHS_SFT_STEPS, "steps": 0, "eval_every": 0, "tensorboard": False},
-        label=f"SFT start on the paths task ({PATHS_SFT_STEPS} steps on 18,000 solutions; one for every seed)",
-        only_in=("paths",), shared=True),
+    common.paths_start("paths_sft", "paths"),
     *_arms("paths", PATHS_RM, "reward model (the policy's backbone + LoRA r = 8)", PATHS_RL, PATHS_UPDATE,
            PATHS_ITERATIONS),
 )

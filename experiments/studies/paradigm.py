@@ -56,12 +56,65 @@ FAIR_DESIGN = Design(
     note=("Four orderings of Fig 5 with a ±3-point margin and GRPO's gain over its start: nine hypotheses (two per "
           "ordering: against zero and inside the margin), Holm at 0.05; three contrasts reported without a "
           "claim. Seeds 0 and 1 also choose each method's learning rate on the validation split."))
+# THE PATHS PROFILE (issue 56, goals 2 and 3), declared here before its runs. The fair profile found Fig 5's
+# orderings equal within ±3 points on the chain task, which has one solution path per problem (offline data cannot
+# go stale) and 2-3 steps (step labels have little to say). On the paths task both mechanisms act
+# (`scripts/paths_mechanisms.py`, docs/train.md "The paths task": after 20 GRPO steps the frozen SFT policy's
+# correct samples have lost likelihood under the RL policy, and within wrong solutions most steps before the first
+# wrong one are right), so this profile asks Fig 5's question there. Every seed starts from one SFT start (a shared
+# run, `common.paths_start`); every method samples 16 prompts x 8 at T = 0.7 for 60 steps and trains the T = 0.7
+# likelihood, at a learning rate chosen from PATHS_LRS on 200 held-out training problems (seeds 0-1). RFT is Table
+# 10's (the frozen start's samples each step), SFT continued on the RL pool's human solutions is the control, and
+# GRPO+PS reads the exact step labels of the paths task's states (8 steps and the answer: --prm_max_steps=9). The
+# pooled RFT of the fair profile is left out (it was reported there, not claimed), to fit two sessions.
+PATHS_LRS = (1e-4, 3e-4)
+PATHS_TUNE = Tune(PATHS_LRS, flag="learning_rate", seeds=2)
+PATHS_RL = {**common.PATHS_TASK, "init_checkpoint": "{run:paths_start}/sft_policy", "steps": 60, "batch_size": 16,
+            "num_validation": 200, "likelihood_temperature": 0.7, "eval_every": 20, "save_every": 20,
+            "tensorboard": False}
+PATHS_RUNS = ("paths_sft", "paths_rft", "paths_online_rft", "paths_grpo", "paths_grpo_ps")
+
+
+def _paths(name: str, label: str, **flags) -> Run:
+  return Run(name, {**PATHS_RL, **flags}, label=label, only_in=("paths",), tune=PATHS_TUNE)
+
+
+PATHS = (
+    common.paths_start("paths_start", "paths"),
+    _paths("paths_sft", "SFT continued (human solutions)", algo="sft"),
+    _paths("paths_rft", "RFT (Table 10: frozen start's samples each step)", algo="rft_table10"),
+    _paths("paths_online_rft", "Online RFT", algo="online_rft"),
+    _paths("paths_grpo", "GRPO+OS (rule reward)"),
+    _paths("paths_grpo_ps", "GRPO+PS (exact step labels)", reward="exact_steps", supervision="process",
+           prm_max_steps=9),
+)
+PATHS_DESIGN = Design(
+    claims=(Claim("Fig 5: GRPO+PS > GRPO+OS", "paths_grpo_ps - paths_grpo", "final", margin=FAIR_MARGIN),
+            Claim("Fig 5: GRPO+OS > Online RFT", "paths_grpo - paths_online_rft", "final", margin=FAIR_MARGIN),
+            Claim("Fig 5: Online RFT > RFT (Table 10's)", "paths_online_rft - paths_rft", "final",
+                  margin=FAIR_MARGIN),
+            Claim("Fig 5: GRPO+OS > RFT (Table 10's)", "paths_grpo - paths_rft", "final", margin=FAIR_MARGIN),
+            Claim("GRPO+OS raises accuracy over its SFT start (paths)", "paths_grpo", "gain"),
+            Claim("RFT (Table 10's) beside SFT continued on human solutions", "paths_rft - paths_sft", "final", ""),
+            Claim("GRPO+OS beside SFT continued on human solutions", "paths_grpo - paths_sft", "final", "")),
+    seeds=8,
+    note=("The fair profile's four Fig 5 orderings with a ±3-point margin and GRPO's gain, on the paths task: nine "
+          "hypotheses, Holm at 0.05; two contrasts reported without a claim. One SFT start for every seed: the "
+          "verdicts hold for that start. Seeds 0 and 1 also choose each method's learning rate on the validation "
+          "split."))
+PATHS_NOTE = (
+    "Fig 5 on the paths task (issue 56): one SFT start for every seed (18,000 solutions, 4,000 steps; a shared "
+    "run), every method 60 steps of 16 prompts x 8 samples at T = 0.7, training the T = 0.7 likelihood, its "
+    "learning rate chosen from 1e-4, 3e-4 on 200 held-out training problems (seeds 0-1); RFT is Table 10's, SFT "
+    "continued on human solutions is reported beside it; GRPO+PS on the exact step labels. Time, from probes "
+    "beside another study: the start 35-50 min once, a method's run about 5 min (3-5 s a step at 16 prompts x 8 "
+    "and three evaluations of 500 problems): 50 runs, about 5 hours.")
 PROMPTS = Metric("prompts", "train/prompts_per_step", source="curve", reduce="mean", percent=False,
                  label="prompts per step", runs=FAIR_RUNS)
 POSITIVE = Metric("positive", "train/positive_rows", source="curve", reduce="mean", percent=False,
-                  label="rows with a positive coefficient per step", runs=FAIR_RUNS)
-VALIDATION = Metric("validation", "final_val_accuracy", label="validation accuracy (500 training problems)",
-                    runs=FAIR_RUNS)
+                  label="rows with a positive coefficient per step", runs=FAIR_RUNS + PATHS_RUNS)
+VALIDATION = Metric("validation", "final_val_accuracy", label="validation accuracy (held-out training problems)",
+                    runs=FAIR_RUNS + PATHS_RUNS)
 
 STUDY = Study(
     name="paradigm",
@@ -79,7 +132,7 @@ STUDY = Study(
         "2,048). The paper (Fig 5, 1.3B model) reports "
         "GRPO+PS > GRPO+OS > Online RFT > RFT."),
     runs=(
-        common.SFT,
+        dataclasses.replace(common.SFT, only_in=OLD + ("fair",)),
         *(dataclasses.replace(r, only_in=OLD) for r in (
             common.rl("rft", "RFT", algo="rft", offline_prompts=OFFLINE_PROMPTS, quick={"offline_prompts": 512}),
             common.rl("online_rft", "Online RFT", algo="online_rft"),
@@ -101,11 +154,15 @@ STUDY = Study(
                       quick={"offline_prompts": 2048, "dpo_pairs_per_prompt": 1}),
         )),
         *FAIR,
+        *PATHS,
     ),
     metrics=(
-        dataclasses.replace(common.ACCURACY, runs=RL_RUNS + FAIR_RUNS),
-        dataclasses.replace(common.CHANGE, runs=RL_RUNS + FAIR_RUNS),
-        *(dataclasses.replace(m, runs=RL_RUNS + FAIR_RUNS) for m in (common.START, common.FINAL, common.GAIN)),
+        dataclasses.replace(common.ACCURACY, runs=RL_RUNS + FAIR_RUNS + PATHS_RUNS),
+        dataclasses.replace(common.CHANGE, runs=RL_RUNS + FAIR_RUNS + PATHS_RUNS),
+        *(dataclasses.replace(m, runs=RL_RUNS + FAIR_RUNS + PATHS_RUNS)
+          for m in (common.START, common.FINAL, common.GAIN)),
+        Metric("paths_start", "final_accuracy", runs=("paths_start",),
+               label="the shared SFT start's held-out accuracy"),
         VALIDATION, PROMPTS, POSITIVE,
     ),
     plots=(
@@ -123,6 +180,11 @@ STUDY = Study(
                                      ylabel="points")),
              title="Fig 5, equal comparisons (profile fair): each method at its validation-chosen lr",
              xlabel="RL step"),
+        Plot("fig5_paths.png", (Panel("accuracy", PATHS_RUNS, title="held-out greedy accuracy"),
+                                Panel("change", PATHS_RUNS, title="change since the SFT start, paired by seed",
+                                      ylabel="points")),
+             title="Fig 5 on the paths task (profile paths): each method at its validation-chosen lr",
+             xlabel="RL step"),
     ),
     contrasts=(Contrast("grpo_ps", "grpo", "final"), Contrast("grpo", "online_rft", "final"),
                Contrast("online_rft", "rft", "final"), Contrast("grpo", "rft", "final"),
@@ -131,7 +193,9 @@ STUDY = Study(
                *(Contrast(a, b, "final") for a, b in (
                    ("fair_grpo_ps", "fair_grpo"), ("fair_grpo", "fair_online_rft"), ("fair_online_rft", "fair_rft"),
                    ("fair_grpo", "fair_rft"), ("fair_rft", "fair_sft"), ("fair_rft_pooled", "fair_rft"),
-                   ("fair_grpo", "fair_sft")))),
+                   ("fair_grpo", "fair_sft"), ("paths_grpo_ps", "paths_grpo"), ("paths_grpo", "paths_online_rft"),
+                   ("paths_online_rft", "paths_rft"), ("paths_grpo", "paths_rft"), ("paths_rft", "paths_sft"),
+                   ("paths_grpo", "paths_sft")))),
     claims=(Claim("Fig 5: GRPO+PS > GRPO+OS", "grpo_ps - grpo", "final", margin=common.ORDERING_MARGIN),
             Claim("Fig 5: GRPO+OS > Online RFT", "grpo - online_rft", "final", margin=common.ORDERING_MARGIN),
             Claim("Fig 5: Online RFT > RFT", "online_rft - rft", "final", margin=common.ORDERING_MARGIN),
@@ -142,9 +206,10 @@ STUDY = Study(
             Claim("DPO + NLL beside DPO (Iterative RPO's fix; not in DeepSeekMath)", "dpo_nll - dpo", "final", ""),
             Claim("GRPO+PS with centred token advantages beside GRPO+PS (not in DeepSeekMath)",
                   "grpo_ps_centered - grpo_ps", "final", "")),
-    profiles={"quick": common.QUICK, "fair": {GRPO_MATH: FAIR_FLAGS}},
-    designs={"fair": FAIR_DESIGN},
-    notes={"fair": ("Fig 5 with equal comparisons (issue 56): every method 200 steps of 32 prompts x 8 samples at "
+    profiles={"quick": common.QUICK, "fair": {GRPO_MATH: FAIR_FLAGS}, "paths": {}},
+    designs={"fair": FAIR_DESIGN, "paths": PATHS_DESIGN},
+    notes={"paths": PATHS_NOTE,
+           "fair": ("Fig 5 with equal comparisons (issue 56): every method 200 steps of 32 prompts x 8 samples at "
                     "T = 0.7 from the seed's SFT policy, training the T = 0.7 likelihood; its learning rate chosen "
                     "from 1e-4, 3e-4, 1e-3 on 500 held-out training problems (seeds 0-1); RFT is Table 10's, the "
                     "pooled RFT and SFT continued on human solutions are reported beside it."),
