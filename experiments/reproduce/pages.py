@@ -115,7 +115,8 @@ def _rule(study: spec.Study, profile: str, jobs: list[plan_lib.Job]) -> dict:
   commit = next((j.commit for j in jobs if j.commit), "")
   return {"rule": "t-holm", "commit": commit, "declared": design_lib.declaration(study, commit),
           "design": {"seeds": design.seeds, "alpha": design.alpha, "note": design.note,
-                     "claims": [dataclasses.asdict(c) for c in design.claims]}}
+                     "claims": [dataclasses.asdict(c) for c in design.claims],
+                     "shared": [r.name for r in study.runs_in(profile) if r.shared]}}
 
 
 def markdown(study: spec.Study, results: dict, cells: list[dict], figures: list[pathlib.Path]) -> str:
@@ -210,7 +211,10 @@ def _design_lines(results: dict) -> list[str]:
            f"Declared before the runs in {when}. Every run on this page comes from commit `{commit[:12]}` "
            f"(reproduce refuses a table that mixes commits). Seeds per arm: {design['seeds']} (seeds 0 to "
            f"{design['seeds'] - 1}; more are left out of the verdicts); family-wise error rate α = "
-           f"{design['alpha']:g} over the claims below (Holm)." + (f" {design['note']}" if design["note"] else ""),
+           f"{design['alpha']:g} over the claims below (Holm)." + (f" {design['note']}" if design["note"] else "")
+           + (f" Shared by every seed (one process, seed 0's): {', '.join(f'`{n}`' for n in design['shared'])}; "
+              "the seeds vary what follows it, so the verdicts hold for that start."
+              if design.get("shared") else ""),
            "", "| claim | cell | expected | margin |", "|---|---|---|---|"]
   words = {">": "above zero", "<": "below zero", "=": "no change", "": "no ordering (reported)"}
   for c in design["claims"]:

@@ -1,6 +1,7 @@
 """experiments.reproduce.pages: the README's claims table from the committed pages, `--redecide`, and pages
 cut short."""
 
+import dataclasses
 import json
 import re
 
@@ -10,8 +11,11 @@ from experiments import studies
 from experiments.reproduce import __main__ as reproduce_main
 from experiments.reproduce import aggregate
 from experiments.reproduce import pages
+from experiments.reproduce import pipeline
 from experiments.reproduce import plan as plan_lib
+from experiments.studies import spec
 from experiments.studies import verdicts
+from tests import reproduce_fakes as fakes
 
 
 def test_claims_table_reads_quick_and_full_pages(tmp_path):
@@ -168,3 +172,22 @@ def test_a_page_cut_short_is_named_and_nothing_is_rewritten(tmp_path, monkeypatc
   monkeypatch.setattr(pages, "redecide_pages", lambda: redecide(tmp_path))
   error = main_in_process(reproduce_main.main, ["reproduce", "--redecide"])
   assert error.startswith(f"reproduce: error: {cut}: ") and "\n" not in error, error
+
+
+def test_a_design_page_names_the_runs_every_seed_shares(tmp_path):
+  """A shared run (one process, seed 0's) narrows what the verdicts hold for: the Design section says which."""
+  study = fakes.study()
+  base = dataclasses.replace(study.runs[0], shared=True)
+  designed = spec.Study("tiny", "Two tiny runs", (base, study.runs[1]), study.metrics, (),
+                        designs={"full": spec.Design((spec.Claim("better rises", "better", "gain"),), seeds=8)})
+  results = pipeline.reproduce(designed, profile="full", seeds=list(range(8)), out_dir=tmp_path / "out",
+                               runs_dir=tmp_path / "runs", echo=lambda line: None, commit="c" * 40)
+  assert results["design"]["shared"] == ["base"]
+  assert [v["verdict"] for v in results["verdicts"]] == ["reproduced"]  # +0.21 on every seed, from seed 0's base
+  text = (tmp_path / "out" / "results.md").read_text()
+  assert "Shared by every seed (one process, seed 0's): `base`; the seeds vary what follows it" in text
+  plain = dataclasses.replace(designed, runs=study.runs[:2], name="plain")
+  results = pipeline.reproduce(plain, profile="full", seeds=list(range(8)), out_dir=tmp_path / "plain",
+                               runs_dir=tmp_path / "runs", echo=lambda line: None, commit="c" * 40)
+  assert results["design"]["shared"] == [] and "Shared by every seed" not in (tmp_path / "plain" /
+                                                                             "results.md").read_text()
