@@ -7,21 +7,27 @@ import sys
 
 from experiments.reproduce import plan as plan_lib
 from experiments.runner.git_commit import head_commit
+from experiments.studies import common
 from experiments.studies import spec
 
 
 def spec_files(study: spec.Study) -> list[str]:
   """The files, relative to the repository, whose commits declare a study's design: its module in
-  `experiments.studies` (when it is a registered study) and the verdict rule."""
+  `experiments.studies` (when it is a registered study), the shared module of the studies when that module reads
+  it (`studies.common`: margins, tasks, shared starts), and the verdict rule."""
   files = ["experiments/studies/verdicts.py"]
   for module in list(sys.modules.values()):  # the study's own module, not another that holds it (a test's)
     if (getattr(module, "STUDY", None) is study and getattr(module, "__file__", None)
         and getattr(module, "__name__", "").startswith("experiments.studies.")):
       try:
-        files.insert(0, str(pathlib.Path(module.__file__).resolve().relative_to(plan_lib.ROOT)))
+        files[:0] = [_relative(module)] + ([_relative(common)] if common in vars(module).values() else [])
       except ValueError:  # a study module outside the repository: no commit of ours declares it
         pass
   return files
+
+
+def _relative(module) -> str:
+  return str(pathlib.Path(module.__file__).resolve().relative_to(plan_lib.ROOT))
 
 
 def declaration(study: spec.Study, commit: str, root: pathlib.Path = plan_lib.ROOT) -> dict:

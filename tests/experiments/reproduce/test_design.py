@@ -72,7 +72,8 @@ def test_a_design_runs_from_one_commit_and_is_decided_by_its_rule(tmp_path, monk
 def test_declaration_names_the_commit_that_last_changed_the_spec():
   study = plan_lib.load_study("paradigm")
   files = design_lib.spec_files(study)
-  assert files == ["experiments/studies/paradigm.py", "experiments/studies/verdicts.py"]
+  assert files == ["experiments/studies/paradigm.py", "experiments/studies/common.py",
+                   "experiments/studies/verdicts.py"]  # paradigm reads common's margins, task and shared start
   head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
   expected = subprocess.run(["git", "log", "-1", "--format=%H", head, "--", *files], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
