@@ -119,8 +119,7 @@ PATHS_ITERATIONS, PATHS_STEPS_PER_ITERATION = 3, 20
 PATHS_RM = {**PATHS_TASK, "policy": "{run:paths_sft}/sft_policy", "rm_kind": "orm", "rm_score": "loglik",
             "rm_lora_rank": 8, "rm_loss": "pairwise", "rm_samples_per_prompt": 8, "rm_eval_prompts": 100,
             "rm_learning_rate": 3e-4, "rm_prompts": 1000, "rm_steps": 300, "tensorboard": False}
-PATHS_UPDATE = {"rm_update_prompts": 128, "rm_update_steps": 100, "rm_update_lora_rank": 8,
-                "rm_update_learning_rate": 3e-4}
+PATHS_UPDATE = FAIR_UPDATE  # 128 fresh prompts x 8, 100 steps of the rank-8 adapters at 3e-4 a round
 PATHS_RL = {**PATHS_TASK, "init_checkpoint": "{run:paths_sft}/sft_policy", "reward": "orm",
             "reward_model": "{run:paths_rm}/reward_model", "iterations": PATHS_ITERATIONS,
             "steps_per_iteration": PATHS_STEPS_PER_ITERATION, "batch_size": 16, "rm_update_eval_prompts": 64,

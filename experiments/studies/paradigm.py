@@ -43,12 +43,20 @@ FAIR = (
     _fair("fair_grpo_ps", "GRPO+PS (exact step labels)", reward="exact_steps", supervision="process"),
 )
 FAIR_MARGIN = 0.03  # ±3 points: no ordering larger than that either way (the paper's Fig 5 gaps are a few points)
+
+
+def _fig5_claims(profile: str) -> tuple[Claim, ...]:
+  """Fig 5's four orderings among a profile's arms, each with the ±3-point margin, and GRPO+OS's gain."""
+  grpo_ps, grpo, online_rft, rft = (f"{profile}_{a}" for a in ("grpo_ps", "grpo", "online_rft", "rft"))
+  return (Claim("Fig 5: GRPO+PS > GRPO+OS", f"{grpo_ps} - {grpo}", "final", margin=FAIR_MARGIN),
+          Claim("Fig 5: GRPO+OS > Online RFT", f"{grpo} - {online_rft}", "final", margin=FAIR_MARGIN),
+          Claim("Fig 5: Online RFT > RFT (Table 10's)", f"{online_rft} - {rft}", "final", margin=FAIR_MARGIN),
+          Claim("Fig 5: GRPO+OS > RFT (Table 10's)", f"{grpo} - {rft}", "final", margin=FAIR_MARGIN),
+          Claim(f"GRPO+OS raises accuracy over its SFT start ({profile})", grpo, "gain"))
+
+
 FAIR_DESIGN = Design(
-    claims=(Claim("Fig 5: GRPO+PS > GRPO+OS", "fair_grpo_ps - fair_grpo", "final", margin=FAIR_MARGIN),
-            Claim("Fig 5: GRPO+OS > Online RFT", "fair_grpo - fair_online_rft", "final", margin=FAIR_MARGIN),
-            Claim("Fig 5: Online RFT > RFT (Table 10's)", "fair_online_rft - fair_rft", "final", margin=FAIR_MARGIN),
-            Claim("Fig 5: GRPO+OS > RFT (Table 10's)", "fair_grpo - fair_rft", "final", margin=FAIR_MARGIN),
-            Claim("GRPO+OS raises accuracy over its SFT start (fair)", "fair_grpo", "gain"),
+    claims=(*_fig5_claims("fair"),
             Claim("RFT (Table 10's) beside SFT continued on human solutions", "fair_rft - fair_sft", "final", ""),
             Claim("Pooled RFT beside RFT (Table 10's)", "fair_rft_pooled - fair_rft", "final", ""),
             Claim("GRPO+OS beside SFT continued on human solutions", "fair_grpo - fair_sft", "final", "")),
@@ -89,12 +97,7 @@ PATHS = (
            prm_max_steps=9),
 )
 PATHS_DESIGN = Design(
-    claims=(Claim("Fig 5: GRPO+PS > GRPO+OS", "paths_grpo_ps - paths_grpo", "final", margin=FAIR_MARGIN),
-            Claim("Fig 5: GRPO+OS > Online RFT", "paths_grpo - paths_online_rft", "final", margin=FAIR_MARGIN),
-            Claim("Fig 5: Online RFT > RFT (Table 10's)", "paths_online_rft - paths_rft", "final",
-                  margin=FAIR_MARGIN),
-            Claim("Fig 5: GRPO+OS > RFT (Table 10's)", "paths_grpo - paths_rft", "final", margin=FAIR_MARGIN),
-            Claim("GRPO+OS raises accuracy over its SFT start (paths)", "paths_grpo", "gain"),
+    claims=(*_fig5_claims("paths"),
             Claim("RFT (Table 10's) beside SFT continued on human solutions", "paths_rft - paths_sft", "final", ""),
             Claim("GRPO+OS beside SFT continued on human solutions", "paths_grpo - paths_sft", "final", "")),
     seeds=8,
@@ -108,9 +111,9 @@ PATHS_NOTE = (
     "learning rate chosen from 1e-4, 3e-4 on 200 held-out training problems (seeds 0-1); RFT is Table 10's, SFT "
     "continued on human solutions is reported beside it; GRPO+PS on the exact step labels. Time, from probes "
     "beside another study: the start 35-50 min once, a method's run about 5 min (3-5 s a step at 16 prompts x 8 "
-    "and three evaluations of 500 problems): 50 runs, about 5 hours.")
+    "and three evaluations of 500 problems): 50 runs, about 5 hours alone, about twice that beside another study.")
 PROMPTS = Metric("prompts", "train/prompts_per_step", source="curve", reduce="mean", percent=False,
-                 label="prompts per step", runs=FAIR_RUNS)
+                 label="prompts per step", runs=FAIR_RUNS + PATHS_RUNS)
 POSITIVE = Metric("positive", "train/positive_rows", source="curve", reduce="mean", percent=False,
                   label="rows with a positive coefficient per step", runs=FAIR_RUNS + PATHS_RUNS)
 VALIDATION = Metric("validation", "final_val_accuracy", label="validation accuracy (held-out training problems)",
@@ -190,12 +193,8 @@ STUDY = Study(
                Contrast("online_rft", "rft", "final"), Contrast("grpo", "rft", "final"),
                Contrast("ppo", "grpo", "final"), Contrast("dpo", "grpo", "final"),
                Contrast("dpo_nll", "dpo", "final"), Contrast("grpo_ps_centered", "grpo_ps", "final"),
-               *(Contrast(a, b, "final") for a, b in (
-                   ("fair_grpo_ps", "fair_grpo"), ("fair_grpo", "fair_online_rft"), ("fair_online_rft", "fair_rft"),
-                   ("fair_grpo", "fair_rft"), ("fair_rft", "fair_sft"), ("fair_rft_pooled", "fair_rft"),
-                   ("fair_grpo", "fair_sft"), ("paths_grpo_ps", "paths_grpo"), ("paths_grpo", "paths_online_rft"),
-                   ("paths_online_rft", "paths_rft"), ("paths_grpo", "paths_rft"), ("paths_rft", "paths_sft"),
-                   ("paths_grpo", "paths_sft")))),
+               *(Contrast(*c.run.split(" - "), c.metric) for c in FAIR_DESIGN.claims + PATHS_DESIGN.claims
+                 if " - " in c.run)),
     claims=(Claim("Fig 5: GRPO+PS > GRPO+OS", "grpo_ps - grpo", "final", margin=common.ORDERING_MARGIN),
             Claim("Fig 5: GRPO+OS > Online RFT", "grpo - online_rft", "final", margin=common.ORDERING_MARGIN),
             Claim("Fig 5: Online RFT > RFT", "online_rft - rft", "final", margin=common.ORDERING_MARGIN),
