@@ -303,7 +303,8 @@ def bucketed_completions(params, config: ModelConfig, prompt_tokens: jax.Array, 
 def jit_token_logprobs(config: ModelConfig, *, mesh: Mesh | None = None, rules: Mapping | None = None,
                        chunk_size: int = 128, return_entropy: bool = False, temperature: float = 1.0,
                        group_size: int = 1, prompt_len: int | None = None, forward_rows: int = 0,
-                       memory_budget: int = 0, buckets: length_buckets.Buckets | None = None):
+                       memory_budget: int = 0, buckets: length_buckets.Buckets | None = None,
+                       skip_empty: bool = False):
   """A `placed.Placed` `fn(params, tokens, attention_mask)` computing `token_logprobs` (e.g. π_old or π_ref);
   `fn.program(shape[, params])` is the jitted program for tokens of `shape`.
 
@@ -323,6 +324,10 @@ def jit_token_logprobs(config: ModelConfig, *, mesh: Mesh | None = None, rules: 
 
   With `buckets` (and `prompt_len`; any `group_size`) the completions run in length-sorted micro-batches
   (`bucketed_completion_logprobs`), which take the place of the row chunks.
+
+  With `skip_empty` (ungrouped rows, `forward_rows` > 0) the rows run in consecutive blocks of `forward_rows`, and a
+  block whose rows attend to no token is skipped, its outputs 0 (`row_chunks.map_live_blocks`): rows padded to one
+  fixed count, the real ones first, compile once and cost the blocks they fill.
   """
   kwargs = dict(chunk_size=chunk_size, return_entropy=return_entropy, temperature=temperature)
   if buckets is not None:
@@ -349,9 +354,15 @@ def jit_token_logprobs(config: ModelConfig, *, mesh: Mesh | None = None, rules: 
     raise ValueError("jit_token_logprobs: pass both mesh and rules, or neither")
   devices = 1 if mesh is None else partitioning.data_parallel_size(mesh, rules)
 
+  if skip_empty and (buckets is not None or group_size > 1 or forward_rows < 1):
+    raise ValueError("jit_token_logprobs: skip_empty takes ungrouped rows in blocks of forward_rows > 0")
+
   def chunked(params, tokens, mask):  # the shapes are static here: the chunk is chosen per shape
     if buckets is not None:
       return body(params, tokens, mask)
+    if skip_empty:
+      return row_chunks.map_live_blocks(lambda t, m: body(params, t, m), (tokens, mask), forward_rows,
+                                        jnp.any(mask, axis=1))
     rows = forward_rows
     if not rows and memory_budget:
       row_bytes = row_chunks.forward_row_bytes(config, tokens.shape[1], logits_chunk=chunk_size,

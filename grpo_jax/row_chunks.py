@@ -21,6 +21,7 @@ from grpo_jax import chips
 from grpo_jax.chips import GiB
 from grpo_jax.models import kv_cache
 from grpo_jax.models.config import ModelConfig
+from grpo_jax.models.logical_axes import constrain
 
 CPU_BUDGET_BYTES = 4 * GiB  # the default budget of a CPU device (host memory, shared with everything else)
 DEVICE_BUDGET_FRACTION = 0.25  # the default budget of an accelerator: this share of its memory
@@ -63,6 +64,34 @@ def map_rows(fn: Callable, arrays: Sequence[jax.Array], rows_per_chunk: int, *, 
 
   out = jax.lax.map(lambda xs: fn(*xs), tuple(split(x) for x in arrays))
   return jax.tree.map(join, out)
+
+
+def map_live_blocks(fn: Callable, arrays: Sequence[jax.Array], rows_per_block: int, live: jax.Array):
+  """fn(*arrays) over consecutive blocks of R = `rows_per_block` rows (block c: rows cR ... cR + R - 1), a block
+  without a `live` row skipped: its outputs are zeros and fn does not run (a `lax.cond` in the loop).
+
+  For rows padded to one fixed count with the real ones first (Flow-GRPO's turns): the program compiles once
+  and runs the blocks its real rows fill. fn maps [R, ...] rows to a pytree of [R, ...] outputs, each row's from
+  that row alone; N must be a multiple of R. Under a mesh's rules each block's rows are split over the data axes
+  (the `batch` logical axis), so no device waits while another runs a block.
+  """
+  n = arrays[0].shape[0]
+  if any(x.shape[0] != n for x in arrays) or live.shape != (n,):
+    raise ValueError(f"map_live_blocks: arrays of {[x.shape[0] for x in arrays]} rows and live {live.shape}; "
+                     "they must agree")
+  if rows_per_block < 1 or n % rows_per_block:
+    raise ValueError(f"map_live_blocks: {n} rows are not whole blocks of {rows_per_block}")
+  blocks = n // rows_per_block
+  split = lambda x: constrain(x.reshape(blocks, rows_per_block, *x.shape[1:]), (None, "batch") + (None,) * (x.ndim - 1))
+  shapes = jax.eval_shape(fn, *(x[:rows_per_block] for x in arrays))
+
+  def block(xs):
+    *xs, alive = xs
+    return jax.lax.cond(jnp.any(alive), lambda: fn(*xs),
+                        lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
+
+  out = jax.lax.map(block, tuple(split(x) for x in (*arrays, live)))
+  return jax.tree.map(lambda y: y.reshape(n, *y.shape[2:]), out)
 
 
 def rows_per_chunk(total_rows: int, row_bytes: float, budget_bytes: float, *, devices: int = 1,

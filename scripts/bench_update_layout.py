@@ -201,6 +201,9 @@ def main():
   parser.add_argument("--padded_micro_batches", type=int, default=1, help="the padded update's (--grad_accum_steps)")
   parser.add_argument("--min_block_tokens", type=int, default=None,
                       help="the scoring blocks' floor of tokens (default: MIN_BLOCK_TOKENS, as the runner)")
+  parser.add_argument("--programs", default="",
+                      help="comma-separated programs to time, each a prefix of a table's name (π_ref, update, value); "
+                           "default: all")
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--json", default="", help="also write the figures here")
   args = parser.parse_args()
@@ -225,6 +228,8 @@ def main():
     print("|---|---|---|---|---|---|---|")
     results[kind] = {}
     for name, (padded, bucketed, cols_padded, cols_bucketed) in programs(params, config, args, lengths).items():
+      if args.programs and not any(name.startswith(x) for x in args.programs.split(",")):
+        continue
       compile_s = [_timed(padded), _timed(bucketed)]
       times = [[], []]
       for _ in range(args.repeats):  # interleaved: a drift of the machine hits both alike

@@ -118,8 +118,8 @@ class Method(abc.ABC):
     return self.rollouts.logprobs
 
   def forward_layout(self) -> dict:
-    """`scoring_logprobs`' layout keywords (`Placement.logprobs`: group_size, prompt_len, buckets); {} for rows
-    each with its own prompt."""
+    """`scoring_logprobs`' layout keywords (`Placement.logprobs`: group_size, prompt_len, buckets), and live_blocks
+    (rows a block, empty blocks skipped: Flow-GRPO's turns); {} for rows each with its own prompt."""
     return {}
 
   def step_programs(self, shapes: program_lib.Shapes) -> dict[str, program_lib.Program]:
@@ -133,10 +133,11 @@ class Method(abc.ABC):
       return {}
     n, width = self.scoring_shape()
     layout, logprobs = self.forward_layout(), self.scoring_logprobs()
-    group, buckets = layout.get("group_size", 1), layout.get("buckets")
+    group, buckets, blocks = layout.get("group_size", 1), layout.get("buckets"), layout.get("live_blocks")
     chunk = self.rollouts.placement.forward_chunk(self.model_config, n, width, group=group, cached=group > 1,
                                                   logits_chunk=self.config.model.logprob_chunk)  # as its rows chunk
-    how = f" of the {n} rows, " + (f"{chunk or n} at a time" if buckets is None else
+    how = f" of the {n} rows, " + (f"in blocks of {blocks}, those without a real row skipped" if blocks else
+                                   f"{chunk or n} at a time" if buckets is None else
                                    f"in {buckets.num_micro_batches} length-sorted micro-batches at widths "
                                    f"{buckets.widths}") + (f", each prompt once per group of {group}" if group > 1
                                                            else "")
@@ -160,6 +161,23 @@ class Method(abc.ABC):
     trainer lists them from the config)."""
     del shapes, held_out
     return None
+
+  def update_micro_batches(self, minibatch: int) -> int:
+    """The micro-batches of the update over a minibatch of `minibatch` items (`make_train_step`'s
+    num_micro_batches; length buckets set their own): --grad_accum_steps."""
+    del minibatch
+    return self.config.algorithm.grad_accum_steps
+
+  def skips_empty_micro_batches(self) -> bool:
+    """Whether the update's micro-batches without a loss token skip their forward and backward (`make_train_step`'s
+    skip_empty: rows padded to one fixed count); no by default."""
+    return False
+
+  def fixed_step_shapes(self) -> bool:
+    """Whether a step's forwards and update take the same shapes every step, known before the first
+    (`step_programs`, `update_rows`), so that they compile ahead (`trainer.ahead`): with length buckets; padded, the
+    widths follow each step's completions."""
+    return self.bucketed_update() is not None
 
   def bucketed_update(self):
     """The update's length-bucketed layout (`training.update.BucketedRows`), or None: padded (the default)."""

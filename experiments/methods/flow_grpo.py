@@ -60,11 +60,6 @@ class Agent:
                                generator=self.generator)
 
 
-def row_bucket(n: int, unit: int) -> int:
-  """Rows padded up to a multiple of `unit`, so the update compiles for a few shapes only."""
-  return max(unit, -(-n // unit) * unit)
-
-
 def take_turn_rows(batch: agents.TurnBatch, rows: np.ndarray, size: int) -> agents.TurnBatch:
   """The given rows of a batch, padded with empty rows (no tokens, nothing trained) up to `size`."""
   pad = size - len(rows)
@@ -79,7 +74,10 @@ def take_turn_rows(batch: agents.TurnBatch, rows: np.ndarray, size: int) -> agen
 
 class FlowGRPO(base.Method):
   """Rows are turns; a step's B·G trajectories have a varying number of them, so minibatches hold whole
-  trajectories (padded to a few row counts)."""
+  trajectories, their turns first, padded with empty rows to one fixed count (`turn_rows`: each trajectory at
+  --max_turns). The forwards and the update run them in blocks and micro-batches of `micro_rows` rows, skipping
+  those that hold no turn: one compiled shape each, whatever a step's turns, at the cost of its turns rounded up
+  to a block."""
 
   name = "flow_grpo"
   sft_marker = "flow_grpo_sft.json"  # a planner fine-tuned on teacher trajectories, not a single-turn policy
@@ -91,6 +89,7 @@ class FlowGRPO(base.Method):
     self.pad_id = (model_config.pad_token_id if task is None else task.tokenizer.pad_token_id) or 0
     self.agent = None if task is None else Agent(config, task.tokenizer)
     self.objective_name = config.agent.planner_objective
+    self._scoring = None  # `scoring_logprobs`, built at its first use
     if task is None:
       return
     longest = max(self.agent.prompt_format.frame_tokens(e.question) for e in [*task.test, *task.rl_pool])
@@ -107,14 +106,53 @@ class FlowGRPO(base.Method):
                                  temperature=rollout.temperature, top_k=rollout.top_k, top_p=rollout.top_p,
                                  greedy=greedy, min_bucket=agent.min_bucket, pad_id=self.pad_id)
 
-  def row_unit(self, trajectories: int) -> int:
-    """Turn rows of `trajectories` trajectories are padded to a multiple of this (`row_bucket`): half of them, times
-    --grad_accum_steps, so the forwards and the update compile for a few row counts."""
-    return max(trajectories // 2, 1) * self.config.algorithm.grad_accum_steps
+  def micro_rows(self, trajectories: int, parts: int | None = None) -> int:
+    """Rows of a micro-batch of the update over `trajectories` trajectories: half as many as the trajectories (a few
+    turns a trajectory fill a few micro-batches), divided by `parts` (default --grad_accum_steps, which bounds the
+    update's activations), a multiple of the data shards. On this CPU micro-batches of 32 turn rows ran the update
+    1.5x faster than one of all of them (BENCHMARKS.md, "Flow-GRPO's turn rows")."""
+    parts = self.config.algorithm.grad_accum_steps if parts is None else parts
+    shards = self.rollouts.placement.data_parallel if self.rollouts is not None else 1
+    rows = max(-(-trajectories // (2 * parts)), 1)
+    return -(-rows // shards) * shards
 
   def turn_rows(self, trajectories: int) -> int:
-    """The most turn rows of `trajectories` trajectories: each of --max_turns turns, padded (`row_unit`)."""
-    return row_bucket(trajectories * self.config.agent.max_turns, self.row_unit(trajectories))
+    """The rows of `trajectories` trajectories' turns, fixed: room for each of --max_turns turns, in whole
+    micro-batches (`micro_rows`); the rows past a step's turns are empty."""
+    unit = self.micro_rows(trajectories)
+    return -(-trajectories * self.config.agent.max_turns // unit) * unit
+
+  def update_micro_batches(self, minibatch: int) -> int:
+    return self.turn_rows(minibatch) // self.micro_rows(minibatch)
+
+  def skips_empty_micro_batches(self) -> bool:
+    return True
+
+  def fixed_step_shapes(self) -> bool:
+    return True  # the turn rows' one count; the planner's first turn, and its later ones at the widest bucket
+
+  def scoring_logprobs(self):
+    """π_old's and π_ref's forward over a step's turn rows in blocks of `micro_rows` (fewer where the forward's
+    memory budget holds fewer), the blocks past its turns skipped."""
+    if self._scoring is None:
+      self._scoring = self.rollouts.placement.logprobs(
+          self.model_config, chunk_size=self.config.model.logprob_chunk, temperature=self.config.rollout.temperature,
+          forward_rows=self.scoring_block(), skip_empty=True)
+    return self._scoring
+
+  def scoring_block(self) -> int:
+    """Rows of a block of the scoring forwards: the most that divides a step's `turn_rows`, is a multiple of the
+    data shards, and is at most half the step's trajectories (`micro_rows` without --grad_accum_steps) and what
+    the forward's memory budget holds (`Placement.forward_chunk`)."""
+    rollout, placement = self.config.rollout, self.rollouts.placement
+    n, width = self.scoring_shape()
+    most = min(self.micro_rows(rollout.batch_size * rollout.group_size, parts=1),
+               placement.forward_chunk(self.model_config, n, width, logits_chunk=self.config.model.logprob_chunk))
+    shards = placement.data_parallel
+    return max([d for d in range(shards, most + 1, shards) if n % d == 0] or [shards])
+
+  def forward_layout(self) -> dict:
+    return {"live_blocks": self.scoring_block()}
 
   def scoring_forwards(self) -> tuple[str, ...]:
     """π_old over every turn row, and π_ref with the KL term (β > 0, not in continued SFT), through the rollouts'
@@ -196,12 +234,13 @@ class FlowGRPO(base.Method):
     correct = rewards_lib.score(outputs, repeated, "correctness")
     n_turns = sum(t.num_turns for t in trajectories)
     host = agents.turn_rows(trajectories, self.config.agent.planner_prompt_len, self.config.agent.action_tokens,
-                            self.pad_id, rows=row_bucket(n_turns, self.row_unit(b * g)))
+                            self.pad_id, rows=self.turn_rows(b * g))
     advantages = flow_grpo.broadcast_outcome_advantages(rewards, host.trajectory_ids, scale=algo.advantage_scale,
                                                         eps=algo.advantage_eps)
     real = np.arange(len(host.advantages)) < n_turns
-    old_logp = self.rollouts.logprobs(params, host.tokens, host.attention_mask)
-    ref_logp = (self.rollouts.logprobs(self.reference, host.tokens, host.attention_mask)
+    forward = self.scoring_logprobs()
+    old_logp = forward(params, host.tokens, host.attention_mask)
+    ref_logp = (forward(self.reference, host.tokens, host.attention_mask)
                 if self.uses_reference() else jnp.zeros_like(old_logp))
     batch = host._replace(old_logp=np.asarray(old_logp), ref_logp=np.asarray(ref_logp),
                           advantages=np.where(real, np.asarray(advantages), 0.0).astype(np.float32))
@@ -229,10 +268,10 @@ class FlowGRPO(base.Method):
     b, g = self.config.rollout.batch_size, self.config.rollout.group_size
     n_turns = sum(t.num_turns for t in trajectories)
     host = agents.turn_rows(trajectories, self.config.agent.planner_prompt_len, self.config.agent.action_tokens,
-                            self.pad_id, rows=row_bucket(n_turns, self.row_unit(b * g)))
+                            self.pad_id, rows=self.turn_rows(b * g))
     t1 = time.time()
     real = np.arange(len(host.advantages)) < n_turns
-    old_logp = self.rollouts.logprobs(params, host.tokens, host.attention_mask)
+    old_logp = self.scoring_logprobs()(params, host.tokens, host.attention_mask)
     batch = host._replace(old_logp=np.asarray(old_logp), ref_logp=np.zeros_like(np.asarray(old_logp)),
                           advantages=real.astype(np.float32))
     self.num_turns = n_turns
@@ -254,8 +293,8 @@ class FlowGRPO(base.Method):
                                executor=self.agent.executor, generator=self.agent.generator)
 
   def minibatches(self, batch, key, epoch: int, minibatch: int):
-    """Minibatches of `minibatch` whole trajectories (all of a step's turns when it is B·G), each padded to a
-    multiple of half the minibatch's trajectories."""
+    """Minibatches of `minibatch` whole trajectories (all of a step's turns when it is B·G), each padded to
+    `turn_rows(minibatch)`."""
     trajectories = self.rows_per_step()
     order = np.asarray(jax.random.permutation(jax.random.fold_in(key, 10_000 + epoch), trajectories))
     if minibatch == trajectories:
@@ -264,7 +303,7 @@ class FlowGRPO(base.Method):
     parts = []
     for i in range(0, trajectories, minibatch):
       rows = real_rows[np.isin(batch.trajectory_ids[real_rows], order[i:i + minibatch])]
-      part = take_turn_rows(batch, rows, row_bucket(len(rows), self.row_unit(minibatch)))
+      part = take_turn_rows(batch, rows, self.turn_rows(minibatch))
       parts.append(jax.tree.map(jnp.asarray, part._replace(num_trajectories=np.full_like(part.num_trajectories,
                                                                                          minibatch))))
     return parts

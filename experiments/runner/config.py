@@ -202,7 +202,9 @@ class AlgorithmConfig:
       "keep every token. 1: off.")
   num_epochs: int = flag(1, "μ: passes over each step's samples.", minimum=1)
   minibatch_size: int = flag(0, "Sequences per optimiser step (0: all B·G of the step).", minimum=0)
-  grad_accum_steps: int = flag(1, "Micro-batches per minibatch, accumulated exactly.", minimum=1)
+  grad_accum_steps: int = flag(1, "Micro-batches per minibatch, accumulated exactly (--algo=flow_grpo: its turn rows "
+                                  "in micro-batches of half the minibatch's trajectories / this, those past a step's "
+                                  "turns skipped).", minimum=1)
   recompute_old_logprobs: bool = flag(False, "Recompute π_old with a forward pass instead of taking it exactly as "
       "stop_gradient(π_θ) (GRPO with one epoch over one minibatch: the default) or from the sampler's log-probs (at "
       "temperature 1).")

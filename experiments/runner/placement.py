@@ -107,7 +107,8 @@ class Placement:
     shards = self.data_parallel
     return shards if rows % shards == 0 and (rows // shards) % group == 0 else 1
 
-  def train(self, params, optimizer, objective, num_micro_batches: int, frozen=None, bucketed=None):
+  def train(self, params, optimizer, objective, num_micro_batches: int, frozen=None, bucketed=None,
+            skip_empty: bool = False):
     """`(state, step)`: the train state placed by the rules and the jitted update (state donated; a `placed.Placed`,
     `step.program()` the program).
 
@@ -120,18 +121,22 @@ class Placement:
     `step(state, batch)` takes a batch on the device(s) (or whole host arrays: each process contributes its
     rows).
 
-    `bucketed`: the update's length-bucketed layout (`training.update.BucketedRows`), or None (padded)."""
+    `bucketed`: the update's length-bucketed layout (`training.update.BucketedRows`), or None (padded);
+    `skip_empty`: micro-batches without a loss token skip their forward and backward (`make_train_step`)."""
     extra = () if frozen is None else (frozen,)
     if self.mesh is None:
       step = training.make_train_step(objective, optimizer, num_micro_batches,
-                                      combine=None if frozen is None else lora.join, bucketed=bucketed)
+                                      combine=None if frozen is None else lora.join, bucketed=bucketed,
+                                      skip_empty=skip_empty)
       state = jax.jit(lambda p: training.init_train_state(p, optimizer), donate_argnums=0)(params)
       return state, placed.Placed(lambda state, batch: step(state, batch, *extra), step.program)
     state, shardings = partitioning.init_train_state(params, optimizer, self.mesh, self.rules, donate=True)
-    step = self.train_step(shardings, optimizer, objective, num_micro_batches, frozen=frozen, bucketed=bucketed)
+    step = self.train_step(shardings, optimizer, objective, num_micro_batches, frozen=frozen, bucketed=bucketed,
+                           skip_empty=skip_empty)
     return state, placed.Placed(lambda state, batch: step(state, self.device(batch), *extra), step.program)
 
-  def train_step(self, state_shardings, optimizer, objective, num_micro_batches: int, frozen=None, bucketed=None):
+  def train_step(self, state_shardings, optimizer, objective, num_micro_batches: int, frozen=None, bucketed=None,
+                 skip_empty: bool = False):
     """The jitted update of `train` on a mesh, for a train state placed by `state_shardings`
     (`partitioning.state_shardings`); `.program()` is the program itself (ahead of time: `.program().lower(...)`).
     With `frozen` (arrays or shape structs, placed), the step takes them as a third argument."""
@@ -139,7 +144,7 @@ class Placement:
         combine=lora.join, frozen_shardings=jax.tree.map(lambda x: x.sharding, frozen))
     return training.make_train_step(objective, optimizer, num_micro_batches, state_shardings=state_shardings,
                                     batch_shardings=self.batch_sharding, mesh=self.mesh, rules=self.rules,
-                                    bucketed=bucketed, **lora_kwargs)
+                                    bucketed=bucketed, skip_empty=skip_empty, **lora_kwargs)
 
   def forward_chunk(self, config, rows: int, length: int, *, group: int = 1, **estimate) -> int:
     """Rows per chunk (`row_chunks.map_rows`) of a forward over [rows, length] tokens: `forward_rows`, else as

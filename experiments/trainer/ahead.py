@@ -91,10 +91,11 @@ def first_step_programs(method, state, train_step, frozen=None) -> dict[str, pro
   """The programs of stage 2's first step whose arguments are known before it, from the run's own callables, by name:
   the update first (the longest to compile), then the others in the order the step calls them.
 
-  The rollouts' sampler, the engine or the static one (`Rollouts.sampler_program`; one process, not Flow-GRPO's
-  planner, whose turns the method samples itself); with `--token_layout=buckets` also the method's scoring
-  forwards and, without a mesh, its batch (`Method.step_programs`), and the update (`train_step`, a
-  `placed.Placed`, over `Method.abstract_batch`).
+  The rollouts' sampler, the engine or the static one (`Rollouts.sampler_program`; one process); where a step's
+  shapes are fixed (`Method.fixed_step_shapes`: `--token_layout=buckets`, Flow-GRPO's turn rows) also the
+  method's step programs (`Method.step_programs`: its scoring forwards, Flow-GRPO's planner turns at their widest
+  bucket and, without a mesh, the batch) and the update (`train_step`, a `placed.Placed`, over
+  `Method.abstract_batch`).
   `state`: the train state; `frozen`: LoRA's frozen part of the policy, or None.
   """
   from experiments.trainer import programs as programs_lib  # pylint: disable=import-outside-toplevel
@@ -108,12 +109,11 @@ def first_step_programs(method, state, train_step, frozen=None) -> dict[str, pro
                                 partitioning.param_shardings(mesh, placement.rules, policy))
   shapes = programs_lib.placed_shapes(params, placed(state.params), placement)
   declared = method.step_programs(shapes)
-  if "sampler" in declared:  # Flow-GRPO: its planner's turns
-    return out
-  sampler = method.rollouts.sampler_program(params)
-  if sampler is not None:
-    out["sampler"] = sampler
-  if method.bucketed_update() is None:  # padded: the widths follow the step's completions
+  if "sampler" not in declared:  # Flow-GRPO declares its planner's turns itself
+    sampler = method.rollouts.sampler_program(params)
+    if sampler is not None:
+      out["sampler"] = sampler
+  if not method.fixed_step_shapes():  # padded: the widths follow the step's completions
     return out
   # The step's batch program takes host arrays (rewards, counts), unplaced: on a mesh its abstract arguments (split
   # like the rows) would be another program than the one the step compiles, a small one.

@@ -86,7 +86,8 @@ def train(method: methods_lib.Method, policy, logger, ckpt: stage_checkpoints.St
   # before the train state takes the start policy's buffers (logged once a resume has rewound the metrics).
   prepared = method.prepare(policy, jax.random.fold_in(key, 2))
   part = lora.TrainedPart(enabled=lora_base is not None)  # LoRA: the adapters (and a value head) alone are trained
-  state, train_step, frozen = _train_state(method, policy, part, optimizer, key, iterative=updates is not None)
+  state, train_step, frozen = _train_state(method, policy, part, optimizer, key, minibatch,
+                                           iterative=updates is not None)
   policy = None
   stage = _Steps(method, logger, part, frozen, train_step, updates, minibatch, updates_per_step)
   position, start, start_accuracy = 0, 0, None
@@ -195,15 +196,17 @@ class _Steps:
     return stop_requested()
 
 
-def _train_state(method: methods_lib.Method, policy, part: lora.TrainedPart, optimizer, key, iterative: bool):
+def _train_state(method: methods_lib.Method, policy, part: lora.TrainedPart, optimizer, key, minibatch: int,
+                 iterative: bool):
   """`(train state, its step, the frozen part or None)` from the start policy. Its params are handed over: the state
   takes their buffers (`Placement.train` deletes them; with LoRA the start adapters), so stage 2 holds π_θ, its
   moments and π_ref, and no other copy of the start policy. With LoRA and iterative RL, π_ref takes π_θ's adapters
   at each iteration; zero adapters until then keep the checkpoint's structure."""
   trained, frozen = part.split(method.init_params(policy, jax.random.fold_in(key, 1)))
   state, train_step = method.rollouts.placement.train(trained, optimizer, method.objective(),
-                                                      method.config.algorithm.grad_accum_steps, frozen=frozen,
-                                                      bucketed=method.bucketed_update())
+                                                      method.update_micro_batches(minibatch), frozen=frozen,
+                                                      bucketed=method.bucketed_update(),
+                                                      skip_empty=method.skips_empty_micro_batches())
   if iterative and part.enabled:
     zero = jax.tree.map(jnp.zeros_like, lora.adapters(method.policy(part.join(state.params, frozen))))
     method.use_reference(part.join(zero, method.reference))

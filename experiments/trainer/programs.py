@@ -281,14 +281,17 @@ def _update_program(method, shapes: Shapes, per_step: int, minibatch: int, optim
                     frozen) -> Program:
   """The runner's update (`Placement.train`'s step) over a minibatch's `update_rows`; with LoRA the frozen base a
   third, not donated, argument."""
-  algo, bucketed = method.config.algorithm, method.bucketed_update()
-  step = method.rollouts.placement.train_step(state_shardings, optimizer, method.objective(), algo.grad_accum_steps,
-                                              frozen=frozen, bucketed=bucketed)
+  bucketed = method.bucketed_update()
+  micro = method.update_micro_batches(minibatch)
+  step = method.rollouts.placement.train_step(state_shardings, optimizer, method.objective(), micro,
+                                              frozen=frozen, bucketed=bucketed,
+                                              skip_empty=method.skips_empty_micro_batches())
   m = method.update_rows(minibatch)
   batch = method.abstract_batch(lambda dtype, *shape: shapes.rows(dtype, m, *shape))
   return Program(step.program(), (state, batch) if frozen is None else (state, batch, frozen),
                  f"{method.name}: one optimiser step over {m} rows in "
-                 + (f"{algo.grad_accum_steps} micro-batches" if bucketed is None else
+                 + (f"{micro} micro-batches" + (" (those without a loss token skipped)"
+                                                 if method.skips_empty_micro_batches() else "") if bucketed is None else
                     f"{bucketed.buckets.num_micro_batches} length-sorted micro-batches at widths "
                     f"{bucketed.buckets.widths}")
                  + ("" if frozen is None else " (LoRA: the adapters; the base frozen)"),

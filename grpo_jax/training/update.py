@@ -59,7 +59,7 @@ class BucketedRows(NamedTuple):
 def make_train_step(objective: Objective, optimizer: optax.GradientTransformation, num_micro_batches: int = 1,
                     donate: bool = True, *, state_shardings: Any = None, batch_shardings: Any = None,
                     mesh: Mesh | None = None, rules: Mapping | None = None, combine: Callable | None = None,
-                    frozen_shardings: Any = None, bucketed: BucketedRows | None = None):
+                    frozen_shardings: Any = None, bucketed: BucketedRows | None = None, skip_empty: bool = False):
   """Builds the jitted `step(state, batch) -> (state, metrics)`.
 
   The batch (a pytree of arrays with leading dimension N, including a `loss_mask`) is split
@@ -83,6 +83,11 @@ def make_train_step(objective: Objective, optimizer: optax.GradientTransformatio
   length, each run at the narrowest width that holds it (`bucketed_gradients`), in place of `num_micro_batches`
   equal ones; the objective must take a `prefix=` keyword (`grpo_objective`, `distill_objective`,
   `objectives.ppo_objective` with `bucketed.prefill`).
+
+  Empty micro-batches (`skip_empty`): a micro-batch without a loss token skips its forward and backward (a
+  `lax.cond`; its gradient is zero anyway), and the metrics are averaged over the micro-batches by their loss
+  tokens. A batch padded with empty rows to one fixed row count (Flow-GRPO's turns) then compiles once and costs
+  its real rows, rounded up to a micro-batch.
   """
   if mesh is None and state_shardings is not None:
     mesh = getattr(jax.tree.leaves(state_shardings)[0], "mesh", None)
@@ -98,6 +103,13 @@ def make_train_step(objective: Objective, optimizer: optax.GradientTransformatio
       (_, metrics), g = grad_fn(state.params, micro_batch, totals)
       return jax.tree.map(jnp.add, grads, g), metrics
 
+    def accumulate_nonempty(grads, micro_batch):
+      tokens = jnp.sum(micro_batch.loss_mask, dtype=jnp.float32)
+      skip = lambda grads, micro_batch: (grads, jax.tree.map(
+          jnp.zeros_like, jax.eval_shape(lambda: accumulate(grads, micro_batch)[1])))
+      grads, metrics = jax.lax.cond(tokens > 0, accumulate, skip, grads, micro_batch)
+      return grads, (metrics, tokens)
+
     zeros = jax.tree.map(jnp.zeros_like, state.params)
     if state_shardings is not None:
       zeros = jax.lax.with_sharding_constraint(zeros, state_shardings.params)
@@ -111,7 +123,10 @@ def make_train_step(objective: Objective, optimizer: optax.GradientTransformatio
                            batch)
       if sharded:  # Every micro-batch spread over the data axes.
         micro = jax.tree.map(lambda x: constrain(x, (None, "batch") + (None,) * (x.ndim - 2)), micro)
-      grads, metrics = jax.lax.scan(accumulate, zeros, micro)
+      if skip_empty:
+        grads, (metrics, weights) = jax.lax.scan(accumulate_nonempty, zeros, micro)
+      else:
+        grads, metrics = jax.lax.scan(accumulate, zeros, micro)
     metrics = {k: reduce_metric(k, v, weights) for k, v in metrics.items()}
     metrics["grad_norm"] = _global_norm(grads)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
@@ -199,14 +214,17 @@ def bucketed_gradients(objective: Objective, params: Params, batch, totals: dict
 
 def reduce_metric(name: str, values, weights=None):
   """Combines one metric over micro-batches: sums for the globally normalised losses, min/max for
-  `*_min`/`*_max`, the mean otherwise (weighted by `weights`, e.g. the micro-batches' tokens, when given)."""
+  `*_min`/`*_max`, the mean otherwise; with `weights` (e.g. the micro-batches' loss tokens) the mean is weighted
+  by them and min/max leave out the micro-batches of weight 0 (unless all are)."""
   values = jnp.asarray(values)
   if name in _ADDITIVE:
     return jnp.sum(values)
+  counted = jnp.ones(values.shape, bool) if weights is None else jnp.asarray(weights) > 0  # with loss tokens
+  counted = counted | ~jnp.any(counted)  # none has any: all
   if name.endswith("_min"):
-    return jnp.min(values)
+    return jnp.min(jnp.where(counted, values, jnp.inf))
   if name.endswith("_max"):
-    return jnp.max(values)
+    return jnp.max(jnp.where(counted, values, -jnp.inf))
   if weights is not None:
     return jnp.sum(values * weights) / jnp.maximum(jnp.sum(weights), 1e-9)
   return jnp.mean(values)

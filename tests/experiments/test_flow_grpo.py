@@ -59,6 +59,9 @@ def test_smoke_sft_then_flow_grpo(tmp_path, monkeypatch):
               "train/entropy", "train/grad_norm", "train/clip_frac", "train/time_sampling", "train/time_update"):
     assert np.isfinite(train[-1][key]), key
   assert train[-1]["train/turn_rows"] >= 4  # B·G = 4 trajectories of at least one turn
+  # Whatever a step's turns, its rows are one count (one compiled update and forward): room for 4 trajectories x 3
+  # turns (--max_turns), in micro-batches of 4 / 2 rows, the empty ones skipped
+  assert {r["train/turn_rows"] + r["train/padded_rows"] for r in train} == {12}
   assert [r["train/reward_mean"] for r in train] == [0.5, 0.5]  # the constructed rewards reached the update
   assert [r["step"] for r in records if "eval/accuracy" in r] == [0, 2]
   base, sft, final = (_params(tmp_path / d) for d in ("base_model", "sft_policy", "final_policy"))
@@ -102,6 +105,7 @@ def test_continued_sft_trains_the_teacher_turns_of_the_step_queries_at_coefficie
     # B = 2 queries of 2-3 steps: each teacher trajectory is its calculator calls then the answer, all correct
     assert r["train/teacher_trajectories"] == 2 and r["train/answer_rate"] == 1 and r["train/tool_error_rate"] == 0
     assert 2 * 3 <= r["train/turn_rows"] <= 2 * 4 and r["train/mean_turns"] * 2 == r["train/turn_rows"]
+    assert r["train/turn_rows"] + r["train/padded_rows"] == 16  # room for B·G = 4 trajectories x 4 turns
     # At ratio 1 with A = 1 on every action token, eq. 5's weights sum to 1: the loss is −1, and no KL term
     # although --beta is 0.04
     assert r["train/pg_loss"] == pytest.approx(-1.0, abs=1e-5) and r["train/kl_loss"] == 0

@@ -130,3 +130,54 @@ def test_chunked_log_probs_on_a_mesh():
     got = fn(params, tokens, mask)
     cols = slice(6, None) if kw else slice(None)
     np.testing.assert_allclose(got[:, cols], want[:, cols], rtol=1e-5, atol=1e-6)
+
+
+def test_live_blocks_run_consecutive_rows_and_skip_the_empty_ones():
+  x = jnp.arange(12.0)
+  live = jnp.arange(12) < 5  # rows 0-4 real: blocks 0 and 1 of 4 rows; block 2 (rows 8-11) holds none
+  # fn returns each block's first row and 1 / (live rows - 0): inf, not 0, if an empty block ran.
+  fn = lambda c, alive: (jnp.full_like(c, c[0]), jnp.broadcast_to(1.0 / jnp.sum(alive), c.shape))
+  heads, inverse = jax.jit(lambda x, live: row_chunks.map_live_blocks(fn, (x, live), 4, live))(x, live)
+  np.testing.assert_array_equal(heads, [0, 0, 0, 0, 4, 4, 4, 4, 0, 0, 0, 0])  # consecutive blocks; the last: zeros
+  np.testing.assert_array_equal(inverse, [0.25] * 4 + [1.0] * 4 + [0.0] * 4)
+  with pytest.raises(ValueError, match="whole blocks of 5"):
+    row_chunks.map_live_blocks(lambda c: c, (x,), 5, live)
+  with pytest.raises(ValueError, match="must agree"):
+    row_chunks.map_live_blocks(lambda c: c, (x,), 4, live[:8])
+
+
+def _padded(tokens, mask, empty: int):
+  pad = lambda x: jnp.concatenate([x, jnp.zeros((empty, *x.shape[1:]), x.dtype)])
+  return pad(tokens), pad(mask)
+
+
+def test_skip_empty_log_probs_equal_the_real_rows_and_are_zero_past_them():
+  """10 real rows padded to 16 in blocks of 4: the real rows' log-probs and entropies are those of a forward
+  over them alone; the padding rows' are 0; the program is one whatever the real rows (it takes the 16 rows)."""
+  params, samples = _sampled()
+  tokens, mask = logprobs.sequences_from_samples(samples)
+  whole = logprobs.jit_token_logprobs(CONFIG, chunk_size=4, return_entropy=True)(params, tokens, mask)
+  fn = logprobs.jit_token_logprobs(CONFIG, chunk_size=4, return_entropy=True, forward_rows=4, skip_empty=True)
+  got = fn(params, *_padded(tokens, mask, 6))
+  for a, b in zip(got, whole):
+    np.testing.assert_allclose(a[:10], b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(a[10:], 0.0)
+  assert float(jnp.abs(whole[0]).max()) > 1.0
+  with pytest.raises(ValueError, match="skip_empty"):
+    logprobs.jit_token_logprobs(CONFIG, chunk_size=4, skip_empty=True)  # no block size
+  with pytest.raises(ValueError, match="skip_empty"):
+    logprobs.jit_token_logprobs(CONFIG, forward_rows=4, group_size=2, prompt_len=6, skip_empty=True)
+
+
+@pytest.mark.devices(2)
+def test_skip_empty_log_probs_on_a_mesh():
+  """The same on 2 devices, whose contiguous halves of the 16 rows are rows 0-7 (real) and 8-15 (2 real, 6
+  empty): each block's rows are split over both, and the values are the single-device forward's."""
+  params, samples = _sampled()
+  tokens, mask = logprobs.sequences_from_samples(samples)
+  want = logprobs.jit_token_logprobs(CONFIG, chunk_size=4)(params, tokens, mask)
+  mesh, rules = partitioning.make_mesh("data:2"), partitioning.get_rules("dp")
+  fn = logprobs.jit_token_logprobs(CONFIG, mesh=mesh, rules=rules, chunk_size=4, forward_rows=4, skip_empty=True)
+  got = fn(params, *_padded(tokens, mask, 6))
+  np.testing.assert_allclose(got[:10], want, rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(got[10:], 0.0)

@@ -295,8 +295,8 @@ def test_the_bucketed_ppo_programs_are_those_a_bucketed_ppo_run_compiles(tmp_pat
 def test_the_flow_grpo_programs_are_those_a_flow_grpo_run_compiles(tmp_path, lora):
   # --algo=flow_grpo runs on one device: the planner's turns through the unsharded sampler (the first turn B
   # prompts x G actions, later turns one action for each active trajectory; evaluation greedy), π_old and π_ref over
-  # the turns' rows, the update over a TurnBatch. Buckets at least B·G (--min_bucket) and rows padded to at least
-  # every turn (--grad_accum_steps) fix the shapes whatever the tiny policy writes; a one-step run lowers the same.
+  # the turns' rows, the update over a TurnBatch. Buckets at least B·G (--min_bucket) and the turn rows' one count
+  # (every trajectory at --max_turns) fix the shapes whatever the tiny policy writes; a one-step run lowers the same.
   from experiments.trainer import programs  # pylint: disable=import-outside-toplevel
   config = config_lib.Config().replace(**config_lib.PRESETS["flow_grpo"]).replace(
       tiny_layers=1, tiny_hidden_size=32, num_train=120, num_test=4, eval_batch_size=4, batch_size=2, group_size=2,
@@ -310,8 +310,11 @@ def test_the_flow_grpo_programs_are_those_a_flow_grpo_run_compiles(tmp_path, lor
   assert listed["sampler"].args[1].shape == listed["sampler_turns"].args[1].shape == (4, 40)  # bucket_size(4, 4)
   assert listed["sampler"].kwargs["num_samples"] == 2 and listed["sampler_turns"].kwargs["num_samples"] == 1
   assert listed["eval_greedy"].kwargs["greedy"] and listed["eval_greedy"].per_eval == 2  # one batch of 4, 2 turns
-  # every turn of B·G = 4 trajectories, padded to a multiple of 2 x 4
+  # room for every turn of B·G = 4 trajectories: the update in micro-batches of 4 / 2 / 4 (--grad_accum_steps) = 1
+  # row, the forwards in blocks of 4 / 2 = 2, those past a step's turns skipped
   assert listed["logprobs"].args[1].shape == (8, width) and listed["update"].args[1].tokens.shape == (8, width)
+  assert "8 micro-batches (those without a loss token skipped)" in listed["update"].uses
+  assert "in blocks of 2, those without a real row skipped" in listed["logprobs"].uses
   assert listed["update"].args[1].advantages.shape == (8,)
   assert listed["sampler_turns"].per_step == 1 and listed["logprobs"].per_step == (1 if lora else 2)
   resident = programs.resident(config.replace(mesh="data:1"), model_config, placement)

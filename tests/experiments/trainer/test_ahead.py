@@ -162,3 +162,32 @@ def test_distillation_compiles_its_teacher_forward_ahead(tmp_path, monkeypatch):
                                 token_layout="buckets", bucket_micro_batches=2)
   assert "teacher_logprobs" in ahead.programs and "update" in ahead.programs
   assert not {"jit(chunked)", "jit(step)", "jit(_engine_impl)"} & set(compiled), compiled
+
+
+def test_flow_grpo_compiles_its_planner_turns_forwards_and_update_ahead(tmp_path, monkeypatch):
+  # Flow-GRPO's turn rows are one count whatever a step's turns, so its π_old / π_ref forward and the update are
+  # known before the first step, beside the planner's first turn and its later ones at the widest bucket.
+  made, compiles = [], _Compiles()
+
+  class Recorded(ahead_lib.CompileAhead):
+    def __init__(self, programs):
+      super().__init__(programs)
+      made.append(self)
+
+  step = loop._Steps.step  # pylint: disable=protected-access
+
+  def recorded(self, *args):
+    with compiles:
+      return step(self, *args)
+
+  monkeypatch.setattr(ahead_lib, "CompileAhead", Recorded)
+  monkeypatch.setattr(loop._Steps, "step", recorded)  # pylint: disable=protected-access
+  config = config_lib.Config().replace(**config_lib.PRESETS["flow_grpo"]).replace(
+      tiny_layers=1, tiny_hidden_size=32, num_train=120, num_test=4, eval_batch_size=4, batch_size=2, group_size=2,
+      max_turns=2, planner_prompt_len=40, action_tokens=8, memory_budget=28, min_bucket=4, beta=0.04, sft_steps=0,
+      steps=1, eval_every=0, save_every=0, tensorboard=False, work_dir=str(tmp_path), compilation_cache_dir="")
+  jax.clear_caches()
+  loop.run(config)
+  assert len(made) == 1 and made[0].done() and not made[0].failed, made[0].failed
+  assert list(made[0].programs) == ["update", "sampler", "sampler_turns", "logprobs"]
+  assert not {"jit(step)", "jit(chunked)"} & set(compiles.seen), compiles.seen

@@ -372,3 +372,68 @@ def test_sharded_length_bucketed_update_equals_one_device(model):
   jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=2e-6), state.params, expected.params)
   for name in ("loss", "kl_loss", "grad_norm"):
     np.testing.assert_allclose(metrics[name], expected_metrics[name], rtol=1e-5)
+
+
+def _with_empty_rows(batch, empty: int):
+  """`batch` followed by `empty` rows with no token (Flow-GRPO's padding to a fixed row count)."""
+  return jax.tree.map(lambda x: jnp.concatenate([x, jnp.zeros((empty, *x.shape[1:]), x.dtype)]), batch)
+
+
+def test_skipping_empty_micro_batches_keeps_the_update_and_its_metrics(model):
+  params, config = model
+  batch = _batch(config)  # 8 rows, every one with loss tokens
+  objective = update_lib.bind(training.grpo_objective, config=config, use_reference=True, chunk_size=5, loss_kwargs=dict(
+      epsilon=0.2, beta=0.04, aggregation="token-mean"))
+  optimizer = optax.sgd(1.0)
+  state = training.init_train_state(params, optimizer)
+  expected, expected_metrics = training.make_train_step(objective, optimizer, donate=False)(state, batch)
+  # The same 8 rows padded to 24 (4 micro-batches of 6): the rows' micro-batches are the first two; the last two
+  # hold no loss token and are skipped.
+  step = training.make_train_step(objective, optimizer, num_micro_batches=4, donate=False, skip_empty=True)
+  got, metrics = step(state, _with_empty_rows(batch, 16))
+  jax.tree.map(functools.partial(np.testing.assert_allclose, atol=1e-6), got.params, expected.params)
+  for name in ("loss", "pg_loss", "kl", "ratio_mean", "ratio_min", "ratio_max", "clip_frac", "grad_norm"):
+    np.testing.assert_allclose(metrics[name], expected_metrics[name], rtol=1e-5, atol=1e-7, err_msg=name)
+  # The program holds one cond a micro-batch: the skipped ones run no forward.
+  assert "cond" in str(jax.make_jaxpr(step.program())(state, _with_empty_rows(batch, 16)))
+
+
+def test_an_empty_micro_batch_is_not_run(model):
+  """An objective that is NaN on a micro-batch without loss tokens (its own token count divides it) poisons the
+  padded update; skipping leaves it out."""
+  params, config = model
+  batch = _batch(config)
+
+  def per_micro_batch_mean(params, micro, totals):
+    del totals
+    logp, _ = update_lib.policy_logprobs(params, micro, config=config)
+    mask = micro.loss_mask.astype(jnp.float32)
+    # 1 / 0 on an empty micro-batch; the first leaf's 0 term makes its gradient 0 · inf there
+    loss = (-jnp.sum(logp * mask) + 0.0 * jnp.sum(jax.tree.leaves(params)[0])) / jnp.sum(mask)
+    return loss, {"loss": loss, "nll_min": jnp.min(jnp.where(mask > 0, -logp, jnp.inf))}
+
+  optimizer = optax.sgd(0.1)
+  state = training.init_train_state(params, optimizer)
+  padded = _with_empty_rows(batch, 8)
+  poisoned, _ = training.make_train_step(per_micro_batch_mean, optimizer, num_micro_batches=2, donate=False)(
+      state, padded)
+  assert np.isnan(np.asarray(jax.tree.leaves(poisoned.params)[0])).any()
+  got, metrics = training.make_train_step(per_micro_batch_mean, optimizer, num_micro_batches=2, donate=False,
+                                          skip_empty=True)(state, padded)
+  expected, expected_metrics = training.make_train_step(per_micro_batch_mean, optimizer, donate=False)(state, batch)
+  jax.tree.map(functools.partial(np.testing.assert_allclose, atol=1e-6), got.params, expected.params)
+  # The mean weighs micro-batches by their loss tokens (the empty one weighs 0); the min leaves it out.
+  np.testing.assert_allclose(metrics["loss"], expected_metrics["loss"], rtol=1e-6)
+  np.testing.assert_allclose(metrics["nll_min"], expected_metrics["nll_min"], rtol=1e-6)
+  assert np.isfinite(float(metrics["nll_min"]))
+
+
+def test_reduce_metric_weights_and_leaves_out_empty_micro_batches():
+  values, weights = jnp.asarray([2.0, 5.0, 0.0]), jnp.asarray([1.0, 3.0, 0.0])
+  assert float(update_lib.reduce_metric("ratio_mean", values, weights)) == pytest.approx((2 + 15) / 4)
+  assert float(update_lib.reduce_metric("ratio_min", values, weights)) == 2.0  # not the empty one's 0
+  assert float(update_lib.reduce_metric("ratio_max", -values, weights)) == -2.0
+  assert float(update_lib.reduce_metric("loss", values, weights)) == 7.0  # a sum over all
+  # Without weights, or with none above 0, every micro-batch counts.
+  assert float(update_lib.reduce_metric("ratio_min", values)) == 0.0
+  assert float(update_lib.reduce_metric("ratio_min", values, jnp.zeros(3))) == 0.0
