@@ -16,7 +16,9 @@ Each revision is cloned from this repository into a temporary directory (the wor
                as a user's second run finds it), plus any runner flags given after `--`; reports the wall-clock, the
                held-out accuracy before and after RL from the run's summary.json, and whether the SFT and final
                policies' weights are byte for byte the baseline's (a speed-up should keep them: a change of
-               rounding in training can turn the tiny run into another trajectory, which a short check misses).
+               rounding in training can turn the tiny run into another trajectory, which a short check misses),
+               the mean seconds of a stage-2 step's sampling, scoring and update after the first step (its
+               metrics.jsonl) and the run's peak host memory (summary.json).
   ci           `.ci/run` in that tree, which builds its own virtual environment and runs the README's test
                command; the tests' on-disk XLA cache (tests/conftest.py) is deleted first, as on a fresh machine.
                A revision whose run fails has its FAILED/ERROR lines (or its last lines) printed under the table.
@@ -128,7 +130,23 @@ def run_default(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[st
   weights = {d: work_dir / d / "model.safetensors" for d in ("sft_policy", "final_policy")}
   return {"seconds": seconds, "start": summary.get("start_accuracy"), "final": summary.get("final_accuracy"),
           "weights": {d: hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
-                      for d, p in weights.items()}}
+                      for d, p in weights.items()},
+          "later_step": later_step(work_dir / "metrics.jsonl"), "peak_rss_mib": summary.get("peak_rss_mib")}
+
+
+STEP_PARTS = ("sampling", "scoring", "update")  # a step's `train/time_*` records
+
+
+def later_step(metrics: pathlib.Path) -> dict:
+  """The mean seconds of each of a stage-2 step's parts (`STEP_PARTS`) over its steps after the first (which
+  compiles), from the run's metrics.jsonl; {} without two such steps."""
+  if not metrics.is_file():
+    return {}
+  records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+  steps = [r for r in records if "train/time_update" in r][1:]
+  if not steps:
+    return {}
+  return {part: sum(r.get(f"train/time_{part}", 0.0) for r in steps) / len(steps) for part in STEP_PARTS}
 
 
 def run_ci(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[str], log: pathlib.Path | None,
@@ -229,12 +247,14 @@ def main():
         f"matmul {peaks[0]:.0f} GFLOP/s before, {peaks[1]:.0f} after\n")
   if args.job == "default_run":
     print("| pair | revision | wall-clock s | vs baseline | held-out accuracy, start -> after RL | weights as the "
-          "baseline's |")
-    print("|---|---|---|---|---|---|")
+          "baseline's | a later step: " + " / ".join(STEP_PARTS) + " s | peak RSS GiB |")
+    print("|---|---|---|---|---|---|---|---|")
     for pair, name, r in runs:
+      later = " / ".join(f"{r['later_step'][part]:.3f}" for part in STEP_PARTS) if r["later_step"] else "n/a"
+      rss = "n/a" if r["peak_rss_mib"] is None else f"{r['peak_rss_mib'] / 1024:.2f}"
       print(f"| {pair + 1} | {name} {revisions[name][:9]} | {r['seconds']:.1f} | "
             f"{r['seconds'] / seconds(pair, 'baseline'):.2f}x | {100 * r['start']:.1f}% -> {100 * r['final']:.1f}% | "
-            f"{same_weights(r, first['baseline'])} |")
+            f"{same_weights(r, first['baseline'])} | {later} | {rss} |")
   else:
     print("| pair | revision | wall-clock s | vs baseline | exit status | pytest's last line |")
     print("|---|---|---|---|---|---|")

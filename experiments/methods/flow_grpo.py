@@ -109,8 +109,8 @@ class FlowGRPO(base.Method):
   def micro_rows(self, trajectories: int, parts: int | None = None) -> int:
     """Rows of a micro-batch of the update over `trajectories` trajectories: half as many as the trajectories (a few
     turns a trajectory fill a few micro-batches), divided by `parts` (default --grad_accum_steps, which bounds the
-    update's activations), a multiple of the data shards. On this CPU micro-batches of 32 turn rows ran the update
-    1.5x faster than one of all of them (BENCHMARKS.md, "Flow-GRPO's turn rows")."""
+    update's activations), a multiple of the data shards (against one micro-batch of all the rows: BENCHMARKS.md,
+    "Flow-GRPO's turn rows")."""
     parts = self.config.algorithm.grad_accum_steps if parts is None else parts
     shards = self.rollouts.placement.data_parallel if self.rollouts is not None else 1
     rows = max(-(-trajectories // (2 * parts)), 1)

@@ -49,3 +49,18 @@ def test_a_failed_runs_output_is_kept(tmp_path):
   with pytest.raises(SystemExit, match="failed: FATAL Flags parsing error: Unknown command line flag 'no_such_flag'"):
     bench.run_default(_SCRIPT.parents[1], tmp_path, ["--no_such_flag"], log)
   assert "Unknown command line flag 'no_such_flag'" in log.read_text()
+
+
+def test_a_later_steps_parts_average_the_steps_after_the_first(tmp_path):
+  # Step 1 compiles (left out); steps 2 and 3 average to (1 + 3) / 2 sampling, (2 + 4) / 2 scoring, (5 + 7) / 2
+  # update; evaluation records and a record without timings are not steps.
+  lines = ['{"step": 0, "eval/accuracy": 0.5}',
+           '{"step": 1, "train/time_sampling": 9, "train/time_scoring": 9, "train/time_update": 9}',
+           '{"step": 2, "train/time_sampling": 1, "train/time_scoring": 2, "train/time_update": 5}',
+           '{"step": 2, "data/rows": 4}',
+           '{"step": 3, "train/time_sampling": 3, "train/time_scoring": 4, "train/time_update": 7}']
+  (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+  assert bench.later_step(tmp_path / "metrics.jsonl") == {"sampling": 2.0, "scoring": 3.0, "update": 6.0}
+  assert bench.later_step(tmp_path / "missing.jsonl") == {}
+  (tmp_path / "one.jsonl").write_text(lines[1] + "\n")
+  assert bench.later_step(tmp_path / "one.jsonl") == {}
