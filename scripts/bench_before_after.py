@@ -116,7 +116,8 @@ def run_default(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[st
   (default: an empty one in `scratch`, so the revision's own cache is not used)."""
   work_dir = scratch / "run"
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(tree), os.environ.get("PYTHONPATH")])))
-  cmd = [sys.executable, "-m", "experiments.grpo_math", f"--work_dir={work_dir}", *runner_flags]
+  # The work dir after the runner's flags, so that a --flagfile's own --work_dir does not move the run elsewhere
+  cmd = [sys.executable, "-m", "experiments.grpo_math", *runner_flags, f"--work_dir={work_dir}"]
   if has_compilation_cache(tree):
     cmd.append(f"--compilation_cache_dir={cache or scratch / 'xla_cache'}")
   start = time.perf_counter()
@@ -126,6 +127,8 @@ def run_default(tree: pathlib.Path, scratch: pathlib.Path, runner_flags: list[st
   if done.returncode != 0:
     lines = [l for l in done.stderr.strip().splitlines() if not l.startswith("Pass --help")] or ["(no output)"]
     raise SystemExit(f"bench_before_after: error: the run from {tree} failed: {lines[-1]}")
+  if not (work_dir / "summary.json").is_file():
+    raise SystemExit(f"bench_before_after: error: the run from {tree} wrote no {work_dir / 'summary.json'}")
   summary = json.loads((work_dir / "summary.json").read_text())
   weights = {d: work_dir / d / "model.safetensors" for d in ("sft_policy", "final_policy")}
   return {"seconds": seconds, "start": summary.get("start_accuracy"), "final": summary.get("final_accuracy"),

@@ -64,3 +64,19 @@ def test_a_later_steps_parts_average_the_steps_after_the_first(tmp_path):
   assert bench.later_step(tmp_path / "missing.jsonl") == {}
   (tmp_path / "one.jsonl").write_text(lines[1] + "\n")
   assert bench.later_step(tmp_path / "one.jsonl") == {}
+
+
+def test_the_work_dir_wins_over_a_flagfiles(tmp_path, monkeypatch):
+  # A flagfile that sets --work_dir (experiments/configs/*.cfg do) must not move the run out of the job's scratch
+  # directory: the job's own --work_dir comes after the runner's flags.
+  seen = {}
+
+  def fake_run(cmd, **kwargs):
+    seen["cmd"] = cmd
+    return subprocess.CompletedProcess(cmd, 1, "", "stopped here")
+
+  monkeypatch.setattr(bench.subprocess, "run", fake_run)
+  with pytest.raises(SystemExit, match="failed: stopped here"):
+    bench.run_default(_SCRIPT.parents[1], tmp_path, ["--flagfile=experiments/configs/flow_grpo.cfg"], None)
+  flags = [a for a in seen["cmd"] if a.startswith("--")]
+  assert flags[0] == "--flagfile=experiments/configs/flow_grpo.cfg" and flags[1] == f"--work_dir={tmp_path / 'run'}"
