@@ -73,8 +73,9 @@ def test_a_waiting_step_compiles_what_no_thread_has_taken_in_a_thread_of_its_own
   assert ahead.done() and not ahead.failed
 
 
-def _first_step(tmp_path, monkeypatch, **flags):
-  """A one-step tiny run with `flags`: `(its CompileAhead, the names of what its first step compiled)`."""
+def _first_step(tmp_path, monkeypatch, base: config_lib.Config | None = None, **flags):
+  """A one-step tiny run with `flags` (over `base`, default the tiny GRPO run): `(its CompileAhead, the names of what
+  its first step compiled)`."""
   made, compiles = [], _Compiles()
 
   class Recorded(ahead_lib.CompileAhead):
@@ -90,8 +91,9 @@ def _first_step(tmp_path, monkeypatch, **flags):
 
   monkeypatch.setattr(ahead_lib, "CompileAhead", Recorded)
   monkeypatch.setattr(loop._Steps, "step", recorded)  # pylint: disable=protected-access
-  config = config_lib.Config().replace(**(TINY | dict(steps=1, batch_size=2, group_size=2, beta=0.04) | flags),
-                                       work_dir=str(tmp_path), compilation_cache_dir="")
+  base = config_lib.Config().replace(**TINY) if base is None else base
+  config = base.replace(**(dict(steps=1, batch_size=2, group_size=2, beta=0.04) | flags), work_dir=str(tmp_path),
+                        compilation_cache_dir="")
   jax.clear_caches()  # an earlier test's programs of these shapes would be compiled already
   loop.run(config)
   assert len(made) == 1 and made[0].done() and not made[0].failed, made[0].failed
@@ -167,27 +169,10 @@ def test_distillation_compiles_its_teacher_forward_ahead(tmp_path, monkeypatch):
 def test_flow_grpo_compiles_its_planner_turns_forwards_and_update_ahead(tmp_path, monkeypatch):
   # Flow-GRPO's turn rows are one count whatever a step's turns, so its π_old / π_ref forward and the update are
   # known before the first step, beside the planner's first turn and its later ones at the widest bucket.
-  made, compiles = [], _Compiles()
-
-  class Recorded(ahead_lib.CompileAhead):
-    def __init__(self, programs):
-      super().__init__(programs)
-      made.append(self)
-
-  step = loop._Steps.step  # pylint: disable=protected-access
-
-  def recorded(self, *args):
-    with compiles:
-      return step(self, *args)
-
-  monkeypatch.setattr(ahead_lib, "CompileAhead", Recorded)
-  monkeypatch.setattr(loop._Steps, "step", recorded)  # pylint: disable=protected-access
-  config = config_lib.Config().replace(**config_lib.PRESETS["flow_grpo"]).replace(
-      tiny_layers=1, tiny_hidden_size=32, num_train=120, num_test=4, eval_batch_size=4, batch_size=2, group_size=2,
-      max_turns=2, planner_prompt_len=40, action_tokens=8, memory_budget=28, min_bucket=4, beta=0.04, sft_steps=0,
-      steps=1, eval_every=0, save_every=0, tensorboard=False, work_dir=str(tmp_path), compilation_cache_dir="")
-  jax.clear_caches()
-  loop.run(config)
-  assert len(made) == 1 and made[0].done() and not made[0].failed, made[0].failed
-  assert list(made[0].programs) == ["update", "sampler", "sampler_turns", "logprobs"]
-  assert not {"jit(step)", "jit(chunked)"} & set(compiles.seen), compiles.seen
+  flow = config_lib.Config().replace(**config_lib.PRESETS["flow_grpo"]).replace(
+      tiny_layers=1, tiny_hidden_size=32, num_train=120, num_test=4, eval_batch_size=4, max_turns=2,
+      planner_prompt_len=40, action_tokens=8, memory_budget=28, min_bucket=4, sft_steps=0, eval_every=0,
+      save_every=0, tensorboard=False)
+  ahead, compiled = _first_step(tmp_path, monkeypatch, flow)
+  assert list(ahead.programs) == ["update", "sampler", "sampler_turns", "logprobs"]
+  assert not {"jit(step)", "jit(chunked)"} & set(compiled), compiled
