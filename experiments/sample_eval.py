@@ -38,7 +38,7 @@ from grpo_jax import models
 # (--notensorboard is accepted: it writes no event files either way).
 UNREAD = ("model", "tiny_layers", "tiny_hidden_size", "remat", "remat_policy", "scan_layers", "logprob_chunk",
           "attention", "lora_rank", "lora_alpha", "lora_targets", "lora_export_peft", "sft_steps", "sft_batch_size",
-          "sft_learning_rate", "batch_size", "group_size", "temperature", "top_p", "top_k",
+          "sft_learning_rate", "sft_save_every", "batch_size", "group_size", "temperature", "top_p", "top_k",
           *(f.name for f in dataclasses.fields(config_lib.RolloutConfig)
             if f.name not in ("batch_size", "group_size", "temperature", "top_p", "top_k", "max_new_tokens")),
           *(f.name for f in dataclasses.fields(config_lib.AlgorithmConfig)),

@@ -123,7 +123,7 @@ _D = RewardModelTrainingConfig()
 # The shared flags (`experiments/cli.py`) this runner does not read: refused unless at their defaults.
 UNREAD = ("model", "init_checkpoint", "tiny_layers", "tiny_hidden_size", "remat_policy", "scan_layers",
           "logprob_chunk", "attention", "lora_rank", "lora_alpha", "lora_targets", "lora_export_peft", "sft_steps",
-          "sft_batch_size", "sft_learning_rate", "batch_size", "group_size", "dynamic_sampling",
+          "sft_batch_size", "sft_learning_rate", "sft_save_every", "batch_size", "group_size", "dynamic_sampling",
           "dynamic_sampling_max_rounds", "overlong_buffer", "mask_truncated", "completion_pad_multiple",
           "completion_widths", "token_layout", "bucket_widths", "bucket_micro_batches",
           *(f.name for f in dataclasses.fields(config_lib.AlgorithmConfig)), "steps", "learning_rate", "lr_schedule",

@@ -113,6 +113,9 @@ class SFTConfig:
   sft_steps: int = flag(600, "SFT steps of the warm start (embedded default only; 0 skips).", minimum=0)
   sft_batch_size: int = flag(32, "SFT sequences per step.", minimum=1)
   sft_learning_rate: float = flag(3e-3, "SFT peak learning rate (cosine decay).")
+  sft_save_every: int = flag(0, "Checkpoint stage 1 every N SFT steps (the newest kept; --resume continues from it), "
+                                "so that a run killed without a signal loses at most N steps (0: only when a signal "
+                                "stops it).", minimum=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -388,7 +391,7 @@ SECTIONS = {"model": PolicyConfig, "task": TaskConfig, "sft": SFTConfig, "rollou
 # The fields of these sections only change how long a run goes, what it evaluates and logs, or where it
 # runs: `--resume` accepts other values (`resume.check`).
 MAY_CHANGE = frozenset({
-    "steps", "resume", "stop_after", "save_every", "keep_checkpoints", "work_dir", "tensorboard",
+    "steps", "resume", "stop_after", "save_every", "sft_save_every", "keep_checkpoints", "work_dir", "tensorboard",
     "wandb_project", "wandb_mode", "wandb_entity", "wandb_run_name", "math_verify_workers",
     "compilation_cache_dir", "compile_ahead", "profile_steps",
     "eval_every", "eval_batch_size", "eval_samples", "eval_temperature",

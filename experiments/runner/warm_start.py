@@ -1,9 +1,10 @@
 """Stage 1: supervised fine-tuning of the start policy on demonstrations (the SFT of DeepSeekMath's paradigm,
 GC = 1): worked solutions for the single-turn methods, teacher trajectories' actions for Flow-GRPO.
 
-Stage 1 saves a checkpoint only when a signal stops it (`preemption`): `<work_dir>/sft_checkpoints/<step>`, the
-train state with the step, the flags and the metrics offset. `--resume` continues from it, drawing the same
-batches as an uninterrupted run; once stage 1 is done and `sft_policy` exported, the directory is removed.
+Stage 1 saves a checkpoint when a signal stops it (`preemption`), and every `--sft_save_every` steps:
+`<work_dir>/sft_checkpoints/<step>` (the newest only), the train state with the step, the flags and the metrics
+offset. `--resume` continues from it, drawing the same batches as an uninterrupted run; once stage 1 is done and
+`sft_policy` exported, the directory is removed.
 """
 
 import pathlib
@@ -61,8 +62,9 @@ def warm_start(params, model_config, demos: Demonstrations, config: config_lib.C
   """`sft_steps` AdamW steps (cosine from `sft_learning_rate`) of the teacher-forced NLL of the targets, batches
   of `sft_batch_size` pairs drawn with replacement; returns the fine-tuned params.
 
-  With `--resume`, continues from `<work_dir>/sft_checkpoints`. After a step (not the last) during which `signals`
-  noted SIGTERM or SIGINT, saves it there and raises `preemption.Interrupted`.
+  With `--resume`, continues from `<work_dir>/sft_checkpoints`. Saves every `--sft_save_every` steps there (not
+  the last: `sft_policy` is its export); after a step (not the last) during which `signals` noted SIGTERM or
+  SIGINT, saves it there and raises `preemption.Interrupted`.
   """
   sft = config.sft
   if not demos.pairs:
@@ -97,12 +99,16 @@ def warm_start(params, model_config, demos: Demonstrations, config: config_lib.C
       values = logger.log(step, metrics, prefix="sft/")
       check_finite(values, f"SFT step {step}")
       logger.progress(step, f"sft loss {values['sft/loss']:.4f}")
-    if signals is not None and step < sft.sft_steps and signals.stop_requested():  # the last step: sft_policy
+    if step == sft.sft_steps:  # the last step: sft_policy is its export
+      continue
+    stop = signals is not None and signals.stop_requested()
+    if stop or (sft.sft_save_every and step % sft.sft_save_every == 0):
       ckpt = training.Checkpointer(directory, max_to_keep=1)
       try:
         ckpt.save(step, state, {"step": step, "flags": recorded, "metrics_offset": logger.offset()})
       finally:
         ckpt.close()
+    if stop:
       logger.newline()
       raise preemption.Interrupted(signals.signum, step, "SFT", directory)
   logger.newline()

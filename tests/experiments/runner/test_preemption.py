@@ -139,6 +139,28 @@ def test_sigint_in_sft_saves_the_step_and_resumes_bit_identically(tmp_path):
     jax.tree.map(np.testing.assert_array_equal, expected, actual)
 
 
+def test_a_kill_without_a_signal_in_sft_loses_only_the_steps_since_its_last_checkpoint(tmp_path):
+  """SIGKILL (no handler, nothing saved at the kill) during stage 1 with --sft_save_every=20: the newest checkpoint
+  (a multiple of 20) is left, and --resume continues from it to the uninterrupted run's weights, bit for bit."""
+  work = tmp_path / "killed"
+  args = [*SFT, "--sft_save_every=20"]
+  child = Child([sys.executable, "-m", "experiments.grpo_math", *TINY, *args, f"--work_dir={work}"])
+  child.wait_for(r"\] 75/150 ")
+  child.proc.send_signal(signal.SIGKILL)
+  assert child.finish() == -signal.SIGKILL
+  saved = sorted(int(p.name) for p in (work / "sft_checkpoints").iterdir() if p.name.isdigit())
+  assert len(saved) == 1 and saved[0] % 20 == 0 and 60 <= saved[0] < 150, saved  # the newest only
+  resumed = subprocess.run([sys.executable, "-m", "experiments.grpo_math", *TINY, *args, f"--work_dir={work}",
+                            "--resume"], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=HANG_GUARD_S)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert f"stage 1 resumed from step {saved[0]}" in resumed.stderr
+  assert not (work / "sft_checkpoints").exists()  # stage 1 done and exported: its checkpoints are gone
+  _straight(tmp_path / "straight", *SFT)  # without checkpoints: saving them moves nothing
+  for policy in ("sft_policy", "final_policy"):
+    expected, actual = (models.load_hf(d / policy)[0] for d in (tmp_path / "straight", work))
+    jax.tree.map(np.testing.assert_array_equal, expected, actual)
+
+
 _NOTE_AND_WAIT = """
 import sys, time
 from experiments.runner import preemption
