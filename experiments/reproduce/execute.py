@@ -21,6 +21,13 @@ from experiments.studies import spec
 
 # runners whose --resume continues from a checkpoint
 RESUMABLE = (spec.GRPO_MATH, spec.FLOW_GRPO, spec.TRAIN_REWARD_MODEL)
+# Checkpoint directories a run leaves under its work dir: stage 2's (and the reward model's), stage 1's
+CHECKPOINT_DIRS = ("checkpoints", "sft_checkpoints")
+# Flags reproduce adds to a runner's command, outside the run's hash: they change no result (a run saved and resumed
+# equals an uninterrupted one bit for bit). Stage 1 checkpoints every SFT_SAVE_EVERY steps, so that an SFT start
+# killed without a signal (a lost machine, the end of a session) resumes instead of starting again.
+SFT_SAVE_EVERY = 250
+OPERATIONAL = {spec.GRPO_MATH: {"sft_save_every": SFT_SAVE_EVERY}, spec.FLOW_GRPO: {"sft_save_every": SFT_SAVE_EVERY}}
 
 
 class Stopped(Exception):
@@ -65,11 +72,15 @@ def loadavg() -> list[float] | None:
 
 
 def _prepare(job: plan_lib.Job) -> list[str]:
-  """The argv to run: with --resume where the runner left a checkpoint, else in a fresh directory."""
+  """The argv to run, with the runner's `OPERATIONAL` flags the run does not set itself: with --resume where the
+  runner left a checkpoint (`CHECKPOINT_DIRS`), else in a fresh directory."""
   argv = list(job.argv)
+  if not job.run.command:
+    argv += [f"--{k}={v}" for k, v in OPERATIONAL.get(job.run.module, {}).items()
+             if not any(a.startswith(f"--{k}=") for a in argv)]
   if job.directory.exists():
-    ckpts = job.directory / "checkpoints"
-    if job.run.module in RESUMABLE and not job.run.command and ckpts.is_dir() and any(ckpts.iterdir()):
+    left = [job.directory / d for d in CHECKPOINT_DIRS]
+    if job.run.module in RESUMABLE and not job.run.command and any(d.is_dir() and any(d.iterdir()) for d in left):
       return argv + ["--resume"]
     shutil.rmtree(job.directory)
   return argv

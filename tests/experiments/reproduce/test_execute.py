@@ -2,6 +2,7 @@
 runs in flight, which save."""
 
 import json
+import shutil
 import pathlib
 import signal
 import subprocess
@@ -63,3 +64,30 @@ def test_sigterm_stops_reproduce_and_the_runs_in_flight_save(tmp_path):
                                           "continue when the same command runs again")
   assert [p.read_text() for p in tmp_path.glob("runs/*/seed0/saved")] == ["SIGTERM"]
   assert not list(tmp_path.glob("runs/*/seed1"))  # seed 1 never started
+
+
+def _job(tmp_path, module="experiments.grpo_math", command=None, argv=("python", "-m", "experiments.grpo_math")):
+  from experiments.reproduce import plan as plan_lib  # pylint: disable=import-outside-toplevel
+  from experiments.studies import spec  # pylint: disable=import-outside-toplevel
+  run = spec.Run("arm", {}, module=module, command=command)
+  return plan_lib.Job(run=run, seed=0, directory=tmp_path / "arm" / "seed0", argv=[*argv, "--work_dir=w"], needs=[])
+
+
+def test_a_run_resumes_from_stage_1_or_2_checkpoints_and_saves_its_sft_steps(tmp_path):
+  from experiments.reproduce import execute  # pylint: disable=import-outside-toplevel
+  job = _job(tmp_path)
+  base = ["python", "-m", "experiments.grpo_math", "--work_dir=w", "--sft_save_every=250"]
+  assert execute._prepare(job) == base  # a fresh run: stage 1 checkpoints every 250 steps
+  for kind in ("sft_checkpoints", "checkpoints"):  # a killed run left one: it resumes, the directory kept
+    (job.directory / kind / "500").mkdir(parents=True)
+    assert execute._prepare(job) == base + ["--resume"] and (job.directory / kind / "500").is_dir()
+    shutil.rmtree(job.directory)
+  (job.directory / "sft_checkpoints").mkdir(parents=True)  # empty: nothing to resume; a fresh directory
+  assert execute._prepare(job) == base and not job.directory.exists()
+  # A run that sets the flag itself keeps its value; a custom command and another runner get nothing added.
+  own = _job(tmp_path, argv=("python", "-m", "experiments.grpo_math", "--sft_save_every=10"))
+  assert execute._prepare(own).count("--sft_save_every=10") == 1 and "--sft_save_every=250" not in execute._prepare(own)
+  assert execute._prepare(_job(tmp_path, command=["python", "x.py"], argv=("python", "x.py"))) == [
+      "python", "x.py", "--work_dir=w"]
+  rm = _job(tmp_path, module="experiments.train_reward_model", argv=("python", "-m", "experiments.train_reward_model"))
+  assert execute._prepare(rm) == ["python", "-m", "experiments.train_reward_model", "--work_dir=w"]
