@@ -437,3 +437,27 @@ def test_reduce_metric_weights_and_leaves_out_empty_micro_batches():
   # Without weights, or with none above 0, every micro-batch counts.
   assert float(update_lib.reduce_metric("ratio_min", values)) == 0.0
   assert float(update_lib.reduce_metric("ratio_min", values, jnp.zeros(3))) == 0.0
+
+
+@pytest.mark.devices(2)
+def test_skipping_empty_micro_batches_on_a_mesh(model):
+  """The padded batch's micro-batches split over 2 devices, the empty ones skipped on both (the cond's predicate is
+  the whole micro-batch's): the one-device update over the real rows."""
+  from grpo_jax import partitioning
+  params, config = model
+  batch = _batch(config)
+  objective = update_lib.bind(training.grpo_objective, config=config, use_reference=True, chunk_size=5, loss_kwargs=dict(
+      epsilon=0.2, beta=0.04, aggregation="token-mean"))
+  optimizer = optax.sgd(1.0)
+  expected, expected_metrics = training.make_train_step(objective, optimizer, donate=False)(
+      training.init_train_state(params, optimizer), batch)
+  mesh, rules = partitioning.make_mesh("data:2"), partitioning.get_rules("dp")
+  state, shardings = partitioning.init_train_state(
+      partitioning.put(params, partitioning.param_shardings(mesh, rules, params)), optimizer, mesh, rules)
+  step = training.make_train_step(objective, optimizer, num_micro_batches=4, state_shardings=shardings,
+                                  batch_shardings=partitioning.batch_sharding(mesh, rules), mesh=mesh, rules=rules,
+                                  skip_empty=True, donate=False)
+  got, metrics = step(state, _with_empty_rows(batch, 16))
+  jax.tree.map(functools.partial(np.testing.assert_allclose, atol=1e-6), got.params, expected.params)
+  for name in ("loss", "ratio_min", "ratio_max", "clip_frac", "grad_norm"):
+    np.testing.assert_allclose(metrics[name], expected_metrics[name], rtol=1e-5, atol=1e-7, err_msg=name)
