@@ -19,6 +19,9 @@ its log's last line and does not stop the others (only the runs that need its ou
 Output in --out_dir (default runs/reproduce/NAME): `results.json` (one entry per cell: study, run, metric,
 step, the seeds, their values, mean and standard error), `results.md` (the tables, the plots, the commands,
 each run's wall time), the PNG plots, `runs/<run>/seed<S>` links to the run directories and `logs/`.
+A design profile's finished runs are also kept in the repository (`--archive_dir`, by default
+docs/reproduce/<study>/<profile>/runs: summaries, metrics and records, a seed once all its runs have finished) and
+put back from there, so a study that takes several sessions goes on from a fresh clone where the last one stopped.
 Profiles: `full` runs the runners' own settings, `quick` the study's shortened ones (fewer steps, a smaller
 held-out set; `results.md` lists the flags it adds).
 """
@@ -30,6 +33,7 @@ from absl import app
 from absl import flags
 
 from experiments import studies as studies_lib
+from experiments.reproduce import archive as archive_lib
 from experiments.reproduce import execute
 from experiments.reproduce import pages
 from experiments.reproduce import pipeline
@@ -42,6 +46,9 @@ flags.DEFINE_string("profile", "quick", "quick: the study's shortened settings; 
 flags.DEFINE_string("out_dir", "", "Results, plots, logs and run links; default runs/reproduce/<study>.")
 flags.DEFINE_string("runs_dir", "runs/reproduce/runs", "Where run directories live (shared by all studies: a "
                     "run with the same runner and flags is reused).")
+flags.DEFINE_string("archive_dir", "", "Where a design profile's finished runs are kept (summaries, metrics, "
+                    "records; commit them) and put back from, so that a study outlives its machine; default "
+                    "docs/reproduce/<study>/<profile>/runs of this checkout; 'none': keep nothing.")
 flags.DEFINE_integer("parallel", 1, "Runs at once (each process uses every core it finds).")
 flags.DEFINE_list("only", [], "Run only these runs (and what they need); aggregate all that exist.")
 flags.DEFINE_bool("dry_run", False, "Print the commands and which would run or be skipped, run nothing.")
@@ -98,9 +105,11 @@ def main(argv):
     out_dir = pathlib.Path(FLAGS.out_dir or f"runs/reproduce/{study.name}")
     design = study.designs.get(FLAGS.profile)
     seeds = FLAGS.seeds if FLAGS["seeds"].present else design.seeds if design else study.seeds
+    archive = (None if FLAGS.archive_dir == "none" else pathlib.Path(FLAGS.archive_dir) if FLAGS.archive_dir
+               else archive_lib.default_dir(study.name, FLAGS.profile) if design else None)
     results = pipeline.reproduce(study, profile=FLAGS.profile, seeds=list(range(seeds)), out_dir=out_dir,
                                  runs_dir=pathlib.Path(FLAGS.runs_dir), parallel=FLAGS.parallel, only=FLAGS.only,
-                                 dry_run=FLAGS.dry_run, aggregate_only=FLAGS.aggregate_only)
+                                 dry_run=FLAGS.dry_run, aggregate_only=FLAGS.aggregate_only, archive=archive)
   except (plan_lib.StudyError, ValueError, OSError) as err:  # OSError: an --out_dir or --runs_dir it cannot write
     sys.exit(f"reproduce: error: {err}")
   except execute.Stopped as err:

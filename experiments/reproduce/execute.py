@@ -114,8 +114,9 @@ def _run_one(job: plan_lib.Job, processes: dict, lock: threading.Lock) -> Outcom
   return Outcome("failed", f"exit {code}: {why}", wall)
 
 
-def execute(jobs: list[plan_lib.Job], parallel: int, echo=print) -> dict[tuple[str, int], Outcome]:
-  """Runs the jobs whose summary.json is missing, `parallel` at once, each after the runs it needs."""
+def execute(jobs: list[plan_lib.Job], parallel: int, echo=print, on_finish=None) -> dict[tuple[str, int], Outcome]:
+  """Runs the jobs whose summary.json is missing, `parallel` at once, each after the runs it needs; calls
+  `on_finish(job, outcome)` as each process ends."""
   outcomes, pending = _triage(jobs)
   by_key = {j.key: j for j in jobs}
   total, started = sum(not j.alias for j in pending), 0
@@ -157,6 +158,8 @@ def execute(jobs: list[plan_lib.Job], parallel: int, echo=print) -> dict[tuple[s
         for future in done:
           job = running.pop(future)
           outcomes[job.key] = _finished(job, future, echo)
+          if on_finish is not None:
+            on_finish(job, outcomes[job.key])
     except (KeyboardInterrupt, Stopped) as err:
       signum = err.signum if isinstance(err, Stopped) else signal.SIGINT
       raise Stopped(signum, _terminate(processes, lock)) from None

@@ -6,6 +6,7 @@ import os
 import pathlib
 import time
 
+from experiments.reproduce import archive as archive_lib
 from experiments.reproduce import design as design_lib
 from experiments.reproduce import execute
 from experiments.reproduce import pages
@@ -16,16 +17,22 @@ from experiments.studies import spec
 
 def reproduce(study: spec.Study, *, profile: str, seeds: list[int], out_dir: pathlib.Path, runs_dir: pathlib.Path,
               parallel: int = 1, only: list[str] | None = None, dry_run: bool = False, aggregate_only: bool = False,
-              echo=print, commit: str = "") -> dict | None:
+              echo=print, commit: str = "", archive: pathlib.Path | None = None) -> dict | None:
   """Plans, runs (what is missing) and reports a study; returns results.json's content (None on a dry run). A
-  design profile runs from one commit: `commit`, by default HEAD, which must then be clean."""
+  design profile runs from one commit: `commit`, by default HEAD, which must then be clean. With `archive`, the
+  finished runs kept there are put back first, and each finished seed is kept there as it ends (`archive.py`)."""
   if profile in study.designs and not commit:
     commit = design_lib.design_commit(study, profile, dry_run)
   jobs = plan_lib.plan(study, profile, seeds, runs_dir, commit if profile in study.designs else "")
   todo = _needed_by(jobs, only, study) if only else jobs
   if dry_run:
-    _print_plan(todo, echo)
+    _print_plan(todo, echo, archive)
     return None
+  if archive is not None:
+    restored = archive_lib.restore(jobs, archive)
+    if restored:
+      echo(f"{study.name}: {len(restored)} finished runs restored from {archive}")
+    _keep(jobs, archive, echo)  # runs that finished before the archive was named
   t0, load0 = time.time(), execute.loadavg()
   started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
   if aggregate_only:
@@ -33,7 +40,8 @@ def reproduce(study: spec.Study, *, profile: str, seeds: list[int], out_dir: pat
                 for j in jobs if j.summary.is_file()}
   else:
     _check_writable(runs_dir)  # once, before any run: not one failure a run
-    outcomes = execute.execute(todo, parallel, echo)
+    on_finish = (lambda job, outcome: _keep(jobs, archive, echo)) if archive is not None else None
+    outcomes = execute.execute(todo, parallel, echo, on_finish)
   out_dir.mkdir(parents=True, exist_ok=True)
   for job in jobs:
     if job.alias:
@@ -55,6 +63,13 @@ def reproduce(study: spec.Study, *, profile: str, seeds: list[int], out_dir: pat
   for f in results["failures"]:
     echo(f"  {f['run']} seed {f['seed']} {f['status']}: {f['message']}")
   return results
+
+
+def _keep(jobs: list[plan_lib.Job], archive: pathlib.Path, echo) -> None:
+  """Saves what has newly finished into the archive, said in one line."""
+  saved = archive_lib.save(jobs, archive)
+  if saved:
+    echo(f"kept in {archive}: {', '.join(saved)}")
 
 
 def _check_writable(runs_dir: pathlib.Path) -> None:
@@ -83,13 +98,14 @@ def _needed_by(jobs: list[plan_lib.Job], only: list[str], study: spec.Study) -> 
   return [j for j in jobs if j.key in wanted]
 
 
-def _print_plan(jobs: list[plan_lib.Job], echo) -> None:
+def _print_plan(jobs: list[plan_lib.Job], echo, archive: pathlib.Path | None = None) -> None:
   """--dry_run: each job's command, and whether it would run or be skipped."""
   for job in jobs:
     if job.alias:
       echo(f"# {job.run.name} seed {job.seed}: the grid's run at the value chosen on the validation split")
       continue
-    state = "skip (summary.json exists)" if job.summary.is_file() else "run"
+    state = ("skip (summary.json exists)" if job.summary.is_file() else
+             "skip (kept in the archive)" if archive is not None and archive_lib.is_kept(job, archive) else "run")
     echo(f"# {job.run.name} seed {job.seed}: {state}\n" + " ".join(job.argv))
 
 
