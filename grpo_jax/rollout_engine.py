@@ -53,6 +53,12 @@ _STATIC = ("config", "num_samples", "max_new_tokens", "top_k", "top_p", "greedy"
 # of cache a token) get ~200k.
 CPU_CACHE_TOKENS_PER_DEVICE = 4096
 CPU_CACHE_PER_WEIGHT_BYTE = 2.5
+# On a CPU, at most this many waves of a device's completions (slots >= its completions / CPU_MOST_WAVES): where
+# many completions meet a long cap, the cache budget alone leaves a few slots and dozens of waves, each a step's
+# fixed cost per token. On a long tail of 1,024 completions of up to 1,024 tokens on 2 devices, 16, 32, 64 and 128
+# slots ran 1.80x, 1.94x, 2.07x and 2.31x the static sampler (BENCHMARKS.md); at 256 completions of up to 192 tokens
+# 44 to 128 ran alike, so the rule leaves the budget's slots where the completions take few waves.
+CPU_MOST_WAVES = 8
 
 
 @functools.lru_cache(maxsize=16)
@@ -86,7 +92,9 @@ def default_slots(num_completions: int, max_new_tokens: int, devices: int = 1, p
   caches that size at other lengths), raised to whole waves (`even_waves`). One wave (a slot for every completion)
   was measured against it at 256 x 64 and 256 x 192: at equal lengths 0.80x and 0.95x the static sampler against
   0.77x and 0.89x, on a long tail 1.40x and 1.99x against 2.04x and 2.38x (BENCHMARKS.md, one sitting), so the
-  rule stays for it. Where the weights outweigh the caches (`cpu_cache_tokens`: at Qwen2.5-0.5B's shapes), a step
+  rule stays for it. With many completions at a long cap the budget leaves few slots and many waves (1,024 at
+  1,024 tokens: 8 slots a device, 64 waves), and more slots ran faster there, so a device's completions take at
+  most `CPU_MOST_WAVES` waves. Where the weights outweigh the caches (`cpu_cache_tokens`: at Qwen2.5-0.5B's shapes), a step
   costs about its rows' matmuls whatever their caches, and 42, 32 or 64 slots a device ran the same tail at the
   same speed, so the slots go up to one wave: the steps of a second wave at equal lengths cost as much again.
   An accelerator needs hundreds of rows a step to stop being bound by reading the weights: a quarter of the
@@ -95,7 +103,9 @@ def default_slots(num_completions: int, max_new_tokens: int, devices: int = 1, p
   platform = platform or jax.default_backend()
   if platform == "cpu":
     tokens = cpu_cache_tokens(config)
-    return even_waves(num_completions, max(8, tokens // max(max_new_tokens, 1)), devices)
+    per_device = -(-num_completions // devices)
+    return even_waves(num_completions, max(8, tokens // max(max_new_tokens, 1), -(-per_device // CPU_MOST_WAVES)),
+                      devices)
   return num_completions if num_completions <= 64 else max(64, num_completions // 4)
 
 

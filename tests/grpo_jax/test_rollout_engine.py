@@ -134,11 +134,13 @@ def test_argument_checks(params):
 
 
 def test_default_slots_and_the_budget():
-  # A CPU: 4096 cached tokens a device, at least 8 slots (512 tokens: 8 a device; 40 tokens: 102 a device), raised
-  # to whole waves: 512 completions a device in 5 waves of 103 (not 5 of 102 and one of 2), 99 in 12 waves of 9.
+  # A CPU: 4096 cached tokens a device, at least 8 slots (512 tokens: 8 a device; 40 tokens: 102 a device), and at
+  # most 8 waves (512 completions a device at 512 tokens: 64 slots, not 8 in 64 waves), raised to whole waves: 512
+  # completions a device at 40 tokens in 5 waves of 103 (not 5 of 102 and one of 2), 99 in 7 waves of 15 (8 of 13).
   slots = rollout_engine.default_slots
-  assert slots(1024, 512, 2, "cpu") == 16 and slots(5, 512, 2, "cpu") == 5
-  assert slots(1024, 40, 2, "cpu") == 206 and slots(99, 4096, 1, "cpu") == 9
+  assert slots(1024, 512, 2, "cpu") == 128 and slots(1024, 1024, 2, "cpu") == 128 and slots(5, 512, 2, "cpu") == 5
+  assert slots(64, 512, 2, "cpu") == 16  # 32 a device: the floor of 8 slots, 4 waves
+  assert slots(1024, 40, 2, "cpu") == 206 and slots(99, 4096, 1, "cpu") == 15
   assert slots(256, 192, 2, "cpu") == 44 and slots(256, 64, 2, "cpu") == 128  # 128 a device: 21 -> 22; 2 x 64
   assert slots(80, 192, 2, "cpu") == 42  # 40 a device: one wave of 40 would be 1.9x the 21, more than 1.25x
   assert rollout_engine.even_waves(100, 30) == 34 and rollout_engine.even_waves(100, 26) == 26  # 3 x 34; 34 > 32.5
