@@ -4,6 +4,7 @@ r"""Rollouts with a long tail of completion lengths: the static sampler, the rol
   JAX_PLATFORMS=cpu python scripts/bench_rollout.py --peers=hf --vllm_python=/work/vllm_venv/bin/python
   JAX_PLATFORMS=cpu python scripts/bench_rollout.py --model=0.5b --prompts=8 --samples=4 --max_new_tokens=64
   JAX_PLATFORMS=cpu python scripts/bench_rollout.py --part=runner     # the runner on the 1-8-operation task
+  JAX_PLATFORMS=cpu python scripts/bench_rollout.py --part=runner --runner_issue_commit=14ef70e  # against #53's run
 
 The work: `--prompts` prompts of `--prompt_len` random tokens x `--samples` completions each, sampled at
 temperature 1 (no top-k/top-p). Each completion's length is set ahead by a benchmark-only stop schedule, the same
@@ -154,21 +155,37 @@ def runner(args) -> None:
   seconds (`train/time_sampling`), the stage-2 seconds (the last step's record time less the start evaluation's,
   compilation included; with `--compile_ahead` some of the first step's compiling runs beside the start
   evaluation, before that record), the whole run's seconds (the process, from start to exit: loading, the start
-  and final evaluations and the export included) and the distinct training widths."""
+  and final evaluations and the export included) and the distinct training widths. `--runner_issue_commit=REV`
+  adds, as the baseline, the same command run from a git worktree at REV with that commit's defaults (issue #53's
+  12 steps as the issue measured them), so the ratios to it come from one sitting."""
   tmp = pathlib.Path(tempfile.mkdtemp())
-  run = lambda work, *flags: subprocess.run([sys.executable, "-m", "experiments.grpo_math", f"--work_dir={work}",
-                                             *RUNNER_TASK, *flags], check=True, capture_output=True, text=True)
+  trees = {}  # variant name -> the checkout it runs from (None: this one)
+  if args.runner_issue_commit:  # the baseline: the issue's command as it ran at the commit it was measured at
+    tree = tmp / "at_commit"
+    subprocess.run(["git", "worktree", "add", "--detach", str(tree), args.runner_issue_commit], check=True,
+                   capture_output=True, cwd=pathlib.Path(__file__).resolve().parent.parent)
+    trees[f"the issue's command at {args.runner_issue_commit} (its defaults)"] = tree
+
+  def run(work, *flags, cwd=None):
+    try:
+      subprocess.run([sys.executable, "-m", "experiments.grpo_math", f"--work_dir={work}", *RUNNER_TASK, *flags],
+                     check=True, capture_output=True, text=True, cwd=cwd)
+    except subprocess.CalledProcessError as e:
+      sys.exit(f"bench_rollout: a runner failed ({cwd or 'this checkout'}): {(e.stderr.strip().splitlines() or ['?'])[-1]}")
+
   start = time.perf_counter()
   run(tmp / "sft", "--steps=0", f"--sft_steps={args.runner_sft_steps}")
   print(f"runner: SFT policy in {time.perf_counter() - start:.0f} s; flags {' '.join(RUNNER_TASK)}")
-  variants = {name: flags for i, (name, flags) in enumerate(RUNNER_VARIANTS.items())
-              if not args.runner_variants or str(i) in args.runner_variants.split(",")}
+  variants = {name: [] for name in trees}
+  variants.update({name: flags for i, (name, flags) in enumerate(RUNNER_VARIANTS.items())
+                   if not args.runner_variants or str(i) in args.runner_variants.split(",")})
   rows = {name: dict(first=[], steady=[], stage2=[], whole=[], scoring=[], widths=0, length=0.0) for name in variants}
   for round_ in range(args.runner_rounds):  # rounds in turn: a drift of the machine's load hits every variant
     for i, (name, flags) in enumerate(variants.items()):
       work = tmp / f"v{i}r{round_}"
       start = time.perf_counter()
-      run(work, f"--init_checkpoint={tmp / 'sft' / 'sft_policy'}", f"--steps={args.runner_steps}", *flags)
+      run(work, f"--init_checkpoint={tmp / 'sft' / 'sft_policy'}", f"--steps={args.runner_steps}", *flags,
+          cwd=trees.get(name))
       rows[name]["whole"].append(time.perf_counter() - start)
       records = [json.loads(l) for l in (work / "metrics.jsonl").read_text().splitlines()]
       train = [r for r in records if "train/time_sampling" in r]
@@ -195,6 +212,9 @@ def runner(args) -> None:
     print(f"| {name} | {statistics.mean(r['first']):.2f} | {mean:.3f} ± {se:.3f} ({ratio:.2f} ± {ratio_se:.2f}x) | "
           f"{scoring:.3f} ± {scoring_se:.3f} | {stage2:.1f} ± {stage2_se:.1f} ({speedup:.2f} ± {speedup_se:.2f}x) | "
           f"{whole:.1f} ± {whole_se:.1f} ({whole_x:.2f} ± {whole_x_se:.2f}x) | {r['widths']} | {r['length']:.1f} |")
+  for tree in trees.values():
+    subprocess.run(["git", "worktree", "remove", "--force", str(tree)], check=False, capture_output=True,
+                   cwd=pathlib.Path(__file__).resolve().parent.parent)
 
 
 def main():
@@ -204,6 +224,8 @@ def main():
   parser.add_argument("--runner_sft_steps", type=int, default=600)
   parser.add_argument("--runner_variants", default="", help="indices into RUNNER_VARIANTS, comma-separated (all)")
   parser.add_argument("--runner_rounds", type=int, default=1, help="runs of each variant, in turn")
+  parser.add_argument("--runner_issue_commit", default="",
+                      help="also run the task at this commit with its defaults (git worktree), as the baseline")
   parser.add_argument("--model", choices=sorted(SHAPES), default="tiny")
   parser.add_argument("--dtype", default=None, help="float32 (tiny's default) or bfloat16 (0.5b's default)")
   parser.add_argument("--workloads", default="tail,equal")
