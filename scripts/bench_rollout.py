@@ -162,8 +162,11 @@ def runner(args) -> None:
   trees = {}  # variant name -> the checkout it runs from (None: this one)
   if args.runner_issue_commit:  # the baseline: the issue's command as it ran at the commit it was measured at
     tree = tmp / "at_commit"
-    subprocess.run(["git", "worktree", "add", "--detach", str(tree), args.runner_issue_commit], check=True,
-                   capture_output=True, cwd=pathlib.Path(__file__).resolve().parent.parent)
+    added = subprocess.run(["git", "worktree", "add", "--detach", str(tree), args.runner_issue_commit],
+                           capture_output=True, text=True, cwd=pathlib.Path(__file__).resolve().parent.parent)
+    if added.returncode:
+      sys.exit(f"bench_rollout: --runner_issue_commit={args.runner_issue_commit}: no worktree: "
+               f"{(added.stderr.strip().splitlines() or ['git failed'])[-1]}")
     trees[f"the issue's command at {args.runner_issue_commit} (its defaults)"] = tree
 
   def run(work, *flags, cwd=None):
