@@ -105,8 +105,7 @@ def main(argv):
     out_dir = pathlib.Path(FLAGS.out_dir or f"runs/reproduce/{study.name}")
     design = study.designs.get(FLAGS.profile)
     seeds = FLAGS.seeds if FLAGS["seeds"].present else design.seeds if design else study.seeds
-    archive = (None if FLAGS.archive_dir == "none" else pathlib.Path(FLAGS.archive_dir) if FLAGS.archive_dir
-               else archive_lib.default_dir(study.name, FLAGS.profile) if design else None)
+    archive = archive_lib.chosen_dir(FLAGS.archive_dir, study.name, FLAGS.profile, declared=design is not None)
     results = pipeline.reproduce(study, profile=FLAGS.profile, seeds=list(range(seeds)), out_dir=out_dir,
                                  runs_dir=pathlib.Path(FLAGS.runs_dir), parallel=FLAGS.parallel, only=FLAGS.only,
                                  dry_run=FLAGS.dry_run, aggregate_only=FLAGS.aggregate_only, archive=archive)

@@ -25,6 +25,16 @@ def default_dir(study_name: str, profile: str) -> pathlib.Path:
   return plan_lib.ROOT / "docs" / "reproduce" / study_name / profile / "runs"
 
 
+def chosen_dir(flag: str, study_name: str, profile: str, declared: bool) -> pathlib.Path | None:
+  """`--archive_dir`'s value: `none` keeps nothing, a path keeps there, and empty keeps a declared design's runs in
+  `default_dir` (other profiles keep nothing)."""
+  if flag == "none":
+    return None
+  if flag:
+    return pathlib.Path(flag)
+  return default_dir(study_name, profile) if declared else None
+
+
 def _kept(job: plan_lib.Job, archive: pathlib.Path) -> pathlib.Path:
   return archive / job.directory.parent.name / job.directory.name
 

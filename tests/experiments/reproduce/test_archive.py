@@ -116,3 +116,13 @@ def test_a_dry_run_says_which_runs_the_archive_holds(tmp_path):
 
 def test_the_default_archive_is_beside_the_profiles_page():
   assert archive_lib.default_dir("iterative", "paths") == plan_lib.ROOT / "docs/reproduce/iterative/paths/runs"
+
+
+def test_the_archive_flag_chooses_none_a_path_or_the_designs_default(tmp_path):
+  """`--archive_dir`: `none` turns keeping off even for a design, a path wins, and empty keeps only a declared
+  design's runs (a quick or full profile has nothing to keep)."""
+  assert archive_lib.chosen_dir("none", "iterative", "paths", declared=True) is None
+  assert archive_lib.chosen_dir(str(tmp_path), "iterative", "paths", declared=True) == tmp_path
+  assert archive_lib.chosen_dir(str(tmp_path), "paradigm", "quick", declared=False) == tmp_path
+  assert archive_lib.chosen_dir("", "iterative", "paths", declared=True) == archive_lib.default_dir("iterative", "paths")
+  assert archive_lib.chosen_dir("", "paradigm", "quick", declared=False) is None
