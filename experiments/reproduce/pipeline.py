@@ -29,6 +29,7 @@ def reproduce(study: spec.Study, *, profile: str, seeds: list[int], out_dir: pat
     _print_plan(todo, echo, archive)
     return None
   if archive is not None:
+    _check_writable(archive, "--archive_dir")  # before any run, not when the first seed has finished
     restored = archive_lib.restore(jobs, archive)
     if restored:
       echo(f"{study.name}: {len(restored)} finished runs restored from {archive}")
@@ -39,7 +40,7 @@ def reproduce(study: spec.Study, *, profile: str, seeds: list[int], out_dir: pat
     outcomes = {j.key: execute.Outcome("cached", wall_time_s=execute.recorded_time(j))
                 for j in jobs if j.summary.is_file()}
   else:
-    _check_writable(runs_dir)  # once, before any run: not one failure a run
+    _check_writable(runs_dir, "--runs_dir")  # once, before any run: not one failure a run
     on_finish = (lambda job, outcome: _keep(jobs, archive, echo)) if archive is not None else None
     outcomes = execute.execute(todo, parallel, echo, on_finish)
   out_dir.mkdir(parents=True, exist_ok=True)
@@ -72,15 +73,16 @@ def _keep(jobs: list[plan_lib.Job], archive: pathlib.Path, echo) -> None:
     echo(f"kept in {archive}: {', '.join(saved)}")
 
 
-def _check_writable(runs_dir: pathlib.Path) -> None:
-  """Raises OSError naming `runs_dir` when it cannot be made or written (a file in its way, no permission)."""
+def _check_writable(directory: pathlib.Path, flag: str) -> None:
+  """Raises OSError naming `flag`=`directory` when it cannot be made or written (a file in its way, no
+  permission)."""
   try:
-    runs_dir.mkdir(parents=True, exist_ok=True)
-    probe = runs_dir / f".write-probe-{os.getpid()}"
+    directory.mkdir(parents=True, exist_ok=True)
+    probe = directory / f".write-probe-{os.getpid()}"
     probe.write_text("")
     probe.unlink()
   except OSError as err:
-    raise OSError(f"--runs_dir={runs_dir} cannot be written: {err.strerror or err}") from None
+    raise OSError(f"{flag}={directory} cannot be written: {err.strerror or err}") from None
 
 
 def _needed_by(jobs: list[plan_lib.Job], only: list[str], study: spec.Study) -> list[plan_lib.Job]:

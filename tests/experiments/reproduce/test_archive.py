@@ -126,3 +126,17 @@ def test_the_archive_flag_chooses_none_a_path_or_the_designs_default(tmp_path):
   assert archive_lib.chosen_dir(str(tmp_path), "paradigm", "quick", declared=False) == tmp_path
   assert archive_lib.chosen_dir("", "iterative", "paths", declared=True) == archive_lib.default_dir("iterative", "paths")
   assert archive_lib.chosen_dir("", "paradigm", "quick", declared=False) is None
+
+
+def test_an_archive_it_cannot_write_is_one_line_before_any_run(tmp_path):
+  """Not after the first seed's runs have finished (their copies would fail then, with the runs in flight)."""
+  blocked = tmp_path / "file"
+  blocked.write_text("")  # a file where the archive's parent should be
+  try:
+    pipeline.reproduce(_study(), profile="full", seeds=[0], out_dir=tmp_path / "out", runs_dir=tmp_path / "runs",
+                       echo=lambda line: None, commit=COMMIT, archive=blocked / "archive")
+  except OSError as err:
+    assert str(err).startswith(f"--archive_dir={blocked / 'archive'} cannot be written: "), err
+  else:
+    raise AssertionError("an archive that cannot be written was taken")
+  assert not list((tmp_path / "runs").rglob("invocations.txt"))  # no run started
