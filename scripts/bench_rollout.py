@@ -4,7 +4,7 @@ r"""Rollouts with a long tail of completion lengths: the static sampler, the rol
   JAX_PLATFORMS=cpu python scripts/bench_rollout.py --peers=hf --vllm_python=/work/vllm_venv/bin/python
   JAX_PLATFORMS=cpu python scripts/bench_rollout.py --model=0.5b --prompts=8 --samples=4 --max_new_tokens=64
   JAX_PLATFORMS=cpu python scripts/bench_rollout.py --part=runner     # the runner on the 1-8-operation task
-  JAX_PLATFORMS=cpu python scripts/bench_rollout.py --part=runner --runner_issue_commit=14ef70e  # against #53's run
+  JAX_PLATFORMS=cpu python scripts/bench_rollout.py --part=runner --runner_issue_commit=14ef70e   # vs #53's run
 
 The work: `--prompts` prompts of `--prompt_len` random tokens x `--samples` completions each, sampled at
 temperature 1 (no top-k/top-p). Each completion's length is set ahead by a benchmark-only stop schedule, the same
@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import pathlib
+import signal
 import statistics
 import subprocess
 import sys
@@ -174,8 +175,23 @@ def runner(args) -> None:
       subprocess.run([sys.executable, "-m", "experiments.grpo_math", f"--work_dir={work}", *RUNNER_TASK, *flags],
                      check=True, capture_output=True, text=True, cwd=cwd)
     except subprocess.CalledProcessError as e:
-      sys.exit(f"bench_rollout: a runner failed ({cwd or 'this checkout'}): {(e.stderr.strip().splitlines() or ['?'])[-1]}")
+      last = (e.stderr.strip().splitlines() or ["no output"])[-1]
+      sys.exit(f"bench_rollout: a runner failed ({cwd or 'this checkout'}): {last}")
 
+  def stop(signum, _):  # SIGTERM as an exit, so the worktree goes (subprocess.run kills the run in flight)
+    sys.exit(f"bench_rollout: stopped by {signal.Signals(signum).name}")
+
+  signal.signal(signal.SIGTERM, stop)
+  try:
+    _runner_rounds(args, tmp, trees, run)
+  finally:  # a failed or stopped run too: no worktree left behind in `git worktree list`
+    for tree in trees.values():
+      subprocess.run(["git", "worktree", "remove", "--force", str(tree)], check=False, capture_output=True,
+                     cwd=pathlib.Path(__file__).resolve().parent.parent)
+
+
+def _runner_rounds(args, tmp: pathlib.Path, trees: dict, run) -> None:
+  """`runner`'s SFT policy, its rounds of the variants, and the table."""
   start = time.perf_counter()
   run(tmp / "sft", "--steps=0", f"--sft_steps={args.runner_sft_steps}")
   print(f"runner: SFT policy in {time.perf_counter() - start:.0f} s; flags {' '.join(RUNNER_TASK)}")
@@ -192,6 +208,9 @@ def runner(args) -> None:
       rows[name]["whole"].append(time.perf_counter() - start)
       records = [json.loads(l) for l in (work / "metrics.jsonl").read_text().splitlines()]
       train = [r for r in records if "train/time_sampling" in r]
+      if len(train) < 2:
+        sys.exit(f"bench_rollout: {name}: {len(train)} GRPO step records with train/time_sampling in "
+                 f"{work / 'metrics.jsonl'} (at least 2 needed: the first step and a later one)")
       r = rows[name]
       r["first"].append(train[0]["train/time_sampling"])
       r["steady"] += [x["train/time_sampling"] for x in train[1:]]
@@ -215,9 +234,6 @@ def runner(args) -> None:
     print(f"| {name} | {statistics.mean(r['first']):.2f} | {mean:.3f} ± {se:.3f} ({ratio:.2f} ± {ratio_se:.2f}x) | "
           f"{scoring:.3f} ± {scoring_se:.3f} | {stage2:.1f} ± {stage2_se:.1f} ({speedup:.2f} ± {speedup_se:.2f}x) | "
           f"{whole:.1f} ± {whole_se:.1f} ({whole_x:.2f} ± {whole_x_se:.2f}x) | {r['widths']} | {r['length']:.1f} |")
-  for tree in trees.values():
-    subprocess.run(["git", "worktree", "remove", "--force", str(tree)], check=False, capture_output=True,
-                   cwd=pathlib.Path(__file__).resolve().parent.parent)
 
 
 def main():
@@ -247,6 +263,9 @@ def main():
   args = parser.parse_args()
   args.slots = [int(s) for s in args.slots.split(",")]
   if args.part == "runner":
+    if args.runner_steps < 2 or args.runner_rounds < 1 or args.runner_sft_steps < 1:
+      sys.exit("bench_rollout: --runner_steps must be >= 2 (a later step is measured), --runner_rounds and "
+               "--runner_sft_steps >= 1")
     runner(args)
     return
   dtype = args.dtype or ("bfloat16" if args.model == "0.5b" else "float32")
