@@ -5,6 +5,7 @@ r"""Rollouts with a long tail of completion lengths: the static sampler, the rol
   JAX_PLATFORMS=cpu python scripts/bench_rollout.py --model=0.5b --prompts=8 --samples=4 --max_new_tokens=64
   JAX_PLATFORMS=cpu python scripts/bench_rollout.py --part=runner     # the runner on the 1-8-operation task
   JAX_PLATFORMS=cpu python scripts/bench_rollout.py --part=runner --runner_issue_commit=14ef70e   # vs #53's run
+  JAX_PLATFORMS=cpu python scripts/bench_rollout.py --part=runner --runner_issue_commit=14ef70e --runner_cache=warm
 
 The work: `--prompts` prompts of `--prompt_len` random tokens x `--samples` completions each, sampled at
 temperature 1 (no top-k/top-p). Each completion's length is set ahead by a benchmark-only stop schedule, the same
@@ -158,7 +159,9 @@ def runner(args) -> None:
   evaluation, before that record), the whole run's seconds (the process, from start to exit: loading, the start
   and final evaluations and the export included) and the distinct training widths. `--runner_issue_commit=REV`
   adds, as the baseline, the same command run from a git worktree at REV with that commit's defaults (issue #53's
-  12 steps as the issue measured them), so the ratios to it come from one sitting."""
+  12 steps as the issue measured them), so the ratios to it come from one sitting. `--runner_cache=warm` measures
+  every variant's second run instead: each runs once first, unmeasured, into a compilation cache of its own, and
+  its measured runs load their programs from it (a researcher's next run of the same shapes)."""
   tmp = pathlib.Path(tempfile.mkdtemp())
   trees = {}  # variant name -> the checkout it runs from (None: this one)
   if args.runner_issue_commit:  # the baseline: the issue's command as it ran at the commit it was measured at
@@ -199,12 +202,21 @@ def _runner_rounds(args, tmp: pathlib.Path, trees: dict, run) -> None:
   variants.update({name: flags for i, (name, flags) in enumerate(RUNNER_VARIANTS.items())
                    if not args.runner_variants or str(i) in args.runner_variants.split(",")})
   rows = {name: dict(first=[], steady=[], stage2=[], whole=[], scoring=[], widths=0, length=0.0) for name in variants}
+  caches = {name: [] for name in variants}  # name -> the flag of its compilation cache, filled (warm) or none (cold)
+  for i, (name, flags) in enumerate(variants.items()):
+    if args.runner_cache == "warm":
+      cache = [f"--compilation_cache_dir={tmp / f'cache{i}'}"]
+      run(tmp / f"v{i}fill", f"--init_checkpoint={tmp / 'sft' / 'sft_policy'}", f"--steps={args.runner_steps}", *flags,
+          *cache, cwd=trees.get(name))
+      if not ((tmp / f"cache{i}").is_dir() and any((tmp / f"cache{i}").iterdir())):
+        sys.exit(f"bench_rollout: {name}: its first run left no programs in {tmp / f'cache{i}'}")
+      caches[name] = cache
   for round_ in range(args.runner_rounds):  # rounds in turn: a drift of the machine's load hits every variant
     for i, (name, flags) in enumerate(variants.items()):
       work = tmp / f"v{i}r{round_}"
       start = time.perf_counter()
       run(work, f"--init_checkpoint={tmp / 'sft' / 'sft_policy'}", f"--steps={args.runner_steps}", *flags,
-          cwd=trees.get(name))
+          *caches[name], cwd=trees.get(name))
       rows[name]["whole"].append(time.perf_counter() - start)
       records = [json.loads(l) for l in (work / "metrics.jsonl").read_text().splitlines()]
       train = [r for r in records if "train/time_sampling" in r]
@@ -218,8 +230,9 @@ def _runner_rounds(args, tmp: pathlib.Path, trees: dict, run) -> None:
       r["stage2"].append(train[-1]["time"] - next(x["time"] for x in records if x["step"] == 0))
       r["widths"] = len({x["train/completion_width"] for x in train})
       r["length"] = statistics.mean(x["train/response_length"] for x in train)
-  print(f"| variant | sampling, first step s (compiles) | sampling, a later step s | scoring + update, a later step s | "
-        f"stage 2 s ({args.runner_steps} steps, compiles included; {args.runner_rounds} rounds) | the whole run s | "
+  compiles = "programs from a warm cache" if args.runner_cache == "warm" else "compiles included"
+  print(f"| variant | sampling, first step s | sampling, a later step s | scoring + update, a later step s | "
+        f"stage 2 s ({args.runner_steps} steps, {compiles}; {args.runner_rounds} rounds) | the whole run s | "
         f"widths compiled | mean completion |")
   print("|---|---|---|---|---|---|---|---|")
   base = next(iter(rows.values()))
@@ -245,6 +258,8 @@ def main():
   parser.add_argument("--runner_rounds", type=int, default=1, help="runs of each variant, in turn")
   parser.add_argument("--runner_issue_commit", default="",
                       help="also run the task at this commit with its defaults (git worktree), as the baseline")
+  parser.add_argument("--runner_cache", choices=("cold", "warm"), default="cold",
+                      help="cold: every run compiles its programs; warm: each variant's second run (own cache)")
   parser.add_argument("--model", choices=sorted(SHAPES), default="tiny")
   parser.add_argument("--dtype", default=None, help="float32 (tiny's default) or bfloat16 (0.5b's default)")
   parser.add_argument("--workloads", default="tail,equal")
