@@ -70,7 +70,8 @@ def run(config: config_lib.Config) -> dict:
 
 def _evaluate(config: config_lib.Config, k: int, work_dir: pathlib.Path, t_start: float) -> dict:
   path = pathlib.Path(config.model.init_checkpoint)
-  params, model_config = models.load_hf(path, dtype=config.model.dtype, param_dtype=config.model.dtype)
+  params, model_config = models.load_hf(path, dtype=config.model.dtype, param_dtype=config.model.dtype,
+                                        decode_projections=config.model.decode_projections)
   task = task_lib.Task(config.task, models.load_tokenizer(path), sft_lineage=False, seed=config.run.seed)
   print(f"sampling {k} completions for each of {len(task.test)} held-out problems from {path} "
         f"(T = {config.eval.eval_temperature})", file=sys.stderr)

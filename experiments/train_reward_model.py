@@ -286,7 +286,8 @@ def run(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, signals: preempt
   labelled = _load_data(ckpt_dir, recorded) if cfg.run.resume else None  # refuses other flags before any write
   policy_dir = pathlib.Path(rmc.policy)
   params, model_config = placement_lib.Placement().load_hf(policy_dir, dtype=cfg.model.dtype,
-                                                           param_dtype=cfg.model.dtype, remat=cfg.model.remat)
+                                                           param_dtype=cfg.model.dtype, remat=cfg.model.remat,
+                                                           decode_projections=cfg.model.decode_projections)
   task = task_lib.Task(cfg.task, models.load_tokenizer(policy_dir), sft_lineage=True, seed=cfg.run.seed)
   step_labels = _step_labels(cfg, rmc)
   _prepare_rm_dir(cfg, rmc, start_over=held and not cfg.run.resume)

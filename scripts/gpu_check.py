@@ -174,7 +174,8 @@ def engine(args) -> dict:
   """The rollout engine beside the static sampler at the 0.5B step's shapes (16 prompts x 8 samples of up to 256
   tokens, prompt 64), with every completion at the cap (equal) and with a long tail of lengths (log-normal, median
   T/5, 5% at the cap; `bench_rollout.schedule`): seconds, useful tokens/s, and the equal case against the decode
-  limit; the engine at a few slot counts."""
+  limit; the engine at a few slot counts, and at its default slots with a decode step's q/k/v and gate/up as one
+  product each (`--decode_projections=together`)."""
   sys.path.insert(0, str(pathlib.Path(__file__).parent))
   import bench_rollout  # pylint: disable=import-outside-toplevel
   config = config_for("0.5b", args.smoke)
@@ -193,6 +194,9 @@ def engine(args) -> dict:
     for slots in slot_counts:
       fns[f"engine {slots}"] = (lambda s: lambda: rollout_engine.generate(
           params, config, prompts, mask, jax.random.key(2), num_slots=s, **common))(slots)
+    together = config.replace(decode_projections="together")  # q/k/v and gate/up as one product each
+    fns["engine (default slots), projections together"] = lambda: rollout_engine.generate(
+        params, together, prompts, mask, jax.random.key(2), **common)
     limit = decode_limit_s(config, n, prompt_len, new, roof["copy_bytes_per_s"])
     for name, fn in fns.items():
       seconds = _best(lambda: fn().tokens, 1 if args.smoke else 2)
@@ -341,8 +345,10 @@ def fixture(args) -> dict:
 # One knob each against the `grpo` part's step, same shapes: what to try next when the step is far from its roofline.
 # Measured on an H100 (BENCHMARKS.md) and dropped from here: CUDA graphs over whole while loops (XLA command buffers,
 # 0.97x) and `--attention=xla` (the same programs: the runner's GRPO forwards attend against a prompt cache, where
-# cuDNN falls back to xla). Next: cuBLAS for every product instead of XLA's Triton GEMM fusions.
-VARIANTS = (("cuBLAS GEMMs (XLA's Triton GEMM fusions off)", (), "--xla_gpu_enable_triton_gemm=false"),)
+# cuDNN falls back to xla). Next: a decode step's q/k/v and gate/up as one product each (fewer, wider kernels: #52
+# asks for at most half of the ~530 a decode step), and cuBLAS for every product instead of XLA's Triton GEMMs.
+VARIANTS = (("decode steps: q/k/v and gate/up as one product each", ("--decode_projections=together",), ""),
+            ("cuBLAS GEMMs (XLA's Triton GEMM fusions off)", (), "--xla_gpu_enable_triton_gemm=false"))
 
 
 def variants(args) -> dict:

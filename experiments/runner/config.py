@@ -28,7 +28,7 @@ def flag(default: Any, help_text: str, *, choices: tuple | None = None, minimum:
       `Config` resolves, not a flag value.
     minimum: the least value `check` accepts (1 or 0), with one line naming the flag below it.
 
-  Choices that name the library's implementations (remat_policy, attention, loss_aggregation, loss,
+  Choices that name the library's implementations (remat_policy, attention, decode_projections, loss_aggregation, loss,
   rollout_correction, sharding_rules) are copies, so that this module imports no JAX;
   tests/experiments/runner/test_config.py holds them equal to the library's.
   """
@@ -62,6 +62,11 @@ class PolicyConfig:
       "reference), xla (jax.nn.dot_product_attention), cudnn (its cuDNN flash kernel: NVIDIA GPU, bfloat16), pallas "
       "(the Pallas TPU flash kernel); auto: pallas on a TPU, cudnn on a GPU in bfloat16 (else xla), einsum on a CPU.",
       choices=("auto", "einsum", "xla", "cudnn", "pallas"))
+  decode_projections: str = flag("auto", "How a decode step (sampling, evaluation) runs the projections that read "
+      "one input: auto, k with v and gate with up as one product each on a CPU, each its own elsewhere; together, "
+      "q, k and v as one product and gate with up as one on every platform (fewer, wider kernels a step: "
+      "docs/models.md); separate, each its own. The same tokens either way, up to float rounding.",
+      choices=("auto", "together", "separate"))
   lora_rank: int = flag(0, "LoRA (docs/lora.md): > 0 trains rank-r adapters on --lora_targets with the base weights "
       "frozen (stage 2; the reference policy is the base with the adapters off, no second copy). 0: full fine-tuning.")
   lora_alpha: float = flag(16.0, "LoRA scale: the adapters add (x·A)·B·lora_alpha/lora_rank.")
@@ -396,7 +401,7 @@ MAY_CHANGE = frozenset({
     "compilation_cache_dir", "compile_ahead", "profile_steps",
     "eval_every", "eval_batch_size", "eval_samples", "eval_temperature",
     "mesh", "sharding_rules", "coordinator_address", "num_processes", "process_id", "cpu_devices",
-    "forward_rows", "forward_memory_budget", "attention", "sampler", "num_slots",
+    "forward_rows", "forward_memory_budget", "attention", "decode_projections", "sampler", "num_slots",
     "lora_export_peft",
 })
 

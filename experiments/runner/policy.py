@@ -27,10 +27,11 @@ def tiny_overrides(config: config_lib.PolicyConfig) -> dict:
 
 
 def runtime(config: config_lib.PolicyConfig, platform: str | None = None) -> dict:
-  """The policy's `models.ModelConfig` runtime keywords (dtype, remat, layer scan, attention) from the run's config;
+  """The policy's `models.ModelConfig` runtime keywords (dtype, remat, layer scan, attention, decode projections)
+  from the run's config;
   `--attention=auto` resolved for `platform` (default: JAX's default backend)."""
   return dict(dtype=config.dtype, param_dtype=config.dtype, remat=config.remat, remat_policy=config.remat_policy,
-              scan_layers=config.scan_layers,
+              scan_layers=config.scan_layers, decode_projections=config.decode_projections,
               attention=attention.resolve(config.attention, platform or jax.default_backend(), config.dtype))
 
 

@@ -6,7 +6,8 @@ Example:
   logits, cache = models.apply(params, config, tokens, attention_mask=mask)
 """
 
-from grpo_jax.models.config import REMAT_POLICIES, CheckpointError, ModelConfig, RopeScaling, SUPPORTED_MODEL_TYPES
+from grpo_jax.models.config import (DECODE_PROJECTIONS, REMAT_POLICIES, CheckpointError, ModelConfig, RopeScaling,
+                                    SUPPORTED_MODEL_TYPES)
 from grpo_jax.models.heads import init_scalar_params, scalar_apply, scalar_logical_axes
 from grpo_jax.models.hf_io import load_hf, read_config, save_hf
 from grpo_jax.models.logical_axes import LOGICAL_AXES, axis_rules, constrain, logical_to_spec
@@ -21,6 +22,7 @@ from grpo_jax.models.transformer import (CausalLM, Decoder, apply, hidden_states
 __all__ = (
     "CausalLM",
     "CheckpointError",
+    "DECODE_PROJECTIONS",
     "Decoder",
     "KVCache",
     "KVPrefix",

@@ -13,6 +13,10 @@ SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 REMAT_POLICIES = ("full", "dots_no_batch", "dots")
 # How multi-token forwards attend (`attention`; grpo_jax.models.attention, which checks it holds its names).
 ATTENTION_IMPLEMENTATIONS = ("einsum", "xla", "cudnn", "pallas")
+# How a decode step runs the projections that read one input (`decode_projections`; `models.layers`): auto, k with v
+# and gate with up as one product each on the CPU, each its own elsewhere; together, on every platform q, k and v
+# as one product and gate with up as one; separate, each its own everywhere.
+DECODE_PROJECTIONS = ("auto", "together", "separate")
 # The projections LoRA can adapt (`lora_targets`), as PEFT's target_modules name them without `_proj`.
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 
@@ -56,7 +60,8 @@ class ModelConfig:
   (per-layer rematerialisation) with its `remat_policy` (one of REMAT_POLICIES),
   and `scan_layers` (the layer stack as one `lax.scan` over stacked weights,
   params under `layers/...` with a leading [num_hidden_layers] axis, instead
-  of unrolled `layers_{i}/...`) are run-time settings that are not written to
+  of unrolled `layers_{i}/...`), `attention` and `decode_projections` (one of
+  DECODE_PROJECTIONS) are run-time settings that are not written to
   config.json; so are `lora_rank`, `lora_alpha` and `lora_targets` (a subset of
   LORA_TARGETS): with a rank r > 0 the targeted projections take LoRA adapters
   from the params dict (`grpo_jax.models.lora`).
@@ -88,6 +93,7 @@ class ModelConfig:
   remat_policy: str = "full"
   scan_layers: bool = False
   attention: str = "einsum"  # multi-token attention: one of attention.IMPLEMENTATIONS (resolved, not auto)
+  decode_projections: str = "auto"  # one of DECODE_PROJECTIONS
   lora_rank: int = 0
   lora_alpha: float = 0.0
   lora_targets: tuple[str, ...] = ()
@@ -104,6 +110,8 @@ class ModelConfig:
       raise ValueError(f"unknown remat_policy={self.remat_policy!r}; choose from {REMAT_POLICIES}")
     if self.attention not in ATTENTION_IMPLEMENTATIONS:
       raise ValueError(f"unknown attention={self.attention!r}; choose from {ATTENTION_IMPLEMENTATIONS}")
+    if self.decode_projections not in DECODE_PROJECTIONS:
+      raise ValueError(f"unknown decode_projections={self.decode_projections!r}; choose from {DECODE_PROJECTIONS}")
     object.__setattr__(self, "dtype", jnp.dtype(self.dtype).name)
     object.__setattr__(self, "param_dtype", jnp.dtype(self.param_dtype).name)
     object.__setattr__(self, "eos_token_ids", tuple(int(i) for i in self.eos_token_ids))
@@ -128,7 +136,8 @@ class ModelConfig:
     Args:
       d: the parsed config.json.
       source: path named in error messages.
-      **runtime: `dtype`, `param_dtype`, `remat`, `remat_policy`, `scan_layers`, `attention`.
+      **runtime: `dtype`, `param_dtype`, `remat`, `remat_policy`, `scan_layers`, `attention`,
+        `decode_projections`.
 
     Raises:
       CheckpointError: unsupported architecture or feature, or a missing key.

@@ -157,7 +157,7 @@ def _stack_placed(params: Params, config: ModelConfig, shardings) -> Params:
 
 def load_hf(path: str | pathlib.Path, *, dtype="float32", param_dtype=None, remat: bool = False,
             remat_policy: str = "full", scan_layers: bool = False, attention: str = "einsum",
-            shardings=None) -> tuple[Params, ModelConfig]:
+            decode_projections: str = "auto", shardings=None) -> tuple[Params, ModelConfig]:
   """Loads a Qwen2/Qwen2.5, Qwen3 or Llama 3.x checkpoint straight into a params dict.
 
   With `shardings`, each tensor is read from its safetensors file into host memory
@@ -177,6 +177,7 @@ def load_hf(path: str | pathlib.Path, *, dtype="float32", param_dtype=None, rema
       see `models.stack_layers`); the tensors are read per layer and stacked one
       weight at a time.
     attention: the multi-token attention implementation (`models.attention.IMPLEMENTATIONS`).
+    decode_projections: how decode steps run the projections of one input (`models.DECODE_PROJECTIONS`).
     shardings: None (default device), a params-shaped tree of `jax.sharding.Sharding`,
       or a function config -> such a tree (e.g. `grpo_jax.partitioning.param_shardings`).
 
@@ -189,7 +190,7 @@ def load_hf(path: str | pathlib.Path, *, dtype="float32", param_dtype=None, rema
   """
   path = pathlib.Path(path)
   config = read_config(path, dtype=dtype, param_dtype=param_dtype or dtype, remat=remat, remat_policy=remat_policy,
-                       scan_layers=scan_layers, attention=attention)
+                       scan_layers=scan_layers, attention=attention, decode_projections=decode_projections)
   where = _tensor_files(path)
   specs = _tensor_specs(config)
   for spec in specs:

@@ -1,8 +1,8 @@
 """The decoder's layers, in Flax NNX: projections, RMSNorm, attention, the SwiGLU MLP, the block, embeddings.
 
-Every matrix product of the model goes through `project` (a hand-written backward) or `project_together` (several
-projections of one input as one product on the CPU): the products whose form was chosen for XLA's CPU backend are
-all in this file.
+Every matrix product of the model goes through `project` (a hand-written backward), `project_together` or
+`project_qkv` (several projections of one input as one product, in decode steps: `config.decode_projections`): the
+products whose form was chosen for a backend are all in this file.
 """
 
 import functools
@@ -103,16 +103,28 @@ class Proj(nnx.Module):
     return y
 
 
-def project_together(x: jax.Array, projs: tuple[Proj, ...]) -> tuple[jax.Array, ...]:
-  """(p(x) for p in projs), projections of one input with kernels of one shape; on the CPU as one product.
+def _on_platforms(x: jax.Array, mode: str, together, separate):
+  """`together(x)` where `mode` (`config.decode_projections`) asks for one product: "auto" on the CPU only,
+  "together" everywhere; else `separate(x)`."""
+  if mode == "together":
+    return together(x)
+  if mode == "auto":
+    return jax.lax.platform_dependent(x, cpu=together, default=separate)
+  return separate(x)
+
+
+def project_together(x: jax.Array, projs: tuple[Proj, ...], mode: str = "auto") -> tuple[jax.Array, ...]:
+  """(p(x) for p in projs), projections of one input with kernels of one shape, as one product where `mode` asks
+  for it (`_on_platforms`: by default on the CPU only).
 
   XLA's CPU backend runs each product as its own library call, whose throughput grows with the product's width,
   so at a decode step's shapes SwiGLU's gate and up projections cost less as one [R, E] x [E, 2·M] product than
-  as two [R, E] x [E, M] ones (and k and v likewise). The kernels are stacked on a new axis after their input
-  axes, so a split output axis stays split. Each output is the same dot products as its own projection's
-  (the same values on the CPU). Other platforms keep the separate products (no stacked copy of the kernels).
-  The model uses it in decode steps only: the gradients of the stacked product round differently from the
-  separate ones', and the tiny default run's training amplifies any rounding into another trajectory.
+  as two [R, E] x [E, M] ones (and k and v likewise); on a GPU one product is one kernel instead of two. The
+  kernels are stacked on a new axis after their input axes, so a split output axis stays split; in a decode loop
+  over unrolled layers XLA hoists the stacking out of the loop (the params are loop-invariant), so it runs once a
+  call. Each output is the same dot products as its own projection's (the same values on the CPU). The model uses
+  it in decode steps only: the gradients of the stacked product round differently from the separate ones', and
+  the tiny default run's training amplifies any rounding into another trajectory.
   """
   first = projs[0]
   assert all(p.kernel.shape == first.kernel.shape and p.n_in == first.n_in and (p.bias is None) == (first.bias is None)
@@ -130,7 +142,30 @@ def project_together(x: jax.Array, projs: tuple[Proj, ...]) -> tuple[jax.Array, 
       return outs
     return tuple(o + p.bias[...].astype(first.dtype) for o, p in zip(outs, projs))
 
-  return jax.lax.platform_dependent(x, cpu=stacked, default=separate)
+  return _on_platforms(x, mode, stacked, separate)
+
+
+def project_qkv(x: jax.Array, q_proj: Proj, k_proj: Proj, v_proj: Proj) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(q, k, v) of x [B, L, E] as one product: the kernels grouped per key/value head, [E, K, H/K + 2, D] (the H/K
+  query heads of kv head k, then its key and its value), so that splitting the K axis over devices keeps each
+  group on one device. q [B, L, H, D] (query head h reads kv head h // (H/K), as `attention` groups them), k and v
+  [B, L, K, D]: the same dot products as the three projections'. With LoRA adapters on any of them: the three
+  products (`Proj`), which add the adapters."""
+  if any(p.lora_a is not None for p in (q_proj, k_proj, v_proj)):
+    return q_proj(x), k_proj(x), v_proj(x)
+  e, h, d = q_proj.kernel.shape
+  k = k_proj.kernel.shape[1]
+  kernel = jnp.concatenate([q_proj.kernel[...].reshape(e, k, h // k, d), k_proj.kernel[...][:, :, None],
+                            v_proj.kernel[...][:, :, None]], axis=2).astype(q_proj.dtype)
+  y = project(x, kernel, 1)  # [B, L, K, H/K + 2, D]
+  q, key, value = y[..., :h // k, :].reshape(*x.shape[:-1], h, d), y[..., h // k, :], y[..., h // k + 1, :]
+  if q_proj.bias is not None:
+    q = q + q_proj.bias[...].astype(q_proj.dtype)
+  if k_proj.bias is not None:
+    key = key + k_proj.bias[...].astype(k_proj.dtype)
+  if v_proj.bias is not None:
+    value = value + v_proj.bias[...].astype(v_proj.dtype)
+  return q, key, value
 
 
 class Attention(nnx.Module):
@@ -149,6 +184,7 @@ class Attention(nnx.Module):
     else:
       self.q_norm = self.k_norm = None
     self.attention = c.attention
+    self.decode_projections = c.decode_projections
 
   def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, allowed: jax.Array, kv: LayerKV | None,
                index: jax.Array | None) -> tuple[jax.Array, LayerKV | None]:
@@ -160,8 +196,10 @@ class Attention(nnx.Module):
     config's implementation.
     """
     b, l = x.shape[:2]
-    if kv is not None and l == 1:  # a decode step (no gradient): k and v as one product on the CPU
-      q, (k, v) = self.q_proj(x), project_together(x, (self.k_proj, self.v_proj))
+    if kv is not None and l == 1 and self.decode_projections == "together":  # a decode step (no gradient)
+      q, k, v = project_qkv(x, self.q_proj, self.k_proj, self.v_proj)
+    elif kv is not None and l == 1:  # "auto": k and v as one product on the CPU
+      q, (k, v) = self.q_proj(x), project_together(x, (self.k_proj, self.v_proj), self.decode_projections)
     else:
       q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
     if self.q_norm is not None:
@@ -190,11 +228,14 @@ class MLP(nnx.Module):
     self.gate_proj = Proj("ble,em->blm", (e, m), (m,), use_bias=bias, config=config, rngs=rngs, lora="gate")
     self.up_proj = Proj("ble,em->blm", (e, m), (m,), use_bias=bias, config=config, rngs=rngs, lora="up")
     self.down_proj = Proj("blm,me->ble", (m, e), (e,), use_bias=bias, config=config, rngs=rngs, lora="down")
+    self.decode_projections = config.decode_projections
 
   def __call__(self, x: jax.Array, *, together: bool = False) -> jax.Array:
-    """`together`: gate and up as one product on the CPU (`project_together`; decode steps, which take no
-    gradient, so that training's products and their rounding stay those of the separate projections)."""
-    gate, up = project_together(x, (self.gate_proj, self.up_proj)) if together else (self.gate_proj(x), self.up_proj(x))
+    """`together`: gate and up as one product where `config.decode_projections` asks for it (`project_together`;
+    decode steps, which take no gradient, so that training's products and their rounding stay those of the
+    separate projections)."""
+    gate, up = (project_together(x, (self.gate_proj, self.up_proj), self.decode_projections) if together
+                else (self.gate_proj(x), self.up_proj(x)))
     h = jax.nn.silu(gate) * up
     return self.down_proj(constrain(h, ("batch", "length", "mlp")))
 

@@ -73,9 +73,11 @@ def test_smoke_parts_write_what_the_table_reads(tmp_path):
   (tmp_path / "init.json").write_text(json.dumps(init))
   assert "init_params smoke scanned" in gpu_check.table(args)
   engine = gpu_check.engine(args)  # the static sampler and the engine, equal and long-tail lengths
+  together = "engine (default slots), projections together"
   assert [(r["workload"], r["sampler"]) for r in engine["rows"]] == [
-      ("equal", "static"), ("equal", "engine 2"), ("tail", "static"), ("tail", "engine 2")]
-  assert [r["useful_tokens"] for r in engine["rows"]][:2] == [32, 32] and engine["rows"][2]["useful_tokens"] < 32
+      ("equal", "static"), ("equal", "engine 2"), ("equal", together), ("tail", "static"), ("tail", "engine 2"),
+      ("tail", together)]
+  assert [r["useful_tokens"] for r in engine["rows"]][:3] == [32, 32, 32] and engine["rows"][3]["useful_tokens"] < 32
   (tmp_path / "engine.json").write_text(json.dumps(engine))
   assert "| engine 2, tail lengths (" in gpu_check.table(args)
   layout = gpu_check.layout(args)  # scoring and the update, padded and in length buckets

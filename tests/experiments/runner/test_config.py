@@ -76,6 +76,7 @@ def test_choices_are_the_librarys():
   choices = config_lib.CHOICES
   assert set(choices["loss_aggregation"]) == set(losses.aggregation.MODES)
   assert set(choices["remat_policy"]) == set(models.config.REMAT_POLICIES)
+  assert choices["decode_projections"] == models.DECODE_PROJECTIONS
   assert set(choices["sharding_rules"]) == set(partitioning.RULES)
   assert choices["attention"] == models.attention.CHOICES
   assert config_lib.TINY_HEADS == models.tiny_config().num_attention_heads

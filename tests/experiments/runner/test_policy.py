@@ -18,6 +18,9 @@ def test_model_config_is_loads(tmp_path):
   _, loaded, _, _, _ = policy.load(checkpoint, placement_lib.Placement())
   assert policy.model_config(checkpoint.model) == loaded and loaded.remat
   assert policy.model_config(checkpoint.model, "cpu").attention == loaded.attention
+  together = checkpoint.replace(work_dir=str(tmp_path / "third"), decode_projections="together")
+  _, loaded, _, _, _ = policy.load(together, placement_lib.Placement())  # --decode_projections reaches the model
+  assert loaded.decode_projections == "together" and policy.model_config(together.model) == loaded
 
 
 def test_a_preset_name_unless_a_directory_holds_it(tmp_path, monkeypatch):
