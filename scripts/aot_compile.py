@@ -25,7 +25,9 @@ trees that stay resident between programs (train state, reference, reward model;
 state and the base once; `programs.resident`) that are not its arguments,
 against the chip's HBM. FLOPs are the matmul FLOPs of the traced program with every scan and loop at its trip
 count (XLA's `cost_analysis()` counts a loop body once; its figure is printed beside); "s at peak" is a step's
-(or an evaluation's) FLOPs per chip over the chip's peak bf16 FLOP/s, a floor on the time.
+(or an evaluation's) FLOPs per chip over the chip's peak bf16 FLOP/s, a floor on the time. For a program with
+loops it also prints its largest loop body's instructions that do work (`loop_instructions`): for a sampler over
+unrolled layers, one decode step, an upper bound on the kernels it launches a token.
 
 Exits non-zero with one line when a program does not fit in a chip's HBM, or with one line naming a bad flag.
 """
@@ -145,6 +147,59 @@ def largest_arrays(hlo_text: str, n: int = 3) -> list[str]:
   return [f"{shape} {size / GiB:.2f} GiB" for shape, size in top]
 
 
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$")
+_WHILE_BODY = re.compile(r"\bwhile\(.*\bbody=%?([\w.\-]+)")
+_DEFINED = re.compile(r"^(?:ROOT )?%?[\w.\-]+ = ")
+_OP_NAME = re.compile(r"\s*([a-z][\w\-]*)\(")
+
+
+def _opcode(line: str) -> str | None:
+  """The opcode of an HLO instruction line (`%x = SHAPE opcode(...)`), past a tuple shape's nested parentheses."""
+  defined = _DEFINED.match(line)
+  if not defined:
+    return None
+  rest, depth, i = line[defined.end():], 0, 0
+  if rest.startswith("("):  # a tuple shape: skip to its closing parenthesis
+    for i, ch in enumerate(rest):
+      depth += {"(": 1, ")": -1}.get(ch, 0)
+      if depth == 0:
+        break
+    rest = rest[i + 1:]
+  else:
+    rest = rest.split(" ", 1)[1] if " " in rest else ""
+  op = _OP_NAME.match(rest)
+  return op.group(1) if op else None
+# Instructions that name, pack or reinterpret buffers and launch no work on a chip.
+_NO_WORK = frozenset({"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "after-all", "partition-id",
+                      "replica-id", "opt-barrier"})
+
+
+def loop_instructions(hlo_text: str) -> tuple[int, dict[str, int]]:
+  """The while-loop body of a compiled HLO module with the most instructions that do work (not parameters, tuple
+  packing, bitcasts or constants): their count and their opcodes' counts, most frequent first; (0, {}) without a
+  loop. For a sampler over unrolled layers that body is one decode step, so the count is an upper bound on the
+  kernels it launches a token (a fusion is one kernel; an async pair counts its start and its done)."""
+  bodies, computations, current = set(), {}, None
+  for line in hlo_text.splitlines():
+    head = _COMPUTATION.match(line)
+    if head:
+      current = computations.setdefault(head.group(1), {})
+      continue
+    op = _opcode(line.strip())
+    if current is None or not op:
+      continue
+    body = _WHILE_BODY.search(line)
+    if body:
+      bodies.add(body.group(1))
+    if op not in _NO_WORK:
+      current[op] = current.get(op, 0) + 1
+  counts = [computations.get(b, {}) for b in bodies]
+  if not counts:
+    return 0, {}
+  largest = max(counts, key=lambda c: sum(c.values()))
+  return sum(largest.values()), dict(sorted(largest.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def largest_traced_arrays(jaxpr, n: int = 3) -> list[str]:
   """The n largest distinct intermediate arrays of a jaxpr (global shapes), as 'dtype[dims] GiB (global)'."""
   sizes = {}
@@ -213,6 +268,8 @@ class Compiled:
   compile_s: float
   largest: list = dataclasses.field(default_factory=list)  # the largest arrays of the compiled program
   error: str = ""  # the compiler's refusal (out of HBM); then `temp` is the compiler's figure
+  loop_ops: int = 0  # instructions that do work in its largest while-loop body (`loop_instructions`)
+  loop_op_kinds: dict = dataclasses.field(default_factory=dict)  # their opcodes' counts
 
   @property
   def program_bytes(self) -> int:
@@ -247,13 +304,15 @@ def compile_program(name: str, program, tgt: Target, total_resident: int) -> Com
                     compile_s=time.perf_counter() - t0, largest=largest_traced_arrays(traced.jaxpr.jaxpr),
                     error=str(err).strip().splitlines()[0])
   seconds = time.perf_counter() - t0
+  text = compiled.as_text()
+  loop_ops, kinds = loop_instructions(text)
   mem = compiled.memory_analysis()
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
   return Compiled(**common, argument=k * mem.argument_size_in_bytes, output=k * mem.output_size_in_bytes,
                   alias=k * mem.alias_size_in_bytes, temp=k * mem.temp_size_in_bytes,
                   code=k * mem.generated_code_size_in_bytes, xla_flops=float((cost or {}).get("flops", 0.0)) * k,
-                  compile_s=seconds, largest=largest_arrays(compiled.as_text()))
+                  compile_s=seconds, largest=largest_arrays(text), loop_ops=loop_ops, loop_op_kinds=kinds)
 
 
 def compile_programs(config, tgt: Target, names: Sequence[str] = (), log=print) -> tuple[list[Compiled], dict]:
@@ -337,6 +396,9 @@ def report(config, tgt: Target, results: list[Compiled], resident: dict, hbm_gib
     if r.error:
       lines.append(f"{r.name}: the compiler refused it: {r.error}")
     lines.append(f"{r.name}: largest arrays{'' if r.error else ' per device'}: {'; '.join(r.largest)}")
+    if r.loop_ops:  # a sampler's: one decode step (over unrolled layers)
+      kinds = ", ".join(f"{k} {v}" for k, v in list(r.loop_op_kinds.items())[:6])
+      lines.append(f"{r.name}: its largest loop body: {r.loop_ops} instructions that do work a trip ({kinds})")
   lines.append(problem or ("fits: every program within " + (f"{hbm / GiB:.2f} GiB per chip" if hbm
                                                               else "(no HBM to check on the host)")))
   return lines

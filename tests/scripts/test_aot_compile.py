@@ -72,6 +72,7 @@ def test_tiny_programs_compile_for_v5e_2x2(tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   assert "v5e: 15.75 GiB HBM" in result.stdout and result.stdout.strip().endswith("GiB per chip")
   assert "attention=pallas" in result.stdout
+  assert "sampler: its largest loop body: " in result.stdout  # a decode step's instructions on the TPU
   (record,) = records
   programs = {p["name"]: p for p in record["programs"]}
   # With --recompute_old_logprobs the π_old forward runs besides π_ref (else on-policy: stop_gradient(π_θ)).
@@ -98,6 +99,7 @@ def test_tiny_programs_compile_for_v5e_2x2(tmp_path):
   # Trip counts: the update's FLOPs cover both micro-batches, the sampler's every decode step.
   assert programs["update"]["flops"] > 2 * programs["logprobs"]["flops"]
   assert programs["sampler"]["flops"] > programs["sampler"]["xla_flops"]
+  assert programs["sampler"]["loop_ops"] == sum(programs["sampler"]["loop_op_kinds"].values()) > 0
 
 
 @needs_libtpu
@@ -484,3 +486,58 @@ def test_matmul_flops_count_loops_at_their_trip_counts():
   grad = jax.make_jaxpr(jax.grad(lambda w: f(w, x).sum()))(w).jaxpr
   assert aot.matmul_flops(grad) == 3 * 11 * one
 
+
+
+_HLO = """HloModule m
+
+%body.1 (p: (s32[], f32[4])) -> (s32[], f32[4]) {
+  %p = (s32[], f32[4]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[4]{0} get-tuple-element(%p), index=1
+  %c = s32[] constant(1)
+  %j = s32[] add(%i, %c)
+  %y = f32[4]{0} fusion(%x), kind=kLoop, calls=%f
+  %z = f32[4]{0} fusion(%y), kind=kLoop, calls=%f
+  %b = f32[2,2]{1,0} bitcast(%z)
+  %d = f32[2,2]{1,0} dot(%b, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %t = (s32[], f32[4]) tuple(%j, %z)
+}
+
+%cond.1 (p: (s32[], f32[4])) -> pred[] {
+  %p = (s32[], f32[4]) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(8)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+ENTRY %main.1 (a: f32[4]) -> f32[4] {
+  %a = f32[4]{0} parameter(0)
+  %y = f32[4]{0} fusion(%a), kind=kLoop, calls=%f
+  %s = (s32[], f32[4]) tuple(%c0, %y)
+  %w = (s32[], f32[4]) while(%s), condition=%cond.1, body=%body.1
+  ROOT %r = f32[4]{0} get-tuple-element(%w), index=1
+}
+"""
+
+
+def test_loop_instructions_by_hand():
+  """The while body's instructions that do work: the add, two fusions and the dot (not the parameter, tuple
+  elements, constant, bitcast or tuple; not the entry's fusion or the condition's compare)."""
+  assert aot.loop_instructions(_HLO) == (4, {"fusion": 2, "add": 1, "dot": 1})
+  assert aot.loop_instructions(_HLO.replace("while(", "call(")) == (0, {})
+
+
+def test_decode_projections_take_products_out_of_a_decode_step():
+  """The tiny sampler compiled for this CPU: a decode step (the largest loop body) launches fewer instructions as
+  --decode_projections fuses more. Per layer, separate runs q, k, v, gate and up as 5 products, auto 3 (k with v,
+  gate with up), together 2 (q/k/v, gate/up): at 2 layers, at least 4 and 2 fewer (a product is one fusion here)."""
+  cpu = aot.target("cpu")
+  ops = {}
+  for mode in ("separate", "auto", "together"):
+    config = config_lib.Config().replace(tiny_layers=2, batch_size=2, group_size=2, max_prompt_len=8,
+                                         max_new_tokens=8, decode_projections=mode, sampler="static",
+                                         mesh="data:1")
+    (result,), _ = aot.compile_programs(config, cpu, ("sampler",), log=lambda s: None)
+    assert sum(result.loop_op_kinds.values()) == result.loop_ops > 0
+    ops[mode] = result.loop_ops
+  assert ops["separate"] - ops["auto"] >= 2 * 2 and ops["auto"] - ops["together"] >= 2 * 1, ops
