@@ -237,6 +237,11 @@ def _check_sharded_sampling(params, tokens, kwargs, expected, rules_name, per_sh
   np.testing.assert_allclose(out.logprobs, expected.logprobs, atol=1e-5)
   assert out.tokens.sharding.spec == PartitionSpec(("data", "fsdp"), None)
   assert bool((out.tokens[0] != out.tokens[1]).any())  # really sampled
+  if not per_shard:  # q/k/v grouped per kv head and gate/up stacked, on split weights: the same samples
+    together = sampling.sample(placed, CONFIG.replace(decode_projections="together"), tokens, tokens != 0,
+                               jax.random.key(4), mesh=mesh, rules=rules, **kwargs)
+    np.testing.assert_array_equal(together.tokens, expected.tokens)
+    np.testing.assert_allclose(together.logprobs, expected.logprobs, atol=1e-5)
   # One loop per shard has no cross-device step at all; GSPMD's reduces `done` (and the split weights' sums).
   static = {k: v for k, v in kwargs.items() if k != "temperature"}
   fn = sampling.jit_sample(CONFIG, tokens.shape, mesh=mesh, rules=rules, **static)
