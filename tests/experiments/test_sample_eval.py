@@ -40,7 +40,8 @@ def test_every_shared_flag_is_read_or_refused():
   from experiments.runner import config as config_lib  # pylint: disable=import-outside-toplevel
   unread = set(sample_eval.UNREAD)
   assert len(unread) == len(sample_eval.UNREAD)
-  read = {"init_checkpoint", "dtype", "task", "num_test", "max_prompt_len", "max_new_tokens", "eval_samples",
+  read = {"init_checkpoint", "dtype", "decode_projections", "task", "num_test", "max_prompt_len", "max_new_tokens",
+          "eval_samples",
           "eval_temperature", "eval_batch_size", "seed", "work_dir", "compilation_cache_dir", "cpu_devices",
           "math_verify_time_limit", "math_verify_workers", "num_train", "num_validation", "sft_examples",
           "paths_max_steps", "paths_min_steps", "prompt_template", "reward", "synthetic_digits",
