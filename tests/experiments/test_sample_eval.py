@@ -40,12 +40,11 @@ def test_every_shared_flag_is_read_or_refused():
   from experiments.runner import config as config_lib  # pylint: disable=import-outside-toplevel
   unread = set(sample_eval.UNREAD)
   assert len(unread) == len(sample_eval.UNREAD)
-  read = {"init_checkpoint", "dtype", "decode_projections", "task", "num_test", "max_prompt_len", "max_new_tokens",
-          "eval_samples",
-          "eval_temperature", "eval_batch_size", "seed", "work_dir", "compilation_cache_dir", "cpu_devices",
-          "math_verify_time_limit", "math_verify_workers", "num_train", "num_validation", "sft_examples",
-          "paths_max_steps", "paths_min_steps", "prompt_template", "reward", "synthetic_digits",
-          "synthetic_max_steps", "synthetic_min_steps", "synthetic_ops", "tensorboard", "test_file", "train_file"}
+  read = {"compilation_cache_dir", "cpu_devices", "decode_projections", "dtype", "eval_batch_size", "eval_samples",
+          "eval_temperature", "init_checkpoint", "math_verify_time_limit", "math_verify_workers", "max_new_tokens",
+          "max_prompt_len", "num_test", "num_train", "num_validation", "paths_max_steps", "paths_min_steps",
+          "prompt_template", "reward", "seed", "sft_examples", "synthetic_digits", "synthetic_max_steps",
+          "synthetic_min_steps", "synthetic_ops", "task", "tensorboard", "test_file", "train_file", "work_dir"}
   assert not read & unread
   assert set(config_lib.Config().flat()) == read | unread
 

@@ -200,13 +200,13 @@ def test_errors_are_one_line(tmp_path, main_in_process, monkeypatch):
 # The shared flags train_reward_model reads (or checks, as the mesh's): with `UNREAD`, every shared flag. A new
 # shared flag fails `test_every_shared_flag_is_read_or_refused` until it is put in one of the two.
 READ = {"compilation_cache_dir", "coordinator_address", "cpu_devices", "decode_projections", "dtype",
-        "keep_checkpoints",
-        "math_verify_time_limit", "math_verify_workers", "max_grad_norm", "max_new_tokens", "max_prompt_len", "mesh",
-        "num_processes", "num_slots", "num_test", "num_train", "num_validation", "paths_max_steps", "paths_min_steps",
-        "process_id", "prompt_template", "remat", "resume", "reward", "sampler", "save_every", "seed", "sft_examples",
-        "synthetic_digits", "synthetic_max_steps", "synthetic_min_steps", "synthetic_ops", "task", "temperature",
-        "tensorboard", "test_file", "top_k", "top_p", "train_file", "wandb_entity",
-        "wandb_mode", "wandb_project", "wandb_run_name", "warmup_steps", "weight_decay"}
+        "keep_checkpoints", "math_verify_time_limit", "math_verify_workers", "max_grad_norm", "max_new_tokens",
+        "max_prompt_len", "mesh", "num_processes", "num_slots", "num_test", "num_train", "num_validation",
+        "paths_max_steps", "paths_min_steps", "process_id", "prompt_template", "remat", "resume", "reward",
+        "sampler", "save_every", "seed", "sft_examples", "synthetic_digits", "synthetic_max_steps",
+        "synthetic_min_steps", "synthetic_ops", "task", "temperature", "tensorboard", "test_file", "top_k",
+        "top_p", "train_file", "wandb_entity", "wandb_mode", "wandb_project", "wandb_run_name", "warmup_steps",
+        "weight_decay"}
 
 
 def test_every_shared_flag_is_read_or_refused():
