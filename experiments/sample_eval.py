@@ -26,6 +26,7 @@ import jax
 from experiments import cli
 from experiments.runner import config as config_lib
 from experiments.runner import evaluation
+from experiments.runner import git_commit
 from experiments.runner import placement as placement_lib
 from experiments.runner import report
 from experiments.runner import task as task_lib
@@ -79,7 +80,8 @@ def _evaluate(config: config_lib.Config, k: int, work_dir: pathlib.Path, t_start
                                 placement_lib.Placement())
   ks = evaluation.ks_up_to(k)
   summary = {"policy": str(path), **metrics, "num_eval_problems": len(task.test), "eval_samples": k,
-             "eval_temperature": config.eval.eval_temperature, "ks": ks, "wall_time_s": time.time() - t_start}
+             "eval_temperature": config.eval.eval_temperature, "ks": ks, "wall_time_s": time.time() - t_start,
+             "code_version": git_commit.head_commit()}
   partial = work_dir / "summary.json.partial"  # written whole, then renamed: never a half-written summary
   partial.write_text(json.dumps(summary, indent=2))
   partial.replace(work_dir / "summary.json")

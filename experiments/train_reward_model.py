@@ -46,6 +46,7 @@ import numpy as np
 
 from experiments import cli
 from experiments.runner import config as config_lib
+from experiments.runner import git_commit
 from experiments.runner import logs
 from experiments.runner import optimizer as optimizer_lib
 from experiments.runner import placement as placement_lib
@@ -379,7 +380,7 @@ def _evaluate_trained(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, pa
 def _summary(rmc: RewardModelTrainingConfig, params, labelled: _Labelled, step_labels: str, before: dict,
              after: dict, train_fit: dict, times: dict) -> dict:
   """What `summary.json` records: the reward model, its data, held-out metrics before and after, its fit to its
-  training samples, the times."""
+  training samples, the times, the code's commit."""
   train_data, held_out = labelled.train, labelled.held_out
   mixed, problems = _mixed_problems(train_data)
   return {"kind": rmc.rm_kind, "loss": rmc.rm_loss, "score": rmc.rm_score,
@@ -392,7 +393,7 @@ def _summary(rmc: RewardModelTrainingConfig, params, labelled: _Labelled, step_l
           "train_problems": problems, "train_mixed_problems": mixed,
           "eval_answer_accuracy": float(held_out.outcome.mean()),
           **{f"before/{k}": v for k, v in before.items()}, **{f"after/{k}": v for k, v in after.items()},
-          **{f"train/{k}": v for k, v in train_fit.items()}, **times}
+          **{f"train/{k}": v for k, v in train_fit.items()}, **times, "code_version": git_commit.head_commit()}
 
 
 def _check(cfg: config_lib.Config, rmc: RewardModelTrainingConfig) -> None:

@@ -1,12 +1,17 @@
 """A study's plots: each run's mean ± standard error over seeds, by step, by K or as bars (matplotlib, Agg)."""
 
 import pathlib
+import textwrap
 
 from experiments.studies import spec
 
+TITLE_CHARS = 55  # a panel's title wraps at this many characters (a panel is 5.2 inches wide, 10 pt)
+YLABEL_CHARS = 42  # its y label at this many (the axes are about 3 inches high)
 
-def draw(study: spec.Study, cells: list[dict], out_dir: pathlib.Path) -> list[pathlib.Path]:
-  """The study's plots as PNGs; a panel with nothing to draw says so."""
+
+def draw(study: spec.Study, cells: list[dict], out_dir: pathlib.Path, profile: str = "") -> list[pathlib.Path]:
+  """The study's plots as PNGs; a panel with nothing to draw says so. With `profile`, a plot whose panels all
+  name only runs outside that profile (another profile's figure) is not drawn."""
   import matplotlib
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt
@@ -15,7 +20,10 @@ def draw(study: spec.Study, cells: list[dict], out_dir: pathlib.Path) -> list[pa
   for c in cells:
     by_metric.setdefault(c["metric"], []).append(c)
   written = []
+  in_profile = {r.name for r in study.runs_in(profile)} if profile else {r.name for r in study.runs}
   for plot in study.plots:
+    if all(panel.runs and not in_profile.intersection(panel.runs) for panel in plot.panels):
+      continue
     fig, axes = plt.subplots(1, len(plot.panels), figsize=(5.2 * len(plot.panels), 4.0), squeeze=False)
     for ax, panel in zip(axes[0], plot.panels):
       runs = [study.run(n) for n in panel.runs] if panel.runs else list(study.runs)
@@ -25,10 +33,11 @@ def draw(study: spec.Study, cells: list[dict], out_dir: pathlib.Path) -> list[pa
         percent, drawn, label = _curves(ax, study, plot, panel, runs, cells, by_metric)
       if not drawn:
         ax.text(0.5, 0.5, "no finished runs", ha="center", va="center", transform=ax.transAxes)
-      ax.set_title(panel.title or (panel.metric if isinstance(panel.metric, str) else ""), fontsize=10)
+      ax.set_title(textwrap.fill(panel.title or (panel.metric if isinstance(panel.metric, str) else ""),
+                                 TITLE_CHARS), fontsize=10)
       ax.set_xlabel(plot.xlabel or {"step": "training step", "k": "K", "run": ""}[plot.x])
       label = label.replace("{k}", "K")
-      ax.set_ylabel(panel.ylabel or (f"{label} (%)" if percent else label))
+      ax.set_ylabel(textwrap.fill(panel.ylabel or (f"{label} (%)" if percent else label), YLABEL_CHARS))
       ax.grid(alpha=0.3)
     title = plot.title or study.title
     fig.suptitle(f"{title}\nmean ± standard error over seeds", fontsize=10)

@@ -10,6 +10,7 @@ import pytest
 from experiments import cli
 from experiments import sample_eval
 from experiments.runner import evaluation as runner_evaluation
+from experiments.runner import git_commit
 from experiments.runner import task as task_lib
 from grpo_jax import models
 
@@ -79,6 +80,7 @@ def test_sample_eval_reports_every_power_of_two(tmp_path, monkeypatch):
     absl_flags.FLAGS.unparse_flags()
   assert calls == [(True, 1, 2), (False, 4, 2)]
   assert summary["ks"] == [1, 2, 4] and summary["accuracy"] == 0.5
+  assert summary["code_version"] == git_commit.head_commit()
   # pass@k = 1 - C(n-c, k) / C(n, k) per problem, n = 4, c = 3 and 1
   assert summary["pass@1"] == pytest.approx((3 / 4 + 1 / 4) / 2)
   assert summary["pass@2"] == pytest.approx((1.0 + (1 - 3 / 6)) / 2)

@@ -16,6 +16,7 @@ import pytest
 
 from experiments import grpo_math
 from experiments import train_reward_model
+from experiments.runner import git_commit
 from experiments.runner import preemption
 from grpo_jax import models
 from grpo_jax import reward_models as rm
@@ -50,6 +51,7 @@ def test_smoke_prm_with_monte_carlo_labels(tmp_path):
   assert summary["kind"] == "prm" and summary["step_labels"] == "mc_hard"
   assert summary["train_completions"] == 16 and summary["eval_completions"] == 8
   assert summary["before/step/count"] > 0 and summary["time_total_s"] > 0
+  assert summary["code_version"] == git_commit.head_commit()  # what a study's page names as the run's code
   records = [json.loads(line) for line in (tmp_path / "rm" / "metrics.jsonl").read_text().splitlines()]
   train = [r for r in records if "train/loss" in r]
   assert [r["step"] for r in train] == [2, 3] and all(np.isfinite(r["train/loss"]) for r in train)

@@ -186,6 +186,9 @@ def test_a_design_page_names_the_runs_every_seed_shares(tmp_path):
   assert [v["verdict"] for v in results["verdicts"]] == ["reproduced"]  # +0.21 on every seed, from seed 0's base
   text = (tmp_path / "out" / "results.md").read_text()
   assert "Shared by every seed (one process, seed 0's): `base`; the seeds vary what follows it" in text
+  # the fake runner's summaries do not name their code: the page reads the commit reproduce ran them from
+  assert {v for r in results["runs"].values() for v in r["code_versions"].values()} == {"c" * 40}
+  assert "Code versions of the runs aggregated (1): `cccccccccccc`." in text
   plain = dataclasses.replace(designed, runs=study.runs[:2], name="plain")
   results = pipeline.reproduce(plain, profile="full", seeds=list(range(8)), out_dir=tmp_path / "plain",
                                runs_dir=tmp_path / "runs", echo=lambda line: None, commit="c" * 40)
