@@ -100,8 +100,10 @@ def _python_blocks():
 
 @pytest.mark.parametrize("code", list(_python_blocks()))
 def test_python_blocks_run(code, tmp_path):
-  result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=with_cpu_devices(1),
-                          capture_output=True, text=True, timeout=HANG_GUARD_S)
+  # a block's own temporary directories (`tempfile.mkdtemp()` in an example) go in the test's, removed with it
+  env = {**with_cpu_devices(1), "TMPDIR": str(tmp_path)}
+  result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=HANG_GUARD_S)
   assert result.returncode == 0, result.stderr[-3000:]
 
 
