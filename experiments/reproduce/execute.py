@@ -252,3 +252,11 @@ def recorded_time(job: plan_lib.Job) -> float | None:
       return float(json.loads(job.summary.read_text()).get("wall_time_s"))
     except (OSError, ValueError, TypeError):
       return None
+
+
+def recorded_commit(job: plan_lib.Job) -> str | None:
+  """The commit reproduce ran a job from (its record), for a runner whose summary does not say its code."""
+  try:
+    return json.loads(job.record.read_text()).get("commit") or None
+  except (OSError, ValueError, AttributeError):
+    return None

@@ -81,7 +81,7 @@ def _runs(study: spec.Study, profile: str, jobs: list[plan_lib.Job],
         summary = aggregate.read_json(j.summary, "a run's summary")
         if summary.get("num_eval_problems") is not None:
           held_out.add(summary["num_eval_problems"])
-        versions[j.seed] = summary.get("code_version") or _recorded_commit(j) or "not recorded"
+        versions[j.seed] = summary.get("code_version") or execute.recorded_commit(j) or "not recorded"
     runs[run.name] = {
         "label": run.display, "module": run.module, "flags": study.flags_for(run, profile),
         "command_seed0": _shown(shlex.join(own[0].argv)) if own else "",
@@ -90,14 +90,6 @@ def _runs(study: spec.Study, profile: str, jobs: list[plan_lib.Job],
                             else ("cached" if j.summary.is_file() else "missing")) for j in own},
         "wall_time_s": times, "num_eval_problems": sorted(held_out), "code_versions": versions}
   return runs
-
-
-def _recorded_commit(job: plan_lib.Job) -> str | None:
-  """The commit reproduce ran a job from (its record), for a runner whose summary does not say its code."""
-  try:
-    return json.loads(job.record.read_text()).get("commit") or None
-  except (OSError, ValueError, AttributeError):
-    return None
 
 
 def _history(out_dir: pathlib.Path, profile: str) -> list[dict]:

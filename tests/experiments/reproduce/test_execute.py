@@ -8,8 +8,9 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
-from experiments.reproduce import pipeline
+from experiments.reproduce import execute, pipeline
 from tests import reproduce_fakes as fakes
 from tests.conftest import HANG_GUARD_S
 
@@ -91,3 +92,18 @@ def test_a_run_resumes_from_stage_1_or_2_checkpoints_and_saves_its_sft_steps(tmp
       "python", "x.py", "--work_dir=w"]
   rm = _job(tmp_path, module="experiments.train_reward_model", argv=("python", "-m", "experiments.train_reward_model"))
   assert execute._prepare(rm) == ["python", "-m", "experiments.train_reward_model", "--work_dir=w"]
+
+
+def test_recorded_time_and_commit_read_the_run_record_then_the_summary(tmp_path):
+  """A page's wall time and code version for a run it did not run now: the record's, else the summary's time;
+  None where the files are missing, cut short or silent."""
+  job = types.SimpleNamespace(record=tmp_path / "seed0.run.json", summary=tmp_path / "summary.json")
+  assert execute.recorded_time(job) is None and execute.recorded_commit(job) is None
+  job.summary.write_text(json.dumps({"wall_time_s": 12.5}))
+  assert execute.recorded_time(job) == 12.5 and execute.recorded_commit(job) is None
+  job.record.write_text(json.dumps({"wall_time_s": 30, "commit": "c" * 40}))
+  assert execute.recorded_time(job) == 30.0 and execute.recorded_commit(job) == "c" * 40
+  job.record.write_text('{"wall_time_s": 3')  # cut short: the summary's time, no commit
+  assert execute.recorded_time(job) == 12.5 and execute.recorded_commit(job) is None
+  job.record.write_text(json.dumps({"commit": ""}))
+  assert execute.recorded_commit(job) is None
