@@ -12,8 +12,8 @@ model (the policy's backbone plus a scalar head, DeepSeekMath §4.1, arXiv 2402.
 the training samples; held-out accuracy and AUC (overall and within problems) are reported before
 and after. --rm_init starts the reward model from another checkpoint with the policy's tokenizer
 (a larger or better-trained model: a stronger verifier than the policy itself). Output in --rm_dir:
-`reward_model/` (HF backbone + reward_head.safetensors + tokenizer), `metrics.jsonl`,
-`summary.json`.
+`reward_model/` (HF backbone + reward_head.safetensors + tokenizer, and training_rows.npz: the labelled
+rows it trained on, from which iterative RL's replay buffer starts), `metrics.jsonl`, `summary.json`.
 
 Checkpoints: `<rm_dir>/checkpoints/data.npz` holds the labelled samples (written once, after sampling: the
 expensive part) and `<rm_dir>/checkpoints/<step>` the train state every --save_every steps and when SIGTERM or
@@ -309,6 +309,7 @@ def run(cfg: config_lib.Config, rmc: RewardModelTrainingConfig, signals: preempt
   with training.atomic_directory(out_dir / "reward_model") as tmp:  # whole or not at all: never half-written
     rm.save_reward_model(*rm.adapters.merge(state.params, model_config), tmp, kind=rmc.rm_kind,
                          tokenizer_dir=policy_dir)
+    rm.save_training_rows(labelled.train, tmp, prompt_len=labelled.train.tokens.shape[1] - cfg.rollout.max_new_tokens)
   summary = _summary(rmc, state.params, labelled, step_labels, before, after, train_fit,
                      {"time_collect_s": labelled.collect_time, "time_train_s": train_time,
                       "time_total_s": time.time() - t_start})

@@ -34,6 +34,7 @@ from grpo_jax import training
 from grpo_jax.training import replay as replay_lib
 from experiments.runner import config as config_lib
 from experiments.runner import placement as placement_lib
+from experiments.runner import report
 
 
 
@@ -98,6 +99,31 @@ def model_config(config: config_lib.Config,
   return rm.read_reward_model(path, **runtime)
 
 
+def training_rows(config: config_lib.Config, kind: str) -> rm.RewardData | None:
+  """The rows the reward model at --reward_model trained on (`rm.load_training_rows`), checked against this run's
+  reward-model rows (--max_prompt_len + --max_new_tokens tokens, 1 scored position for an "orm", --prm_max_steps
+  otherwise); None, with a note, where it has none. A ValueError names a mismatch."""
+  path = config.reward_model.reward_model
+  loaded = rm.load_training_rows(path) if pathlib.Path(path).is_dir() else None
+  if loaded is None:
+    report.note(f"replay: {path} holds no {rm.ROWS_FILE} (its training rows; experiments.train_reward_model saves "
+                f"them beside the model): the buffer starts empty")
+    return None
+  rows, prompt_len = loaded
+  task = config.task
+  length = task.max_prompt_len + config.rollout.max_new_tokens
+  k = 1 if kind == "orm" else config.reward_model.prm_max_steps
+  if (prompt_len, rows.tokens.shape[1], rows.positions.shape[1]) != (task.max_prompt_len, length, k):
+    raise ValueError(
+        f"{pathlib.Path(path) / rm.ROWS_FILE}: rows of {prompt_len} prompt + {rows.tokens.shape[1] - prompt_len} "
+        f"completion tokens and {rows.positions.shape[1]} scored positions, this run's {task.max_prompt_len} + "
+        f"{config.rollout.max_new_tokens} and {k}: set --max_prompt_len, --max_new_tokens and --prm_max_steps as the "
+        f"reward model trained, or --replay_reward_model_rows=false")
+  dtypes = dict(tokens=np.int32, attention_mask=bool, positions=np.int32, labels=np.float32, loss_mask=bool,
+                group=np.int32, outcome=np.float32)  # RewardModelUpdates' buffer
+  return rm.RewardData(**{name: np.asarray(x, dtypes[name]) for name, x in rows._asdict().items()})
+
+
 def make(config: config_lib.Config, tokenizer, policy_config, placement=None):
   """The reward scorer of `reward`: a LearnedReward, an ExactStepReward, or None for a rule reward."""
   if learned(config):
@@ -126,6 +152,9 @@ class LearnedReward:
       raise ValueError(f"{path}: vocabulary of {reward_config.vocab_size} tokens, the policy's has "
                        f"{policy_config.vocab_size}; a reward model must share the policy's tokenizer")
     self.max_steps = config.reward_model.prm_max_steps
+    updates = config.reward_model
+    self.training_rows = (training_rows(config, kind) if updates.iterations > 1 and updates.replay_reward_model_rows
+                          else None)  # read before any training: a mismatch fails at once
     self.placement = placement or placement_lib.Placement()
     self.params = self.placement.put_params(params)
     self.config, self.kind, self.tokenizer = reward_config, kind, tokenizer
@@ -236,6 +265,11 @@ class RewardModelUpdates:
                             loss_mask=np.zeros((0, k), bool), group=np.zeros((0,), np.int32),
                             outcome=np.zeros((0,), np.float32))
     self.replay = replay_lib.init_replay(example._asdict(), updates.replay_capacity, seed=config.run.seed)
+    if reward.training_rows is not None:  # Algorithm 1's historical data: the rows the reward model trained on
+      self.replay = replay_lib.add(self.replay, reward.training_rows._asdict())
+      report.note(f"replay: starts with {self.replay.size} of the reward model's {len(reward.training_rows.tokens)} "
+                  f"training rows")
+      reward.training_rows = None
 
   def checkpoint_state(self) -> dict:
     return {"reward_model": self.state, "replay": replay_lib.state_dict(self.replay)}

@@ -300,6 +300,9 @@ class RewardModelConfig:
       "reward model's backbone (and its head, alpha; the base weights as loaded), so a retraining can change which "
       "samples it prefers; 0: the whole backbone (a loglik-score model's stays frozen).", minimum=0)
   rm_update_lora_alpha: float = flag(16.0, "Iterative RL: --rm_update_lora_rank's scale (x·A)·B·alpha/rank.")
+  replay_reward_model_rows: bool = flag(True, "Iterative RL: the replay buffer starts with the rows the reward model "
+      "trained on (training_rows.npz, which experiments.train_reward_model saves beside it), the paper's historical "
+      "data; false, or a model saved without them: it starts empty and holds earlier rounds' rows only.")
 
 
 PLANNER_OBJECTIVES = ("flow_grpo", "trajectory_grpo", "sft")  # Flow-GRPO's updates of the planner
@@ -563,7 +566,7 @@ READ_WITH = (
     ("lora_targets", lambda v: v["lora_rank"] > 0, "--lora_rank > 0"),
     ("rm_update_lora_alpha", lambda v: v["rm_update_lora_rank"] > 0, "--rm_update_lora_rank > 0"),
     *((name, lambda v: v["iterations"] > 1, "--iterations > 1")
-      for name in ("rm_update_eval_prompts", "reset_reference", "rm_update_lora_rank")),
+      for name in ("rm_update_eval_prompts", "reset_reference", "rm_update_lora_rank", "replay_reward_model_rows")),
     ("math_verify_time_limit", lambda v: "math_verify" in v["reward"], "--reward=math_verify:..."),
     ("math_verify_workers", lambda v: "math_verify" in v["reward"], "--reward=math_verify:..."),
     *((name, lambda v: v["task"] != "synthetic_paths", "--task=synthetic (the paths task has --paths_min_steps "

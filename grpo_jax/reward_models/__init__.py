@@ -15,7 +15,8 @@ from grpo_jax.reward_models import adapters
 from grpo_jax.reward_models.collect import STEP_LABELS, label_samples, sample_reward_data
 from grpo_jax.reward_models.data import (RewardData, build_reward_data, concat, exact_step_labels,
                                          monte_carlo_step_labels, outcome_labels, problem_id, take)
-from grpo_jax.reward_models.io import HEAD_FILE, load_reward_model, read_reward_model, save_reward_model
+from grpo_jax.reward_models.io import (HEAD_FILE, ROWS_FILE, load_reward_model, load_training_rows, read_reward_model,
+                                       save_reward_model, save_training_rows)
 from grpo_jax.reward_models.metrics import binary_accuracy, binary_auc, group_auc
 from grpo_jax.reward_models.model import (KINDS, OUTCOME_KINDS, SCORES, STEP_KINDS, completion_loglik,
                                           init_reward_params, last_token_index, outcome_logits, outcome_scores,
@@ -31,6 +32,7 @@ __all__ = (
     "KINDS",
     "LOSSES",
     "OUTCOME_KINDS",
+    "ROWS_FILE",
     "RewardData",
     "SCORES",
     "STEP_KINDS",
@@ -52,6 +54,7 @@ __all__ = (
     "label_samples",
     "last_token_index",
     "load_reward_model",
+    "load_training_rows",
     "make_reward_train_step",
     "monte_carlo_step_labels",
     "noisy_and_from_steps",
@@ -66,6 +69,7 @@ __all__ = (
     "sample_segment_ends",
     "sample_reward_data",
     "save_reward_model",
+    "save_training_rows",
     "score",
     "score_of",
     "segment_token_ends",

@@ -6,6 +6,9 @@
   <dir>/reward_head.safetensors          "kernel" [E] and "bias" [1] (and "alpha" [1] for the "loglik" score),
                                          metadata {"kind": "orm"|"orm_steps"|"prm", "score": "head"|"loglik"}
   <dir>/tokenizer files                  copied from the policy when `tokenizer_dir` is given
+  <dir>/training_rows.npz                optional: the labelled rows it trained on (`RewardData` and the prompt
+                                         length of their layout), which iterative RL's replay buffer starts from
+                                         (DeepSeekMath Algorithm 1's historical data)
 """
 
 import dataclasses
@@ -20,9 +23,11 @@ import safetensors.numpy
 
 from grpo_jax.models import hf_io
 from grpo_jax.models.config import CheckpointError, ModelConfig
+from grpo_jax.reward_models.data import RewardData
 from grpo_jax.reward_models.model import KINDS, SCORES, Params, score_of
 
 HEAD_FILE = "reward_head.safetensors"
+ROWS_FILE = "training_rows.npz"
 _FORMAT = "grpo_jax.reward_head"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                     "vocab.json", "merges.txt", "chat_template.jinja")
@@ -111,3 +116,43 @@ def load_reward_model(path: str | pathlib.Path, *, dtype: str = "float32", param
   if score == "loglik":
     params["alpha"] = jnp.asarray(tensors["alpha"][0].astype(np.float32))
   return params, config, kind
+
+
+def save_training_rows(data: RewardData, path: str | pathlib.Path, *, prompt_len: int) -> pathlib.Path:
+  """Writes the rows a reward model trained on to `path/ROWS_FILE` (compressed; whole or not at all), with
+  `prompt_len`, the prompt columns of their token layout; returns the file."""
+  path = pathlib.Path(path)
+  tmp = path / (ROWS_FILE + ".tmp")
+  with open(tmp, "wb") as f:
+    np.savez_compressed(f, prompt_len=np.asarray(prompt_len, np.int64),
+                        **{name: np.asarray(x) for name, x in data._asdict().items()})
+  tmp.replace(path / ROWS_FILE)
+  return path / ROWS_FILE
+
+
+def load_training_rows(path: str | pathlib.Path) -> tuple[RewardData, int] | None:
+  """`(rows, prompt_len)` as `save_training_rows` wrote them in the reward model at `path`; None where it has none
+  (a model saved without them).
+
+  Raises:
+    CheckpointError: an unreadable file, or one that lacks a field or whose fields differ in rows.
+  """
+  file = pathlib.Path(path) / ROWS_FILE
+  if not file.is_file():
+    return None
+  try:
+    with np.load(file) as arrays:
+      missing = [name for name in ("prompt_len", *RewardData._fields) if name not in arrays.files]
+      if missing:
+        raise CheckpointError(f"{file}: lacks {', '.join(missing)}: not a reward model's training rows")
+      rows = RewardData(**{name: arrays[name] for name in RewardData._fields})
+      prompt_len = int(arrays["prompt_len"])
+  except CheckpointError:
+    raise
+  except Exception as err:  # zipfile and NumPy raise several types for truncated or garbled files.
+    raise CheckpointError(f"{file}: unreadable ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
+                          ) from None
+  counts = {name: np.shape(x)[0] if np.ndim(x) else None for name, x in rows._asdict().items()}
+  if len(set(counts.values())) != 1 or None in counts.values():
+    raise CheckpointError(f"{file}: its fields differ in rows ({counts})")
+  return rows, prompt_len

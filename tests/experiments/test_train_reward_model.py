@@ -97,6 +97,12 @@ def test_smoke_orm_pairwise(tmp_path, right_and_wrong):
   assert train and all(r["train/pairs"] > 0 and r["train/grad_norm"] > 0 for r in train)  # it trained on pairs
   params, _, kind = rm.load_reward_model(tmp_path / "rm" / "reward_model")
   assert kind == "orm"
+  # Beside it, the rows it trained on (iterative RL's replay starts from them): 8 problems x 2, right then wrong.
+  rows, prompt_len = rm.load_training_rows(tmp_path / "rm" / "reward_model")
+  assert prompt_len == 16 and rows.tokens.shape == (16, 16 + 12) and rows.positions.shape == (16, 1)
+  np.testing.assert_array_equal(rows.outcome, np.tile([1.0, 0.0], 8))
+  np.testing.assert_array_equal(rows.labels[:, 0], rows.outcome)
+  assert len(set(rows.group.tolist())) == 8
   assert not np.array_equal(params["backbone"]["embed"]["embedding"],
                             models.load_hf(tmp_path / "policy")[0]["embed"]["embedding"])
 

@@ -266,6 +266,44 @@ def test_truncated_backbone_is_one_checkpoint_error_naming_the_file(tmp_path):
   assert str(weights) in str(info.value) and "\n" not in str(info.value)
 
 
+def _rows(n=5, length=9, k=3):
+  rng = np.random.default_rng(0)
+  return rm.RewardData(tokens=rng.integers(0, 61, (n, length), np.int32), attention_mask=rng.random((n, length)) < .8,
+                       positions=rng.integers(0, length, (n, k), np.int32), labels=rng.random((n, k), np.float32),
+                       loss_mask=rng.random((n, k)) < .5, group=np.arange(n, dtype=np.int32) // 2,
+                       outcome=(np.arange(n) % 2).astype(np.float32))
+
+
+def test_training_rows_round_trip_beside_the_model(tmp_path):
+  _, params = _trained_head()
+  out = rm.save_reward_model(params, CONFIG, tmp_path / "rm", kind="prm")
+  assert rm.load_training_rows(out) is None  # a model saved without them
+  rows = _rows()
+  assert rm.save_training_rows(rows, out, prompt_len=4) == out / rm.ROWS_FILE
+  loaded, prompt_len = rm.load_training_rows(out)
+  assert prompt_len == 4 and not list(out.glob("*.tmp"))
+  for name, value in rows._asdict().items():
+    np.testing.assert_array_equal(getattr(loaded, name), value)
+    assert getattr(loaded, name).dtype == value.dtype
+  assert rm.load_reward_model(out)[2] == "prm"  # the model still loads with the rows beside it
+
+
+def test_training_rows_errors_name_the_file(tmp_path):
+  rows = _rows()
+  tmp_path.joinpath("a").mkdir()
+  file = rm.save_training_rows(rows, tmp_path / "a", prompt_len=4)
+  file.write_bytes(file.read_bytes()[:file.stat().st_size // 2])
+  with pytest.raises(models.CheckpointError, match="training_rows.npz: unreadable") as info:
+    rm.load_training_rows(tmp_path / "a")
+  assert str(file) in str(info.value) and "\n" not in str(info.value)
+  tmp_path.joinpath("b").mkdir()
+  np.savez(tmp_path / "b" / rm.ROWS_FILE, prompt_len=4, **{k: v for k, v in rows._asdict().items() if k != "labels"})
+  with pytest.raises(models.CheckpointError, match="lacks labels: not a reward model's training rows"):
+    rm.load_training_rows(tmp_path / "b")
+  rm.save_training_rows(rows._replace(outcome=rows.outcome[:3]), tmp_path / "b", prompt_len=4)
+  with pytest.raises(models.CheckpointError, match="its fields differ in rows"):
+    rm.load_training_rows(tmp_path / "b")
+
 # The "loglik" score: s = pooled head logit + α · Σ_completion log p_backbone(o_t | q, o_<t).
 TIED = models.ModelConfig(**{**CONFIG.__dict__, "tie_word_embeddings": True})
 

@@ -1,6 +1,7 @@
 """Learned rewards in the runner: GRPO+PS token advantages, iterative RL's reference reset and exact resume."""
 
 import json
+import shutil
 
 from absl import flags
 import jax
@@ -449,12 +450,58 @@ def test_the_two_by_two_switches_reference_reset_and_retraining_apart(tmp_path, 
                                                                                  for r in curves[1]]
 
 
+def _orm_with_rows(checkpoints, path, num_rows=30, length=16 + 24):
+  """The fixture's ORM copied to `path` with `num_rows` training rows of `length` tokens (row i all token i + 3)."""
+  shutil.copytree(checkpoints[1], path)
+  i = np.arange(num_rows)
+  rows = rm.RewardData(tokens=np.repeat((i + 3)[:, None], length, 1).astype(np.int32),
+                       attention_mask=np.ones((num_rows, length), bool), positions=np.full((num_rows, 1), length - 1,
+                                                                                         np.int32),
+                       labels=(i % 2).astype(np.float32)[:, None], loss_mask=np.ones((num_rows, 1), bool),
+                       group=(i // 2).astype(np.int32), outcome=(i % 2).astype(np.float32))
+  rm.save_training_rows(rows, path, prompt_len=16)
+  return {row.tobytes() for row in rows.tokens}
+
+
+def test_the_replay_starts_with_the_reward_models_training_rows(tmp_path, checkpoints, monkeypatch, capsys):
+  """Algorithm 1's "10% historical data" from the first round on: the rows the reward model trained on
+  (training_rows.npz beside it) are the buffer's start, so round 1 trains on 16 new rows and round(16 * 0.1 / 0.9)
+  = 2 of them; --replay_reward_model_rows=false starts it empty."""
+  policy_dir = checkpoints[0]
+  history = _orm_with_rows(checkpoints, tmp_path / "orm")
+  fits = []
+  fit = rm.fit
+  monkeypatch.setattr(rm, "fit", lambda state, step, data, **kw: fits.append(np.array(data.tokens)) or fit(
+      state, step, data, **kw))
+  common = ["--reward=orm", f"--reward_model={tmp_path / 'orm'}", "--iterations=2", "--steps_per_iteration=1",
+            "--rm_update_prompts=4", "--rm_update_steps=2", "--rm_update_batch_size=8"]
+  _run(tmp_path / "run", policy_dir, *common)
+  assert "replay: starts with 30 of the reward model's 30 training rows" in capsys.readouterr().err
+  assert [r["rm/rows_replayed"] for r in _rm_records(tmp_path / "run")] == [2, 2]
+  assert len(fits) == 2 and [len(f) for f in fits] == [18, 18]
+  assert not {row.tobytes() for row in fits[0][:16]} & history  # the policy's fresh samples first
+  assert {row.tobytes() for row in fits[0][16:]} <= history  # then the reward model's own training rows
+  _run(tmp_path / "empty", policy_dir, *common, "--replay_reward_model_rows=false")
+  assert [r["rm/rows_replayed"] for r in _rm_records(tmp_path / "empty")] == [0, 2]
+  assert "replay: starts with" not in capsys.readouterr().err
+
+
+def test_training_rows_of_another_layout_are_refused_before_training(tmp_path, checkpoints):
+  _orm_with_rows(checkpoints, tmp_path / "orm", length=16 + 20)
+  with pytest.raises(ValueError, match=r"training_rows.npz: rows of 16 prompt \+ 20 completion tokens and 1 scored "
+                                       r"positions, this run's 16 \+ 24 and 1: set --max_prompt_len"):
+    _run(tmp_path / "run", checkpoints[0], "--reward=orm", f"--reward_model={tmp_path / 'orm'}", "--iterations=2",
+         "--steps_per_iteration=1", "--rm_update_prompts=4")
+  assert not (tmp_path / "run" / "checkpoints").exists()
+
+
 @pytest.mark.parametrize("args,message", [
     (["--rm_update_lora_alpha=8"], "--rm_update_lora_alpha"),
     (["--rm_update_lora_rank=-1"], "--rm_update_lora_rank must be >= 0"),
     (["--rm_update_lora_rank=2"], "--rm_update_lora_rank is read only with --iterations > 1"),
     (["--rm_update_eval_prompts=4"], "--rm_update_eval_prompts is read only with --iterations > 1"),
     (["--reset_reference=false"], "--reset_reference is read only with --iterations > 1"),
+    (["--replay_reward_model_rows=false"], "--replay_reward_model_rows is read only with --iterations > 1"),
 ])
 def test_bad_adapter_flags(tmp_path, args, message):
   FLAGS.unparse_flags()
