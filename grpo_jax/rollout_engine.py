@@ -168,9 +168,9 @@ def _engine_impl(params, prompt_tokens, prompt_mask, key, temperature, caps, *, 
 
 
 # The widths (`phase_widths`) that the narrower levels of slots step at: the widest only. A level is reached late
-# in a tail, when the longest live completion is long; each (level, width) is a compiled copy of the step. With the
-# two widest (before): at T = 192 and 64 (22 and 64 slots a device) 6 and 8 compiled steps instead of 5 and 5, first
-# calls 25-26 s instead of 20-21 s, and the tail no faster (2.47 vs 2.61x, 1.89 vs 2.20x the static sampler).
+# in a tail, when the longest live completion is long; each (level, width) is a compiled copy of the step. The two
+# widest compiled more copies of the step (6 and 8 instead of 5 and 5 at T = 192 and 64, 22 and 64 slots a device),
+# so slower first calls, and decoded the tail no faster (BENCHMARKS.md, issue 52).
 NARROWER_LEVEL_WIDTHS = 1
 
 
