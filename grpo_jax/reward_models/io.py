@@ -123,10 +123,13 @@ def save_training_rows(data: RewardData, path: str | pathlib.Path, *, prompt_len
   `prompt_len`, the prompt columns of their token layout; returns the file."""
   path = pathlib.Path(path)
   tmp = path / (ROWS_FILE + ".tmp")
-  with open(tmp, "wb") as f:
-    np.savez_compressed(f, prompt_len=np.asarray(prompt_len, np.int64),
-                        **{name: np.asarray(x) for name, x in data._asdict().items()})
-  tmp.replace(path / ROWS_FILE)
+  try:
+    with open(tmp, "wb") as f:
+      np.savez_compressed(f, prompt_len=np.asarray(prompt_len, np.int64),
+                          **{name: np.asarray(x) for name, x in data._asdict().items()})
+    tmp.replace(path / ROWS_FILE)
+  finally:
+    tmp.unlink(missing_ok=True)  # a failed write (a full disk) leaves neither a part file nor a changed one
   return path / ROWS_FILE
 
 

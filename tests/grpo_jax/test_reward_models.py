@@ -288,7 +288,7 @@ def test_training_rows_round_trip_beside_the_model(tmp_path):
   assert rm.load_reward_model(out)[2] == "prm"  # the model still loads with the rows beside it
 
 
-def test_training_rows_errors_name_the_file(tmp_path):
+def test_training_rows_errors_name_the_file(tmp_path, monkeypatch):
   rows = _rows()
   tmp_path.joinpath("a").mkdir()
   file = rm.save_training_rows(rows, tmp_path / "a", prompt_len=4)
@@ -301,6 +301,16 @@ def test_training_rows_errors_name_the_file(tmp_path):
   with pytest.raises(models.CheckpointError, match="lacks labels: not a reward model's training rows"):
     rm.load_training_rows(tmp_path / "b")
   rm.save_training_rows(rows._replace(outcome=rows.outcome[:3]), tmp_path / "b", prompt_len=4)
+  with pytest.raises(models.CheckpointError, match="its fields differ in rows"):
+    rm.load_training_rows(tmp_path / "b")
+  def full_disk(f, **arrays):
+    f.write(b"PK")
+    raise OSError(28, "No space left on device")
+  monkeypatch.setattr(np, "savez_compressed", full_disk)  # a write that fails part-way keeps the file it had
+  with pytest.raises(OSError, match="No space left"):
+    rm.save_training_rows(rows, tmp_path / "b", prompt_len=4)
+  monkeypatch.undo()
+  assert sorted(p.name for p in (tmp_path / "b").iterdir()) == [rm.ROWS_FILE]
   with pytest.raises(models.CheckpointError, match="its fields differ in rows"):
     rm.load_training_rows(tmp_path / "b")
 
