@@ -59,6 +59,8 @@ flags.DEFINE_bool("claims_table", False, "Print the table of every study's claim
 flags.DEFINE_bool("redecide", False, "Decide the committed pages' claims again from their cells (after a change of "
                   "the claims or the verdict rules) and rewrite each page's results.json and the Verdicts section of "
                   "its results.md; run nothing, and exit.")
+flags.DEFINE_bool("redraw", False, "Draw the committed pages' figures again from their cells with today's plots (a "
+                  "figure of another profile's runs goes, with its link in results.md); run nothing, and exit.")
 flags.DEFINE_bool("write_defaults_snapshot", False, "Record the runners' defaults under a new revision in "
                   "experiments/studies/runner_defaults.json (every run directory moves once), and exit.")
 
@@ -89,6 +91,10 @@ def main(argv):
     if FLAGS.redecide:
       for page_dir in pages.redecide_pages():
         print(f"reproduce: new verdicts in {page_dir}/results.md")
+      return
+    if FLAGS.redraw:
+      for page_dir in pages.redraw_pages():
+        print(f"reproduce: new figures in {page_dir}")
       return
   except plan_lib.StudyError as err:
     sys.exit(f"reproduce: error: {err}")

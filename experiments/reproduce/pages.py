@@ -1,11 +1,13 @@
 """A study's pages: results.json and results.md (verdicts, tables, plots, runs) and, over the committed pages under
-docs/reproduce, the README's claims table and `--redecide`."""
+docs/reproduce, the README's claims table, `--redecide` and `--redraw`."""
 
 import dataclasses
 import json
 import pathlib
+import re
 import shlex
 import sys
+import tempfile
 
 from experiments import studies as studies_lib
 from experiments.reproduce import aggregate
@@ -418,5 +420,45 @@ def redecide_pages(pages: pathlib.Path = PAGES) -> list[pathlib.Path]:
       path.write_text(json.dumps(results, indent=2, default=str) + "\n")
       lines[start:end] = section
       md.write_text("\n".join(lines))
+      changed.append(page_dir)
+  return changed
+
+
+FIGURE_LINK = re.compile(r"!\[[^\]]*\]\(([^)/]+\.png)\)")  # a page's figure: ![stem](file.png), alone on its line
+
+
+def redraw_pages(pages: pathlib.Path = PAGES) -> list[pathlib.Path]:
+  """Draws every committed page's figures again from its own cells with today's plots: a figure that no longer
+  belongs to the page's profile (older code drew other profiles' figures, empty) goes with its file and its link,
+  and the others are rewritten. The tables, verdicts and runs stay as they ran; the runs need not exist. Returns
+  the pages it changed."""
+  changed = []
+  for name, study in studies_lib.STUDIES.items():
+    for page_dir in page_dirs(pages, name, study):
+      path, md = page_dir / "results.json", page_dir / "results.md"
+      if not (path.is_file() and md.is_file()):
+        continue
+      results = aggregate.read_json(path, "a study's results page", need=("cells",))
+      lines = md.read_text().split("\n")
+      linked = [i for i, line in enumerate(lines) if FIGURE_LINK.fullmatch(line)]
+      old = [FIGURE_LINK.fullmatch(lines[i]).group(1) for i in linked]
+      with tempfile.TemporaryDirectory() as tmp:
+        drawn = plots.draw(study, results["cells"], pathlib.Path(tmp), results.get("profile", ""))
+        new = {p.name: p.read_bytes() for p in drawn}
+      stale = [f for f in dict.fromkeys(old + list(results.get("plots", []))) if f not in new]
+      rewritten = [f for f, data in new.items() if not (page_dir / f).is_file() or (page_dir / f).read_bytes() != data]
+      if not stale and not rewritten and old == list(new) and results.get("plots") == list(new):
+        continue
+      for f in rewritten:
+        (page_dir / f).write_bytes(new[f])
+      at = linked[0] if linked else next((i for i, line in enumerate(lines) if line == "## Runs"), len(lines))
+      for i in reversed(linked):  # each link and the blank line after it
+        del lines[i:i + 2 if i + 1 < len(lines) and not lines[i + 1] else i + 1]
+      lines[at:at] = [line for f in new for line in (f"![{pathlib.Path(f).stem}]({f})", "")]
+      md.write_text("\n".join(lines))
+      results["plots"] = list(new)
+      path.write_text(json.dumps(results, indent=2, default=str) + "\n")
+      for f in stale:
+        (page_dir / f).unlink(missing_ok=True)
       changed.append(page_dir)
   return changed

@@ -20,10 +20,7 @@ def draw(study: spec.Study, cells: list[dict], out_dir: pathlib.Path, profile: s
   for c in cells:
     by_metric.setdefault(c["metric"], []).append(c)
   written = []
-  in_profile = {r.name for r in study.runs_in(profile)} if profile else {r.name for r in study.runs}
-  for plot in study.plots:
-    if all(panel.runs and not in_profile.intersection(panel.runs) for panel in plot.panels):
-      continue
+  for plot in figures(study, profile):
     fig, axes = plt.subplots(1, len(plot.panels), figsize=(5.2 * len(plot.panels), 4.0), squeeze=False)
     for ax, panel in zip(axes[0], plot.panels):
       runs = [study.run(n) for n in panel.runs] if panel.runs else list(study.runs)
@@ -47,6 +44,13 @@ def draw(study: spec.Study, cells: list[dict], out_dir: pathlib.Path, profile: s
     plt.close(fig)
     written.append(path)
   return written
+
+
+def figures(study: spec.Study, profile: str = "") -> list[spec.Plot]:
+  """The study's plots that a profile's page draws: all but those whose panels all name only runs outside it."""
+  in_profile = {r.name for r in study.runs_in(profile)} if profile else {r.name for r in study.runs}
+  return [plot for plot in study.plots
+          if not all(panel.runs and not in_profile.intersection(panel.runs) for panel in plot.panels)]
 
 
 def _bars(ax, panel: spec.Panel, runs: list[spec.Run], by_metric: dict[str, list[dict]]) -> tuple[bool, bool, str]:

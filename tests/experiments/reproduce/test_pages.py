@@ -1,4 +1,4 @@
-"""experiments.reproduce.pages: the README's claims table from the committed pages, `--redecide`, and pages
+"""experiments.reproduce.pages: the README's claims table from the committed pages, `--redecide`, `--redraw`, and
 cut short."""
 
 import dataclasses
@@ -13,6 +13,7 @@ from experiments.reproduce import aggregate
 from experiments.reproduce import pages
 from experiments.reproduce import pipeline
 from experiments.reproduce import plan as plan_lib
+from experiments.reproduce import plots
 from experiments.studies import spec
 from experiments.studies import verdicts
 from tests import reproduce_fakes as fakes
@@ -194,3 +195,47 @@ def test_a_design_page_names_the_runs_every_seed_shares(tmp_path):
                                runs_dir=tmp_path / "runs", echo=lambda line: None, commit="c" * 40)
   assert results["design"]["shared"] == [] and "Shared by every seed" not in (tmp_path / "plain" /
                                                                              "results.md").read_text()
+
+
+def test_redraw_drops_another_profiles_figure_and_keeps_the_rest(tmp_path, main_in_process, monkeypatch):
+  """`--redraw`: the fair flow_grpo page was written by code that drew the full profile's figure too, empty ("no
+  finished runs"); redrawn, that file and its link go, its own figure is drawn from the page's cells, and every
+  other line of results.md stays; a page without links gets them before its runs; a second pass changes nothing."""
+  src = pages.PAGES / "flow_grpo" / "fair"
+  page = tmp_path / "flow_grpo" / "fair"
+  page.mkdir(parents=True)
+  results = json.loads((src / "results.json").read_text())
+  md = (src / "results.md").read_text()
+  md = md if "![agentflow](agentflow.png)" in md else md.replace(  # as committed before it was redrawn
+      "![agentflow_fair](agentflow_fair.png)", "![agentflow](agentflow.png)\n\n![agentflow_fair](agentflow_fair.png)")
+  (page / "results.json").write_text(json.dumps({**results, "plots": ["agentflow.png", "agentflow_fair.png"]}))
+  (page / "results.md").write_text(md)
+  (page / "agentflow.png").write_bytes(b"an empty figure")
+  (page / "agentflow_fair.png").write_bytes(b"an old figure")
+  redraw = pages.redraw_pages
+  monkeypatch.setattr(pages, "redraw_pages", lambda: redraw(tmp_path))
+  assert main_in_process(reproduce_main.main, ["reproduce", "--redraw"]) is None
+  assert sorted(p.name for p in page.iterdir()) == ["agentflow_fair.png", "results.json", "results.md"]
+  assert (page / "agentflow_fair.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  assert json.loads((page / "results.json").read_text())["plots"] == ["agentflow_fair.png"]
+  assert (page / "results.md").read_text() == md.replace("![agentflow](agentflow.png)\n\n", "")
+  assert redraw(tmp_path) == []
+  # a page from before figures were linked: its figure goes before "## Runs"
+  (page / "results.md").write_text(md.replace("![agentflow](agentflow.png)\n\n", "").replace(
+      "![agentflow_fair](agentflow_fair.png)\n\n", ""))
+  assert redraw(tmp_path) == [page]
+  assert (page / "results.md").read_text() == md.replace("![agentflow](agentflow.png)\n\n", "")
+
+
+def test_committed_pages_link_their_profiles_figures():
+  """Each committed page links, lists and holds the figures its profile draws today (`reproduce --redraw`), and no
+  other profile's."""
+  for name, study in studies.STUDIES.items():
+    for page_dir in pages.page_dirs(pages.PAGES, name, study):
+      if (page_dir / "results.json").is_file():
+        page = json.loads((page_dir / "results.json").read_text())
+        expected = [p.file for p in plots.figures(study, page.get("profile", ""))]
+        linked = [m.group(1) for line in (page_dir / "results.md").read_text().split("\n")
+                  if (m := pages.FIGURE_LINK.fullmatch(line))]
+        assert linked == page["plots"] == expected, f"{page_dir}: run `reproduce --redraw`"
+        assert sorted(p.name for p in page_dir.glob("*.png")) == sorted(expected), page_dir
