@@ -248,14 +248,19 @@ def _family_verdict(c: Cell, ps: dict[str, float], m: int, alpha: float, pending
   said = "; ".join(f"{name} {ps[key]:.3g}" for key, name in (("zero", "against zero"), ("wide", f"inside {bound}"),
                                                             ("narrow", f"outside {bound}")) if key in ps)
   detail = f"{interval}; Holm-adjusted p ({m} hypotheses, α = {alpha:g}): {said}"
-  return Verdict(_family_word(c, ps, alpha), detail, f"{bracket} (95% t), Holm p {min(ps.values()):.2g}", **fields)
+  word, key = _family_word(c, ps, alpha)
+  p = ps[key] if key else min(ps.values())  # the p-value of the test that decided, else the nearest to deciding
+  return Verdict(word, detail, f"{bracket} (95% t), Holm p {p:.2g}", **fields)
 
 
-def _family_word(c: Cell, ps: dict[str, float], alpha: float) -> str:
-  """The rule's word for a claim from the hypotheses its adjusted p-values `ps` reject at `alpha`."""
+def _family_word(c: Cell, ps: dict[str, float], alpha: float) -> tuple[str, str | None]:
+  """The rule's word for a claim from the hypotheses its adjusted p-values `ps` reject at `alpha`, and the key of
+  the hypothesis that decided it (None: undecided)."""
   if c.expect in (">", "<"):
     sign = 1.0 if c.expect == ">" else -1.0
     if ps["zero"] <= alpha:
-      return "reproduced" if sign * c.mean > 0 else "contradicted"
-    return EQUAL if ps.get("wide", 1.0) <= alpha else "undecided"
-  return EQUAL if ps["wide"] <= alpha else "contradicted" if ps["narrow"] <= alpha else "undecided"
+      return ("reproduced" if sign * c.mean > 0 else "contradicted"), "zero"
+    return (EQUAL, "wide") if ps.get("wide", 1.0) <= alpha else ("undecided", None)
+  if ps["wide"] <= alpha:
+    return EQUAL, "wide"
+  return ("contradicted", "narrow") if ps["narrow"] <= alpha else ("undecided", None)

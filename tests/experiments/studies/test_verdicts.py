@@ -172,3 +172,25 @@ def test_the_family_waits_for_its_declared_seeds():
   assert "waits for every claim's declared seeds" in out[0].detail
   with pytest.raises(ValueError, match="margin"):
     verdicts.decide_family([verdicts.Cell("=", 0.0, 0.01, 8)])
+
+
+def test_the_short_form_gives_the_deciding_tests_p():
+  """A family of one claim with a ±3 margin, -1.0 ± 0.3 points on 8 seeds: against zero t = 3.33 (two-sided
+  p = 0.0125), inside ±3 t = (3 - 1) / 0.3 = 6.67 (p = 0.00014). Holm over the two: 2 x 0.00014 = 0.00029, then
+  max(0.00029, 0.0125) = 0.0125. Both reject; the rule's word is "contradicted", decided by the test against zero,
+  and the short form gives that test's p (it gave the smallest, the equivalence test's, before). Undecided gives
+  the smallest."""
+  from scipy import stats
+  p_zero, p_wide = 2 * stats.t.sf(1.0 / 0.3, 7), stats.t.sf(2.0 / 0.3, 7)
+  out = verdicts.decide_family([verdicts.Cell(">", -0.010, 0.003, 8, 0.03, scale=100)])[0]
+  assert out.word == "contradicted"
+  assert out.short == f"[-1.7, -0.3] (95% t), Holm p {p_zero:.2g}" and p_zero > 2 * p_wide
+  assert f"against zero {p_zero:.3g}; inside ±3.0 {2 * p_wide:.3g}" in out.detail
+  # -1.5 ± 0.8: against zero t = 1.875 (two-sided p = 0.103), inside ±3 t = 1.875 (one-sided p = 0.051, x 2 =
+  # 0.103): neither survives, and the short form gives the smaller adjusted p
+  out = verdicts.decide_family([verdicts.Cell(">", -0.015, 0.008, 8, 0.03, scale=100)])[0]
+  assert out.word == "undecided" and out.short.endswith(f"Holm p {2 * stats.t.sf(1.875, 7):.2g}")
+  # a no-change claim outside its margin, +8 ± 1 against ±3: decided by the test outside the margin (two-sided
+  # p = 2 x P(T_7 >= 5), x 2 hypotheses)
+  out = verdicts.decide_family([verdicts.Cell("=", 0.08, 0.01, 8, 0.03, scale=100)])[0]
+  assert out.word == "contradicted" and out.short.endswith(f"Holm p {4 * stats.t.sf(5.0, 7):.2g}")
