@@ -431,14 +431,17 @@ def redraw_pages(pages: pathlib.Path = PAGES) -> list[pathlib.Path]:
   """Draws every committed page's figures again from its own cells with today's plots: a figure that no longer
   belongs to the page's profile (older code drew other profiles' figures, empty) goes with its file and its link,
   and the others are rewritten. The tables, verdicts and runs stay as they ran; the runs need not exist. Returns
-  the pages it changed."""
+  the pages it changed; a page it cannot read stops it before any is written."""
   changed = []
+  read = {path: aggregate.read_json(path, "a study's results page", need=("cells",))
+          for name, study in studies_lib.STUDIES.items() for path in (d / "results.json" for d in
+                                                                      page_dirs(pages, name, study)) if path.is_file()}
   for name, study in studies_lib.STUDIES.items():
     for page_dir in page_dirs(pages, name, study):
       path, md = page_dir / "results.json", page_dir / "results.md"
       if not (path.is_file() and md.is_file()):
         continue
-      results = aggregate.read_json(path, "a study's results page", need=("cells",))
+      results = read[path]
       lines = md.read_text().split("\n")
       linked = [i for i, line in enumerate(lines) if FIGURE_LINK.fullmatch(line)]
       old = [FIGURE_LINK.fullmatch(lines[i]).group(1) for i in linked]

@@ -225,6 +225,15 @@ def test_redraw_drops_another_profiles_figure_and_keeps_the_rest(tmp_path, main_
       "![agentflow_fair](agentflow_fair.png)\n\n", ""))
   assert redraw(tmp_path) == [page]
   assert (page / "results.md").read_text() == md.replace("![agentflow](agentflow.png)\n\n", "")
+  # a page it cannot read (the hard profile's, after this one) stops it with one line before any page is written
+  (page / "results.md").write_text(md)
+  (tmp_path / "flow_grpo" / "hard").mkdir()
+  cut = tmp_path / "flow_grpo" / "hard" / "results.json"
+  cut.write_text((src / "results.json").read_text()[:100])
+  before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+  with pytest.raises(plan_lib.StudyError, match=rf"^{re.escape(str(cut))}: cannot read a study's results page"):
+    redraw(tmp_path)
+  assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
 def test_committed_pages_link_their_profiles_figures():
