@@ -59,8 +59,9 @@ flags.DEFINE_bool("claims_table", False, "Print the table of every study's claim
 flags.DEFINE_bool("redecide", False, "Decide the committed pages' claims again from their cells (after a change of "
                   "the claims or the verdict rules) and rewrite each page's results.json and the Verdicts section of "
                   "its results.md; run nothing, and exit.")
-flags.DEFINE_bool("redraw", False, "Draw the committed pages' figures again from their cells with today's plots (a "
-                  "figure of another profile's runs goes, with its link in results.md); run nothing, and exit.")
+flags.DEFINE_bool("redraw", False, "Bring the committed pages' figures in line with today's profiles: a figure of "
+                  "another profile's runs goes, with its link in results.md, and one of its own that a page lacks is "
+                  "drawn from its cells (the others stay as they ran); run nothing, and exit.")
 flags.DEFINE_bool("write_defaults_snapshot", False, "Record the runners' defaults under a new revision in "
                   "experiments/studies/runner_defaults.json (every run directory moves once), and exit.")
 

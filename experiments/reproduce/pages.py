@@ -428,10 +428,11 @@ FIGURE_LINK = re.compile(r"!\[[^\]]*\]\(([^)/]+\.png)\)")  # a page's figure: ![
 
 
 def redraw_pages(pages: pathlib.Path = PAGES) -> list[pathlib.Path]:
-  """Draws every committed page's figures again from its own cells with today's plots: a figure that no longer
-  belongs to the page's profile (older code drew other profiles' figures, empty) goes with its file and its link,
-  and the others are rewritten. The tables, verdicts and runs stay as they ran; the runs need not exist. Returns
-  the pages it changed; a page it cannot read stops it before any is written."""
+  """Brings every committed page's figures in line with today's profiles: a figure that is not its profile's (older
+  code drew other profiles' figures, empty) goes with its file and its link, and a figure of its profile that the
+  page lacks is drawn from its own cells. Figures already there stay as they ran, like the tables, verdicts and runs
+  (today's plot may have panels for runs the page never had); the runs need not exist. Returns the pages it changed;
+  a page it cannot read stops it before any is written."""
   changed = []
   read = {path: aggregate.read_json(path, "a study's results page", need=("cells",))
           for name, study in studies_lib.STUDIES.items() for path in (d / "results.json" for d in
@@ -445,14 +446,17 @@ def redraw_pages(pages: pathlib.Path = PAGES) -> list[pathlib.Path]:
       lines = md.read_text().split("\n")
       linked = [i for i, line in enumerate(lines) if FIGURE_LINK.fullmatch(line)]
       old = [FIGURE_LINK.fullmatch(lines[i]).group(1) for i in linked]
-      with tempfile.TemporaryDirectory() as tmp:
-        drawn = plots.draw(study, results["cells"], pathlib.Path(tmp), results.get("profile", ""))
-        new = {p.name: p.read_bytes() for p in drawn}
+      profile = results.get("profile", "")
+      new = {p.file: None for p in plots.figures(study, profile)}
+      if any(not (page_dir / f).is_file() for f in new):
+        with tempfile.TemporaryDirectory() as tmp:
+          drawn = plots.draw(study, results["cells"], pathlib.Path(tmp), profile)
+          new.update({p.name: p.read_bytes() for p in drawn if not (page_dir / p.name).is_file()})
       stale = [f for f in dict.fromkeys(old + list(results.get("plots", []))) if f not in new]
-      rewritten = [f for f, data in new.items() if not (page_dir / f).is_file() or (page_dir / f).read_bytes() != data]
-      if not stale and not rewritten and old == list(new) and results.get("plots") == list(new):
+      added = [f for f, data in new.items() if data is not None]
+      if not stale and not added and old == list(new) and results.get("plots") == list(new):
         continue
-      for f in rewritten:
+      for f in added:
         (page_dir / f).write_bytes(new[f])
       at = linked[0] if linked else next((i for i, line in enumerate(lines) if line == "## Runs"), len(lines))
       for i in reversed(linked):  # each link and the blank line after it

@@ -199,8 +199,9 @@ def test_a_design_page_names_the_runs_every_seed_shares(tmp_path):
 
 def test_redraw_drops_another_profiles_figure_and_keeps_the_rest(tmp_path, main_in_process, monkeypatch):
   """`--redraw`: the fair flow_grpo page was written by code that drew the full profile's figure too, empty ("no
-  finished runs"); redrawn, that file and its link go, its own figure is drawn from the page's cells, and every
-  other line of results.md stays; a page without links gets them before its runs; a second pass changes nothing."""
+  finished runs"); redrawn, that file and its link go, its own figure stays as it ran, and every other line of
+  results.md stays; a page without links gets them before its runs; a figure it lacks is drawn from its cells; a
+  second pass changes nothing."""
   src = pages.PAGES / "flow_grpo" / "fair"
   page = tmp_path / "flow_grpo" / "fair"
   page.mkdir(parents=True)
@@ -216,7 +217,7 @@ def test_redraw_drops_another_profiles_figure_and_keeps_the_rest(tmp_path, main_
   monkeypatch.setattr(pages, "redraw_pages", lambda: redraw(tmp_path))
   assert main_in_process(reproduce_main.main, ["reproduce", "--redraw"]) is None
   assert sorted(p.name for p in page.iterdir()) == ["agentflow_fair.png", "results.json", "results.md"]
-  assert (page / "agentflow_fair.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  assert (page / "agentflow_fair.png").read_bytes() == b"an old figure"  # its own figure stays as it ran
   assert json.loads((page / "results.json").read_text())["plots"] == ["agentflow_fair.png"]
   assert (page / "results.md").read_text() == md.replace("![agentflow](agentflow.png)\n\n", "")
   assert redraw(tmp_path) == []
@@ -225,6 +226,11 @@ def test_redraw_drops_another_profiles_figure_and_keeps_the_rest(tmp_path, main_
       "![agentflow_fair](agentflow_fair.png)\n\n", ""))
   assert redraw(tmp_path) == [page]
   assert (page / "results.md").read_text() == md.replace("![agentflow](agentflow.png)\n\n", "")
+  # a figure of its profile that the page lacks is drawn from its cells
+  (page / "agentflow_fair.png").unlink()
+  assert redraw(tmp_path) == [page]
+  assert (page / "agentflow_fair.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  assert redraw(tmp_path) == []
   # a page it cannot read (the hard profile's, after this one) stops it with one line before any page is written
   (page / "results.md").write_text(md)
   (tmp_path / "flow_grpo" / "hard").mkdir()
